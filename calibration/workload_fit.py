@@ -1,0 +1,262 @@
+"""Fit a synthetic multi-turn workload description to a real request trace.
+
+:func:`fit_workload` turns a :class:`~kvplan.calibration.traces.Trace` into plain data in the shape of the
+scenario's ``workload`` section (``kvplan.sim.scenario.Workload``), so it can be dumped to YAML::
+
+    conversations: <sessions in the trace>
+    arrival: {kind: poisson, rate_per_s: <sessions / trace duration>}
+    turns: {dist: empirical, values: [...]}          # longest chain per session
+    prefix_tokens: {dist: empirical, values: [...]}  # first-turn input
+    user_tokens: {dist: empirical, values: [...]}    # new tokens per later turn, clipped at >= 0
+    output_tokens: {dist: empirical, values: [...]}
+    turn_gap_s: {dist: lognormal, median: m, sigma: s}   # or exponential, whichever fits better (KS)
+    report: {...}                                    # goodness of fit, source sha256; not a scenario field
+
+Each distribution is one of the scenario's ``{dist: constant, value}``, ``{dist: exponential, mean}``,
+``{dist: lognormal, median, sigma}``, ``{dist: uniform, low, high}`` or ``{dist: empirical, values}``.
+Token counts are heavy-tailed mixtures (short messages plus pasted documents), so they stay empirical,
+subsampled deterministically to at most ``max_empirical`` values at evenly spaced quantiles (the
+``(i + 0.5) / m`` quantiles, inverted CDF, so every value is one that occurred). :func:`workload_section`
+drops the ``report`` to give exactly the scenario section.
+
+The turn gap is the **idle** gap, because the simulator's ``turn_gap_s`` runs from the end of a response
+to the next turn's arrival: arrival-to-arrival gap minus the parent's service time, measured when the
+trace has it (``service_s``) and otherwise ``service_time_fn(input_tokens, output_tokens)``, by default
+:func:`~kvplan.calibration.traces.crude_service_time_s` (``input / 8000 + 0.040 * output`` s, the
+illustrative estimate of WORKLOADS.md 3.1). Idle gaps that come out <= 0 (service estimate longer than
+the gap) cannot be fitted by a lognormal; they are left out and their share is reported. Candidates are
+fitted by maximum likelihood with location 0 (lognormal in closed form, exponential, and for information
+gamma and Weibull with :mod:`scipy.stats`); the chosen one is the scenario-representable candidate
+(lognormal or exponential) with the smallest Kolmogorov-Smirnov statistic. The KS p-value is computed
+with the fitted parameters, so it is optimistic (Lilliefors); with thousands of gaps any real trace
+rejects every simple family, so read the fitted-vs-measured percentiles, not the p-value.
+
+The follow-up probability (does a finished turn get a next turn at all) is not a separate parameter: it
+is captured by the turns-per-session distribution, P(turn k+1 | turn k) = P(turns > k) / P(turns >= k).
+Caveats inherited from the trace: a finite window censors long gaps (they are missing, not long), so the
+fitted tail is light; sessions cut by the window have too few turns; Mooncake sessions only contain
+turns with >= 1,024 tokens of context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+from kvplan.calibration.traces import (
+    PERCENTILES,
+    ServiceTimeFn,
+    Trace,
+    crude_service_time_s,
+    json_ready,
+    turn_pairs,
+)
+from kvplan.errors import input_error
+from scipy import stats as sps
+
+#: Default cap on the number of values kept in an empirical distribution.
+MAX_EMPIRICAL_VALUES = 2000
+#: Distribution families the scenario schema can take for ``turn_gap_s``.
+REPRESENTABLE = ("lognormal", "exponential")
+
+
+def _no_service(input_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Zero service time (``service_time_fn=None``)."""
+    return np.zeros(np.shape(input_tokens))
+
+
+def empirical(
+    values: Sequence[float] | np.ndarray, max_values: int = MAX_EMPIRICAL_VALUES, *, integer: bool = False
+) -> dict[str, Any]:
+    """``{dist: empirical, values}`` of a sample, cut to at most ``max_values`` evenly spaced quantiles.
+
+    Deterministic (no random draw); values are sorted and, with ``integer``, whole numbers.
+    """
+    arr = np.sort(np.asarray(values, dtype=float))
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        raise input_error("empirical", "no finite values to build a distribution from")
+    if max_values < 1:
+        raise input_error("empirical: max_values", f"is {max_values}, must be >= 1")
+    if arr.size > max_values:
+        probs = (np.arange(max_values) + 0.5) / max_values
+        arr = np.quantile(arr, probs, method="inverted_cdf")
+    vals: list[Any] = [int(round(v)) for v in arr] if integer else [float(v) for v in arr]
+    return {"dist": "empirical", "values": vals}
+
+
+def _ks(x: np.ndarray, dist: Any) -> tuple[float, float]:
+    """KS statistic and p-value of ``x`` against a frozen scipy distribution."""
+    res = sps.kstest(x, dist.cdf)
+    return float(res.statistic), float(res.pvalue)
+
+
+def fit_gap_distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """Fit positive gaps (seconds): lognormal, exponential, gamma, Weibull (location 0), chosen by KS.
+
+    Returns ``{"chosen": <scenario dist dict>, "chosen_family", "best_overall_family", "candidates":
+    {family: {params, ks_statistic, ks_pvalue, representable}}, "percentiles": {"measured", "fitted"}}``.
+    Only lognormal and exponential can be chosen (the scenario has no gamma or Weibull).
+    """
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size < 2 or (x <= 0).any():
+        raise input_error("fit_gap_distribution", f"needs >= 2 positive finite gaps, got {x.size} values")
+    logs = np.log(x)
+    mu, sigma = float(logs.mean()), float(logs.std())  # MLE of the lognormal (ddof 0)
+    frozen: dict[str, Any] = {
+        "lognormal": sps.lognorm(s=max(sigma, 1e-12), scale=math.exp(mu)),
+        "exponential": sps.expon(scale=float(x.mean())),
+    }
+    params: dict[str, dict[str, float]] = {
+        "lognormal": {"median": math.exp(mu), "sigma": sigma, "mu": mu},
+        "exponential": {"mean": float(x.mean())},
+    }
+    with np.errstate(all="ignore"):
+        a, _, scale = sps.gamma.fit(x, floc=0)
+        frozen["gamma"] = sps.gamma(a, scale=scale)
+        params["gamma"] = {"shape": float(a), "scale": float(scale)}
+        c, _, wscale = sps.weibull_min.fit(x, floc=0)
+        frozen["weibull"] = sps.weibull_min(c, scale=wscale)
+        params["weibull"] = {"shape": float(c), "scale": float(wscale)}
+    candidates: dict[str, dict[str, Any]] = {}
+    for name, dist in frozen.items():
+        d, p = _ks(x, dist)
+        candidates[name] = {
+            "params": params[name],
+            "ks_statistic": d,
+            "ks_pvalue": p,
+            "representable": name in REPRESENTABLE,
+        }
+    chosen_name = min(REPRESENTABLE, key=lambda k: candidates[k]["ks_statistic"])
+    best = min(candidates, key=lambda k: candidates[k]["ks_statistic"])
+    if chosen_name == "lognormal":
+        chosen: dict[str, Any] = {"dist": "lognormal", "median": math.exp(mu), "sigma": sigma}
+    else:
+        chosen = {"dist": "exponential", "mean": float(x.mean())}
+    qs = [p / 100 for p in PERCENTILES]
+    measured = np.percentile(x, list(PERCENTILES))
+    return {
+        "chosen": chosen,
+        "chosen_family": chosen_name,
+        "best_overall_family": best,
+        "n": int(x.size),
+        "candidates": candidates,
+        "percentiles": {
+            "measured": {f"p{p}": float(v) for p, v in zip(PERCENTILES, measured, strict=True)},
+            "fitted": {
+                f"p{p}": float(frozen[chosen_name].ppf(q)) for p, q in zip(PERCENTILES, qs, strict=True)
+            },
+        },
+    }
+
+
+def fit_workload(
+    trace: Trace,
+    service_time_fn: ServiceTimeFn | None = crude_service_time_s,
+    *,
+    max_empirical: int = MAX_EMPIRICAL_VALUES,
+) -> dict[str, Any]:
+    """Synthetic-workload description of ``trace`` as plain data (module docstring), with a ``report``.
+
+    ``service_time_fn(input_tokens, output_tokens) -> seconds`` (called with arrays) estimates the
+    parent's service time where the trace has no measured one; the turn gap is the idle gap.
+    """
+    df = trace.requests
+    n = len(df)
+    if n == 0:
+        raise input_error(f"trace {trace.source}", "has no requests")
+    duration = trace.duration_s
+    sessions = df.groupby("session_id", sort=False)
+    n_sessions = int(sessions.ngroups)
+    depth = sessions["turn"].max().to_numpy()  # the simulator's conversation is a chain
+    first_in = df.loc[df["turn"] == 1, "input_tokens"].to_numpy()
+    # without any service time the arrival-to-arrival gap is used as it is (reported)
+    pairs = turn_pairs(trace, service_time_fn if service_time_fn is not None else _no_service)
+    new_tok = pairs["new_tokens"].to_numpy(dtype=float)
+    clipped = float((new_tok < 0).mean()) if new_tok.size else 0.0
+    outputs = df["output_tokens"].to_numpy(dtype=float)
+    idle = pairs["idle_s"].to_numpy(dtype=float)
+    idle = idle[np.isfinite(idle)]
+    positive = idle[idle > 0]
+    if duration <= 0:
+        raise input_error(f"trace {trace.source}", "spans 0 s, so no arrival rate can be estimated")
+    out: dict[str, Any] = {
+        "conversations": n_sessions,
+        "arrival": {"kind": "poisson", "rate_per_s": n_sessions / duration},
+        "turns": empirical(depth, max_empirical, integer=True),
+        "prefix_tokens": empirical(first_in, max_empirical, integer=True),
+        "user_tokens": (
+            empirical(np.maximum(new_tok, 0.0), max_empirical, integer=True)
+            if new_tok.size
+            else {"dist": "constant", "value": 0.0}
+        ),
+        "output_tokens": empirical(outputs, max_empirical, integer=True),
+    }
+    gap_fit: dict[str, Any] | None = None
+    if positive.size >= 2:
+        gap_fit = fit_gap_distribution(positive)
+        out["turn_gap_s"] = gap_fit["chosen"]
+    else:
+        out["turn_gap_s"] = {"dist": "constant", "value": 0.0}
+    measured_svc = np.isfinite(df["service_s"].to_numpy(dtype=float)).any()
+    service_desc = (
+        "measured service_s" + (" (service_time_fn where missing)" if service_time_fn is not None else "")
+        if measured_svc
+        else (
+            getattr(service_time_fn, "__name__", repr(service_time_fn))
+            if service_time_fn is not None
+            else "none: the arrival-to-arrival gap is used as the idle gap"
+        )
+    )
+    out["report"] = {
+        "source": trace.source,
+        "format": trace.format,
+        "sha256": trace.sha256,
+        "requests": n,
+        "sessions": n_sessions,
+        "duration_s": duration,
+        "arrival": "one Poisson stream of new conversations at sessions / (last arrival - first arrival)",
+        "turns": {
+            "definition": "longest chain (max turn) per session",
+            "mean": float(depth.mean()),
+            "single_turn_share": float((depth == 1).mean()),
+            "max": int(depth.max()),
+            "note": "the follow-up probability is captured by this distribution: "
+            "P(turn k+1 | turn k) = P(turns > k) / P(turns >= k)",
+        },
+        "prefix_tokens": {"definition": "input tokens of turn-1 requests", "n": int(first_in.size)},
+        "user_tokens": {
+            "definition": "child_in - parent_in - parent_out over linked pairs, clipped at 0",
+            "n": int(new_tok.size),
+            "clipped_share": clipped,
+        },
+        "output_tokens": {"n": int(outputs.size)},
+        "turn_gap": {
+            "definition": "idle gap = arrival-to-arrival gap - parent service time",
+            "service_time": service_desc,
+            "pairs": int(len(pairs)),
+            "with_service_time": int(idle.size),
+            "nonpositive_idle": int((idle <= 0).sum()),
+            "nonpositive_idle_share": float((idle <= 0).mean()) if idle.size else None,
+            "fit": gap_fit,
+        },
+        "empirical_max_values": max_empirical,
+    }
+    return cast(dict[str, Any], json_ready(out))
+
+
+def workload_section(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario ``workload`` section of a :func:`fit_workload` result (everything but ``report``)."""
+    return {k: v for k, v in fit.items() if k != "report"}
+
+
+__all__ = [
+    "MAX_EMPIRICAL_VALUES",
+    "empirical",
+    "fit_gap_distribution",
+    "fit_workload",
+    "workload_section",
+]

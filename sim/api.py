@@ -1,0 +1,41 @@
+"""The public API: ``run(scenario, seed) -> Result``. The CLI and the dashboard call only this."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
+from kvplan.sim.engine import simulate
+from kvplan.sim.results import Result, build_result
+from kvplan.sim.scenario import Scenario, load_scenario, scenario_from_dict
+
+GIB = 1024**3
+
+
+def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = None) -> Result:
+    """Simulate ``scenario`` (object, mapping or YAML path) with ``seed`` (default: the scenario's)."""
+    if isinstance(scenario, str | Path):
+        scenario = load_scenario(scenario)
+    elif isinstance(scenario, dict):
+        scenario = scenario_from_dict(scenario)
+    seed = scenario.seed if seed is None else seed
+    rs, plan, ctx = simulate(scenario, seed)
+    tp = scenario.deployment.tensor_parallel_size
+    bytes_all = kv_bytes_per_token_all_ranks(rs.arch, tp)
+    end = max((e[0] for e in ctx.log), default=0.0)
+    busy = sum(p.busy_s for p in ctx.prefill)
+    extra: dict[str, Any] = {
+        "seed": seed,
+        "model": rs.arch.name,
+        "hardware": rs.node.name,
+        "profile": rs.profile.name,
+        "profile_status": rs.profile.status,
+        "extrapolated": rs.profile.extrapolated,
+        "decode_kv_capacity_tokens": rs.decode_capacity_tokens,
+        "decode_kv_capacity_gib": rs.decode_capacity_tokens * bytes_all / GIB * scenario.deployment.decode_nodes,
+        "kv_bytes_per_token_all_ranks": bytes_all,
+        "prefill_utilization": busy / (end * len(ctx.prefill)) if end > 0 else 0.0,
+        "truncated_conversations": plan.truncated_conversations,
+    }
+    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))

@@ -1,0 +1,132 @@
+"""Shared run state: the request record, derived constants and the wiring every node needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from kvplan.models.arch import ModelArch, descriptors_per_transfer, kv_bytes_per_token_per_rank
+from kvplan.models.costs import CostModel
+from kvplan.sim.link import Link
+from kvplan.sim.router import KVParams, Router
+from kvplan.sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvplan.sim.decode import DecodeNode
+    from kvplan.sim.prefill import PrefillNode
+
+D2P = 0  # bidirectional read-back: P reads D's retained blocks
+P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
+
+
+class Request:
+    """One turn in flight: the P leg then the D leg. Plain slots object (hot path)."""
+
+    __slots__ = (
+        "conv",
+        "turn",
+        "prompt",
+        "output",
+        "params",
+        "done",
+        "error",
+        "p_node",
+        "d_node",
+        "p_remaining",
+        "p_ctx",
+        "p_decided",
+        "p_compute_start",
+        "local_hit",
+        "d_ctx0",
+        "join_step",
+    )
+
+    def __init__(self, conv: int, turn: int, prompt: int, output: int, params: KVParams | None) -> None:
+        self.conv = conv
+        self.turn = turn
+        self.prompt = prompt
+        self.output = output
+        self.params = params
+        self.done: simpy.Event | None = None
+        self.error = False
+        self.p_node = -1
+        self.d_node = -1
+        self.p_remaining = 0
+        self.p_ctx = 0
+        self.p_decided = False
+        self.p_compute_start = -1.0
+        self.local_hit = 0
+        self.d_ctx0 = 0
+        self.join_step = 0
+
+
+@dataclass
+class Ctx:
+    """Everything a node needs: environment, log, costs, policy, derived sizes, peers and links."""
+
+    env: simpy.Environment
+    scenario: Scenario
+    arch: ModelArch
+    costs: CostModel
+    tp: int
+    per_byte_s: float
+    decode_capacity_blocks: int
+    prefill_cache_tokens: int
+    router: Router
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    prefill: list[PrefillNode] = field(default_factory=list)
+    decode: list[DecodeNode] = field(default_factory=list)
+    links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
+    handshaken: set[tuple[int, int, int]] = field(default_factory=set)
+    kv_bytes_rank: int = 0
+    block_size: int = 16
+    _xfer_seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
+        self.block_size = self.arch.block_size_tokens
+        self.cross_layer = self.scenario.deployment.cross_layer_blocks
+
+    def link(self, p: int, d: int, direction: int) -> Link:
+        """The link of one (P, D) pair and direction, created on first use."""
+        key = (p, d, direction)
+        lk = self.links.get(key)
+        if lk is None:
+            lk = Link(self.env, self.per_byte_s)
+            self.links[key] = lk
+        return lk
+
+    def transfer(
+        self, p: int, d: int, direction: int, tokens: int, on_done: Any
+    ) -> tuple[float, float]:
+        """Start a NIXL READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
+
+        Returns (bytes summed over ranks, descriptors per rank). The reader pays a one-off handshake the
+        first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
+        """
+        tc = self.costs.transfer
+        desc = descriptors_per_transfer(self.arch, tokens, self.cross_layer)
+        nbytes_rank = tokens * self.kv_bytes_rank
+        post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
+        lat_x = tc.fixed_s + tc.per_descriptor_s * desc
+        pre = post + lat_x
+        if (p, d, direction) not in self.handshaken:
+            self.handshaken.add((p, d, direction))
+            pre += tc.handshake_s
+        self._xfer_seq += 1
+        key = self._xfer_seq
+        link = self.link(p, d, direction)
+        env = self.env
+        poll = tc.poll_s
+
+        def bw_done(bw_s: float) -> None:
+            xfer = lat_x + bw_s
+            if poll > 0:
+                env.timeout(poll).callbacks.append(lambda _e: on_done(xfer, post))
+            else:
+                on_done(xfer, post)
+
+        env.timeout(pre).callbacks.append(lambda _e: link.send(key, nbytes_rank, bw_done))
+        return float(nbytes_rank * self.tp), float(desc)

@@ -1,0 +1,244 @@
+"""Wiring and the public entry point ``run(scenario, seed) -> Result``.
+
+A conversation is one SimPy process that sends its turns in order: router lookup, the P leg
+(``max_tokens=1``, strictly first), then the D leg, then the turn gap (open loop), or a client that
+cycles round-robin over its active conversations (closed loop, vLLM ``benchmark_serving_multi_turn``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from kvplan.errors import input_error
+from kvplan.models.arch import MODEL_PRESETS, ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
+from kvplan.models.costs import CostModel
+from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
+from kvplan.models.profile import Profile, default_profile_name, extrapolate_profile, load_profile, shipped_profiles
+from kvplan.sim.context import Ctx, Request
+from kvplan.sim.decode import DecodeNode
+from kvplan.sim.events import Ev
+from kvplan.sim.prefill import PrefillNode
+from kvplan.sim.router import Router
+from kvplan.sim.scenario import ClosedLoopArrival, Scenario
+from kvplan.sim.workload import ConversationPlan, make_plan
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A scenario with its presets, profile and derived sizes resolved (what the run actually uses)."""
+
+    scenario: Scenario
+    arch: ModelArch
+    node: Node
+    profile: Profile
+    costs: CostModel
+    per_byte_s: float
+    decode_capacity_tokens: int
+    prefill_capacity_tokens: int
+    notes: tuple[str, ...]
+
+
+def resolve(scenario: Scenario) -> Resolved:
+    """Resolve presets, load (or extrapolate) the profile, apply inline cost overrides, size KV pools."""
+    arch = get_model(scenario.model)
+    node = get_hardware(scenario.hardware)
+    tp = scenario.deployment.tensor_parallel_size
+    if tp > node.gpus_per_node:
+        raise input_error(
+            "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
+        )
+    notes: list[str] = []
+    if scenario.profile is not None:
+        profile = load_profile(scenario.profile)
+    else:
+        name = default_profile_name(arch.name, node.name)
+        if name in shipped_profiles():
+            profile = load_profile(name)
+        else:
+            same_hw = [p for p in shipped_profiles() if p.startswith(node.name + "-")]
+            base_name = default_profile_name("qwen3-32b", node.name)
+            if base_name not in same_hw:
+                if not same_hw:
+                    raise input_error(
+                        "hardware", f"no calibrated profile for hardware '{node.name}'", "give 'profile:' or 'costs:'"
+                    )
+                base_name = same_hw[0]
+            base = load_profile(base_name)
+            base_arch = MODEL_PRESETS[base.model]
+            profile = extrapolate_profile(base, base_arch, arch, tp)
+    if profile.model != arch.name or profile.tensor_parallel_size != tp:
+        if profile.model in MODEL_PRESETS and not profile.extrapolated:
+            profile = extrapolate_profile(profile, MODEL_PRESETS[profile.model], arch, tp)
+    notes.extend(profile.notes)
+    c = profile.costs
+    o = scenario.costs
+    costs = CostModel(
+        prefill=o.prefill if o.prefill is not None else c.prefill,
+        transfer=o.transfer if o.transfer is not None else c.transfer,
+        decode=o.decode if o.decode is not None else c.decode,
+        overhead=o.overhead if o.overhead is not None else c.overhead,
+    )
+    for comp in ("prefill", "transfer", "decode", "overhead"):
+        if getattr(o, comp) is not None:
+            notes.append(f"costs.{comp} given inline (replaces the profile's; omitted parameters are 0)")
+    per_byte_s = costs.transfer.per_byte_s
+    if scenario.deployment.link is not None:
+        link = LINK_PRESETS.get(scenario.deployment.link)
+        if link is None:
+            raise input_error(
+                "deployment.link", f"unknown link '{scenario.deployment.link}'", f"use one of {', '.join(LINK_PRESETS)}"
+            )
+        per_byte_s = 1.0 / link.bandwidth_bytes_per_s_per_rank
+        notes.append(f"link overridden: {link.description}")
+    dep = scenario.deployment
+    if dep.decode_kv_capacity_tokens is not None:
+        d_cap = full_blocks_tokens(dep.decode_kv_capacity_tokens, arch.block_size_tokens)
+    else:
+        d_cap = kv_capacity_tokens(
+            arch, tp, node.gpu.hbm_bytes, dep.gpu_memory_utilization, node.activation_reserve_bytes_per_gpu
+        )
+    p_cap = dep.prefill_kv_capacity_tokens or kv_capacity_tokens(
+        arch, tp, node.gpu.hbm_bytes, dep.gpu_memory_utilization, node.activation_reserve_bytes_per_gpu
+    )
+    if d_cap < arch.block_size_tokens:
+        raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
+    return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
+
+
+def _conversation(
+    ctx: Ctx, plan: ConversationPlan, c: int, p_leg: float, d_leg: float, send_id: bool
+) -> Generator[simpy.Event, Any, None]:
+    env = ctx.env
+    if not np.isnan(plan.start_s[c]):
+        yield env.timeout(float(plan.start_s[c]))
+    lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
+    for i in range(lo, hi):
+        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
+        if i + 1 < hi:
+            gap = float(plan.gap_s[i])
+            if gap > 0:
+                yield env.timeout(gap)
+
+
+def _turn(
+    ctx: Ctx, plan: ConversationPlan, c: int, turn: int, i: int, p_leg: float, d_leg: float, send_id: bool
+) -> Generator[simpy.Event, Any, None]:
+    env = ctx.env
+    prompt = int(plan.prompt_tokens[i])
+    output = int(plan.output_tokens[i])
+    log = ctx.log
+    now = env.now
+    log.append((now, Ev.ARRIVE, c, turn, -1, prompt, output))
+    res, params = ctx.router.lookup(c, now, send_id)
+    log.append((now, Ev.ROUTER, c, turn, -1, res, 0))
+    r = Request(c, turn, prompt, output, params)
+    r.done = env.event()
+    p = ctx.router.pick_prefill(c)
+    if p_leg > 0:
+        yield env.timeout(p_leg)
+    ctx.prefill[p].submit(r)
+    yield r.done
+    if r.error:
+        return
+    r.done = env.event()
+    d = ctx.router.pick_decode(c)
+    if d_leg > 0:
+        yield env.timeout(d_leg)
+    ctx.decode[d].submit(r)
+    yield r.done
+
+
+def _client(
+    ctx: Ctx, plan: ConversationPlan, pool: deque[int], slots: int, p_leg: float, d_leg: float, send_id: bool
+) -> Generator[simpy.Event, Any, None]:
+    """A benchmark client: round-robin over its active conversations, one request in flight at a time."""
+    env = ctx.env
+    active: deque[tuple[int, int]] = deque()  # (conversation, next flat turn index)
+    while pool and len(active) < slots:
+        c = pool.popleft()
+        if plan.turns[c] > 0:
+            active.append((c, int(plan.offsets[c])))
+    while active:
+        c, i = active.popleft()
+        lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
+        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
+        if i + 1 < hi:
+            active.append((c, i + 1))
+        else:
+            while pool:
+                nc = pool.popleft()
+                if plan.turns[nc] > 0:
+                    active.append((nc, int(plan.offsets[nc])))
+                    break
+        gap = float(plan.gap_s[i])
+        if gap > 0:
+            yield env.timeout(gap)
+
+
+def _source(ctx: Ctx, plan: ConversationPlan, p_leg: float, d_leg: float, send_id: bool) -> Generator[Any, Any, None]:
+    env = ctx.env
+    order = np.argsort(plan.start_s, kind="stable")
+    for c in order:
+        c = int(c)
+        if plan.turns[c] == 0:
+            continue
+        delay = float(plan.start_s[c]) - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        env.process(_conversation_from_now(ctx, plan, c, p_leg, d_leg, send_id))
+
+
+def _conversation_from_now(
+    ctx: Ctx, plan: ConversationPlan, c: int, p_leg: float, d_leg: float, send_id: bool
+) -> Generator[simpy.Event, Any, None]:
+    env = ctx.env
+    lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
+    for i in range(lo, hi):
+        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
+        if i + 1 < hi:
+            gap = float(plan.gap_s[i])
+            if gap > 0:
+                yield env.timeout(gap)
+
+
+def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
+    """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state."""
+    rs = resolve(scenario)
+    seed = scenario.seed if seed is None else seed
+    plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    env = simpy.Environment()
+    dep = scenario.deployment
+    router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
+    ctx = Ctx(
+        env=env,
+        scenario=scenario,
+        arch=rs.arch,
+        costs=rs.costs,
+        tp=dep.tensor_parallel_size,
+        per_byte_s=rs.per_byte_s,
+        decode_capacity_blocks=rs.decode_capacity_tokens // rs.arch.block_size_tokens,
+        prefill_cache_tokens=rs.prefill_capacity_tokens,
+        router=router,
+    )
+    ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
+    ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
+    oh = rs.costs.overhead
+    send_id = scenario.policy.send_conversation_id
+    arrival = scenario.workload.arrival
+    if isinstance(arrival, ClosedLoopArrival):
+        pool = deque(range(scenario.workload.conversations))
+        slots = max(1, arrival.max_active_conversations // arrival.clients)
+        for _ in range(arrival.clients):
+            env.process(_client(ctx, plan, pool, slots, oh.p_leg_s, oh.d_leg_s, send_id))
+    else:
+        env.process(_source(ctx, plan, oh.p_leg_s, oh.d_leg_s, send_id))
+    env.run()
+    for dn in ctx.decode:
+        dn.expire_all()
+    return rs, plan, ctx

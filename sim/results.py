@@ -1,0 +1,314 @@
+"""Everything a run reports, derived from its event log (pure functions of it), and the writers.
+
+``turns`` has one row per turn; ``summary`` the headline metrics; ``pinned_series`` the retained decode
+KV over time. Writers use a fixed column order and float format and write atomically (temp + rename),
+so the same scenario and seed give byte-identical files and a killed run never leaves a complete-looking
+result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
+from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
+from kvplan.sim.scenario import Scenario
+
+GIB = 1024**3
+ROUTER_NAMES = {int(v): v.name.lower() for v in RouterResult}
+RELEASE_NAMES = {int(v): v.name.lower() for v in Release}
+
+TURN_COLUMNS = [
+    "conversation_id",
+    "turn",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "p_node",
+    "d_node",
+    "router",
+    "decision",
+    "local_hit_tokens",
+    "pulled_tokens",
+    "recomputed_tokens",
+    "failed_tokens",
+    "d_hit_tokens",
+    "p2d_tokens",
+    "overhead_s",
+    "prefill_queue_s",
+    "kv_pull_s",
+    "prefill_s",
+    "d_queue_s",
+    "p2d_transfer_s",
+    "first_decode_s",
+    "ttft_s",
+    "p_leg_s",
+    "d2p_xfer_s",
+    "finish_s",
+    "d2p_bytes",
+    "p2d_bytes",
+]
+
+
+def events_frame(log: list[tuple[Any, ...]]) -> pd.DataFrame:
+    """The event log as a frame with columns ``t_s, kind, conv, turn, node, a, b`` (kind as int)."""
+    if not log:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in COLUMNS})
+    arr = np.array(log, dtype=float)
+    df = pd.DataFrame(arr, columns=list(COLUMNS))
+    for c in ("kind", "conv", "turn", "node"):
+        df[c] = df[c].astype(np.int64)
+    return df
+
+
+def _by_turn(ev: pd.DataFrame, kind: Ev, cols: dict[str, str]) -> pd.DataFrame:
+    sub = ev[ev["kind"] == int(kind)]
+    out = sub[["conv", "turn", *cols.keys()]].rename(columns=cols)
+    return out.set_index(["conv", "turn"])
+
+
+def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
+    """Per-turn records (``turns.csv``), one row per turn that arrived, sorted by (conversation, turn).
+
+    TTFT identity: ``ttft_s = overhead_s + prefill_queue_s + kv_pull_s + prefill_s + d_queue_s +
+    p2d_transfer_s + first_decode_s``. ``prefill_queue_s`` is arrival at P's engine to the start of this
+    turn's prefill compute minus the D->P pull wait (vLLM's queue metric would include the pull).
+    Token identity: ``prompt = local_hit + pulled + recomputed + failed`` (failed > 0 only on errors).
+    """
+    base = _by_turn(ev, Ev.ARRIVE, {"t_s": "arrival_s", "a": "prompt_tokens", "b": "output_tokens"})
+    parts = [
+        _by_turn(ev, Ev.ROUTER, {"a": "router_code"}),
+        _by_turn(ev, Ev.P_ENQUEUE, {"t_s": "p_enq", "node": "p_node"}),
+        _by_turn(ev, Ev.P_DECISION, {"a": "decision_code", "b": "local_hit_tokens"}),
+        _by_turn(ev, Ev.PULL_START, {"t_s": "pull_t0", "a": "pulled_tokens", "b": "d2p_bytes"}),
+        _by_turn(ev, Ev.PULL_DONE, {"t_s": "pull_t1", "a": "d2p_xfer_s"}),
+        _by_turn(ev, Ev.P_COMPUTE, {"t_s": "p_comp"}),
+        _by_turn(ev, Ev.P_DONE, {"t_s": "p_done", "a": "prefill_s"}),
+        _by_turn(ev, Ev.D_ENQUEUE, {"t_s": "d_enq", "node": "d_node"}),
+        _by_turn(ev, Ev.D_ADMIT, {"t_s": "d_admit", "a": "d_hit_tokens"}),
+        _by_turn(ev, Ev.P2D_START, {"t_s": "p2d_t0", "a": "p2d_tokens", "b": "p2d_bytes"}),
+        _by_turn(ev, Ev.P2D_DONE, {"t_s": "p2d_t1"}),
+        _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
+        _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
+    ]
+    df = base.join(parts, how="left").sort_index().reset_index()
+    df = df.rename(columns={"conv": "conversation_id"})
+    err = df["decision_code"] == int(Decision.ERROR)
+    for c in ("pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens"):
+        df[c] = df[c].fillna(0.0)
+    df["kv_pull_s"] = (df["pull_t1"] - df["pull_t0"]).fillna(0.0)
+    df["prefill_queue_s"] = df["p_comp"] - df["p_enq"] - df["kv_pull_s"]
+    df["overhead_s"] = (df["p_enq"] - df["arrival_s"]) + (df["d_enq"] - df["p_done"])
+    df["d_queue_s"] = df["d_admit"] - df["d_enq"]
+    df["p2d_transfer_s"] = (df["p2d_t1"] - df["p2d_t0"]).fillna(0.0)
+    ready = df["p2d_t1"].fillna(df["d_admit"])
+    df["first_decode_s"] = df["d_first"] - ready
+    df["ttft_s"] = df["d_first"] - df["arrival_s"]
+    df["p_leg_s"] = df["p_done"] - df["arrival_s"]
+    local = df["local_hit_tokens"]
+    df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
+    df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
+    names = {int(k): v for k, v in DECISION_NAMES.items()}
+    df["decision"] = df["decision_code"].map(names)
+    df["router"] = df["router_code"].map(ROUTER_NAMES)
+    for c in (
+        "prompt_tokens", "output_tokens", "local_hit_tokens", "pulled_tokens", "recomputed_tokens", "failed_tokens",
+        "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes",
+    ):
+        df[c] = df[c].astype(np.int64)
+    df["d_node"] = df["d_node"].fillna(-1).astype(np.int64)
+    df["p_node"] = df["p_node"].fillna(-1).astype(np.int64)
+    return df[TURN_COLUMNS]
+
+
+def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+    """Retained (pinned) decode KV over time, summed over every decode node and GPU.
+
+    Returns step-function samples ``t_s, pinned_tokens, pinned_gib`` after each change (releases before
+    pins at equal times).
+    """
+    pin = ev[ev["kind"] == int(Ev.PIN)][["t_s", "a"]]
+    unpin = ev[ev["kind"] == int(Ev.UNPIN)][["t_s", "a"]]
+    d = pd.concat(
+        [pin.assign(delta=pin["a"], order=1), unpin.assign(delta=-unpin["a"], order=0)], ignore_index=True
+    ).sort_values(["t_s", "order"], kind="stable")
+    tokens = d["delta"].cumsum().to_numpy()
+    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "pinned_tokens": tokens})
+    out["pinned_gib"] = out["pinned_tokens"] * bytes_per_token / GIB
+    return out
+
+
+def _time_weighted_mean(series: pd.DataFrame, t_end: float, col: str) -> float:
+    if series.empty or t_end <= 0:
+        return 0.0
+    t = series["t_s"].to_numpy()
+    v = series[col].to_numpy()
+    dt = np.diff(np.append(t, max(t_end, t[-1])))
+    return float((v * dt).sum() / t_end)
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def summarize(
+    ev: pd.DataFrame, turns: pd.DataFrame, scenario: Scenario, bytes_per_token_all_ranks: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """Headline metrics (``summary.json``). See the README for each definition."""
+    ok = turns[turns["decision"] != "error"]
+    ttft = ok["ttft_s"].dropna().to_numpy()
+    follow = turns[turns["turn"] >= 2]
+    reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold"])
+    t_end = float(ev["t_s"].max()) if len(ev) else 0.0
+    series = pinned_series(ev, bytes_per_token_all_ranks)
+    unpin = ev[ev["kind"] == int(Ev.UNPIN)]
+    releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
+    pull = turns[turns["decision"] == "pull"]
+    decisions = {name: int((turns["decision"] == name).sum()) for name in DECISION_NAMES.values()}
+    summary: dict[str, Any] = {
+        "turns": int(len(turns)),
+        "conversations": int(turns["conversation_id"].nunique()),
+        "errors": int(decisions["error"]),
+        "ttft_mean_s": float(ttft.mean()) if len(ttft) else float("nan"),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "ttft_p99_s": _pct(ttft, 99),
+        "hit_rate": float(reused.mean()) if len(follow) else 0.0,
+        "pull_rate": float(len(pull) / len(turns)) if len(turns) else 0.0,
+        "follow_up_turns": int(len(follow)),
+        "decisions": decisions,
+        "pulled_tokens": int(turns["pulled_tokens"].sum()),
+        "recomputed_tokens": int(turns["recomputed_tokens"].sum()),
+        "local_hit_tokens": int(turns["local_hit_tokens"].sum()),
+        "failed_tokens": int(turns["failed_tokens"].sum()),
+        "prompt_tokens": int(turns["prompt_tokens"].sum()),
+        "d2p_bytes": int(turns["d2p_bytes"].sum()),
+        "p2d_bytes": int(turns["p2d_bytes"].sum()),
+        "kv_pull_mean_s": float(pull["kv_pull_s"].mean()) if len(pull) else 0.0,
+        "d2p_xfer_mean_s": float(pull["d2p_xfer_s"].mean()) if len(pull) else 0.0,
+        "p_leg_mean_s": float(ok["p_leg_s"].mean()) if len(ok) else float("nan"),
+        "prefill_queue_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else float("nan"),
+        "pinned_kv_gib_mean": _time_weighted_mean(series, t_end, "pinned_gib"),
+        "pinned_kv_gib_peak": float(series["pinned_gib"].max()) if len(series) else 0.0,
+        "pins": int((ev["kind"] == int(Ev.PIN)).sum()),
+        "releases": releases,
+        "pins_outstanding": int((ev["kind"] == int(Ev.PIN)).sum() - len(unpin)),
+        "sim_end_s": t_end,
+    }
+    summary.update(extra)
+    return summary
+
+
+@dataclass
+class Result:
+    """What ``run`` returns: the scenario, the event log and everything derived from it."""
+
+    scenario: Scenario
+    seed: int
+    events: pd.DataFrame
+    turns: pd.DataFrame
+    summary: dict[str, Any]
+    bytes_per_token_all_ranks: int
+    notes: list[str] = field(default_factory=list)
+
+    def pinned_series(self) -> pd.DataFrame:
+        """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
+        return pinned_series(self.events, self.bytes_per_token_all_ranks)
+
+
+def build_result(
+    scenario: Scenario, seed: int, log: list[tuple[Any, ...]], bytes_all_ranks: int, extra: dict[str, Any],
+    notes: list[str],
+) -> Result:
+    """Derive turns and summary from a finished run's log."""
+    ev = events_frame(log)
+    turns = turns_frame(ev)
+    summary = summarize(ev, turns, scenario, bytes_all_ranks, extra)
+    return Result(scenario, seed, ev, turns, summary, bytes_all_ranks, notes)
+
+
+def kv_bytes_all_ranks_for(scenario_arch: Any, tp: int) -> int:
+    """KV bytes per token summed over the TP ranks (for GiB of pinned KV)."""
+    return kv_bytes_per_token_all_ranks(scenario_arch, tp)
+
+
+# --- writers ---------------------------------------------------------------------------------------------
+
+FLOAT_FORMAT = "%.9f"
+
+
+def turns_csv_bytes(turns: pd.DataFrame) -> bytes:
+    """``turns.csv`` content with fixed column order and float format."""
+    return turns.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def summary_json_bytes(summary: dict[str, Any]) -> bytes:
+    """``summary.json`` content (sorted keys, NaN written as null)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        if isinstance(v, float) and not np.isfinite(v):
+            return None
+        return v
+
+    return (json.dumps(clean(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+
+
+def write_result_dir(result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write ``turns.csv``, ``summary.json``, ``pinned.csv`` and ``scenario.yaml`` atomically into ``out``.
+
+    Files go to a temporary sibling directory first, which replaces ``out`` only when complete, so an
+    interrupted write never leaves a directory that looks complete.
+    """
+    import yaml
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        files = {
+            "turns.csv": turns_csv_bytes(result.turns),
+            "summary.json": summary_json_bytes(result.summary),
+            "pinned.csv": result.pinned_series().to_csv(
+                index=False, float_format=FLOAT_FORMAT, lineterminator="\n"
+            ).encode(),
+            "scenario.yaml": yaml.safe_dump(
+                result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
+            ).encode(),
+        }
+        files.update(extra_files or {})
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

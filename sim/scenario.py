@@ -1,0 +1,285 @@
+"""Scenario: the frozen, validated description of one simulation (YAML top-level sections).
+
+Sections: ``model``, ``hardware``, ``profile``, ``deployment``, ``policy``, ``workload``, optional
+``costs`` (inline overrides of cost-model components) and ``seed``. Every field has units in its name
+and its description is the CLI help text (``kvplan simulate --help``). Unknown fields are errors.
+Never mutate a scenario: build variants with :func:`with_overrides`, which re-validates.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
+
+MAX_SCENARIO_BYTES = 4 * 1024**2
+MAX_EMPIRICAL_VALUES = 1_000_000
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- distributions ---------------------------------------------------------------------------------------
+
+
+class Constant(_Frozen):
+    """Always ``value``."""
+
+    dist: Literal["constant"] = "constant"
+    value: float = Field(ge=0, description="The value.")
+
+
+class Exponential(_Frozen):
+    """Exponential with the given ``mean``."""
+
+    dist: Literal["exponential"]
+    mean: float = Field(gt=0, description="Mean.")
+
+
+class LogNormal(_Frozen):
+    """Log-normal with the given ``median`` (exp(mu)) and ``sigma`` of the underlying normal."""
+
+    dist: Literal["lognormal"]
+    median: float = Field(gt=0, description="Median = exp(mu).")
+    sigma: float = Field(ge=0, description="Standard deviation of log(value).")
+
+
+class Uniform(_Frozen):
+    """Uniform on [``low``, ``high``]."""
+
+    dist: Literal["uniform"]
+    low: float = Field(ge=0, description="Lower bound.")
+    high: float = Field(ge=0, description="Upper bound (>= low).")
+
+    @model_validator(mode="after")
+    def _order(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError("high must be >= low")
+        return self
+
+
+class Empirical(_Frozen):
+    """Resample uniformly from ``values``, or from a file of numbers (one per line, or a CSV column)."""
+
+    dist: Literal["empirical"]
+    values: tuple[float, ...] | None = Field(default=None, description="The sample to resample from.")
+    path: str | None = Field(default=None, description="Text/CSV file of values (first numeric column).")
+    column: str | None = Field(default=None, description="CSV column to use (default: the first).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Empirical:
+        if (self.values is None) == (self.path is None):
+            raise ValueError("give exactly one of 'values' or 'path'")
+        if self.values is not None:
+            if not self.values:
+                raise ValueError("'values' is empty")
+            if any((not math.isfinite(v)) or v < 0 for v in self.values):
+                raise ValueError("'values' must be finite and >= 0")
+        return self
+
+
+Dist = Annotated[Constant | Exponential | LogNormal | Uniform | Empirical, Field(discriminator="dist")]
+
+
+# --- sections ---------------------------------------------------------------------------------------------
+
+
+class Deployment(_Frozen):
+    """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
+
+    prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
+    decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
+    tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance.")
+    max_num_seqs: int = Field(default=1024, gt=0, description="vLLM --max-num-seqs (P and D).")
+    max_num_batched_tokens: int = Field(default=8192, gt=0, description="vLLM --max-num-batched-tokens.")
+    prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
+    decode_prefix_caching: bool = Field(default=True, description="Prefix caching on D (vLLM default on).")
+    routing: Literal["round_robin", "sticky"] = Field(
+        default="round_robin", description="P and D choice: independent round-robin (reference proxy) or sticky."
+    )
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    decode_kv_capacity_tokens: int | None = Field(
+        default=None, gt=0, description="Override D's KV pool (tokens); default from HBM and weights."
+    )
+    prefill_kv_capacity_tokens: int | None = Field(
+        default=None, gt=0, description="Override P's prefix-cache pool (tokens); default from HBM."
+    )
+    cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
+    link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+
+
+class Policy(_Frozen):
+    """The bidirectional-transfer knobs (``--kv-transfer-config``) and the router's."""
+
+    bidirectional: bool = Field(default=True, description="bidirectional_kv_xfer: D retains, P pulls back.")
+    decoder_kv_blocks_ttl_s: float = Field(default=480.0, ge=0, description="D retention TTL from finish.")
+    kv_recompute_threshold_tokens: int = Field(default=64, ge=0, description="Pull only if >= this many.")
+    router_ttl_s: float = Field(default=450.0, ge=0, description="Router entry lifetime (proxy: 450 s).")
+    kv_load_failure_policy: Literal["fail", "recompute"] = Field(
+        default="fail", description="Declined/failed read: fail the request or recompute locally."
+    )
+    expiry_safety_margin_s: float = Field(default=5.0, ge=0, description="P declines if now+margin>=expiry.")
+    clock_skew_s: float = Field(default=0.0, description="P clock minus D clock error after offset estimation.")
+    threshold_applies_to_p2d: bool = Field(
+        default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
+    )
+    send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
+
+
+class PoissonArrival(_Frozen):
+    """Open loop: new conversations arrive as a Poisson stream."""
+
+    kind: Literal["poisson"]
+    rate_per_s: float = Field(gt=0, description="New conversations per second.")
+
+
+class ClosedLoopArrival(_Frozen):
+    """vLLM multi-turn benchmark: N clients cycle round-robin over their active conversations."""
+
+    kind: Literal["closed_loop"]
+    clients: int = Field(gt=0, description="--num-clients.")
+    max_active_conversations: int = Field(gt=0, description="--max-active-conversations (split over clients).")
+
+
+Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kind")]
+
+
+class Workload(_Frozen):
+    """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
+
+    conversations: int = Field(default=100, gt=0, le=10_000_000, description="Conversations to simulate.")
+    arrival: Arrival = Field(
+        default=PoissonArrival(kind="poisson", rate_per_s=0.1), description="poisson or closed_loop."
+    )
+    turns: Dist = Field(default=Constant(value=5), description="User turns per conversation (>= 1).")
+    prefix_tokens: Dist = Field(default=Constant(value=2000), description="System+tools+documents on turn 1.")
+    user_tokens: Dist = Field(default=Constant(value=150), description="New user/tool tokens per turn.")
+    output_tokens: Dist = Field(default=Constant(value=300), description="Response tokens (>= 1).")
+    turn_gap_s: Dist = Field(
+        default=Constant(value=0.0), description="End of a response to the next turn's arrival (think/tool time)."
+    )
+
+
+class CostOverrides(_Frozen):
+    """Inline cost components; each given block replaces the profile's, omitted parameters are zero."""
+
+    prefill: PrefillCost | None = Field(default=None, description="Replaces the profile's prefill model.")
+    transfer: TransferCost | None = Field(default=None, description="Replaces the profile's transfer model.")
+    decode: DecodeCost | None = Field(default=None, description="Replaces the profile's decode model.")
+    overhead: OverheadCost | None = Field(default=None, description="Replaces the profile's overheads.")
+
+
+class Simulation(_Frozen):
+    """Engine options (not properties of the system)."""
+
+    decode_mode: Literal["fast", "exact"] = Field(
+        default="fast", description="fast: jump between batch changes; exact: one event per decode step."
+    )
+
+
+class Scenario(_Frozen):
+    """One what-if: model, hardware, profile, deployment, policy, workload, cost overrides, seed."""
+
+    model: str | dict[str, Any] = Field(default="qwen3-32b", description="Model preset name or inline spec.")
+    hardware: str | dict[str, Any] = Field(default="p5en", description="Hardware preset name or inline spec.")
+    profile: str | None = Field(default=None, description="Profile name or JSON path (default: <hw>-<model>).")
+    deployment: Deployment = Field(default_factory=Deployment, description="Deployment.")
+    policy: Policy = Field(default_factory=Policy, description="Bidirectional transfer policy.")
+    workload: Workload = Field(default_factory=Workload, description="Workload.")
+    costs: CostOverrides = Field(default_factory=CostOverrides, description="Inline cost overrides.")
+    simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
+    seed: int = Field(default=0, ge=0, description="Root seed of every random stream.")
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+
+def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputError:
+    err = exc.errors()[0]
+    # drop pydantic's union-member tags (e.g. 'constant') from the location
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; `kvplan simulate --help` lists every field)"
+    elif err["type"] == "union_tag_invalid":
+        msg = f"{msg}"
+    return input_error(f"{where}: field '{loc}'" if loc else where, msg)
+
+
+_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop"}
+
+
+def scenario_from_dict(data: Any, where: str = "scenario") -> Scenario:
+    """Validate a mapping into a :class:`Scenario`, raising a one-line :class:`KvplanInputError`."""
+    if not isinstance(data, dict):
+        raise input_error(where, "expected a mapping with sections model, hardware, deployment, policy, workload")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation_error(exc, where) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file (size-bounded, safe loader, one-line errors)."""
+    p = Path(path)
+    if not p.is_file():
+        raise input_error(str(p), "no such scenario file")
+    if p.stat().st_size > MAX_SCENARIO_BYTES:
+        raise input_error(str(p), "scenario larger than 4 MiB", "put large samples in an empirical 'path' file")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise input_error(str(p), "empty scenario file", "see `kvplan simulate --help` for the fields")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise input_error(f"{p}{line}", f"YAML error: {problem} (truncated or mis-indented file?)") from None
+    if data is None:
+        raise input_error(str(p), "empty scenario file", "see `kvplan simulate --help` for the fields")
+    return scenario_from_dict(data, where=str(p))
+
+
+def with_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
+    """A new validated scenario with dotted-path overrides applied (e.g. ``policy.decoder_kv_blocks_ttl_s``)."""
+    data = scenario.model_dump(mode="python", exclude_none=False)
+    for dotted, value in overrides.items():
+        node: Any = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
+                if isinstance(node, dict) and node.get(part) is None and part in node:
+                    node[part] = {}
+                else:
+                    raise input_error(f"override '{dotted}'", f"no section '{part}' in the scenario")
+            node = node[part]
+        node[parts[-1]] = value
+    return scenario_from_dict(data, where="scenario with overrides")
+
+
+def field_help() -> list[tuple[str, str, str]]:
+    """Every scenario field as (dotted path, default, description), for ``--help`` and the docs."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if sub is not None and sub not in (Scenario,):
+                walk(sub, f"{prefix}{name}.")
+                continue
+            default = "" if f.is_required() else repr(f.get_default(call_default_factory=True))
+            if hasattr(f.get_default(call_default_factory=True), "model_dump"):
+                default = str(f.get_default(call_default_factory=True).model_dump())
+            rows.append((f"{prefix}{name}", default, f.description or ""))
+
+    walk(Scenario, "")
+    return rows

@@ -1,0 +1,186 @@
+"""Workload generation: every random draw of a run, made up front from named, independent streams.
+
+One ``numpy.random.SeedSequence(seed)`` spawns one generator per source in a fixed order (arrivals,
+turns, prefix, user tokens, output tokens, turn gaps, routing), so changing one knob leaves the other
+streams untouched (common random numbers across what-if runs) and a run is reproducible bit for bit.
+Drawing everything vectorised up front is also what keeps the simulator fast.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvplan.errors import input_error
+from kvplan.sim.scenario import (
+    MAX_EMPIRICAL_VALUES,
+    ClosedLoopArrival,
+    Constant,
+    Dist,
+    Empirical,
+    Exponential,
+    LogNormal,
+    Uniform,
+    Workload,
+)
+
+STREAMS = ("arrivals", "turns", "prefix", "user", "output", "gaps", "routing")
+MAX_EMPIRICAL_FILE_BYTES = 64 * 1024**2
+
+
+def load_empirical_values(path: str | Path, column: str | None = None) -> np.ndarray:
+    """Read non-negative numbers from a text file (one per line) or a CSV column (bounded size)."""
+    p = Path(path)
+    if not p.is_file():
+        raise input_error(f"empirical path '{p}'", "no such file")
+    if p.stat().st_size > MAX_EMPIRICAL_FILE_BYTES:
+        raise input_error(f"empirical path '{p}'", "file larger than 64 MiB", "subsample it")
+    values: list[float] = []
+    with p.open(newline="", encoding="utf-8", errors="replace") as fh:
+        reader = csv.reader(fh)
+        col_idx = 0
+        for lineno, row in enumerate(reader, start=1):
+            if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
+                continue
+            if lineno == 1 or (not values and column is not None):
+                try:
+                    float(row[col_idx])
+                except ValueError:  # header line
+                    if column is not None:
+                        if column not in row:
+                            raise input_error(f"{p}: line 1", f"no column '{column}' in header {row}") from None
+                        col_idx = row.index(column)
+                    continue
+            try:
+                v = float(row[col_idx])
+            except (ValueError, IndexError):
+                raise input_error(f"{p}: line {lineno}", f"not a number: {row[col_idx:col_idx + 1]}") from None
+            if not np.isfinite(v) or v < 0:
+                raise input_error(f"{p}: line {lineno}", f"value {v} must be finite and >= 0")
+            values.append(v)
+            if len(values) > MAX_EMPIRICAL_VALUES:
+                raise input_error(f"{p}", f"more than {MAX_EMPIRICAL_VALUES} values", "subsample it")
+    if not values:
+        raise input_error(f"empirical path '{p}'", "no numeric values found")
+    return np.asarray(values, dtype=float)
+
+
+def sample(dist: Dist, rng: np.random.Generator, n: int) -> np.ndarray:
+    """Draw ``n`` values of a scenario distribution (float array, not yet rounded)."""
+    if isinstance(dist, Constant):
+        return np.full(n, dist.value, dtype=float)
+    if isinstance(dist, Exponential):
+        return rng.exponential(dist.mean, n)
+    if isinstance(dist, LogNormal):
+        return rng.lognormal(np.log(dist.median), dist.sigma, n)
+    if isinstance(dist, Uniform):
+        return rng.uniform(dist.low, dist.high, n)
+    if isinstance(dist, Empirical):
+        vals = np.asarray(dist.values, dtype=float) if dist.values is not None else load_empirical_values(
+            dist.path or "", dist.column
+        )
+        return vals[rng.integers(0, len(vals), n)]
+    raise TypeError(f"unknown distribution {dist!r}")  # pragma: no cover - pydantic forbids it
+
+
+def dist_mean(dist: Dist) -> float:
+    """Mean of a scenario distribution (for analytic screens and advice)."""
+    if isinstance(dist, Constant):
+        return dist.value
+    if isinstance(dist, Exponential):
+        return dist.mean
+    if isinstance(dist, LogNormal):
+        return float(dist.median * np.exp(dist.sigma**2 / 2))
+    if isinstance(dist, Uniform):
+        return (dist.low + dist.high) / 2
+    vals = np.asarray(dist.values, dtype=float) if dist.values is not None else load_empirical_values(
+        dist.path or "", dist.column
+    )
+    return float(vals.mean())
+
+
+@dataclass(frozen=True)
+class ConversationPlan:
+    """All conversations of a run, drawn up front. Per-turn arrays are flat, indexed via ``offsets``.
+
+    ``prompt_tokens[offsets[c] + k]`` is conversation ``c``'s turn ``k+1`` prompt (prefix on turn 1, then
+    previous prompt + previous output + new user tokens: the whole grown context is resent).
+    ``start_s`` is each conversation's first arrival (open loop) or NaN (closed loop).
+    """
+
+    start_s: np.ndarray
+    turns: np.ndarray
+    offsets: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    gap_s: np.ndarray
+    truncated_conversations: int
+
+    @property
+    def total_turns(self) -> int:
+        """Number of turns in the plan."""
+        return int(self.turns.sum())
+
+
+def make_plan(workload: Workload, seed: int, max_model_len: int) -> ConversationPlan:
+    """Draw every conversation of ``workload`` from ``seed``.
+
+    Token and turn counts are rounded to integers (turns >= 1, outputs >= 1, user tokens >= 0). A
+    conversation whose context would exceed ``max_model_len`` (vLLM rejects such a request) ends at the
+    last turn that fits; the count is reported as ``truncated_conversations``, never silently.
+    """
+    seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
+    rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
+    n = workload.conversations
+    if isinstance(workload.arrival, ClosedLoopArrival):
+        start = np.full(n, np.nan)
+    else:
+        start = np.cumsum(rng["arrivals"].exponential(1.0 / workload.arrival.rate_per_s, n))
+    turns = np.maximum(1, np.rint(sample(workload.turns, rng["turns"], n))).astype(np.int64)
+    prefix = np.maximum(0, np.rint(sample(workload.prefix_tokens, rng["prefix"], n))).astype(np.int64)
+    total = int(turns.sum())
+    user = np.maximum(0, np.rint(sample(workload.user_tokens, rng["user"], total))).astype(np.int64)
+    out = np.maximum(1, np.rint(sample(workload.output_tokens, rng["output"], total))).astype(np.int64)
+    gaps = np.maximum(0.0, sample(workload.turn_gap_s, rng["gaps"], total))
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(turns, out=offsets[1:])
+    # prompt_k = prefix + sum_{j<=k} user_j + sum_{j<k} out_j, per conversation (vectorised segment cumsum)
+    conv_of_turn = np.repeat(np.arange(n), turns)
+    inc = user.copy()
+    inc[1:] += out[:-1]
+    first = offsets[:-1]
+    inc[first] = user[first] + prefix
+    csum = np.cumsum(inc)
+    base = np.zeros(n, dtype=np.int64)
+    base[1:] = csum[first[1:] - 1]
+    prompt = csum - base[conv_of_turn]
+    prompt = np.maximum(prompt, 1)
+    # end conversations before the first turn whose prompt + output exceeds the context limit
+    too_long = (prompt + out) > max_model_len
+    truncated = 0
+    if too_long.any():
+        keep_turns = turns.copy()
+        bad_conv = np.unique(conv_of_turn[too_long])
+        for c in bad_conv:
+            seg = too_long[offsets[c] : offsets[c + 1]]
+            keep_turns[c] = int(np.argmax(seg))
+        truncated = int(len(bad_conv))
+        mask = np.repeat(np.arange(n), turns)  # conversation of each turn
+        k_in_conv = np.arange(total) - offsets[mask]
+        keep = k_in_conv < keep_turns[mask]
+        prompt, out, gaps = prompt[keep], out[keep], gaps[keep]
+        turns = keep_turns
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(turns, out=offsets[1:])
+    return ConversationPlan(
+        start_s=start,
+        turns=turns,
+        offsets=offsets,
+        prompt_tokens=prompt.astype(np.int64),
+        output_tokens=out.astype(np.int64),
+        gap_s=gaps.astype(float),
+        truncated_conversations=truncated,
+    )

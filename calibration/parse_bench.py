@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from kvplan.calibration.parse_common import (
     DEFAULT_MAX_BYTES,
     PathLike,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from kvplan.errors import input_error
 
 #: Default upper bound on the size of a trace file (256 MiB); every parser takes ``max_bytes``.

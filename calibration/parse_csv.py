@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, PathLike, file_label, read_text
 from kvplan.errors import input_error
 

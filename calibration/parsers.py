@@ -23,6 +23,7 @@ import re
 from typing import TypeAlias
 
 import pandas as pd
+
 from kvplan.calibration.parse_bench import KEY_ALIASES, BenchServeResult, parse_bench_serve
 from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, PathLike, check_file, file_label
 from kvplan.calibration.parse_csv import (

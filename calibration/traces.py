@@ -98,6 +98,7 @@ from typing import Any, Literal, cast, get_args
 
 import numpy as np
 import pandas as pd
+
 from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, check_file
 from kvplan.errors import input_error
 

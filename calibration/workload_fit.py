@@ -45,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
+from scipy import stats as sps
+
 from kvplan.calibration.traces import (
     PERCENTILES,
     ServiceTimeFn,
@@ -54,7 +56,6 @@ from kvplan.calibration.traces import (
     turn_pairs,
 )
 from kvplan.errors import input_error
-from scipy import stats as sps
 
 #: Default cap on the number of values kept in an empirical distribution.
 MAX_EMPIRICAL_VALUES = 2000

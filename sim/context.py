@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from kvplan.models.arch import ModelArch, descriptors_per_transfer, kv_bytes_per_token_per_rank
+from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel
 from kvplan.sim.link import Link
 from kvplan.sim.router import KVParams, Router
@@ -15,6 +15,7 @@ from kvplan.sim.scenario import Scenario
 
 if TYPE_CHECKING:
     from kvplan.sim.decode import DecodeNode
+    from kvplan.sim.engine import Driver
     from kvplan.sim.prefill import PrefillNode
 
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
@@ -30,7 +31,8 @@ class Request:
         "prompt",
         "output",
         "params",
-        "done",
+        "index",
+        "arrival",
         "error",
         "p_node",
         "d_node",
@@ -43,13 +45,16 @@ class Request:
         "join_step",
     )
 
-    def __init__(self, conv: int, turn: int, prompt: int, output: int, params: KVParams | None) -> None:
+    def __init__(
+        self, conv: int, turn: int, index: int, prompt: int, output: int, params: KVParams | None, arrival: float
+    ) -> None:
         self.conv = conv
         self.turn = turn
+        self.index = index  # flat turn index in the ConversationPlan
         self.prompt = prompt
         self.output = output
         self.params = params
-        self.done: simpy.Event | None = None
+        self.arrival = arrival
         self.error = False
         self.p_node = -1
         self.d_node = -1
@@ -80,6 +85,7 @@ class Ctx:
     decode: list[DecodeNode] = field(default_factory=list)
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
+    driver: Driver = field(init=False)
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
@@ -88,6 +94,7 @@ class Ctx:
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
+        self.regions = kv_regions_per_rank(self.arch, self.cross_layer)
 
     def link(self, p: int, d: int, direction: int) -> Link:
         """The link of one (P, D) pair and direction, created on first use."""
@@ -107,7 +114,7 @@ class Ctx:
         first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
         """
         tc = self.costs.transfer
-        desc = descriptors_per_transfer(self.arch, tokens, self.cross_layer)
+        desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
         nbytes_rank = tokens * self.kv_bytes_rank
         post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
         lat_x = tc.fixed_s + tc.per_descriptor_s * desc
@@ -119,14 +126,16 @@ class Ctx:
         key = self._xfer_seq
         link = self.link(p, d, direction)
         env = self.env
-        poll = tc.poll_s
+        tail = pre + tc.poll_s
 
         def bw_done(bw_s: float) -> None:
+            # the shared-bandwidth phase is modelled first, then the unshared latency (post, fixed,
+            # descriptors, handshake) and the step-boundary poll: same duration, one event fewer
             xfer = lat_x + bw_s
-            if poll > 0:
-                env.timeout(poll).callbacks.append(lambda _e: on_done(xfer, post))
+            if tail > 0:
+                env.timeout(tail).callbacks.append(lambda _e: on_done(xfer, post))
             else:
                 on_done(xfer, post)
 
-        env.timeout(pre).callbacks.append(lambda _e: link.send(key, nbytes_rank, bw_done))
+        link.send(key, nbytes_rank, bw_done)
         return float(nbytes_rank * self.tp), float(desc)

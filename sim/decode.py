@@ -156,7 +156,7 @@ class DecodeNode:
         self._try_admit()
 
     def _try_admit(self) -> None:
-        if self._admitting:
+        if self._admitting or not self._admit_q:
             return  # re-entered from a release inside this loop; the outer loop continues
         self._admitting = True
         try:
@@ -230,8 +230,8 @@ class DecodeNode:
             ctx.log.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
             self._ready(r)
 
-        nbytes, _ = ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
-        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, nbytes))
+        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
 
     # ---- batch: event jumps between batch changes -------------------------------------------------------
 
@@ -337,6 +337,5 @@ class DecodeNode:
             ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self._to_cache(r.conv, kv_tokens, -(-kv_tokens // ctx.block_size))
-        assert r.done is not None
-        r.done.succeed()
+        ctx.driver.d_done(r)
         self._try_admit()

@@ -8,9 +8,7 @@ cycles round-robin over its active conversations (closed loop, vLLM ``benchmark_
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import simpy
@@ -19,7 +17,13 @@ from kvplan.errors import input_error
 from kvplan.models.arch import MODEL_PRESETS, ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
 from kvplan.models.costs import CostModel
 from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
-from kvplan.models.profile import Profile, default_profile_name, extrapolate_profile, load_profile, shipped_profiles
+from kvplan.models.profile import (
+    Profile,
+    default_profile_name,
+    extrapolate_profile,
+    load_profile,
+    shipped_profiles,
+)
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.decode import DecodeNode
 from kvplan.sim.events import Ev
@@ -111,100 +115,126 @@ def resolve(scenario: Scenario) -> Resolved:
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
 
 
-def _conversation(
-    ctx: Ctx, plan: ConversationPlan, c: int, p_leg: float, d_leg: float, send_id: bool
-) -> Generator[simpy.Event, Any, None]:
-    env = ctx.env
-    if not np.isnan(plan.start_s[c]):
-        yield env.timeout(float(plan.start_s[c]))
-    lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
-    for i in range(lo, hi):
-        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
-        if i + 1 < hi:
-            gap = float(plan.gap_s[i])
-            if gap > 0:
-                yield env.timeout(gap)
+class Driver:
+    """Sends every conversation's turns in order, as callbacks (no generator per turn: this is hot).
 
+    Per turn: the router lookup and P choice at arrival, the P leg after the proxy/HTTP overhead, the D
+    leg (strictly after P) after its overhead, then the turn gap until the conversation's next arrival.
+    The proxy's overhead before P is folded into the timeout that ends the gap (one event, not two);
+    the lookup is evaluated with the true arrival time, so nothing changes but the event count.
+    """
 
-def _turn(
-    ctx: Ctx, plan: ConversationPlan, c: int, turn: int, i: int, p_leg: float, d_leg: float, send_id: bool
-) -> Generator[simpy.Event, Any, None]:
-    env = ctx.env
-    prompt = int(plan.prompt_tokens[i])
-    output = int(plan.output_tokens[i])
-    log = ctx.log
-    now = env.now
-    log.append((now, Ev.ARRIVE, c, turn, -1, prompt, output))
-    res, params = ctx.router.lookup(c, now, send_id)
-    log.append((now, Ev.ROUTER, c, turn, -1, res, 0))
-    r = Request(c, turn, prompt, output, params)
-    r.done = env.event()
-    p = ctx.router.pick_prefill(c)
-    if p_leg > 0:
-        yield env.timeout(p_leg)
-    ctx.prefill[p].submit(r)
-    yield r.done
-    if r.error:
-        return
-    r.done = env.event()
-    d = ctx.router.pick_decode(c)
-    if d_leg > 0:
-        yield env.timeout(d_leg)
-    ctx.decode[d].submit(r)
-    yield r.done
+    def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
+        self.plan = plan
+        oh = ctx.costs.overhead
+        self.p_leg = oh.p_leg_s
+        self.d_leg = oh.d_leg_s
+        self.send_id = ctx.scenario.policy.send_conversation_id
+        self.offsets = plan.offsets.tolist()
+        self.prompt = plan.prompt_tokens.tolist()
+        self.output = plan.output_tokens.tolist()
+        self.gap = plan.gap_s.tolist()
+        self.closed = closed_loop
+        self._pool: deque[int] = deque()
+        self._client_of: dict[int, deque[int]] = {}
 
+    # -- open loop ------------------------------------------------------------------------------------------
 
-def _client(
-    ctx: Ctx, plan: ConversationPlan, pool: deque[int], slots: int, p_leg: float, d_leg: float, send_id: bool
-) -> Generator[simpy.Event, Any, None]:
-    """A benchmark client: round-robin over its active conversations, one request in flight at a time."""
-    env = ctx.env
-    active: deque[tuple[int, int]] = deque()  # (conversation, next flat turn index)
-    while pool and len(active) < slots:
-        c = pool.popleft()
-        if plan.turns[c] > 0:
-            active.append((c, int(plan.offsets[c])))
-    while active:
-        c, i = active.popleft()
-        lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
-        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
-        if i + 1 < hi:
-            active.append((c, i + 1))
-        else:
-            while pool:
-                nc = pool.popleft()
-                if plan.turns[nc] > 0:
-                    active.append((nc, int(plan.offsets[nc])))
-                    break
-        gap = float(plan.gap_s[i])
-        if gap > 0:
-            yield env.timeout(gap)
+    def start(self) -> None:
+        """Schedule the first arrivals (open loop) or start the clients (closed loop)."""
+        plan = self.plan
+        if self.closed is not None:
+            self._pool = deque(c for c in range(len(plan.turns)) if plan.turns[c] > 0)
+            slots = max(1, self.closed.max_active_conversations // self.closed.clients)
+            for _ in range(self.closed.clients):
+                active: deque[int] = deque()
+                while self._pool and len(active) < slots:
+                    active.append(self._pool.popleft())
+                if active:
+                    self._client_next(active, 0.0)
+            return
+        order = [int(c) for c in np.argsort(plan.start_s, kind="stable") if plan.turns[c] > 0]
+        self._starts = order
+        self._start_i = 0
+        self._schedule_next_start()
 
+    def _schedule_next_start(self) -> None:
+        if self._start_i >= len(self._starts):
+            return
+        c = self._starts[self._start_i]
+        self._start_i += 1
+        t = float(self.plan.start_s[c])
+        self._arrive_at(c, self.offsets[c], t)
+        # chain: the next conversation start is scheduled when this one's arrival fires
+        # (keeps O(1) pending start events)
 
-def _source(ctx: Ctx, plan: ConversationPlan, p_leg: float, d_leg: float, send_id: bool) -> Generator[Any, Any, None]:
-    env = ctx.env
-    order = np.argsort(plan.start_s, kind="stable")
-    for c in order:
-        c = int(c)
-        if plan.turns[c] == 0:
-            continue
-        delay = float(plan.start_s[c]) - env.now
+    def _arrive_at(self, c: int, i: int, t_arrival: float) -> None:
+        env = self.env
+        delay = t_arrival - env.now + self.p_leg
         if delay > 0:
-            yield env.timeout(delay)
-        env.process(_conversation_from_now(ctx, plan, c, p_leg, d_leg, send_id))
+            env.timeout(delay).callbacks.append(lambda _e: self._at_p(c, i, t_arrival))
+        else:
+            self._at_p(c, i, t_arrival)
 
+    def _at_p(self, c: int, i: int, t_arrival: float) -> None:
+        ctx = self.ctx
+        if self.closed is None and i == self.offsets[c]:
+            self._schedule_next_start()
+        turn = i - self.offsets[c] + 1
+        prompt = self.prompt[i]
+        log = ctx.log
+        log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
+        res, params = ctx.router.lookup(c, t_arrival, self.send_id)
+        log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
+        r = Request(c, turn, i, prompt, self.output[i], params, t_arrival)
+        p = ctx.router.pick_prefill(c)
+        ctx.prefill[p].submit(r)
 
-def _conversation_from_now(
-    ctx: Ctx, plan: ConversationPlan, c: int, p_leg: float, d_leg: float, send_id: bool
-) -> Generator[simpy.Event, Any, None]:
-    env = ctx.env
-    lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
-    for i in range(lo, hi):
-        yield from _turn(ctx, plan, c, i - lo + 1, i, p_leg, d_leg, send_id)
-        if i + 1 < hi:
-            gap = float(plan.gap_s[i])
-            if gap > 0:
-                yield env.timeout(gap)
+    def p_done(self, r: Request) -> None:
+        """P leg finished (or failed): start the D leg after its overhead, or move on."""
+        if r.error:
+            self._turn_over(r)
+            return
+        if self.d_leg > 0:
+            self.env.timeout(self.d_leg).callbacks.append(lambda _e: self._at_d(r))
+        else:
+            self._at_d(r)
+
+    def _at_d(self, r: Request) -> None:
+        d = self.ctx.router.pick_decode(r.conv)
+        self.ctx.decode[d].submit(r)
+
+    def d_done(self, r: Request) -> None:
+        """D finished the response: the turn is over."""
+        self._turn_over(r)
+
+    def _turn_over(self, r: Request) -> None:
+        c, i = r.conv, r.index
+        if self.closed is not None:
+            active = self._client_of.pop(c)
+            if i + 1 < self.offsets[c + 1]:
+                active.append(c)
+            elif self._pool:
+                active.append(self._pool.popleft())
+            if active:
+                self._client_next(active, self.gap[i])
+            return
+        if i + 1 < self.offsets[c + 1]:
+            self._arrive_at(c, i + 1, self.env.now + self.gap[i])
+
+    # -- closed loop ----------------------------------------------------------------------------------------
+
+    def _client_next(self, active: deque[int], think_s: float) -> None:
+        """The client sends the next turn of its next active conversation (round-robin)."""
+        c = active.popleft()
+        self._client_of[c] = active
+        i = self._next_turn.get(c, self.offsets[c]) if hasattr(self, "_next_turn") else self.offsets[c]
+        if not hasattr(self, "_next_turn"):
+            self._next_turn: dict[int, int] = {}
+        self._next_turn[c] = i + 1
+        self._arrive_at(c, i, self.env.now + think_s)
 
 
 def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
@@ -228,16 +258,9 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     )
     ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
     ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
-    oh = rs.costs.overhead
-    send_id = scenario.policy.send_conversation_id
     arrival = scenario.workload.arrival
-    if isinstance(arrival, ClosedLoopArrival):
-        pool = deque(range(scenario.workload.conversations))
-        slots = max(1, arrival.max_active_conversations // arrival.clients)
-        for _ in range(arrival.clients):
-            env.process(_client(ctx, plan, pool, slots, oh.p_leg_s, oh.d_leg_s, send_id))
-    else:
-        env.process(_source(ctx, plan, oh.p_leg_s, oh.d_leg_s, send_id))
+    ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
+    ctx.driver.start()
     env.run()
     for dn in ctx.decode:
         dn.expire_all()

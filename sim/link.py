@@ -1,10 +1,13 @@
-"""The P<->D link: per-transfer latency plus a processor-shared bandwidth phase.
+"""The P<->D link: a processor-shared bandwidth phase plus per-transfer latency.
 
 A NIXL READ is modelled per TP rank (ranks run in parallel on their own NICs and finish together, so
-one rank stands for all): ``post + fixed + per-descriptor`` latency that transfers do not share, then
-the bytes at the link's line rate shared equally by the transfers in flight on the same link and
-direction (processor sharing), then ``poll_s`` until the engine notices completion at a step boundary.
-Like SimPy's ``latency.py`` Cable, the link owns its delays; senders only ask for a transfer.
+one rank stands for all). The bytes move at the link's line rate, shared equally by the transfers in
+flight on the same link and direction (processor sharing); the unshared latency (post, fixed,
+per-descriptor, handshake) and ``poll_s`` (the engine notices completion at a step boundary) are added
+by the caller. Like SimPy's ``latency.py`` Cable, the link owns its delays; senders only ask.
+
+Processor sharing is kept in *virtual time* (bytes served to every active flow so far), so an arrival or
+departure costs O(log n) and one rescheduled timeout, whatever the number of flows.
 
 Sources: vLLM NIXL worker ``start_load_kv``/``get_finished`` (posting, polling each engine step);
 NIXL telemetry ``postDuration``/``xferDuration`` (VLLM_BEHAVIOUR.md 2.6).
@@ -12,66 +15,64 @@ NIXL telemetry ``postDuration``/``xferDuration`` (VLLM_BEHAVIOUR.md 2.6).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
-from typing import Any
 
 import simpy
 
-EPS_S = 1e-9  # a share within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
+EPS_S = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
 
 class Link:
-    """One direction of one (P node, D node) pair. Bandwidth phase is processor-shared."""
+    """One direction of one (P node, D node) pair."""
 
-    __slots__ = ("env", "per_byte_s", "_active", "_last_t", "_gen", "busy_bytes")
+    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "bytes_moved")
 
     def __init__(self, env: simpy.Environment, per_byte_s: float) -> None:
         self.env = env
         self.per_byte_s = per_byte_s
-        self._active: dict[int, list[Any]] = {}  # id -> [remaining_bytes, on_done]
+        self._heap: list[tuple[float, int, float, Callable[[float], None]]] = []  # (finish V, key, start t, cb)
+        self._v = 0.0  # bytes served to each active flow since the link was created
         self._last_t = 0.0
         self._gen = 0
-        self.busy_bytes = 0.0
+        self.bytes_moved = 0.0
 
     def send(self, key: int, nbytes: float, on_done: Callable[[float], None]) -> None:
-        """Start the bandwidth phase of ``nbytes``; call ``on_done(duration_s)`` when the last byte lands."""
-        start = self.env.now
+        """Move ``nbytes``; call ``on_done(duration_s)`` when the last byte lands."""
         if self.per_byte_s <= 0 or nbytes <= 0:
             on_done(0.0)
             return
         self._advance()
-        self._active[key] = [float(nbytes), on_done, start]
-        self.busy_bytes += nbytes
+        self.bytes_moved += nbytes
+        heapq.heappush(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         self._reschedule()
 
     def _advance(self) -> None:
         now = self.env.now
-        n = len(self._active)
+        n = len(self._heap)
         if n:
-            moved = (now - self._last_t) / (self.per_byte_s * n)
-            for item in self._active.values():
-                item[0] -= moved
+            self._v += (now - self._last_t) / (self.per_byte_s * n)
         self._last_t = now
 
     def _reschedule(self) -> None:
         self._gen += 1
-        if not self._active:
+        if not self._heap:
             return
-        n = len(self._active)
-        rem = min(item[0] for item in self._active.values())
-        delay = max(rem, 0.0) * self.per_byte_s * n
+        n = len(self._heap)
+        delay = max(self._heap[0][0] - self._v, 0.0) * self.per_byte_s * n
         gen = self._gen
-        ev = self.env.timeout(delay)
-        ev.callbacks.append(lambda _e: self._complete(gen))
+        self.env.timeout(delay).callbacks.append(lambda _e: self._complete(gen))
 
     def _complete(self, gen: int) -> None:
         if gen != self._gen:
             return  # superseded by a later arrival or departure
         self._advance()
-        slack = EPS_S / (self.per_byte_s * max(len(self._active), 1))
-        done = [k for k, item in self._active.items() if item[0] <= slack]
-        finished = [self._active.pop(k) for k in done]
-        self._reschedule()
+        heap = self._heap
+        slack = EPS_S / (self.per_byte_s * max(len(heap), 1))
         now = self.env.now
-        for item in finished:
-            item[1](now - item[2])
+        finished = []
+        while heap and heap[0][0] - self._v <= slack:
+            finished.append(heapq.heappop(heap))
+        self._reschedule()
+        for _v, _k, t0, cb in finished:
+            cb(now - t0)

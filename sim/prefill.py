@@ -170,8 +170,7 @@ class PrefillNode:
                     ctx.log.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
                     ctx.log.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
                     r.error = True
-                    assert r.done is not None
-                    r.done.succeed()
+                    ctx.driver.p_done(r)
                     return False
                 decision = Decision.EXPIRED
             else:
@@ -199,8 +198,8 @@ class PrefillNode:
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        nbytes, _ = ctx.transfer(self.idx, d, D2P, tokens, done)
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, nbytes))
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.transfer(self.idx, d, D2P, tokens, done)
 
     def _finish(self, r: Request) -> None:
         env = self.env
@@ -208,5 +207,4 @@ class PrefillNode:
         if self.cache is not None:
             bs = self.ctx.block_size
             self.cache.put(r.conv, (r.prompt // bs) * bs)
-        assert r.done is not None
-        r.done.succeed()
+        self.ctx.driver.p_done(r)

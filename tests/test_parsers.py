@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import synthetic_traces as st
+
 from kvplan.calibration.parsers import (
     BenchServeResult,
     MultiTurnStats,

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 import yaml
+
 from kvplan.calibration.traces import (
     COLUMNS,
     Trace,

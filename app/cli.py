@@ -1,0 +1,78 @@
+"""The ``kvplan`` command line. Each sub-command lives in ``app/cmd_<name>.py`` with a ``register(app)``.
+
+User errors (:class:`kvplan.errors.KvplanInputError`, bad flags) print one line and exit with status 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import typer
+
+from kvplan.errors import KvplanInputError
+
+COMMANDS = ("simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "workload", "dashboard")
+
+app = typer.Typer(
+    name="kvplan",
+    help="Simulator and capacity planner for bidirectional KV-cache transfer in vLLM P/D disaggregated serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Simulator and capacity planner for bidirectional KV-cache transfer in vLLM P/D disaggregated serving."""
+
+
+def _register_all() -> None:
+    for name in COMMANDS:
+        mod_name = f"kvplan.app.cmd_{name}"
+        if importlib.util.find_spec(mod_name) is None:
+            continue
+        importlib.import_module(mod_name).register(app)
+
+
+_register_all()
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with status 2."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except KvplanInputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except SystemExit as exc:  # pragma: no cover - click may still raise it
+        return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

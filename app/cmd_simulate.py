@@ -1,0 +1,50 @@
+"""``kvplan simulate``: run one scenario and write ``turns.csv`` and ``summary.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kvplan.sim.scenario import field_help
+
+_HELP_FIELDS = "\n".join(f"  {path} = {default}: {desc}" for path, default, desc in field_help())
+
+SIMULATE_HELP = f"""Simulate SCENARIO.yaml (or the embedded P5en default when omitted) and write DIR/turns.csv,
+DIR/summary.json, DIR/pinned.csv and DIR/scenario.yaml (written atomically: DIR appears only when complete).
+
+Distributions: {{dist: constant, value}} | {{dist: exponential, mean}} | {{dist: lognormal, median, sigma}} |
+{{dist: uniform, low, high}} | {{dist: empirical, values: [...] | path: FILE}}. Token and turn counts are
+rounded to integers (turns >= 1, outputs >= 1). Arrival: {{kind: poisson, rate_per_s}} or
+{{kind: closed_loop, clients, max_active_conversations}}. costs.<prefill|transfer|decode|overhead> given
+inline replace the profile's component; parameters omitted there are 0.
+
+\b
+Scenario fields (dotted path = default: meaning):
+{_HELP_FIELDS}
+"""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the CLI."""
+
+    @app.command("simulate", help=SIMULATE_HELP)
+    def simulate_cmd(
+        scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
+        out: Path = typer.Option(..., "--out", help="Output directory."),
+        seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed."),
+        trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
+        json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        from kvplan.app.output import print_summary
+        from kvplan.sim.api import run
+        from kvplan.sim.defaults import default_scenario
+        from kvplan.sim.results import write_result_dir
+        from kvplan.sim.scenario import load_scenario, with_overrides
+
+        sc = load_scenario(scenario) if scenario is not None else default_scenario()
+        if trace is not None:
+            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        result = run(sc, seed)
+        write_result_dir(result, out)
+        print_summary(result, out, as_json=json_out)

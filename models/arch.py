@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvplan.errors import input_error
 
@@ -251,4 +251,9 @@ def get_model(name_or_spec: str | dict[str, object] | ModelArch) -> ModelArch:
             raise input_error(
                 "model", f"unknown model '{name_or_spec}'", f"use one of {', '.join(MODEL_PRESETS)} or an inline spec"
             ) from None
-    return ModelArch.model_validate(name_or_spec)
+    try:
+        return ModelArch.model_validate(name_or_spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise input_error(f"model.{loc}" if loc else "model", err["msg"]) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import input_error
 
@@ -103,4 +103,9 @@ def get_hardware(name_or_spec: str | dict[str, object] | Node) -> Node:
                 f"unknown hardware '{name_or_spec}'",
                 f"use one of {', '.join(HARDWARE_PRESETS)} or an inline spec",
             ) from None
-    return Node.model_validate(name_or_spec)
+    try:
+        return Node.model_validate(name_or_spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise input_error(f"hardware.{loc}" if loc else "hardware", err["msg"]) from None

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import simulate
+from kvplan.sim.events import Ev
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Scenario, load_scenario, scenario_from_dict
 
@@ -23,7 +24,8 @@ def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = Non
     rs, plan, ctx = simulate(scenario, seed)
     tp = scenario.deployment.tensor_parallel_size
     bytes_all = kv_bytes_per_token_all_ranks(rs.arch, tp)
-    end = max((e[0] for e in ctx.log), default=0.0)
+    # utilisation over the active span (retention expiries after the last response do not count)
+    end = max((e[0] for e in ctx.log if e[1] != Ev.UNPIN), default=0.0)
     busy = sum(p.busy_s for p in ctx.prefill)
     extra: dict[str, Any] = {
         "seed": seed,

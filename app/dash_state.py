@@ -1,0 +1,599 @@
+"""Dashboard state: sidebar widgets -> frozen :class:`~kvplan.sim.scenario.Scenario` -> cached API calls.
+
+The pages only lay out what this module returns. Pure functions (:func:`build_scenario`,
+:func:`headline_metrics`, :func:`grid_points`, ...) take plain values and are tested without Streamlit;
+the Streamlit functions (:func:`scenario_sidebar`, :func:`run_view`, ...) wrap them. Every cached call is
+keyed on a hashable string, the scenario's canonical JSON (:func:`scenario_key`), never on a
+``_``-prefixed argument (Streamlit does not hash those, so they would return stale results).
+
+Optional APIs of other modules (``sim.advice``, ``sim.presets``, the calibration fits) are looked up
+with :func:`optional_attr`: a module that is absent reads as "not available yet", anything else
+(a missing function in a present module, an import error inside it) is an error the page shows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.models.arch import MODEL_PRESETS
+from kvplan.models.hardware import HARDWARE_PRESETS
+from kvplan.models.profile import shipped_profiles
+from kvplan.sim.api import run
+from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark
+from kvplan.sim.scenario import Policy, Scenario, scenario_from_dict, with_overrides
+
+# --- constants ---------------------------------------------------------------------------------------------
+
+#: vLLM's defaults the what-if deltas are measured against (``Policy`` field defaults: 480 s, 64, 450 s).
+VLLM_DEFAULTS: dict[str, Any] = {
+    "policy.decoder_kv_blocks_ttl_s": Policy.model_fields["decoder_kv_blocks_ttl_s"].default,
+    "policy.kv_recompute_threshold_tokens": Policy.model_fields["kv_recompute_threshold_tokens"].default,
+    "policy.router_ttl_s": Policy.model_fields["router_ttl_s"].default,
+}
+#: Workload choice that is always available: the embedded published P5en benchmark (~50 turns, ~50 ms a run).
+PUBLISHED = "published P5en benchmark"
+CUSTOM = "custom distributions"
+#: Profile choice meaning "the shipped profile of the model on the hardware, or one extrapolated from it".
+AUTO_PROFILE = "auto (shipped, or extrapolated)"
+#: Session-state key of a profile JSON produced or uploaded on the Calibration page.
+SESSION_PROFILE = "kvplan_session_profile_json"
+#: Largest number of conversations the interactive what-if accepts (the CLI has no such limit).
+MAX_DASHBOARD_CONVERSATIONS = 5000
+#: Largest TTL x threshold grid the explorer runs.
+MAX_GRID_POINTS = 400
+DIST_KINDS = ("constant", "exponential", "lognormal", "uniform")
+DIST_PARAMS: dict[str, tuple[str, ...]] = {
+    "constant": ("value",),
+    "exponential": ("mean",),
+    "lognormal": ("median", "sigma"),
+    "uniform": ("low", "high"),
+}
+
+
+# --- optional APIs of other modules ------------------------------------------------------------------------
+
+
+def optional_module(name: str) -> Any | None:
+    """Import ``kvplan.<name>``; ``None`` only when that module (or its package) does not exist."""
+    full = f"kvplan.{name}"
+    try:
+        if importlib.util.find_spec(full) is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    return importlib.import_module(full)
+
+
+def optional_attr(candidates: Sequence[str], attr: str) -> Callable[..., Any] | None:
+    """The first callable ``attr`` of the modules ``candidates`` (names under ``kvplan.``), else ``None``.
+
+    ``None`` means no candidate module exists (the feature is not in this build yet). A candidate that
+    exists without ``attr`` raises a one-line :class:`KvplanInputError`: an API mismatch is reported,
+    not hidden.
+    """
+    present = []
+    for name in candidates:
+        mod = optional_module(name)
+        if mod is None:
+            continue
+        fn = getattr(mod, attr, None)
+        if callable(fn):
+            return fn  # type: ignore[no-any-return]
+        present.append(name)
+    if present:
+        raise input_error(f"kvplan.{present[0]}", f"has no {attr}()", "update kvplan or the dashboard together")
+    return None
+
+
+# --- widgets -> scenario (pure) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistInput:
+    """A distribution as chosen in the sidebar: ``kind`` and its parameters."""
+
+    kind: str
+    params: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario's ``{dist: kind, ...}`` form (only the kind's own parameters)."""
+        wanted = DIST_PARAMS[self.kind]
+        return {"dist": self.kind, **{k: v for k, v in self.params if k in wanted}}
+
+
+@dataclass(frozen=True)
+class CustomWorkload:
+    """The custom workload of the sidebar (distributions as in ``kvplan simulate --help``)."""
+
+    conversations: int
+    arrival_kind: str  # "closed_loop" or "poisson"
+    clients: int
+    max_active_conversations: int
+    rate_per_s: float
+    turns: DistInput
+    prefix_tokens: DistInput
+    user_tokens: DistInput
+    output_tokens: DistInput
+    turn_gap_s: DistInput
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario's ``workload`` section."""
+        arrival: dict[str, Any] = (
+            {"kind": "closed_loop", "clients": self.clients, "max_active_conversations": self.max_active_conversations}
+            if self.arrival_kind == "closed_loop"
+            else {"kind": "poisson", "rate_per_s": self.rate_per_s}
+        )
+        return {
+            "conversations": self.conversations,
+            "arrival": arrival,
+            "turns": self.turns.to_dict(),
+            "prefix_tokens": self.prefix_tokens.to_dict(),
+            "user_tokens": self.user_tokens.to_dict(),
+            "output_tokens": self.output_tokens.to_dict(),
+            "turn_gap_s": self.turn_gap_s.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ScenarioInputs:
+    """Every what-if widget value, as plain data (what :func:`build_scenario` turns into a Scenario)."""
+
+    model: str = str(PUBLISHED_BENCHMARK["model"])
+    hardware: str = str(PUBLISHED_BENCHMARK["hardware"])
+    profile: str | None = None
+    prefill_nodes: int = 1
+    decode_nodes: int = 1
+    tensor_parallel_size: int = 8
+    prefill_prefix_caching: bool = False
+    bidirectional: bool = True
+    ttl_s: float = float(VLLM_DEFAULTS["policy.decoder_kv_blocks_ttl_s"])
+    threshold_tokens: int = int(VLLM_DEFAULTS["policy.kv_recompute_threshold_tokens"])
+    router_ttl_s: float = float(VLLM_DEFAULTS["policy.router_ttl_s"])
+    failure_policy: str = "fail"
+    workload: str = PUBLISHED
+    preset_rate_per_s: float | None = None
+    custom: CustomWorkload | None = None
+    seed: int = 0
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+
+def default_custom_workload() -> CustomWorkload:
+    """The custom workload's starting point: the published benchmark's workload."""
+    wl: dict[str, Any] = dict(PUBLISHED_BENCHMARK["workload"])  # type: ignore[call-overload]
+
+    def const(name: str) -> DistInput:
+        return DistInput("constant", (("value", float(wl[name]["value"])),))
+
+    return CustomWorkload(
+        conversations=int(wl["conversations"]),
+        arrival_kind="closed_loop",
+        clients=int(wl["arrival"]["clients"]),
+        max_active_conversations=int(wl["arrival"]["max_active_conversations"]),
+        rate_per_s=0.1,
+        turns=const("turns"),
+        prefix_tokens=const("prefix_tokens"),
+        user_tokens=const("user_tokens"),
+        output_tokens=const("output_tokens"),
+        turn_gap_s=const("turn_gap_s"),
+    )
+
+
+def preset_names() -> list[str]:
+    """Workload choices: the published benchmark, the presets of ``sim.presets`` when present, custom."""
+    names = [PUBLISHED]
+    mod = optional_module("sim.presets")
+    if mod is not None:
+        listed = getattr(mod, "PRESETS", None) or getattr(mod, "WORKLOAD_PRESETS", None)
+        if listed is None and callable(getattr(mod, "preset_names", None)):
+            listed = mod.preset_names()
+        names.extend(str(n) for n in (listed or ()) if str(n) not in names)
+    names.append(CUSTOM)
+    return names
+
+
+def build_scenario(inputs: ScenarioInputs) -> Scenario:
+    """The validated scenario the widgets describe (raises a one-line :class:`KvplanInputError`).
+
+    The workload comes from the chosen source (published benchmark, a ``sim.presets`` preset or the
+    custom distributions); model, hardware, profile, deployment, policy and seed from the widgets.
+    """
+    if inputs.workload == CUSTOM:
+        if inputs.custom is None:
+            raise input_error("workload", "custom workload chosen but no distributions given")
+        if inputs.custom.conversations > MAX_DASHBOARD_CONVERSATIONS:
+            raise input_error(
+                "workload.conversations", f"more than {MAX_DASHBOARD_CONVERSATIONS} in the dashboard",
+                "use `kvplan simulate` for large runs",
+            )
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PUBLISHED_BENCHMARK.items()}
+        data["workload"] = inputs.custom.to_dict()
+        base = scenario_from_dict(data, where="custom workload")
+    elif inputs.workload == PUBLISHED:
+        base = published_benchmark(model=inputs.model)
+    else:
+        preset = optional_attr(["sim.presets"], "preset_scenario")
+        if preset is None:
+            raise input_error("workload", f"preset '{inputs.workload}' needs kvplan.sim.presets, which is absent")
+        base = preset(inputs.workload, inputs.model, inputs.hardware, rate_per_s=inputs.preset_rate_per_s)
+    overrides: dict[str, Any] = {
+        "model": inputs.model,
+        "hardware": inputs.hardware,
+        "profile": inputs.profile,
+        "deployment.prefill_nodes": inputs.prefill_nodes,
+        "deployment.decode_nodes": inputs.decode_nodes,
+        "deployment.tensor_parallel_size": inputs.tensor_parallel_size,
+        "deployment.prefill_prefix_caching": inputs.prefill_prefix_caching,
+        "policy.bidirectional": inputs.bidirectional,
+        "policy.decoder_kv_blocks_ttl_s": inputs.ttl_s,
+        "policy.kv_recompute_threshold_tokens": inputs.threshold_tokens,
+        "policy.router_ttl_s": inputs.router_ttl_s,
+        "policy.kv_load_failure_policy": inputs.failure_policy,
+        "seed": inputs.seed,
+        **dict(inputs.extra),
+    }
+    return with_overrides(base, overrides)
+
+
+def scenario_key(scenario: Scenario) -> str:
+    """The hashable cache key of a scenario: its canonical JSON (every field, fixed order)."""
+    return scenario.model_dump_json()
+
+
+def scenario_from_key(key: str) -> Scenario:
+    """The scenario a :func:`scenario_key` string describes (validated again)."""
+    return scenario_from_dict(json.loads(key), where="dashboard scenario")
+
+
+def variant(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario:
+    """``scenario`` with dotted-path ``overrides`` (validated)."""
+    return with_overrides(scenario, dict(overrides))
+
+
+# --- cached runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the pages need from one ``run``: summary, per-turn frame, pinned series, notes, wall time."""
+
+    summary: dict[str, Any]
+    turns: pd.DataFrame
+    pinned: pd.DataFrame
+    notes: tuple[str, ...]
+    wall_s: float
+
+
+def run_view_uncached(key: str) -> RunView:
+    """Run the scenario of ``key`` with the public API (``sim.api.run``) and keep what the pages show."""
+    t0 = time.perf_counter()
+    result = run(scenario_from_key(key))
+    return RunView(result.summary, result.turns, result.pinned_series(), tuple(result.notes), time.perf_counter() - t0)
+
+
+@st.cache_data(max_entries=1024, show_spinner=False)
+def run_view(key: str) -> RunView:
+    """:func:`run_view_uncached`, cached on the scenario key (a JSON string)."""
+    return run_view_uncached(key)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The runs of one what-if: the scenario, bidirectional ON and OFF, and the vLLM defaults."""
+
+    current: RunView
+    on: RunView
+    off: RunView
+    defaults: RunView
+    bidirectional: bool
+
+    @property
+    def sim_wall_s(self) -> float:
+        """Wall time the four runs took when they were computed (cached runs cost nothing now)."""
+        return self.current.wall_s + self.on.wall_s + self.off.wall_s + self.defaults.wall_s
+
+
+def whatif(scenario: Scenario) -> WhatIf:
+    """Run (cached) the scenario, its ON and OFF variants and its vLLM-defaults variant."""
+    keys = {
+        "current": scenario_key(scenario),
+        "on": scenario_key(variant(scenario, {"policy.bidirectional": True})),
+        "off": scenario_key(variant(scenario, {"policy.bidirectional": False})),
+        "defaults": scenario_key(variant(scenario, {**VLLM_DEFAULTS, "policy.bidirectional": True})),
+    }
+    views = {name: run_view(key) for name, key in keys.items()}
+    return WhatIf(views["current"], views["on"], views["off"], views["defaults"], scenario.policy.bidirectional)
+
+
+# --- headline metrics (pure) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One ``st.metric``: label, value text, delta text (or ``None``), colour rule and help."""
+
+    label: str
+    value: str
+    delta: str | None
+    delta_color: str
+    help: str
+
+
+def _delta(cur: float, base: float, unit: str, scale: float, digits: int) -> str | None:
+    if not (math.isfinite(cur) and math.isfinite(base)):
+        return None
+    d = (cur - base) * scale
+    if abs(d) < 0.5 * 10**-digits:
+        return None
+    return f"{d:+,.{digits}f} {unit}".rstrip()
+
+
+def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[Metric]:
+    """Headline metrics of ``current`` with their change against ``defaults`` (the vLLM-defaults run).
+
+    TTFT, errors and pinned HBM: lower is better (inverse colours); hit rate: higher is better.
+    """
+    spec: list[tuple[str, str, str, float, int, str, str]] = [
+        ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
+        ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
+        ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),
+        ("Hit rate", "hit_rate", "pp", 100.0, 1, "normal",
+         "Follow-up turns that reused KV (pulled from D, local hit, or recomputed below the threshold)."),
+        ("Errors", "errors", "", 1.0, 0, "inverse", "Turns failed by kv_load_failure_policy=fail (declined reads)."),
+        ("Pinned decode KV mean", "pinned_kv_gib_mean", "GiB", 1.0, 1, "inverse",
+         "Time-weighted mean decode HBM held by retention, all decode nodes."),
+        ("Pinned decode KV peak", "pinned_kv_gib_peak", "GiB", 1.0, 1, "inverse", "Peak decode HBM held by retention."),
+    ]
+    out = []
+    for label, key, unit, scale, digits, colour, help_text in spec:
+        cur = float(current.get(key, math.nan))
+        base = float(defaults.get(key, math.nan))
+        if key == "hit_rate":
+            value = f"{cur:.1%}" if math.isfinite(cur) else "n/a"
+        elif not math.isfinite(cur):
+            value = "n/a"
+        else:
+            value = f"{cur * scale:,.{digits}f} {unit}".rstrip()
+        out.append(Metric(label, value, _delta(cur, base, unit, scale, digits), colour, help_text))
+    return out
+
+
+# --- TTL x threshold grid (pure + cached runs) -----------------------------------------------------------------
+
+GRID_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "errors", "pinned_kv_gib_mean", "pinned_kv_gib_peak")
+
+
+def parse_number_list(text: str, name: str, *, integer: bool = False, max_items: int = 30) -> list[float]:
+    """Parse ``"1, 5, 30"`` into sorted unique non-negative numbers (one-line error naming ``name``)."""
+    parts = [p for p in text.replace(";", ",").replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise input_error(name, "no values", "give comma-separated numbers, e.g. 30, 120, 480")
+    values: set[float] = set()
+    for p in parts:
+        try:
+            v = float(p)
+        except ValueError:
+            raise input_error(name, f"'{p.strip()}' is not a number", "give comma-separated numbers") from None
+        if not math.isfinite(v) or v < 0:
+            raise input_error(name, f"{p.strip()} must be a finite number >= 0")
+        if integer and v != int(v):
+            raise input_error(name, f"{p.strip()} must be a whole number of tokens")
+        values.add(float(int(v)) if integer else v)
+    if len(values) > max_items:
+        raise input_error(name, f"{len(values)} values, more than {max_items}", "use fewer grid values")
+    return sorted(values)
+
+
+def grid_points(base: Scenario, ttls_s: Sequence[float], thresholds: Sequence[float]) -> list[tuple[float, float, str]]:
+    """``(ttl_s, threshold_tokens, scenario_key)`` for every grid point (bidirectional on, router TTL kept
+    below the decode TTL as the proxy requires: min(router TTL, TTL))."""
+    if len(ttls_s) * len(thresholds) > MAX_GRID_POINTS:
+        raise input_error("grid", f"{len(ttls_s) * len(thresholds)} points, more than {MAX_GRID_POINTS}")
+    router = base.policy.router_ttl_s
+    points = []
+    for th in thresholds:
+        for ttl in ttls_s:
+            sc = variant(base, {
+                "policy.bidirectional": True,
+                "policy.decoder_kv_blocks_ttl_s": float(ttl),
+                "policy.kv_recompute_threshold_tokens": int(th),
+                "policy.router_ttl_s": min(router, float(ttl)),
+            })
+            points.append((float(ttl), float(th), scenario_key(sc)))
+    return points
+
+
+def grid_frame(points: Sequence[tuple[float, float, str]], progress: Callable[[float, str], None] | None = None,
+               runner: Callable[[str], RunView] | None = None) -> pd.DataFrame:
+    """Run every grid point (cached) and return one row per point with :data:`GRID_METRICS`."""
+    runner = runner or run_view
+    rows = []
+    for i, (ttl, th, key) in enumerate(points):
+        s = runner(key).summary
+        rows.append({"ttl_s": ttl, "threshold_tokens": th, **{m: s[m] for m in GRID_METRICS}})
+        if progress is not None:
+            progress((i + 1) / len(points), f"point {i + 1}/{len(points)}: TTL {ttl:g} s, threshold {th:g}")
+    return pd.DataFrame(rows)
+
+
+# --- advice (sim.advice, issue 4) ------------------------------------------------------------------------------
+
+
+def recommend_fn() -> Callable[..., Any] | None:
+    """``kvplan.sim.advice.recommend`` when that module exists, else ``None``."""
+    return optional_attr(["sim.advice"], "recommend")
+
+
+def recommendation_dict(scenario: Scenario, slo_ttft_p90_ms: float | None, decode_hbm_budget_gib: float | None,
+                        replications: int, progress: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Run ``sim.advice.recommend`` and return its ``to_json()`` as a dict (raises if the module is absent)."""
+    fn = recommend_fn()
+    if fn is None:
+        raise input_error("advice", "kvplan.sim.advice is not available in this build")
+    rec = fn(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
+             replications=replications, progress=progress)
+    out = rec.to_json() if hasattr(rec, "to_json") else rec
+    if isinstance(out, str | bytes):
+        out = json.loads(out)
+    if not isinstance(out, dict):
+        raise input_error("advice", f"recommend() returned {type(out).__name__}, expected a JSON object")
+    return out
+
+
+def advice_key(scenario: Scenario, slo: float | None, budget: float | None, replications: int) -> str:
+    """Session-state key of a recommendation (the scenario key plus the advice inputs)."""
+    return json.dumps([scenario_key(scenario), slo, budget, replications])
+
+
+def progress_adapter(bar: Any, label: str) -> Callable[..., None]:
+    """A progress callback for APIs that report ``(done, total)``, ``(fraction,)`` or ``(done, total, text)``."""
+
+    def cb(*args: Any, **_kw: Any) -> None:
+        frac = 0.0
+        text = label
+        nums = [a for a in args if isinstance(a, int | float) and not isinstance(a, bool)]
+        if len(nums) >= 2 and nums[1]:
+            frac = nums[0] / nums[1]
+            text = f"{label}: {nums[0]:g}/{nums[1]:g}"
+        elif len(nums) == 1:
+            frac = nums[0]
+        strs = [a for a in args if isinstance(a, str)]
+        if strs:
+            text = f"{label}: {strs[0]}"
+        bar.progress(min(max(float(frac), 0.0), 1.0), text=text)
+
+    return cb
+
+
+# --- sidebar (Streamlit) ---------------------------------------------------------------------------------------
+
+
+def _w(fn: Callable[..., Any], label: str, key: str, **kw: Any) -> Any:
+    """A sidebar widget whose value survives page switches (``persist_state='session'``)."""
+    return fn(label, key=f"sc_{key}", persist_state="session", **kw)
+
+
+def _dist_widget(name: str, label: str, default: DistInput, integer: bool) -> DistInput:
+    sb = st.sidebar
+    kind = _w(sb.selectbox, f"{label}: distribution", f"{name}_kind", options=DIST_KINDS,
+              index=DIST_KINDS.index(default.kind))
+    base = dict(default.params).get("value", 1.0)
+    starts = {"value": base, "mean": base or 1.0, "median": base or 1.0, "sigma": 1.0,
+              "low": base * 0.5, "high": base * 1.5 or 1.0}
+    params = []
+    for p in DIST_PARAMS[kind]:
+        step = 1.0 if integer and p != "sigma" else 0.1
+        params.append((p, float(_w(sb.number_input, f"{label}: {p}", f"{name}_{p}", min_value=0.0,
+                                   value=float(starts[p]), step=step))))
+    return DistInput(kind, tuple(params))
+
+
+def _custom_workload_widgets() -> CustomWorkload:
+    d = default_custom_workload()
+    sb = st.sidebar
+    conversations = _w(sb.number_input, "conversations", "conversations", min_value=1,
+                       max_value=MAX_DASHBOARD_CONVERSATIONS, value=d.conversations, step=1)
+    arrival = _w(sb.radio, "arrival", "arrival", options=("closed_loop", "poisson"), horizontal=True)
+    clients, active, rate = d.clients, d.max_active_conversations, d.rate_per_s
+    if arrival == "closed_loop":
+        clients = _w(sb.number_input, "clients", "clients", min_value=1, value=d.clients, step=1)
+        active = _w(sb.number_input, "max active conversations", "active", min_value=1,
+                    value=d.max_active_conversations, step=1)
+    else:
+        rate = _w(sb.number_input, "new conversations per s", "rate", min_value=0.001, value=d.rate_per_s,
+                  step=0.05, format="%.3f")
+    return CustomWorkload(
+        conversations=int(conversations), arrival_kind=str(arrival), clients=int(clients),
+        max_active_conversations=int(active), rate_per_s=float(rate),
+        turns=_dist_widget("turns", "user turns per conversation", d.turns, True),
+        prefix_tokens=_dist_widget("prefix", "prefix tokens (turn 1)", d.prefix_tokens, True),
+        user_tokens=_dist_widget("user", "new user tokens per turn", d.user_tokens, True),
+        output_tokens=_dist_widget("output", "output tokens", d.output_tokens, True),
+        turn_gap_s=_dist_widget("gap", "turn gap (s)", d.turn_gap_s, False),
+    )
+
+
+def session_profile_choice() -> str | None:
+    """The sidebar label of the profile calibrated or uploaded in this session, if any."""
+    text = st.session_state.get(SESSION_PROFILE)
+    if not text:
+        return None
+    from kvplan.app.dash_upload import profile_from_json
+
+    return f"session: {profile_from_json(text).name}"
+
+
+def scenario_sidebar() -> Scenario | None:
+    """Render the scenario widgets in the sidebar; the validated scenario, or ``None`` after an error."""
+    from kvplan.app.dash_upload import session_profile_path
+
+    sb = st.sidebar
+    d = ScenarioInputs()
+    sb.header("Scenario")
+    model = _w(sb.selectbox, "model", "model", options=list(MODEL_PRESETS), index=list(MODEL_PRESETS).index(d.model))
+    hardware = _w(sb.selectbox, "hardware", "hardware", options=list(HARDWARE_PRESETS),
+                  index=list(HARDWARE_PRESETS).index(d.hardware))
+    session_choice = session_profile_choice()
+    profiles = [AUTO_PROFILE, *shipped_profiles(), *([session_choice] if session_choice else [])]
+    profile_label = _w(sb.selectbox, "profile", "profile", options=profiles,
+                       help="Cost-model profile; calibrate or upload one on the Calibration page.")
+    if profile_label == AUTO_PROFILE:
+        profile = None
+    elif session_choice and profile_label == session_choice:
+        profile = session_profile_path(st.session_state[SESSION_PROFILE])
+    else:
+        profile = str(profile_label)
+    sb.subheader("Deployment")
+    c1, c2 = sb.columns(2)
+    p_nodes = _w(c1.number_input, "prefill nodes (xP)", "p_nodes", min_value=1, max_value=64, value=d.prefill_nodes)
+    d_nodes = _w(c2.number_input, "decode nodes (yD)", "d_nodes", min_value=1, max_value=64, value=d.decode_nodes)
+    tp = _w(sb.selectbox, "tensor parallel size", "tp", options=(1, 2, 4, 8), index=3)
+    p_cache = _w(sb.checkbox, "prefix caching on P", "p_cache", value=d.prefill_prefix_caching,
+                 help="The published runs disable it to emulate a P node that evicted the conversation.")
+    sb.subheader("Policy")
+    bidir = _w(sb.toggle, "bidirectional KV transfer", "bidir", value=d.bidirectional)
+    ttl = _w(sb.number_input, "decoder_kv_blocks_ttl (s)", "ttl", min_value=0.0, value=d.ttl_s, step=10.0,
+             help="D retains a finished request's KV blocks this long (fixed from finish, not renewed).")
+    threshold = _w(sb.number_input, "kv_recompute_threshold (tokens)", "threshold", min_value=0,
+                   value=d.threshold_tokens, step=16, help="P pulls from D only when at least this many tokens.")
+    router_ttl = _w(sb.number_input, "router TTL (s)", "router_ttl", min_value=0.0, value=d.router_ttl_s, step=10.0,
+                    help="Proxy's conversation_id entry lifetime; keep it below the decode TTL.")
+    failure = _w(sb.selectbox, "kv_load_failure_policy", "failure", options=("fail", "recompute"))
+    sb.subheader("Workload")
+    names = preset_names()
+    workload = _w(sb.selectbox, "workload", "workload", options=names, index=0)
+    rate: float | None = None
+    custom = None
+    if workload == CUSTOM:
+        custom = _custom_workload_widgets()
+    elif workload != PUBLISHED:
+        r = _w(sb.number_input, "rate (conversations/s, 0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
+               step=0.05)
+        rate = float(r) or None
+    seed = _w(sb.number_input, "seed", "seed", min_value=0, value=0, step=1)
+    inputs = ScenarioInputs(
+        model=str(model), hardware=str(hardware), profile=profile, prefill_nodes=int(p_nodes),
+        decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_prefix_caching=bool(p_cache),
+        bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
+        failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate, custom=custom, seed=int(seed),
+    )
+    try:
+        return build_scenario(inputs)
+    except KvplanInputError as exc:
+        sb.error(str(exc))
+        return None
+
+
+def show_error(exc: BaseException) -> None:
+    """One-line ``st.error`` for a user error (never a traceback)."""
+    st.error(" ".join(str(exc).split()))

@@ -1,0 +1,306 @@
+"""Plotly figure builders of the dashboard: plain functions of frames and dicts, no Streamlit.
+
+Every builder takes what the public API returns (``Result.turns``, ``Result.summary``,
+``Result.pinned_series()``, sweep frames, reproduce rows) and returns a ``plotly.graph_objects.Figure``.
+Times are shown in milliseconds and memory in GiB; the units are in every axis title.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+MS_PER_S = 1000.0
+
+#: TTFT components in stacking order: (label, ``turns`` columns summed). Their sum is ``ttft_s``
+#: (the identity documented in ``sim/results.py``); "proxy + API overhead" is the profile's fixed
+#: per-leg overhead, shown so that the stack adds up to the TTFT.
+TTFT_COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("queue (P + D)", ("prefill_queue_s", "d_queue_s")),
+    ("KV pull D->P", ("kv_pull_s",)),
+    ("prefill compute", ("prefill_s",)),
+    ("P->D transfer", ("p2d_transfer_s",)),
+    ("first decode step", ("first_decode_s",)),
+    ("proxy + API overhead", ("overhead_s",)),
+)
+
+#: Every decision of ``turns.decision``, in display order.
+DECISIONS: tuple[str, ...] = ("local", "pull", "recompute_below_threshold", "miss", "expired", "error")
+
+_COMPONENT_COLOURS = ("#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d3d3d3")
+_DECISION_COLOURS = {
+    "local": "#2ca02c",
+    "pull": "#1f77b4",
+    "recompute_below_threshold": "#ff7f0e",
+    "miss": "#7f7f7f",
+    "expired": "#d62728",
+    "error": "#8c0000",
+}
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, **kw: Any) -> go.Figure:
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        **kw,
+    )
+    return fig
+
+
+def ok_ttft_ms(turns: pd.DataFrame) -> np.ndarray:
+    """TTFT in ms of the turns that got a first token (errors excluded), sorted ascending."""
+    ok = turns[turns["decision"] != "error"]["ttft_s"].dropna().to_numpy(dtype=float)
+    return np.sort(ok * MS_PER_S)
+
+
+def ttft_distribution(runs: Mapping[str, pd.DataFrame]) -> go.Figure:
+    """Empirical CDF of TTFT (ms) per labelled run (e.g. ``{"ON": turns, "OFF": turns}``), p90 marked.
+
+    Errors have no first token and are left out of the CDF (the hover says how many).
+    """
+    fig = go.Figure()
+    for i, (label, turns) in enumerate(runs.items()):
+        x = ok_ttft_ms(turns)
+        errors = int((turns["decision"] == "error").sum())
+        if len(x) == 0:
+            continue
+        y = np.arange(1, len(x) + 1) / len(x)
+        colour = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")[i % 4]
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=y, mode="lines", line={"shape": "hv", "color": colour}, name=f"{label} ({len(x)} turns)",
+                hovertemplate=f"{label}: %{{x:.1f}} ms, %{{y:.0%}} of turns<extra>{errors} errors excluded</extra>",
+            )
+        )
+        p90 = float(np.percentile(x, 90))
+        fig.add_vline(x=p90, line={"dash": "dot", "color": colour, "width": 1},
+                      annotation_text=f"{label} p90 {p90:.0f} ms", annotation_position="top left")
+    return _layout(fig, "TTFT distribution: bidirectional ON vs OFF", "TTFT (ms)", "fraction of turns",
+                   yaxis={"range": [0, 1.02], "tickformat": ".0%"})
+
+
+def ttft_split_frame(turns: pd.DataFrame) -> pd.DataFrame:
+    """Mean TTFT components (ms) per decision and over all turns; errors excluded.
+
+    Rows: each decision present, then ``all``; columns: the labels of :data:`TTFT_COMPONENTS`,
+    ``turns`` and ``ttft_ms`` (mean TTFT, equal to the sum of the components).
+    """
+    ok = turns[turns["decision"] != "error"]
+    rows: list[dict[str, Any]] = []
+    groups: list[tuple[str, pd.DataFrame]] = [(d, ok[ok["decision"] == d]) for d in DECISIONS]
+    groups.append(("all", ok))
+    for name, sub in groups:
+        if sub.empty:
+            continue
+        row: dict[str, Any] = {"group": name, "turns": int(len(sub))}
+        for label, cols in TTFT_COMPONENTS:
+            row[label] = float(sub[list(cols)].sum(axis=1).mean() * MS_PER_S)
+        row["ttft_ms"] = float(sub["ttft_s"].mean() * MS_PER_S)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("group") if rows else pd.DataFrame()
+
+
+def ttft_split(turns: pd.DataFrame) -> go.Figure:
+    """Stacked bars of the mean TTFT split per decision: queue, KV pull, prefill, P->D, first decode, overhead."""
+    frame = ttft_split_frame(turns)
+    fig = go.Figure()
+    if not frame.empty:
+        x = [f"{g} ({n})" for g, n in zip(frame.index, frame["turns"], strict=True)]
+        for (label, _cols), colour in zip(TTFT_COMPONENTS, _COMPONENT_COLOURS, strict=True):
+            fig.add_trace(
+                go.Bar(x=x, y=frame[label], name=label, marker_color=colour,
+                       hovertemplate=f"{label}: %{{y:.1f}} ms<extra></extra>")
+            )
+    return _layout(fig, "Where the time to first token goes (mean per decision, turns in brackets)",
+                   "P decision", "mean TTFT component (ms)", barmode="stack")
+
+
+def decision_mix(summaries: Mapping[str, Mapping[str, Any]]) -> go.Figure:
+    """Grouped bars of the decision counts (every decision, zeros included) per labelled summary."""
+    fig = go.Figure()
+    for i, (label, summary) in enumerate(summaries.items()):
+        counts = summary.get("decisions", {})
+        fig.add_trace(
+            go.Bar(
+                x=list(DECISIONS), y=[int(counts.get(d, 0)) for d in DECISIONS], name=label,
+                marker_color=("#1f77b4", "#bdbdbd", "#d62728")[i % 3],
+                hovertemplate=f"{label}: %{{x}} %{{y}} turns<extra></extra>",
+            )
+        )
+    return _layout(fig, "Decision mix (turns per P decision)", "decision", "turns", barmode="group")
+
+
+def pinned_kv(pinned: pd.DataFrame, capacity_gib: float, t_end_s: float, label: str = "pinned") -> go.Figure:
+    """Retained (pinned) decode KV over time (GiB, all decode nodes) against the decode KV capacity.
+
+    ``pinned`` is ``Result.pinned_series()`` (step samples ``t_s, pinned_gib``); the curve starts at 0
+    at t = 0 and is held to ``t_end_s``.
+    """
+    t = [0.0, *pinned["t_s"].astype(float).tolist()]
+    v = [0.0, *pinned["pinned_gib"].astype(float).tolist()]
+    if t_end_s > t[-1]:
+        t.append(float(t_end_s))
+        v.append(v[-1])
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=t, y=v, mode="lines", line={"shape": "hv", "color": "#1f77b4"}, fill="tozeroy", name=label,
+                   hovertemplate="t=%{x:.1f} s: %{y:.1f} GiB pinned<extra></extra>")
+    )
+    if math.isfinite(capacity_gib) and capacity_gib > 0:
+        fig.add_hline(y=capacity_gib, line={"dash": "dash", "color": "#d62728"},
+                      annotation_text=f"decode KV capacity {capacity_gib:,.0f} GiB", annotation_position="top left")
+    peak = max(v) if v else 0.0
+    share = f" (peak {peak / capacity_gib:.1%} of capacity)" if capacity_gib > 0 else ""
+    return _layout(fig, f"Decode KV pinned by retention{share}", "simulated time (s)", "pinned decode KV (GiB)",
+                   yaxis={"rangemode": "tozero"})
+
+
+def _axis_position(values: Sequence[float], x: float) -> float:
+    """Fractional index of ``x`` on an ordered categorical axis of ``values`` (log-interpolated)."""
+    vals = np.asarray(values, dtype=float)
+    if len(vals) == 1:
+        return 0.0
+    idx = np.arange(len(vals), dtype=float)
+    # log1p keeps 0 on the axis and spaces 1 s .. 900 s the way the eye expects
+    return float(np.interp(np.log1p(max(x, 0.0)), np.log1p(vals), idx))
+
+
+def grid_heatmap(
+    grid: pd.DataFrame,
+    value: str,
+    title: str,
+    colorbar_title: str,
+    marks: Mapping[str, tuple[float, float]] | None = None,
+    scale: float = 1.0,
+    reverse: bool = False,
+) -> go.Figure:
+    """Heatmap of ``grid[value] * scale`` over TTL (x) and threshold (y), with labelled points marked.
+
+    ``grid`` has one row per point with ``ttl_s``, ``threshold_tokens``, ``value`` and optionally
+    ``hit_rate`` and ``errors`` (shown on hover). Axes are ordered categories (the grid is usually
+    geometric); ``marks`` maps a label to a ``(ttl_s, threshold_tokens)`` point, placed between
+    categories by log interpolation when it is not on the grid.
+    """
+    ttls = sorted(grid["ttl_s"].astype(float).unique())
+    ths = sorted(grid["threshold_tokens"].astype(float).unique())
+    z = np.full((len(ths), len(ttls)), np.nan)
+    text = np.full((len(ths), len(ttls)), "", dtype=object)
+    for _, row in grid.iterrows():
+        i, j = ths.index(float(row["threshold_tokens"])), ttls.index(float(row["ttl_s"]))
+        z[i, j] = float(row[value]) * scale
+        extra = []
+        if "hit_rate" in row:
+            extra.append(f"hit rate {float(row['hit_rate']):.0%}")
+        if "errors" in row:
+            extra.append(f"errors {int(row['errors'])}")
+        text[i, j] = ", ".join(extra)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=list(range(len(ttls))), y=list(range(len(ths))), text=text,
+            colorscale="Viridis", reversescale=reverse, colorbar={"title": colorbar_title},
+            customdata=np.dstack(np.meshgrid(ttls, ths)),
+            hovertemplate="TTL %{customdata[0]:g} s, threshold %{customdata[1]:g} tokens: %{z:.1f}"
+                          "<br>%{text}<extra></extra>",
+        )
+    )
+    symbols = ("star", "x", "diamond", "circle")
+    for k, (label, (ttl, th)) in enumerate((marks or {}).items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[_axis_position(ttls, ttl)], y=[_axis_position(ths, th)], mode="markers+text",
+                marker={"symbol": symbols[k % len(symbols)], "size": 16, "color": "white",
+                        "line": {"color": "black", "width": 2}},
+                text=[label], textposition="top center", textfont={"color": "white"}, name=f"{label} ({ttl:g} s, {th:g})",
+                hovertemplate=f"{label}: TTL {ttl:g} s, threshold {th:g} tokens<extra></extra>",
+            )
+        )
+    fig.update_xaxes(tickvals=list(range(len(ttls))), ticktext=[f"{v:g}" for v in ttls])
+    fig.update_yaxes(tickvals=list(range(len(ths))), ticktext=[f"{v:g}" for v in ths])
+    return _layout(fig, title, "decoder_kv_blocks_ttl (s)", "kv_recompute_threshold (tokens)")
+
+
+#: Published series (``p5en_published.csv``) and how the reproduce charts draw them.
+REPRODUCE_TTFT_SERIES = {"ttft_on": "TTFT ON", "ttft_off": "TTFT OFF"}
+REPRODUCE_PREFILL_SERIES = {
+    "prefill_off": "prefill OFF (recompute)",
+    "prefill_on": "prefill ON (suffix + pull)",
+    "kv_transfer_on": "KV transfer D->P (ON)",
+}
+
+
+def _reproduce_chart(rows: pd.DataFrame, series: Mapping[str, str], title: str, y_title: str) -> go.Figure:
+    fig = go.Figure()
+    palette = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+    for k, (key, label) in enumerate(series.items()):
+        sub = rows[rows["series"] == key].sort_values("prompt_tokens")
+        if sub.empty:
+            continue
+        colour = palette[k % len(palette)]
+        sim = sub.dropna(subset=["simulated_ms"])
+        fig.add_trace(go.Scatter(x=sim["prompt_tokens"], y=sim["simulated_ms"], mode="lines+markers",
+                                 line={"color": colour}, name=f"{label}: kvplan",
+                                 hovertemplate=f"{label} simulated: %{{y:.0f}} ms at %{{x}} tokens<extra></extra>"))
+        pub = sub.dropna(subset=["published_ms"])
+        fig.add_trace(go.Scatter(x=pub["prompt_tokens"], y=pub["published_ms"], mode="markers",
+                                 marker={"color": colour, "symbol": "diamond-open", "size": 13, "line": {"width": 2}},
+                                 name=f"{label}: published",
+                                 hovertemplate=f"{label} published: %{{y:.0f}} ms at %{{x}} tokens<extra></extra>"))
+    return _layout(fig, title, "prefix size (tokens)", y_title)
+
+
+def reproduce_figures(rows: Sequence[Mapping[str, Any]], model: str) -> list[go.Figure]:
+    """The published P5en charts against the simulator's, from ``reproduce_rows`` output.
+
+    ``rows`` carry ``model, series, prompt_tokens, published_ms, simulated_ms`` (``published_ms`` may be
+    missing where only the simulator has a point). Returns two figures: TTFT vs prefix size ON/OFF, and
+    the prefill duration split into recompute and D->P KV transfer.
+    """
+    frame = reproduce_frame(rows)
+    return [
+        _reproduce_chart(frame, REPRODUCE_TTFT_SERIES, f"{model}: TTFT vs prompt length, published vs kvplan", "TTFT (ms)"),
+        _reproduce_chart(frame, REPRODUCE_PREFILL_SERIES, f"{model}: prefill duration and KV transfer, published vs kvplan",
+                         "duration (ms)"),
+    ]
+
+
+def reproduce_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``reproduce_rows`` output as a frame with numeric ``published_ms``, ``simulated_ms``, ``rel_error``."""
+    frame = pd.DataFrame(list(rows))
+    for col in ("published_ms", "simulated_ms", "rel_error", "prompt_tokens"):
+        if col not in frame:
+            frame[col] = np.nan
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    if "series" not in frame:
+        frame["series"] = ""
+    return frame
+
+
+def residual_scatter(frame: pd.DataFrame, title: str = "Fit residuals") -> go.Figure:
+    """Residuals (observed - predicted, ms) against x, one colour per metric.
+
+    ``frame`` has columns ``metric``, ``x``, ``observed``, ``predicted`` (units as given; ms for times).
+    """
+    fig = go.Figure()
+    for metric, sub in frame.groupby("metric", sort=True):
+        fig.add_trace(go.Scatter(x=sub["x"], y=sub["observed"] - sub["predicted"], mode="markers", name=str(metric),
+                                 hovertemplate=f"{metric}: x=%{{x}}, residual %{{y:.2f}}<extra></extra>"))
+    fig.add_hline(y=0, line={"color": "black", "width": 1})
+    return _layout(fig, title, "x (tokens or batch)", "observed - predicted")
+
+
+def parsed_points(frame: pd.DataFrame, x: str, y: str, colour: str | None, title: str, x_title: str,
+                  y_title: str) -> go.Figure:
+    """Scatter of a parsed trace's points (e.g. TTFT vs input length), one colour per ``colour`` value."""
+    fig = go.Figure()
+    groups = frame.groupby(colour, sort=True) if colour else [("points", frame)]
+    for name, sub in groups:
+        fig.add_trace(go.Scatter(x=sub[x], y=sub[y], mode="markers", name=str(name), marker={"size": 6, "opacity": 0.7}))
+    return _layout(fig, title, x_title, y_title)

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""One-command setup and run for kvplan, needing only ``python3`` (3.11+).
+
+    python3 dev.py run     # create .venv, install kvplan, run the main job on the embedded P5en default
+    python3 dev.py test    # create .venv, install kvplan with test extras, run ruff, mypy and the test suite
+
+The virtual environment is created in ``.venv`` next to this file and reused on later calls; the
+install step is skipped when ``pyproject.toml`` has not changed since the last install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+
+
+def sh(*args: str | Path, check: bool = True) -> int:
+    """Run a command, echoing it; exit with its status on failure when ``check``."""
+    print("+", " ".join(str(a) for a in args), flush=True)
+    code = subprocess.call([str(a) for a in args], cwd=ROOT)
+    if check and code != 0:
+        sys.exit(code)
+    return code
+
+
+def ensure_env(extras: str) -> None:
+    """Create the venv and install kvplan (editable) with ``extras`` unless already up to date."""
+    if sys.version_info < (3, 11):
+        sys.exit(f"kvplan needs Python >= 3.11, this is {sys.version.split()[0]}")
+    if not PY.exists():
+        print(f"creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / f".kvplan-installed-{extras or 'base'}"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    target = f".[{extras}]" if extras else "."
+    sh(PY, "-m", "pip", "install", "--quiet", "-e", target)
+    stamp.write_text(digest)
+
+
+def run_main() -> None:
+    """The main job: reproduce the published P5en points and simulate the embedded default scenario."""
+    ensure_env("")
+    kv = BIN / "kvplan"
+    if (ROOT / "app" / "cmd_reproduce.py").exists():
+        sh(kv, "reproduce")
+    sh(kv, "simulate", "--out", "out/default")
+
+
+def run_tests(extra_args: list[str]) -> None:
+    """Lint, type-check and run the whole test suite."""
+    ensure_env("dev,ray")
+    sh(BIN / "ruff", "check", ".")
+    sh(BIN / "mypy", ".")
+    sh(PY, "-m", "pytest", "-q", *extra_args)
+
+
+def main() -> None:
+    """Dispatch ``run`` or ``test``."""
+    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "test"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "run":
+        run_main()
+    else:
+        run_tests(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""``kvplan simulate``: outputs, reproducibility through the CLI, and the bad-input table (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import small
+
+from kvplan.app.cli import main
+
+GOOD = small()
+
+
+def _write(tmp_path: Path, data: object | str) -> Path:
+    p = tmp_path / "sc.yaml"
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def test_simulate_writes_outputs(tmp_path: Path) -> None:
+    sc = _write(tmp_path, GOOD)
+    out = tmp_path / "out"
+    assert main(["simulate", str(sc), "--out", str(out), "--seed", "5"]) == 0
+    turns = (out / "turns.csv").read_text().splitlines()
+    header = turns[0].split(",")
+    for col in ("conversation_id", "turn", "arrival_s", "prompt_tokens", "local_hit_tokens", "pulled_tokens",
+                "recomputed_tokens", "decision", "prefill_queue_s", "kv_pull_s", "prefill_s", "p2d_transfer_s", "ttft_s"):
+        assert col in header
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("turns", "errors", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "pulled_tokens",
+                "recomputed_tokens", "d2p_bytes", "p2d_bytes", "pinned_kv_gib_mean", "pinned_kv_gib_peak"):
+        assert key in summary
+    assert summary["turns"] == len(turns) - 1 and summary["seed"] == 5
+    out2 = tmp_path / "out2"
+    assert main(["simulate", str(sc), "--out", str(out2), "--seed", "5"]) == 0
+    assert (out / "turns.csv").read_bytes() == (out2 / "turns.csv").read_bytes()
+    assert (out / "summary.json").read_bytes() == (out2 / "summary.json").read_bytes()
+
+
+def test_simulate_default_scenario(tmp_path: Path) -> None:
+    assert main(["simulate", "--out", str(tmp_path / "d")]) == 0
+    assert json.loads((tmp_path / "d" / "summary.json").read_text())["turns"] == 50
+
+
+def _with(path: str, value: object) -> dict:
+    data = json.loads(json.dumps(GOOD))
+    node = data
+    parts = path.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return data
+
+
+BAD = [
+    ("unknown top-level field", {**GOOD, "polcy": {}}, "polcy"),
+    ("unknown nested field", _with("policy.ttl", 5), "policy.ttl"),
+    ("wrong type", _with("policy.decoder_kv_blocks_ttl_s", "long"), "policy.decoder_kv_blocks_ttl_s"),
+    ("negative ttl", _with("policy.decoder_kv_blocks_ttl_s", -1), "policy.decoder_kv_blocks_ttl_s"),
+    ("negative threshold", _with("policy.kv_recompute_threshold_tokens", -64), "kv_recompute_threshold_tokens"),
+    ("zero prefill nodes", _with("deployment.prefill_nodes", 0), "deployment.prefill_nodes"),
+    ("zero conversations", _with("workload.conversations", 0), "workload.conversations"),
+    ("zero rate", _with("workload.arrival", {"kind": "poisson", "rate_per_s": 0}), "workload.arrival"),
+    ("unknown dist", _with("workload.turn_gap_s", {"dist": "pareto", "alpha": 2}), "workload.turn_gap_s"),
+    ("lognormal median 0", _with("workload.turn_gap_s", {"dist": "lognormal", "median": 0, "sigma": 1}), "median"),
+    ("uniform high < low", _with("workload.user_tokens", {"dist": "uniform", "low": 5, "high": 1}), "user_tokens"),
+    ("unknown model", {**GOOD, "model": "gpt-9"}, "unknown model 'gpt-9'"),
+    ("unknown hardware", {**GOOD, "hardware": "tpu-v9"}, "unknown hardware 'tpu-v9'"),
+    ("bad failure policy", _with("policy.kv_load_failure_policy", "retry"), "kv_load_failure_policy"),
+    ("tp over gpus", _with("deployment.tensor_parallel_size", 16), "tensor_parallel_size"),
+    ("not a mapping", "- just\n- a list\n", "expected a mapping"),
+    ("empty file", "", "empty scenario"),
+    ("truncated yaml", "model: qwen3-32b\npolicy:\n  bidirectional: [true,\n", "YAML error"),
+    ("unknown profile", {**GOOD, "profile": "nope-profile"}, "profile"),
+    ("empirical file missing", _with("workload.output_tokens", {"dist": "empirical", "path": "/nonexistent.csv"}),
+     "nonexistent"),
+]
+
+
+@pytest.mark.parametrize("name,data,needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: object,
+                                   needle: str) -> None:
+    sc = _write(tmp_path, data)
+    out = tmp_path / "out"
+    code = main(["simulate", str(sc), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert needle in err, err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_missing_scenario_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such scenario file" in capsys.readouterr().err
+
+
+def test_bad_flag_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--out", str(tmp_path / "o"), "--seed", "abc"]) == 2

@@ -1,0 +1,100 @@
+"""Unit tests of the pure models against hand-computed numbers (VLLM_BEHAVIOUR.md section 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.errors import KvplanInputError
+from kvplan.models.arch import (
+    GLM_5_FP8,
+    LLAMA_3_3_70B,
+    QWEN3_32B,
+    ModelArch,
+    blocks_for_tokens,
+    descriptors_per_transfer,
+    get_model,
+    kv_bytes_per_token_per_rank,
+    kv_capacity_tokens,
+    weights_bytes_per_gpu,
+)
+from kvplan.models.costs import (
+    DecodeCost,
+    PrefillCost,
+    TransferCost,
+    decode_step_time_s,
+    decode_steps_time_s,
+    prefill_time_s,
+    transfer_time_s,
+)
+from kvplan.models.hardware import H200, P5EN, get_hardware
+from kvplan.models.profile import extrapolate_profile, load_profile, shipped_profiles
+
+
+def test_qwen_kv_bytes_and_descriptors() -> None:
+    assert kv_bytes_per_token_per_rank(QWEN3_32B, 8) == 32 * 1024  # 2 x 64 x 1 x 128 x 2 B
+    assert kv_bytes_per_token_per_rank(QWEN3_32B, 1) == 256 * 1024
+    # 25k-token pull: 1563 blocks x 128 regions ~ 200k descriptors per rank (VLLM_BEHAVIOUR.md 1.11)
+    assert descriptors_per_transfer(QWEN3_32B, 25_000) == 128 * 1563
+    assert descriptors_per_transfer(QWEN3_32B, 25_000, cross_layer_blocks=True) == 1563
+
+
+def test_glm_mla_replicated_per_rank() -> None:
+    assert kv_bytes_per_token_per_rank(GLM_5_FP8, 8) == 78 * (1152 + 132) == 100_152
+    assert kv_bytes_per_token_per_rank(GLM_5_FP8, 1) == 100_152  # replicated, not sharded
+    fp8 = GLM_5_FP8.model_copy(update={"kv_cache_dtype": "fp8_ds_mla"})
+    assert kv_bytes_per_token_per_rank(fp8, 8) == 78 * (656 + 132) == 61_464
+    assert descriptors_per_transfer(GLM_5_FP8, 21_000) == 156 * blocks_for_tokens(21_000, 64)
+
+
+def test_llama_and_weights() -> None:
+    assert kv_bytes_per_token_per_rank(LLAMA_3_3_70B, 8) == 2 * 80 * 1 * 128 * 2
+    assert weights_bytes_per_gpu(QWEN3_32B, 8) == pytest.approx(8.19e9, rel=1e-3)
+
+
+def test_capacity_from_hbm() -> None:
+    cap = kv_capacity_tokens(QWEN3_32B, 8, H200.hbm_bytes, 0.9, P5EN.activation_reserve_bytes_per_gpu)
+    expected = (141e9 * 0.9 - 32.76e9 * 2 / 8 - 4 * 1024**3) // 32768
+    assert abs(cap - expected) < 16
+    with pytest.raises(KvplanInputError, match="weights do not fit"):
+        kv_capacity_tokens(GLM_5_FP8, 1, H200.hbm_bytes, 0.9, 0)
+
+
+def test_cost_formulas() -> None:
+    pc = PrefillCost(fixed_s=0.01, per_token_s=1e-5, attention_s=1e-9)
+    # two chunks of 8192 and 1808 on top of 1000 cached
+    c1 = 0.01 + 8192e-5 + 1e-9 * (8192 * 1000 + 8192 * 8193 / 2)
+    c2 = 0.01 + 1808e-5 + 1e-9 * (1808 * (1000 + 8192) + 1808 * 1809 / 2)
+    assert prefill_time_s(pc, 10_000, 1000) == pytest.approx(c1 + c2)
+    tc = TransferCost(fixed_s=0.01, per_descriptor_s=1e-6, per_byte_s=1e-10, post_per_descriptor_s=2e-6, poll_s=0.001)
+    assert transfer_time_s(tc, 1e8, 1000) == pytest.approx(0.01 + 1e-3 + 1e-2 + 2e-3 + 0.001)
+    dc = DecodeCost(fixed_s=0.01, per_seq_s=1e-4, per_context_token_s=1e-8)
+    total = sum(decode_step_time_s(dc, 4, 1000 + 4 * i) for i in range(50))
+    assert decode_steps_time_s(dc, 4, 1000, 50) == pytest.approx(total)
+
+
+def test_presets_and_errors() -> None:
+    assert get_model("qwen3-32b") is QWEN3_32B
+    assert get_hardware("p5en").link.bandwidth_bytes_per_s_per_rank == pytest.approx(50e9)
+    with pytest.raises(KvplanInputError, match="unknown model"):
+        get_model("gpt-9")
+    with pytest.raises(KvplanInputError, match="unknown hardware"):
+        get_hardware("tpu")
+    with pytest.raises(KvplanInputError):
+        get_model({"name": "x", "attention": "gqa", "num_layers": 2, "hidden_size": 8, "num_q_heads": 2,
+                                  "params_total": 1, "params_active": 1, "weight_bytes_total": 1})
+
+
+def test_generic_yaml_model() -> None:
+    m = get_model({"name": "tiny", "attention": "gqa", "num_layers": 4, "hidden_size": 256, "num_q_heads": 4,
+                   "num_kv_heads": 2, "head_dim": 64, "params_total": 1e8, "params_active": 1e8,
+                   "weight_bytes_total": 2e8})
+    assert kv_bytes_per_token_per_rank(m, 2) == 2 * 4 * 1 * 64 * 2
+
+
+def test_shipped_profiles_and_extrapolation() -> None:
+    assert {"p5en-qwen3-32b", "p5en-glm-5-fp8"} <= set(shipped_profiles())
+    base = load_profile("p5en-qwen3-32b")
+    llama = extrapolate_profile(base, QWEN3_32B, LLAMA_3_3_70B, 8)
+    assert llama.extrapolated and "EXTRAPOLATED" in llama.notes[0]
+    ratio = llama.costs.prefill.per_token_s / base.costs.prefill.per_token_s
+    assert ratio == pytest.approx(68.45 / 31.21, rel=1e-6)

@@ -100,7 +100,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
         _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
     ]
-    df = base.join(parts, how="left").sort_index().reset_index()
+    df = base.join(list[pd.DataFrame | pd.Series](parts), how="left").sort_index().reset_index()
     df = df.rename(columns={"conv": "conversation_id"})
     err = df["decision_code"] == int(Decision.ERROR)
     for c in ("pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens"):

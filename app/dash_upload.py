@@ -1,0 +1,178 @@
+"""Uploads of the Calibration page: bounded, format-detected, parsed by the calibration parsers, never evaluated.
+
+An upload is checked against :data:`MAX_UPLOAD_BYTES` before it touches the disk, written under a
+content-addressed temporary directory with a sanitised name (the parsers read paths, and their one-line
+errors then name the file the user uploaded), sniffed with ``detect_format`` and parsed with
+``parse_any``. JSON is read with :mod:`json`, nothing is unpickled or evaluated. Profiles (JSON) are
+validated by ``models.profile.load_profile`` and written content-addressed, so a scenario that names
+one keeps a stable cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvplan.calibration.parsers import (
+    BenchServeResult,
+    MultiTurnStats,
+    PrometheusScrape,
+    VllmLog,
+    detect_format,
+    parse_any,
+)
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.models.profile import Profile, load_profile, save_profile
+
+#: Largest upload the dashboard accepts, checked on the bytes before anything is written (64 MiB).
+MAX_UPLOAD_BYTES = 64 * 1024**2
+#: The same limit in the MB unit of ``st.file_uploader(max_upload_size=...)`` and ``server.maxUploadSize``.
+MAX_UPLOAD_MB = MAX_UPLOAD_BYTES // 1024**2
+#: Trace formats ``kvplan calibrate`` takes (flag name = ``detect_format`` name), and the published CSV.
+CALIBRATE_FORMATS = ("bench", "multiturn", "log", "prometheus", "points")
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _root() -> Path:
+    return Path(tempfile.gettempdir()) / "kvplan-dashboard"
+
+
+def safe_name(name: str) -> str:
+    """The upload's base name with anything but letters, digits, ``._-`` replaced (never a path)."""
+    base = os.path.basename(name.replace("\\", "/")) or "upload"
+    cleaned = _SAFE_NAME.sub("_", base).lstrip(".") or "upload"
+    return cleaned[:120]
+
+
+def store_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> Path:
+    """Write ``data`` to ``<tmp>/kvplan-dashboard/uploads/<sha256>/<safe name>`` after the size check."""
+    label = safe_name(name)
+    if len(data) > max_bytes:
+        raise input_error(
+            label, f"upload is {len(data) / 1024**2:.1f} MiB, larger than the {max_bytes / 1024**2:.0f} MiB limit",
+            "split or filter the trace",
+        )
+    if not data:
+        raise input_error(label, "upload is empty", "pick a non-empty trace file")
+    digest = hashlib.sha256(data).hexdigest()[:32]
+    folder = _root() / "uploads" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / label
+    if not path.is_file() or path.stat().st_size != len(data):
+        tmp = folder / f".{label}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+def _relabel(exc: KvplanInputError, path: Path) -> KvplanInputError:
+    """The parser's message with the temporary directory removed (it names the uploaded file only)."""
+    return KvplanInputError(str(exc).replace(str(path.parent) + os.sep, ""))
+
+
+@dataclass(frozen=True)
+class ParsedTrace:
+    """One parsed upload: the stored path, its detected format, the parse result and a short summary."""
+
+    name: str
+    path: str
+    fmt: str
+    result: Any
+    summary: str
+
+
+def describe(result: Any) -> str:
+    """One line saying what a parse result holds (counts of requests, lines, samples, points)."""
+    if isinstance(result, BenchServeResult):
+        n = 0 if result.requests is None else len(result.requests)
+        return f"vllm bench serve: {result.completed} completed requests, {n} with per-request data"
+    if isinstance(result, MultiTurnStats):
+        return f"multi-turn stats: {result.n_requests} requests in {result.n_conversations} conversations"
+    if isinstance(result, VllmLog):
+        parts = []
+        if result.engine is not None:
+            parts.append(f"{len(result.engine.kv_transfer)} KV transfer metric lines, "
+                         f"{result.engine.n_expired_releases} expired releases")
+        if result.proxy is not None:
+            parts.append(f"{len(result.proxy.prefill)} proxy prefill lines, {len(result.proxy.cache_events)} cache events")
+        return "vLLM log: " + ("; ".join(parts) or "no lines of interest")
+    if isinstance(result, PrometheusScrape):
+        return (f"Prometheus: {len(result.scrape_times_s)} scrapes, {len(result.counters)} counter and "
+                f"{len(result.gauges)} gauge samples, {len(result.histograms)} histograms")
+    if isinstance(result, pd.DataFrame):
+        return f"CSV: {len(result)} rows"
+    return type(result).__name__
+
+
+def parse_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> ParsedTrace:
+    """Store, sniff and parse one uploaded trace (one-line :class:`KvplanInputError` naming the file)."""
+    path = store_upload(name, data, max_bytes)
+    try:
+        fmt = detect_format(path)
+        result = parse_any(path, max_bytes=max_bytes)
+    except KvplanInputError as exc:
+        raise _relabel(exc, path) from None
+    return ParsedTrace(safe_name(name), str(path), fmt, result, describe(result))
+
+
+def trace_points(trace: ParsedTrace) -> tuple[pd.DataFrame, str, str, str | None, str, str] | None:
+    """Points worth plotting from a parsed trace: ``(frame, x, y, colour, x_title, y_title)`` or ``None``."""
+    r = trace.result
+    if isinstance(r, BenchServeResult) and r.requests is not None and {"input_len_tokens", "ttft_s"} <= set(r.requests):
+        f = r.requests.assign(ttft_ms=r.requests["ttft_s"] * 1000.0)
+        return f, "input_len_tokens", "ttft_ms", None, "input tokens", "TTFT (ms)"
+    if isinstance(r, MultiTurnStats):
+        f = r.requests.assign(ttft_ms=r.requests["ttft_s"] * 1000.0)
+        return f, "input_num_tokens", "ttft_ms", "user_turn", "input tokens (content)", "TTFT (ms)"
+    if isinstance(r, pd.DataFrame) and {"kind", "tokens", "value_ms"} <= set(r.columns):
+        return r, "tokens", "value_ms", "kind", "tokens", "measured (ms)"
+    if isinstance(r, pd.DataFrame) and {"series", "prompt_tokens", "value_ms"} <= set(r.columns):
+        return r, "prompt_tokens", "value_ms", "series", "prefix size (tokens)", "published (ms)"
+    return None
+
+
+# --- profiles ---------------------------------------------------------------------------------------------------
+
+
+def profile_from_json(text: str) -> Profile:
+    """Validate profile JSON text (bounded, JSON only) into a :class:`Profile`."""
+    path = store_upload("profile.json", text.encode("utf-8"), max_bytes=8 * 1024**2)
+    try:
+        return load_profile(path)
+    except KvplanInputError as exc:
+        raise _relabel(exc, path) from None
+
+
+def profile_json(profile: Profile) -> str:
+    """A profile as the JSON text ``save_profile`` writes (sorted keys, stable bytes)."""
+    return json.dumps(profile.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def load_uploaded_profile(name: str, data: bytes) -> Profile:
+    """Validate an uploaded profile JSON file (one-line error naming the upload)."""
+    path = store_upload(name, data, max_bytes=8 * 1024**2)
+    try:
+        return load_profile(path)
+    except KvplanInputError as exc:
+        raise _relabel(exc, path) from None
+
+
+def session_profile_path(text: str) -> str:
+    """A stable path holding the session's profile JSON (content-addressed, so cache keys stay valid)."""
+    profile = profile_from_json(text)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    folder = _root() / "profiles"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{safe_name(profile.name)}-{digest}.json"
+    if not path.is_file():
+        save_profile(profile, path)
+    return str(path)

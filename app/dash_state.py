@@ -13,6 +13,7 @@ with :func:`optional_attr`: a module that is absent reads as "not available yet"
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -89,7 +90,7 @@ def optional_attr(candidates: Sequence[str], attr: str) -> Callable[..., Any] | 
             continue
         fn = getattr(mod, attr, None)
         if callable(fn):
-            return fn  # type: ignore[no-any-return]
+            return fn
         present.append(name)
     if present:
         raise input_error(f"kvplan.{present[0]}", f"has no {attr}()", "update kvplan or the dashboard together")
@@ -170,7 +171,7 @@ class ScenarioInputs:
 
 def default_custom_workload() -> CustomWorkload:
     """The custom workload's starting point: the published benchmark's workload."""
-    wl: dict[str, Any] = dict(PUBLISHED_BENCHMARK["workload"])  # type: ignore[call-overload]
+    wl: dict[str, Any] = dict(PUBLISHED_BENCHMARK["workload"])
 
     def const(name: str) -> DistInput:
         return DistInput("constant", (("value", float(wl[name]["value"])),))
@@ -370,6 +371,13 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
 # --- TTL x threshold grid (pure + cached runs) -----------------------------------------------------------------
 
+#: Default explorer grid: TTLs around the benchmark's ~16 s turn gaps up to past vLLM's 480 s, and
+#: thresholds from 0 to beyond its 24k-token pulls (where every pull turns into a recompute).
+DEFAULT_GRID_TTLS = "0, 5, 10, 15, 20, 30, 60, 120, 480, 900"
+DEFAULT_GRID_THRESHOLDS = "0, 64, 1024, 8192, 32768"
+#: Replications of ``sim.advice.recommend`` the dashboard asks for (its default).
+DEFAULT_REPLICATIONS = 3
+
 GRID_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "errors", "pinned_kv_gib_mean", "pinned_kv_gib_peak")
 
 
@@ -426,6 +434,26 @@ def grid_frame(points: Sequence[tuple[float, float, str]], progress: Callable[[f
     return pd.DataFrame(rows)
 
 
+def grid_state_key(points: Sequence[tuple[float, float, str]]) -> str:
+    """Session-state key of a grid's results: a digest of every point's scenario key."""
+    digest = hashlib.sha256("\n".join(k for _, _, k in points).encode()).hexdigest()[:24]
+    return f"kvplan_grid_{digest}"
+
+
+def grid_marks(scenario: Scenario, recommendation: Mapping[str, Any] | None) -> dict[str, tuple[float, float]]:
+    """Points to mark on the heatmaps: the recommendation (when computed), the vLLM defaults, the sidebar's."""
+    marks: dict[str, tuple[float, float]] = {}
+    if recommendation and "decoder_kv_blocks_ttl_s" in recommendation:
+        marks["recommended"] = (float(recommendation["decoder_kv_blocks_ttl_s"]),
+                                float(recommendation["kv_recompute_threshold_tokens"]))
+    marks["vLLM defaults"] = (float(VLLM_DEFAULTS["policy.decoder_kv_blocks_ttl_s"]),
+                              float(VLLM_DEFAULTS["policy.kv_recompute_threshold_tokens"]))
+    current = (scenario.policy.decoder_kv_blocks_ttl_s, float(scenario.policy.kv_recompute_threshold_tokens))
+    if current not in marks.values():
+        marks["sidebar"] = current
+    return marks
+
+
 # --- advice (sim.advice, issue 4) ------------------------------------------------------------------------------
 
 
@@ -455,6 +483,72 @@ def advice_key(scenario: Scenario, slo: float | None, budget: float | None, repl
     return json.dumps([scenario_key(scenario), slo, budget, replications])
 
 
+@dataclass(frozen=True)
+class AdviceView:
+    """A recommendation laid out for the page: settings, metrics table, rationale lines, config snippets."""
+
+    settings: tuple[tuple[str, str], ...]
+    comparison: pd.DataFrame
+    rationale: tuple[str, ...]
+    configs: tuple[tuple[str, str], ...]
+
+
+_RATIONALE_KEYS = ("rationale", "binding_constraint", "rules", "assumptions", "warnings", "notes", "why")
+
+
+def _lines(value: Any, prefix: str = "") -> list[str]:
+    if value is None or value == "" or value == [] or value == {}:
+        return []
+    if isinstance(value, str):
+        return [f"{prefix}{value}"]
+    if isinstance(value, Mapping):
+        out: list[str] = []
+        for k, v in value.items():
+            sub = _lines(v)
+            out.extend([f"{prefix}{k}: {sub[0]}", *sub[1:]] if len(sub) == 1 else [f"{prefix}{k}:", *sub])
+        return out
+    if isinstance(value, Sequence):
+        return [line for v in value for line in _lines(v, prefix)]
+    return [f"{prefix}{value}"]
+
+
+def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:
+    """Copyable ``--kv-transfer-config`` lines: one per server role when the config has roles, else one."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError:
+            return [("--kv-transfer-config", config)]
+    roles = {k: v for k, v in config.items() if isinstance(v, Mapping)} if isinstance(config, Mapping) else {}
+    known = [k for k in roles if k.lower() in ("prefill", "decode", "producer", "consumer", "p", "d")]
+    items = [(f"{k} server", roles[k]) for k in known] if known else [("prefill and decode servers", config)]
+    return [(title, f"--kv-transfer-config '{json.dumps(cfg, separators=(',', ':'), sort_keys=True)}'")
+            for title, cfg in items]
+
+
+def advice_view(rec: Mapping[str, Any]) -> AdviceView:
+    """Lay out ``Recommendation.to_json()`` (keys of issue 4: decoder_kv_blocks_ttl_s, kv_recompute_threshold_tokens,
+    router_ttl_s, kv_transfer_config, expected, baseline; any further comparison or rationale keys are shown too)."""
+    settings = [
+        ("decoder_kv_blocks_ttl", f"{float(rec['decoder_kv_blocks_ttl_s']):g} s"),
+        ("kv_recompute_threshold", f"{int(rec['kv_recompute_threshold_tokens'])} tokens"),
+        ("router TTL", f"{float(rec['router_ttl_s']):g} s"),
+    ]
+    columns = {"expected": "recommended", "baseline": "vLLM defaults"}
+    for k, v in rec.items():
+        if k not in columns and isinstance(v, Mapping) and k in ("bidirectional_off", "off", "baseline_off"):
+            columns[k] = "bidirectional off"
+    table: dict[str, dict[str, Any]] = {}
+    for key, title in columns.items():
+        metrics = rec.get(key)
+        if isinstance(metrics, Mapping):
+            table[title] = {m: v for m, v in metrics.items() if isinstance(v, int | float | str | None)}
+    comparison = pd.DataFrame(table)
+    rationale = [line for k in _RATIONALE_KEYS for line in _lines(rec.get(k))]
+    return AdviceView(tuple(settings), comparison, tuple(rationale),
+                      tuple(kv_transfer_config_snippets(rec.get("kv_transfer_config", {}))))
+
+
 def progress_adapter(bar: Any, label: str) -> Callable[..., None]:
     """A progress callback for APIs that report ``(done, total)``, ``(fraction,)`` or ``(done, total, text)``."""
 
@@ -473,6 +567,28 @@ def progress_adapter(bar: Any, label: str) -> Callable[..., None]:
         bar.progress(min(max(float(frac), 0.0), 1.0), text=text)
 
     return cb
+
+
+# --- reproduce (calibration, issue 3) ----------------------------------------------------------------------
+
+#: Modules that may hold ``reproduce_rows`` (issue 3).
+REPRODUCE_MODULES = ("calibration.reproduce",)
+#: Models with published P5en points.
+PUBLISHED_MODELS = ("qwen3-32b", "glm-5-fp8")
+
+
+def reproduce_fn() -> Callable[..., Any] | None:
+    """``reproduce_rows(model=None, profile=None) -> list[dict]`` of the calibration module, when present."""
+    return optional_attr(REPRODUCE_MODULES, "reproduce_rows")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def reproduce_cached(model: str, profile: str | None) -> list[dict[str, Any]]:
+    """The published-vs-simulated rows for ``model`` (and a profile name or path), cached on those strings."""
+    fn = reproduce_fn()
+    if fn is None:
+        raise input_error("reproduce", "kvplan's reproduce_rows is not in this build")
+    return [dict(r) for r in fn(model=model, profile=profile)]
 
 
 # --- sidebar (Streamlit) ---------------------------------------------------------------------------------------

@@ -124,6 +124,28 @@ def parse_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> P
     return ParsedTrace(safe_name(name), str(path), fmt, result, describe(result))
 
 
+def parse_uploads(files: list[tuple[str, bytes]], cache: dict[str, ParsedTrace] | None = None,
+                  max_bytes: int = MAX_UPLOAD_BYTES) -> tuple[list[ParsedTrace], list[str]]:
+    """Parse every ``(name, bytes)`` upload; good ones are returned, bad ones become one-line messages.
+
+    ``cache`` (e.g. a session-state dict) maps the upload's digest to its parse, so a rerun does not
+    parse the same bytes again.
+    """
+    parsed: list[ParsedTrace] = []
+    errors: list[str] = []
+    for name, data in files:
+        key = f"{safe_name(name)}:{hashlib.sha256(data).hexdigest()}"
+        try:
+            trace = cache[key] if cache is not None and key in cache else parse_upload(name, data, max_bytes)
+        except KvplanInputError as exc:
+            errors.append(" ".join(str(exc).split()))
+            continue
+        if cache is not None:
+            cache[key] = trace
+        parsed.append(trace)
+    return parsed, errors
+
+
 def trace_points(trace: ParsedTrace) -> tuple[pd.DataFrame, str, str, str | None, str, str] | None:
     """Points worth plotting from a parsed trace: ``(frame, x, y, colour, x_title, y_title)`` or ``None``."""
     r = trace.result
@@ -176,3 +198,62 @@ def session_profile_path(text: str) -> str:
     if not path.is_file():
         save_profile(profile, path)
     return str(path)
+
+
+# --- fits (calibration, issue 3) ----------------------------------------------------------------------------------
+
+
+def calibrate_fn() -> Any | None:
+    """The calibration fit entry point of ``kvplan.calibration`` when present, else ``None``."""
+    from kvplan.app.dash_state import optional_attr
+
+    return optional_attr(CALIBRATE_MODULES, "calibrate")
+
+
+#: Modules that may hold ``calibrate`` (issue 3).
+CALIBRATE_MODULES = ("calibration.calibrate",)
+
+
+def fit_profile(traces: list[ParsedTrace], model: str, hardware: str) -> Profile:
+    """Fit a profile to the uploaded traces with the calibration module's ``calibrate``.
+
+    Traces are passed by path, grouped by format as ``kvplan calibrate --bench/--multiturn/--log/
+    --prometheus/--points`` takes them.
+    """
+    fn = calibrate_fn()
+    if fn is None:
+        raise input_error("calibration", "the fitting module (kvplan.calibration.calibrate) is not in this build")
+    by_kind: dict[str, list[str]] = {k: [] for k in CALIBRATE_FORMATS}
+    for t in traces:
+        if t.fmt in by_kind:
+            by_kind[t.fmt].append(t.path)
+    if not any(by_kind.values()):
+        raise input_error("calibration", "no uploaded trace in a format the fit takes",
+                          f"upload one of: {', '.join(CALIBRATE_FORMATS)}")
+    result = fn(model=model, hardware=hardware, **by_kind)
+    profile = getattr(result, "profile", result)
+    if not isinstance(profile, Profile):
+        raise input_error("calibration", f"calibrate() returned {type(result).__name__}, expected a Profile")
+    return profile
+
+
+def parameter_table(profile: Profile) -> pd.DataFrame:
+    """Every cost parameter of ``profile`` with its standard error (``uncertainty['component.param']``)."""
+    rows = []
+    for comp, params in profile.costs.model_dump(mode="json").items():
+        for name, value in params.items():
+            se = profile.uncertainty.get(f"{comp}.{name}")
+            rel = abs(se / value) if se is not None and isinstance(value, int | float) and value else None
+            rows.append({"parameter": f"{comp}.{name}", "value": value, "std_error": se, "relative_error": rel})
+    return pd.DataFrame(rows)
+
+
+def residual_frame(profile: Profile) -> pd.DataFrame | None:
+    """Residual points of the profile's fit report as ``metric, x, observed, predicted``, or ``None``."""
+    raw = profile.fit_report.get("residuals")
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, dict) for r in raw):
+        return None
+    frame = pd.DataFrame(raw)
+    if not {"metric", "x", "observed", "predicted"} <= set(frame.columns):
+        return None
+    return frame

@@ -40,4 +40,6 @@ def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = Non
         "prefill_utilization": busy / (end * len(ctx.prefill)) if end > 0 else 0.0,
         "truncated_conversations": plan.truncated_conversations,
     }
+    if plan.trace_report is not None:
+        extra["trace"] = plan.trace_report
     return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))

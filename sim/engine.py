@@ -136,7 +136,7 @@ class Driver:
         self.prompt = plan.prompt_tokens.tolist()
         self.output = plan.output_tokens.tolist()
         self.gap = plan.gap_s.tolist()
-        self.closed = closed_loop
+        self.closed = closed_loop if plan.arrival_s is None else None  # a trace brings its own clock
         self._pool: deque[int] = deque()
         self._client_of: dict[int, deque[int]] = {}
 
@@ -155,6 +155,13 @@ class Driver:
                 if active:
                     self._client_next(active, 0.0)
             return
+        if plan.arrival_s is not None:
+            # trace replay: every request on the trace's own clock, independent of earlier responses
+            self._req_order = np.argsort(plan.arrival_s, kind="stable").tolist()
+            self._req_conv = np.repeat(np.arange(len(plan.turns)), plan.turns).tolist()
+            self._req_i = 0
+            self._schedule_next_request()
+            return
         order = [int(c) for c in np.argsort(plan.start_s, kind="stable") if plan.turns[c] > 0]
         self._starts = order
         self._start_i = 0
@@ -170,6 +177,14 @@ class Driver:
         # chain: the next conversation start is scheduled when this one's arrival fires
         # (keeps O(1) pending start events)
 
+    def _schedule_next_request(self) -> None:
+        if self._req_i >= len(self._req_order):
+            return
+        i = self._req_order[self._req_i]
+        self._req_i += 1
+        assert self.plan.arrival_s is not None
+        self._arrive_at(self._req_conv[i], i, float(self.plan.arrival_s[i]))
+
     def _arrive_at(self, c: int, i: int, t_arrival: float) -> None:
         env = self.env
         delay = t_arrival - env.now + self.p_leg
@@ -180,7 +195,9 @@ class Driver:
 
     def _at_p(self, c: int, i: int, t_arrival: float) -> None:
         ctx = self.ctx
-        if self.closed is None and i == self.offsets[c]:
+        if self.plan.arrival_s is not None:
+            self._schedule_next_request()
+        elif self.closed is None and i == self.offsets[c]:
             self._schedule_next_start()
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
@@ -221,7 +238,7 @@ class Driver:
             if active:
                 self._client_next(active, self.gap[i])
             return
-        if i + 1 < self.offsets[c + 1]:
+        if self.plan.arrival_s is None and i + 1 < self.offsets[c + 1]:
             self._arrive_at(c, i + 1, self.env.now + self.gap[i])
 
     # -- closed loop ----------------------------------------------------------------------------------------

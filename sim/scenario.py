@@ -151,6 +151,21 @@ class ClosedLoopArrival(_Frozen):
 Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kind")]
 
 
+class TraceSource(_Frozen):
+    """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
+
+    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL or CSV).")
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv"] | None = Field(
+        default=None, description="Trace format (default: detected from the content)."
+    )
+    time_scale: float = Field(default=1.0, gt=0, description="Speed-up of arrivals (2 = twice as fast).")
+    window_s: tuple[float, float] | None = Field(default=None, description="Keep arrivals in [start, end) s.")
+    sample_sessions: float | None = Field(default=None, gt=0, le=1, description="Fraction of sessions to keep.")
+    overlong: Literal["skip", "truncate"] = Field(
+        default="skip", description="Requests beyond the model's context limit: skip or truncate (counted)."
+    )
+
+
 class Workload(_Frozen):
     """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
 
@@ -164,6 +179,9 @@ class Workload(_Frozen):
     output_tokens: Dist = Field(default=Constant(value=300), description="Response tokens (>= 1).")
     turn_gap_s: Dist = Field(
         default=Constant(value=0.0), description="End of a response to the next turn's arrival (think/tool time)."
+    )
+    trace: TraceSource | None = Field(
+        default=None, description="Replay a trace instead: replaces every synthetic field above."
     )
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from kvplan.errors import input_error
 from kvplan.sim.scenario import (
@@ -23,6 +25,7 @@ from kvplan.sim.scenario import (
     Empirical,
     Exponential,
     LogNormal,
+    TraceSource,
     Uniform,
     Workload,
 )
@@ -118,6 +121,8 @@ class ConversationPlan:
     output_tokens: np.ndarray
     gap_s: np.ndarray
     truncated_conversations: int
+    arrival_s: np.ndarray | None = None  # per-turn arrival times (trace replay: open loop on the trace clock)
+    trace_report: dict[str, Any] | None = None
 
     @property
     def total_turns(self) -> int:
@@ -132,6 +137,8 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     conversation whose context would exceed ``max_model_len`` (vLLM rejects such a request) ends at the
     last turn that fits; the count is reported as ``truncated_conversations``, never silently.
     """
+    if workload.trace is not None:
+        return plan_from_trace(workload.trace, seed, max_model_len)
     seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
     rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
     n = workload.conversations
@@ -183,4 +190,53 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         output_tokens=out.astype(np.int64),
         gap_s=gaps.astype(float),
         truncated_conversations=truncated,
+    )
+
+
+def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> ConversationPlan:
+    """Turn a real trace into a plan: sessions are conversations, every request keeps its own arrival time.
+
+    Tokens per turn follow the trace (``input_tokens`` is the whole prompt, outputs at least 1). Requests
+    with ``input + output`` above ``max_model_len`` are skipped or truncated as ``source.overlong`` says,
+    and counted in ``trace_report``. ``seed`` only drives session sampling.
+    """
+    from kvplan.calibration.traces import load_trace, select
+
+    trace = load_trace(source.path, source.format)
+    window = tuple(source.window_s) if source.window_s is not None else None
+    sel, report = select(
+        trace,
+        time_scale=source.time_scale,
+        window_s=window,  # type: ignore[arg-type]
+        sample_sessions=source.sample_sessions,
+        seed=seed,
+        max_context_tokens=max_model_len,
+        overlong=source.overlong,
+    )
+    df = sel.requests
+    if df.empty:
+        raise input_error(f"workload.trace '{source.path}'", "no request left after window, sampling and context limit")
+    codes, uniques = pd.factorize(df["session_id"], sort=False)  # conversation ids in order of first arrival
+    order = np.lexsort((df["arrival_s"].to_numpy(), codes))
+    codes = codes[order]
+    n = len(uniques)
+    turns = np.bincount(codes, minlength=n).astype(np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(turns, out=offsets[1:])
+    arrival = df["arrival_s"].to_numpy(dtype=float)[order]
+    prompt = np.maximum(df["input_tokens"].to_numpy(dtype=np.int64)[order], 1)
+    out = np.maximum(df["output_tokens"].to_numpy(dtype=np.int64)[order], 1)
+    report = dict(report)
+    report.update({"format": sel.format, "sha256": sel.sha256, "source": sel.source,
+                   "requests_replayed": int(len(df)), "sessions_replayed": int(n)})
+    return ConversationPlan(
+        start_s=arrival[offsets[:-1]],
+        turns=turns,
+        offsets=offsets,
+        prompt_tokens=prompt,
+        output_tokens=out,
+        gap_s=np.zeros(len(prompt)),
+        truncated_conversations=0,
+        arrival_s=arrival,
+        trace_report=report,
     )

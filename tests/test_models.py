@@ -9,7 +9,6 @@ from kvplan.models.arch import (
     GLM_5_FP8,
     LLAMA_3_3_70B,
     QWEN3_32B,
-    ModelArch,
     blocks_for_tokens,
     descriptors_per_transfer,
     get_model,

@@ -1,0 +1,78 @@
+"""Calibration: upload vLLM traces, fit a profile, inspect residuals, download it and use it on the other pages."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from kvplan.app import dash_state as ds
+from kvplan.app import dash_upload as du
+from kvplan.app import figures
+from kvplan.errors import KvplanInputError
+from kvplan.models.arch import MODEL_PRESETS
+from kvplan.models.hardware import HARDWARE_PRESETS
+
+st.title("Calibration")
+st.caption(f"Traces in the formats of `kvplan calibrate`: {', '.join(du.CALIBRATE_FORMATS)} "
+           f"(format detected from the content; at most {du.MAX_UPLOAD_MB} MiB per file; nothing is evaluated).")
+uploads = st.file_uploader("vLLM traces", accept_multiple_files=True, max_upload_size=du.MAX_UPLOAD_MB,
+                           key="calib_traces")
+cache = st.session_state.setdefault("kvplan_parsed_uploads", {})
+traces, errors = du.parse_uploads([(f.name, f.getvalue()) for f in uploads or []], cache)
+for message in errors:
+    st.error(message)
+if traces:
+    st.dataframe(pd.DataFrame([{"file": t.name, "format": t.fmt, "content": t.summary} for t in traces]),
+                 hide_index=True)
+    for i, t in enumerate(traces):
+        pts = du.trace_points(t)
+        if pts is not None:
+            frame, x, y, colour, xt, yt = pts
+            st.plotly_chart(figures.parsed_points(frame, x, y, colour, f"{t.name} ({t.fmt})", xt, yt), key=f"pts{i}")
+
+st.subheader("Fit a profile")
+c1, c2 = st.columns(2)
+model = c1.selectbox("model", list(MODEL_PRESETS), key="calib_model")
+hardware = c2.selectbox("hardware", list(HARDWARE_PRESETS), key="calib_hardware")
+try:
+    can_fit = du.calibrate_fn() is not None
+except KvplanInputError as exc:
+    ds.show_error(exc)
+    can_fit = False
+if not can_fit:
+    st.info("Fitting: not available yet (kvplan.calibration.calibrate is not in this build). "
+            "You can still upload a profile JSON below.")
+elif st.button("Fit", type="primary", disabled=not traces, key="calib_fit"):
+    with st.spinner("fitting"):
+        try:
+            st.session_state["kvplan_fitted_profile"] = du.profile_json(du.fit_profile(traces, model, hardware))
+        except KvplanInputError as exc:
+            ds.show_error(exc)
+
+st.subheader("Or upload a profile JSON")
+prof_upload = st.file_uploader("kvplan profile (.json)", type=["json"], max_upload_size=8, key="calib_profile")
+if prof_upload is not None:
+    try:
+        st.session_state["kvplan_fitted_profile"] = du.profile_json(
+            du.load_uploaded_profile(prof_upload.name, prof_upload.getvalue()))
+    except KvplanInputError as exc:
+        ds.show_error(exc)
+
+fitted = st.session_state.get("kvplan_fitted_profile")
+if fitted:
+    profile = du.profile_from_json(fitted)
+    st.markdown(f"**Profile `{profile.name}`**: {profile.model} on {profile.hardware}, TP{profile.tensor_parallel_size}, "
+                f"status {profile.status}")
+    st.dataframe(du.parameter_table(profile), hide_index=True)
+    residuals = du.residual_frame(profile)
+    if residuals is not None:
+        st.plotly_chart(figures.residual_scatter(residuals), key="residuals")
+    with st.expander("Error report (fit_report)", expanded=True):
+        st.json(profile.fit_report or {"note": "this profile has no fit report"})
+    c1, c2 = st.columns(2)
+    c1.download_button("Download profile JSON", fitted, file_name=f"{du.safe_name(profile.name)}.json",
+                       mime="application/json", key="calib_download")
+    if c2.button("Use this profile on the other pages", key="calib_use"):
+        st.session_state[ds.SESSION_PROFILE] = fitted
+    if st.session_state.get(ds.SESSION_PROFILE) == fitted:
+        st.success(f"In use: choose 'session: {profile.name}' as the sidebar profile on What-if, Explorer and Advice.")

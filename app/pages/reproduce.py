@@ -1,0 +1,38 @@
+"""Reproduce: the published P5en charts (bidirectional KV transfer write-up) against the simulator's."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvplan.app import dash_state as ds
+from kvplan.app import dash_upload as du
+from kvplan.app import figures
+from kvplan.errors import KvplanInputError
+
+st.title("Reproduce the published P5en measurements")
+st.caption("1P1D p5en TP8, prefix caching off on P, 10 conversations x 5 turns, 2 clients; ON = bidirectional "
+           "KV transfer with vLLM's defaults. Published: the write-up's end points; kvplan: the simulated benchmark.")
+try:
+    available = ds.reproduce_fn() is not None
+except KvplanInputError as exc:
+    ds.show_error(exc)
+    st.stop()
+if not available:
+    st.info("Not available yet: kvplan's reproduce_rows (calibration, `kvplan reproduce`) is not in this build.")
+    st.stop()
+c1, c2 = st.columns(2)
+model = c1.selectbox("model", ds.PUBLISHED_MODELS, key="repro_model")
+session = st.session_state.get(ds.SESSION_PROFILE)
+choices = ["shipped profile", *(["session profile"] if session else [])]
+which = c2.selectbox("profile", choices, key="repro_profile")
+profile = du.session_profile_path(session) if which == "session profile" and session else None
+try:
+    with st.spinner("simulating the published benchmark at every prefix size"):
+        rows = ds.reproduce_cached(model, profile)
+except KvplanInputError as exc:
+    ds.show_error(exc)
+    st.stop()
+for i, fig in enumerate(figures.reproduce_figures(rows, model)):
+    st.plotly_chart(fig, key=f"repro{i}")
+frame = figures.reproduce_frame(rows)
+st.dataframe(frame, hide_index=True)

@@ -1,0 +1,48 @@
+"""What-if: one scenario against the vLLM defaults and against bidirectional transfer off."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvplan.app import dash_state as ds
+from kvplan.app import figures
+from kvplan.errors import KvplanInputError
+
+scenario = ds.scenario_sidebar()
+st.title("What-if: bidirectional KV transfer")
+if scenario is None:
+    st.stop()
+try:
+    w = ds.whatif(scenario)
+except KvplanInputError as exc:
+    ds.show_error(exc)
+    st.stop()
+
+s = w.current.summary
+st.caption(
+    f"{s['model']} on {s['hardware']}, {scenario.deployment.prefill_nodes}P{scenario.deployment.decode_nodes}D "
+    f"TP{scenario.deployment.tensor_parallel_size}, profile {s['profile']} ({s['profile_status']}); "
+    f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at the "
+    f"vLLM defaults (TTL 480 s, threshold 64 tokens, router TTL 450 s, bidirectional on)."
+)
+if s.get("extrapolated"):
+    st.warning("EXTRAPOLATED profile: costs scaled from another model's calibration, not measured on this model.")
+for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaults.summary), strict=False):
+    col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
+               delta_arrow="auto" if m.delta else "off")
+
+left, right = st.columns(2)
+left.plotly_chart(figures.ttft_distribution({"ON": w.on.turns, "OFF": w.off.turns}), key="ttft_cdf")
+right.plotly_chart(figures.ttft_split(w.current.turns), key="ttft_split")
+left, right = st.columns(2)
+left.plotly_chart(
+    figures.decision_mix({"this scenario": s, "vLLM defaults": w.defaults.summary}), key="decision_mix"
+)
+right.plotly_chart(
+    figures.pinned_kv(w.current.pinned, float(s["decode_kv_capacity_gib"]), float(s["sim_end_s"])), key="pinned"
+)
+with st.expander("Assumptions and per-turn records"):
+    for note in w.current.notes:
+        st.markdown(f"- {note}")
+    st.dataframe(w.current.turns, hide_index=True)
+st.caption(f"Simulated with kvplan.sim.api.run in {w.sim_wall_s * 1000:.0f} ms (4 runs, cached per scenario).")

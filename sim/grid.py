@@ -1,0 +1,294 @@
+"""Sweep grids: a base scenario plus axes (dotted scenario path -> list of values), validated up front.
+
+A grid file (YAML) has ``base:`` (an inline scenario mapping, or a path to a scenario file, relative to
+the grid file) and ``axes:`` (``{dotted.path: [values...]}``, e.g. ``policy.decoder_kv_blocks_ttl_s:
+[30, 60, 120]``), plus optional ``replications:`` (default 1) and ``seed:`` (the base seed; default the
+base scenario's). Points are the cartesian product of the axes in file order, the last axis varying
+fastest; point ``i`` is decoded from ``i`` in mixed radix. Replication ``k`` of every point runs with seed
+``seed + k`` (common random numbers: the same draws across points).
+
+Everything a sweep could trip over is checked before any simulation starts and reported as one-line
+:class:`~kvplan.errors.KvplanInputError`: unknown top-level keys, unknown dotted paths (with a
+suggestion), empty or non-list axes, grids above :data:`MAX_POINTS` without ``yes``, and every point's
+scenario (pydantic validation plus preset/profile resolution and empirical files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.sim.scenario import MAX_SCENARIO_BYTES, Scenario, load_scenario, scenario_from_dict, with_overrides
+
+MAX_POINTS = 1_000_000
+GRID_KEYS = ("base", "axes", "replications", "seed")
+FORMAT_VERSION = 1  # bump when the row schema or the seeding rule changes (invalidates resumable parts)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A validated sweep grid. Build it with :func:`load_grid` or :func:`grid_from_dict`; never mutate it."""
+
+    base: Scenario
+    axes: tuple[tuple[str, tuple[Any, ...]], ...]
+    replications: int = 1
+    base_seed: int = 0
+    source: str = "grid"
+
+    @property
+    def axis_names(self) -> list[str]:
+        """Dotted paths of the axes, in grid order."""
+        return [name for name, _ in self.axes]
+
+    @property
+    def n_points(self) -> int:
+        """Number of points (product of the axis lengths; 1 for a grid without axes)."""
+        return math.prod(len(v) for _, v in self.axes)
+
+    @property
+    def seeds(self) -> list[int]:
+        """Seed of each replication: ``base_seed + k``."""
+        return [self.base_seed + k for k in range(self.replications)]
+
+    def point_values(self, i: int) -> tuple[Any, ...]:
+        """Axis values of point ``i`` (mixed radix, last axis fastest)."""
+        out: list[Any] = []
+        for _, vals in reversed(self.axes):
+            i, r = divmod(i, len(vals))
+            out.append(vals[r])
+        return tuple(reversed(out))
+
+    def point_overrides(self, i: int) -> dict[str, Any]:
+        """``{dotted path: value}`` of point ``i``, for :func:`~kvplan.sim.scenario.with_overrides`."""
+        return dict(zip(self.axis_names, self.point_values(i), strict=True))
+
+    def scenario(self, i: int) -> Scenario:
+        """The validated scenario of point ``i``."""
+        ov = self.point_overrides(i)
+        return with_overrides(self.base, ov) if ov else self.base
+
+    def fingerprint(self) -> str:
+        """sha256 of everything that determines the results (base, axes, replications, seeds, format)."""
+        payload = {
+            "format": FORMAT_VERSION,
+            "base": self.base.model_dump(mode="json"),
+            "axes": [[n, list(v)] for n, v in self.axes],
+            "replications": self.replications,
+            "base_seed": self.base_seed,
+        }
+        text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def with_replications(self, replications: int) -> Grid:
+        """The same grid with another replication count (validated)."""
+        if not isinstance(replications, int) or isinstance(replications, bool) or replications < 1:
+            raise input_error(f"{self.source}: replications", f"must be an integer >= 1, got {replications!r}")
+        return replace(self, replications=replications)
+
+
+# --- dotted paths -----------------------------------------------------------------------------------------
+
+
+def _members(ann: Any) -> list[Any]:
+    """Flatten Annotated / Optional / Union annotations into their member types."""
+    origin = typing.get_origin(ann)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(ann)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        out: list[Any] = []
+        for a in typing.get_args(ann):
+            out.extend(_members(a))
+        return out
+    return [ann]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _is_open_mapping(t: Any) -> bool:
+    return t is dict or typing.get_origin(t) is dict
+
+
+def scenario_paths() -> list[str]:
+    """Every dotted path a grid axis may name (sections, leaves, and every distribution's parameters)."""
+    out: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str, depth: int) -> None:
+        for name, f in model.model_fields.items():
+            path = f"{prefix}{name}"
+            out.append(path)
+            if depth > 4:
+                continue
+            for m in _members(f.annotation):
+                if _is_model(m):
+                    walk(m, path + ".", depth + 1)
+
+    walk(Scenario, "", 0)
+    return sorted(set(out))
+
+
+def check_path(path: str) -> None:
+    """Raise a one-line error unless ``path`` names a scenario field (inline model/hardware specs allowed)."""
+    parts = path.split(".")
+    types_now: list[Any] = [Scenario]
+    for depth, part in enumerate(parts):
+        nxt: list[Any] = []
+        open_map = False
+        for t in types_now:
+            if _is_model(t) and part in t.model_fields:
+                nxt.extend(_members(t.model_fields[part].annotation))
+            elif _is_open_mapping(t):
+                open_map = True
+        if open_map:
+            return  # inline model / hardware specs: validated per point
+        if not nxt:
+            parent = ".".join(parts[:depth])
+            known = [k for k in scenario_paths() if k.startswith(parent + ".") or not parent]
+            known = [k for k in known if k.count(".") == depth] or scenario_paths()
+            near = difflib.get_close_matches(".".join(parts[: depth + 1]), known, n=1, cutoff=0.3)
+            hint = f"did you mean '{near[0]}'?" if near else "`kvplan simulate --help` lists the fields"
+            where = ".".join(parts[: depth + 1])
+            raise input_error(f"axis '{path}'", f"unknown scenario field '{where}'", hint)
+        types_now = nxt
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+
+def _load_base(base: Any, where: str, base_dir: Path | None) -> Scenario:
+    if isinstance(base, Scenario):
+        return base
+    if isinstance(base, str | Path):
+        p = Path(base)
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        return load_scenario(p)
+    if isinstance(base, dict):
+        return scenario_from_dict(base, where=f"{where}: base")
+    raise input_error(f"{where}: base", "must be a scenario mapping or a path to a scenario YAML file")
+
+
+def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
+    """Validate point ``i``: pydantic, then preset/profile resolution and empirical files (cached by key)."""
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.workload import load_empirical_values
+
+    ov = grid.point_overrides(i)
+    try:
+        sc = with_overrides(grid.base, ov) if ov else grid.base
+        if sc.seed != grid.base.seed:
+            raise input_error("seed", "is set by the grid (seed + replication)", "remove 'seed' from the axes")
+        key = json.dumps(
+            sc.model_dump(mode="json", include={"model", "hardware", "profile", "deployment", "costs"}),
+            sort_keys=True,
+        )
+        if key not in resolved:
+            resolved[key] = resolve(sc)
+        for name in ("turns", "prefix_tokens", "user_tokens", "output_tokens", "turn_gap_s"):
+            dist = getattr(sc.workload, name)
+            if getattr(dist, "path", None):
+                fkey = f"file:{dist.path}:{dist.column}"
+                if fkey not in resolved:
+                    resolved[fkey] = load_empirical_values(dist.path, dist.column).size
+    except KvplanInputError as exc:
+        msg = str(exc).replace("scenario with overrides: ", "")
+        shown = json.dumps(ov, default=str)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        raise KvplanInputError(f"{grid.source}: point {i} {shown}: {msg}") from None
+
+
+def grid_from_dict(
+    data: Any, where: str = "grid", base_dir: Path | None = None, yes: bool = False, validate_points: bool = True
+) -> Grid:
+    """Validate a grid mapping into a :class:`Grid` (all points checked unless ``validate_points=False``).
+
+    Raises a one-line :class:`KvplanInputError` for unknown keys or dotted paths, empty/non-list axes,
+    bad replications/seed, more than :data:`MAX_POINTS` points without ``yes=True``, or any point whose
+    scenario does not validate. No simulation runs here.
+    """
+    if not isinstance(data, dict):
+        raise input_error(where, "a grid is a mapping with 'base:' and 'axes:'")
+    unknown = [k for k in data if k not in GRID_KEYS]
+    if unknown:
+        raise input_error(f"{where}: '{unknown[0]}'", "unknown grid key", f"use {', '.join(GRID_KEYS)}")
+    if "base" not in data:
+        raise input_error(where, "missing 'base:' (an inline scenario or a path to one)")
+    axes_raw = data.get("axes") or {}
+    if not isinstance(axes_raw, dict):
+        raise input_error(f"{where}: axes", "must be a mapping {dotted.path: [values, ...]}")
+    axes: list[tuple[str, tuple[Any, ...]]] = []
+    for name, vals in axes_raw.items():
+        if not isinstance(name, str) or not name:
+            raise input_error(f"{where}: axes", f"axis name {name!r} must be a dotted scenario path")
+        if not isinstance(vals, list):
+            raise input_error(f"{where}: axis '{name}'", f"must be a list of values, got {type(vals).__name__}")
+        if not vals:
+            raise input_error(f"{where}: axis '{name}'", "is empty", "give at least one value or remove the axis")
+        axes.append((name, tuple(vals)))
+    n_points = math.prod(len(v) for _, v in axes)
+    if n_points > MAX_POINTS and not yes:
+        raise input_error(
+            where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
+        )
+    reps = data.get("replications", 1)
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise input_error(f"{where}: replications", f"must be an integer >= 1, got {reps!r}")
+    for name, _ in axes:
+        if name == "seed" or name.startswith("seed."):
+            raise input_error(f"{where}: axis 'seed'", "seeds are set by the grid", "use replications and 'seed:'")
+        try:
+            check_path(name)
+        except KvplanInputError as exc:
+            raise KvplanInputError(f"{where}: {exc}") from None
+    base = _load_base(data["base"], where, base_dir)
+    seed = data.get("seed", base.seed)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
+    grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where)
+    if validate_points:
+        resolved: dict[str, Any] = {}
+        for i in range(grid.n_points):
+            _validate_point(grid, i, resolved)
+    return grid
+
+
+def load_grid(path: str | Path, yes: bool = False) -> Grid:
+    """Read and validate a grid YAML file (safe loader, size-bounded, one-line errors, every point checked)."""
+    p = Path(path)
+    if not p.is_file():
+        raise input_error(str(p), "no such grid file")
+    if p.stat().st_size > MAX_SCENARIO_BYTES:
+        raise input_error(str(p), "grid file larger than 4 MiB", "put large samples in empirical 'path' files")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise input_error(f"{p}{line}", f"YAML error: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
+    if data is None:
+        raise input_error(str(p), "empty grid file", "give 'base:' and 'axes:'")
+    return grid_from_dict(data, where=str(p), base_dir=p.parent, yes=yes)
+
+
+def as_grid(grid: Grid | dict[str, Any] | str | Path, yes: bool = False) -> Grid:
+    """Accept a :class:`Grid`, a grid mapping or a grid YAML path."""
+    if isinstance(grid, Grid):
+        if grid.n_points > MAX_POINTS and not yes:
+            raise input_error(grid.source, f"{grid.n_points:,} points (more than {MAX_POINTS:,})", "pass yes=True")
+        return grid
+    if isinstance(grid, dict):
+        return grid_from_dict(grid, yes=yes)
+    return load_grid(grid, yes=yes)

@@ -1,0 +1,44 @@
+"""Unloaded service-time estimate of one request from the cost model (for fitting idle turn gaps).
+
+A trace gives arrival-to-arrival gaps; the simulator's turn gap runs from the end of a response to the
+next arrival, so fitting a workload needs each parent's service time. Without a measured one, kvplan
+uses the calibrated costs on an idle deployment: proxy overheads + prefill of the whole prompt (chunked)
++ P->D transfer of the prompt + ``output`` decode steps at batch 1. Queueing is not included: fit from
+an uncongested deployment or from measured latencies when the trace has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
+from kvplan.models.costs import decode_steps_time_s, prefill_time_s, transfer_time_s
+from kvplan.sim.engine import resolve
+from kvplan.sim.scenario import Scenario
+
+
+def unloaded_service_time_fn(scenario: Scenario) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``f(input_tokens, output_tokens) -> seconds`` for the scenario's model, hardware and profile."""
+    rs = resolve(scenario)
+    c = rs.costs
+    tp = scenario.deployment.tensor_parallel_size
+    chunk = scenario.deployment.max_num_batched_tokens
+    per_rank = kv_bytes_per_token_per_rank(rs.arch, tp)
+    cross = scenario.deployment.cross_layer_blocks
+
+    def one(n_in: int, n_out: int) -> float:
+        n_in = max(int(n_in), 1)
+        t = c.overhead.p_leg_s + c.overhead.d_leg_s
+        t += prefill_time_s(c.prefill, n_in, 0, chunk)
+        t += transfer_time_s(c.transfer, n_in * per_rank, descriptors_per_transfer(rs.arch, n_in, cross))
+        t += decode_steps_time_s(c.decode, 1, n_in, max(int(n_out), 1))
+        return t
+
+    def f(input_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+        a = np.atleast_1d(np.asarray(input_tokens))
+        b = np.atleast_1d(np.asarray(output_tokens))
+        return np.array([one(x, y) for x, y in zip(a, b, strict=True)], dtype=float)
+
+    return f

@@ -3,7 +3,8 @@
 Runs the reference workload (benchmarks/reference.yaml: 1P1D p5en Qwen3-32B, 2,000 conversations x 10
 turns, Poisson arrivals near 60% prefill utilisation, bidirectional on) on one core and reports simulated
 turns per wall second (simulation plus deriving turns/summary from the event log), then runs 500..8,000
-conversations in fresh processes to show how peak memory (tracemalloc: Python and NumPy allocations) grows with the number of conversations.
+conversations in fresh processes to show how peak memory
+(tracemalloc: Python and NumPy allocations) grows with the number of conversations.
 Writes benchmarks/results/sim.json.
 
     .venv/bin/python benchmarks/bench_sim.py

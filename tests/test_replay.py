@@ -16,7 +16,8 @@ DATA = Path(__file__).parent / "data" / "traces"
 
 
 def _write_csv(path: Path, rows: list[tuple[str, float, int, int]]) -> Path:
-    path.write_text("session_id,timestamp_s,input_tokens,output_tokens\n" + "".join(f"{s},{t},{i},{o}\n" for s, t, i, o in rows))
+    body = "".join(f"{s},{t},{i},{o}\n" for s, t, i, o in rows)
+    path.write_text("session_id,timestamp_s,input_tokens,output_tokens\n" + body)
     return path
 
 

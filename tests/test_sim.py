@@ -18,7 +18,8 @@ def _check_conservation(t: pd.DataFrame) -> None:
     assert (ok["prompt_tokens"] == ok["local_hit_tokens"] + ok["pulled_tokens"] + ok["recomputed_tokens"]).all()
     assert (ok["failed_tokens"] == 0).all()
     # an errored turn computed nothing: what it did not get locally is counted as failed
-    assert (t["prompt_tokens"] == t["local_hit_tokens"] + t["pulled_tokens"] + t["recomputed_tokens"] + t["failed_tokens"]).all()
+    total = t["local_hit_tokens"] + t["pulled_tokens"] + t["recomputed_tokens"] + t["failed_tokens"]
+    assert (t["prompt_tokens"] == total).all()
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def sh(*args: str | Path, check: bool = True) -> int:
 
 def ensure_env(extras: str) -> None:
     """Create the venv and install kvplan (editable) with ``extras`` unless already up to date."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be run by an older python3
         sys.exit(f"kvplan needs Python >= 3.11, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating {VENV}", flush=True)

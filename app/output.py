@@ -26,6 +26,9 @@ def fmt_s(x: Any) -> str:
         return "n/a"
 
 
+TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
+
+
 def print_summary(result: Result, out: Path | None, as_json: bool = False) -> None:
     """Headline metrics with the assumptions they rest on."""
     s = result.summary
@@ -38,10 +41,11 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False) -> No
     t.add_column("value", justify="right")
     rows = [
         ("turns (errors)", f"{s['turns']} ({s['errors']})"),
-        ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
+        ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in TTFT_KEYS)),
         ("hit rate (follow-up turns reusing retained KV)", f"{s['hit_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
-        ("pulled / recomputed / local-hit tokens", f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),
+        ("pulled / recomputed / local-hit tokens",
+         f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),
         ("D->P / P->D bytes", f"{s['d2p_bytes'] / 2**30:.2f} GiB / {s['p2d_bytes'] / 2**30:.2f} GiB"),
         ("pinned decode KV mean / peak", f"{s['pinned_kv_gib_mean']:.2f} / {s['pinned_kv_gib_peak']:.2f} GiB"),
         ("decode KV capacity (all D nodes)", f"{s['decode_kv_capacity_gib']:.0f} GiB"),

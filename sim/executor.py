@@ -1,0 +1,264 @@
+"""Run many (scenario variant, seed) simulations in-process, on a local process pool, or on Ray.
+
+One task is ``(key, overrides, seed)`` against one base scenario: the worker re-validates
+``with_overrides(base, overrides)`` and calls the public ``run(scenario, seed)``, then returns one flat
+row (:func:`run_row`). All backends call the same function, so the rows are identical whatever runs them.
+
+* ``workers=1`` runs in this process (no pickling, no start-up cost).
+* ``backend='local'`` uses ``concurrent.futures.ProcessPoolExecutor`` with the ``forkserver`` context on
+  Linux (``spawn`` elsewhere): no inherited state, the same as a fresh interpreter.
+* ``backend='ray'`` (optional extra ``kvplan[ray]``, imported lazily) runs on ``ray.init(address)``, or on
+  a local Ray started for the call and shut down after it. Remote nodes need kvplan installed and any
+  empirical ``path:`` files present at the same path.
+
+At most ``2 x workers`` tasks are in flight, so a million-task sweep does not queue a million futures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.sim.events import Ev
+from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
+
+log = logging.getLogger(__name__)
+
+Task = tuple[Hashable, dict[str, Any], int]
+OnResult = Callable[[Hashable, dict[str, Any]], Iterable[Task] | None]
+BACKENDS = ("local", "ray")
+GIB = 1024**3
+
+_BASE_CACHE: dict[str, Scenario] = {}
+
+
+# --- one run -> one flat row -----------------------------------------------------------------------------
+
+
+def flatten_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """Scalar summary metrics as a flat dict: dicts flattened as ``decisions.pull``, bools as 0/1, strings dropped."""
+    out: dict[str, Any] = {}
+
+    def put(key: str, v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                put(f"{key}.{k}", x)
+        elif isinstance(v, bool | np.bool_):
+            out[key] = int(v)
+        elif isinstance(v, int | np.integer):
+            out[key] = int(v)
+        elif isinstance(v, float | np.floating):
+            out[key] = float(v)
+        elif v is None:
+            out[key] = float("nan")
+
+    for k, v in summary.items():
+        put(k, v)
+    return out
+
+
+def _window_mean(t: np.ndarray, v: np.ndarray, t_a: float, t_b: float) -> float:
+    """Time-weighted mean of the right-continuous step function (t, v) over [t_a, t_b] (0 before t[0])."""
+    if t_b <= t_a or len(t) == 0:
+        return float("nan")
+    edges = np.clip(np.append(t, np.inf), t_a, t_b)
+    dt = np.diff(edges)
+    return float((v * dt).sum() / (t_b - t_a))
+
+
+def run_extras(result: Any) -> dict[str, float]:
+    """Derived per-run metrics the sweep, the screen and the advisor need (pure functions of the result).
+
+    ``steady_pinned_kv_gib_mean``: pinned decode KV averaged over the steady window [t_a, t_b], where t_b
+    is the last conversation's first arrival and t_a = min(t_b / 2, TTL + p90 conversation span) (the
+    whole-run ``pinned_kv_gib_mean`` also averages the ramp-up and the drain after the last arrival).
+    ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
+    ``prefill_utilization_active``: P busy share until the last P leg ends; ``p_decide_p99_s``: p99 of
+    arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
+    """
+    ev = result.events
+    turns = result.turns
+    sc = result.scenario
+    out: dict[str, float] = {}
+    pin = ev[ev["kind"] == int(Ev.PIN)]
+    unpin = ev[ev["kind"] == int(Ev.UNPIN)]
+    n_pins = len(pin)
+    tok_s = float((unpin["a"] * unpin["t_s"]).sum() - (pin["a"] * pin["t_s"]).sum()) if n_pins else 0.0
+    out["pinned_token_s"] = tok_s
+    out["retention_mean_s"] = float((unpin["t_s"].sum() - pin["t_s"].sum()) / n_pins) if n_pins else 0.0
+    first = turns[turns["turn"] == 1]
+    t_b = float(first["arrival_s"].max()) if len(first) else 0.0
+    span = turns.groupby("conversation_id")["arrival_s"].agg(lambda s: s.max() - s.min())
+    span_p90 = float(np.percentile(span.to_numpy(), 90)) if len(span) else 0.0
+    ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional else 0.0
+    t_a = min(t_b / 2, ttl + span_p90)
+    series = result.pinned_series()
+    out["steady_window_s"] = max(t_b - t_a, 0.0)
+    out["steady_pinned_kv_gib_mean"] = (
+        _window_mean(series["t_s"].to_numpy(), series["pinned_gib"].to_numpy(), t_a, t_b) if len(series) else 0.0
+    )
+    s = result.summary
+    p_done = ev[ev["kind"] == int(Ev.P_DONE)]["t_s"]
+    t_p = float(p_done.max()) if len(p_done) else 0.0
+    util = float(s.get("prefill_utilization", 0.0))
+    out["prefill_utilization_active"] = util * float(s.get("sim_end_s", 0.0)) / t_p if t_p > 0 else 0.0
+    ok = turns[turns["decision"] != "error"]
+    out["d_queue_mean_s"] = float(ok["d_queue_s"].mean()) if len(ok) else float("nan")
+    out["mean_request_kv_tokens"] = float((turns["prompt_tokens"] + turns["output_tokens"]).mean()) if len(turns) else 0.0
+    dec = ev[ev["kind"] == int(Ev.P_DECISION)][["conv", "turn", "t_s"]].set_index(["conv", "turn"])
+    arr = ev[ev["kind"] == int(Ev.ARRIVE)][["conv", "turn", "t_s"]].set_index(["conv", "turn"])
+    delay = (dec["t_s"] - arr["t_s"].reindex(dec.index)).to_numpy()
+    out["p_decide_p99_s"] = float(np.percentile(delay, 99)) if len(delay) else 0.0
+    dur = sc.workload.arrival
+    out["finished_turns_per_s"] = float(len(turns) / s["sim_end_s"]) if s.get("sim_end_s") else 0.0
+    del dur
+    return out
+
+
+def run_row(scenario: Scenario, seed: int) -> dict[str, Any]:
+    """Simulate and return ``{'error': None, **flat summary, **extras}``; a failing run gives ``{'error': msg}``."""
+    from kvplan.sim.api import run
+
+    try:
+        result = run(scenario, seed)
+    except (KvplanInputError, RuntimeError, ValueError, ArithmeticError) as exc:
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+    row: dict[str, Any] = {"error": None}
+    row.update(flatten_summary(result.summary))
+    row.update(run_extras(result))
+    return row
+
+
+def run_task(base_dump: dict[str, Any], base_key: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Worker entry point: rebuild the base once per process, apply the overrides, run one seed."""
+    base = _BASE_CACHE.get(base_key)
+    if base is None:
+        base = scenario_from_dict(base_dump, where="sweep base")
+        _BASE_CACHE.clear()
+        _BASE_CACHE[base_key] = base
+    sc = with_overrides(base, overrides) if overrides else base
+    return run_row(sc, seed)
+
+
+# --- backends --------------------------------------------------------------------------------------------
+
+
+def _mp_context() -> Any:
+    if sys.platform.startswith("linux"):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["kvplan.sim.executor", "kvplan.sim.api"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def require_ray() -> Any:
+    """Import Ray or raise a one-line error naming the optional extra."""
+    try:
+        import ray
+    except ImportError:
+        raise input_error("--backend ray", "Ray is not installed", "pip install 'kvplan[ray]'") from None
+    return ray
+
+
+def run_tasks(
+    base: Scenario,
+    base_key: str,
+    tasks: Iterable[Task],
+    on_result: OnResult,
+    backend: str = "local",
+    workers: int = 1,
+    ray_address: str | None = None,
+) -> None:
+    """Run every task (and the follow-up tasks ``on_result`` returns), calling ``on_result(key, row)`` as each ends.
+
+    ``on_result`` runs in this process, one call at a time, in completion order.
+    """
+    if backend not in BACKENDS:
+        raise input_error("--backend", f"unknown backend '{backend}'", f"use one of {', '.join(BACKENDS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+    queue: deque[Task] = deque(tasks)
+    dump = base.model_dump(mode="python")
+    if backend == "ray":
+        _run_ray(dump, base_key, queue, on_result, workers, ray_address)
+    elif workers == 1:
+        while queue:
+            key, ov, seed = queue.popleft()
+            more = on_result(key, run_task(dump, base_key, ov, seed))
+            if more:
+                queue.extend(more)
+    else:
+        _run_pool(dump, base_key, queue, on_result, workers)
+
+
+def _run_pool(dump: dict[str, Any], base_key: str, queue: deque[Task], on_result: OnResult, workers: int) -> None:
+    window = 2 * workers
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
+        pending: dict[Future[dict[str, Any]], Hashable] = {}
+        try:
+            while queue or pending:
+                while queue and len(pending) < window:
+                    key, ov, seed = queue.popleft()
+                    pending[ex.submit(run_task, dump, base_key, ov, seed)] = key
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    key = pending.pop(fut)
+                    more = on_result(key, fut.result())
+                    if more:
+                        queue.extend(more)
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+
+
+def _run_ray(
+    dump: dict[str, Any], base_key: str, queue: deque[Task], on_result: OnResult, workers: int, address: str | None
+) -> None:
+    ray = require_ray()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network calls home
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        started = True
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", workers)) if address else workers
+        window = 2 * max(cpus, 1)
+        remote = ray.remote(num_cpus=1)(run_task)
+        base_ref = ray.put(dump)
+        pending: dict[Any, Hashable] = {}
+        while queue or pending:
+            while queue and len(pending) < window:
+                key, ov, seed = queue.popleft()
+                pending[remote.remote(base_ref, base_key, ov, seed)] = key
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                key = pending.pop(ref)
+                more = on_result(key, ray.get(ref))
+                if more:
+                    queue.extend(more)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def t_quantile_975(n: int) -> float:
+    """Two-sided 95% Student-t multiplier for ``n`` samples (NaN below 2)."""
+    if n < 2:
+        return math.nan
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1))

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             ttl_list = tuple(float(x) for x in ttls.split(",") if x.strip())
         except ValueError:
             raise input_error("--ttls", f"'{ttls}' is not a comma-separated list of seconds") from None
-        tr = load_trace(trace, fmt)  # type: ignore[arg-type]
+        tr = load_trace(trace, fmt)
         stats = workload_stats(tr, ttl_list, threshold)
         if json_out:
             typer.echo(json.dumps(json_ready(stats), indent=2, sort_keys=True))
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.scenario import Scenario, load_scenario
         from kvplan.sim.service import unloaded_service_time_fn
 
-        tr = load_trace(trace, fmt)  # type: ignore[arg-type]
+        tr = load_trace(trace, fmt)
         sc = load_scenario(scenario) if scenario is not None else Scenario()
         result = fit_workload(tr, unloaded_service_time_fn(sc), gap_model=gap_model)
         section = json_ready(workload_section(result))

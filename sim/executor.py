@@ -119,9 +119,7 @@ def run_extras(result: Any) -> dict[str, float]:
     arr = ev[ev["kind"] == int(Ev.ARRIVE)][["conv", "turn", "t_s"]].set_index(["conv", "turn"])
     delay = (dec["t_s"] - arr["t_s"].reindex(dec.index)).to_numpy()
     out["p_decide_p99_s"] = float(np.percentile(delay, 99)) if len(delay) else 0.0
-    dur = sc.workload.arrival
     out["finished_turns_per_s"] = float(len(turns) / s["sim_end_s"]) if s.get("sim_end_s") else 0.0
-    del dur
     return out
 
 

@@ -207,7 +207,7 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     sel, report = select(
         trace,
         time_scale=source.time_scale,
-        window_s=window,  # type: ignore[arg-type]
+        window_s=window,
         sample_sessions=source.sample_sessions,
         seed=seed,
         max_context_tokens=max_model_len,

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +41,58 @@ def dashboard_url(port: int, address: str) -> str:
     """The URL a browser on this machine opens (``localhost`` for the wildcard addresses)."""
     host = "localhost" if address in ("0.0.0.0", "::", "") else address
     return f"http://{host}:{port}"
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_dashboard(
+    port: int | None = None, address: str = "127.0.0.1", log: Path | None = None, timeout_s: float = 60.0
+) -> Iterator[str]:
+    """Run the dashboard server for the duration of a ``with`` block and yield its URL once healthy.
+
+    Used by the browser test and the re-render benchmark. The server is polled on ``/_stcore/health``
+    until it answers ``ok``; on exit it is terminated (killed after 10 s). Raises ``RuntimeError``
+    with the end of the server log when it exits or is not healthy within ``timeout_s``.
+    """
+    port = port or free_port(address)
+    cmd = [*streamlit_command(port, address), "--server.fileWatcherType", "none"]
+    out = log.open("wb") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://{address}:{port}"
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-2000:] if log is not None else "(no log)"
+
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with status {proc.returncode}: {tail()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    if resp.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit not healthy after {timeout_s:.0f} s: {tail()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log is not None and hasattr(out, "close"):
+            out.close()
 
 
 def register(app: typer.Typer) -> None:

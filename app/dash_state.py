@@ -1,7 +1,7 @@
 """Dashboard state: sidebar widgets -> frozen :class:`~kvplan.sim.scenario.Scenario` -> cached API calls.
 
 The pages only lay out what this module returns. Pure functions (:func:`build_scenario`,
-:func:`headline_metrics`, :func:`grid_points`, ...) take plain values and are tested without Streamlit;
+:func:`headline_metrics`, ...) take plain values and are tested without Streamlit;
 the Streamlit functions (:func:`scenario_sidebar`, :func:`run_view`, ...) wrap them. Every cached call is
 keyed on a hashable string, the scenario's canonical JSON (:func:`scenario_key`), never on a
 ``_``-prefixed argument (Streamlit does not hash those, so they would return stale results).
@@ -13,7 +13,6 @@ with :func:`optional_attr`: a module that is absent reads as "not available yet"
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -45,14 +44,14 @@ VLLM_DEFAULTS: dict[str, Any] = {
 #: Workload choice that is always available: the embedded published P5en benchmark (~50 turns, ~50 ms a run).
 PUBLISHED = "published P5en benchmark"
 CUSTOM = "custom distributions"
+#: ``sim.presets``' name of the same published benchmark (listed once, as :data:`PUBLISHED`).
+PRESET_PUBLISHED = "p5en-benchmark"
 #: Profile choice meaning "the shipped profile of the model on the hardware, or one extrapolated from it".
 AUTO_PROFILE = "auto (shipped, or extrapolated)"
 #: Session-state key of a profile JSON produced or uploaded on the Calibration page.
 SESSION_PROFILE = "kvplan_session_profile_json"
 #: Largest number of conversations the interactive what-if accepts (the CLI has no such limit).
 MAX_DASHBOARD_CONVERSATIONS = 5000
-#: Largest TTL x threshold grid the explorer runs.
-MAX_GRID_POINTS = 400
 DIST_KINDS = ("constant", "exponential", "lognormal", "uniform")
 DIST_PARAMS: dict[str, tuple[str, ...]] = {
     "constant": ("value",),
@@ -164,6 +163,7 @@ class ScenarioInputs:
     failure_policy: str = "fail"
     workload: str = PUBLISHED
     preset_rate_per_s: float | None = None
+    preset_conversations: int | None = None
     custom: CustomWorkload | None = None
     seed: int = 0
     extra: tuple[tuple[str, Any], ...] = field(default=())
@@ -193,12 +193,9 @@ def default_custom_workload() -> CustomWorkload:
 def preset_names() -> list[str]:
     """Workload choices: the published benchmark, the presets of ``sim.presets`` when present, custom."""
     names = [PUBLISHED]
-    mod = optional_module("sim.presets")
-    if mod is not None:
-        listed = getattr(mod, "PRESETS", None) or getattr(mod, "WORKLOAD_PRESETS", None)
-        if listed is None and callable(getattr(mod, "preset_names", None)):
-            listed = mod.preset_names()
-        names.extend(str(n) for n in (listed or ()) if str(n) not in names)
+    listing = optional_attr(["sim.presets"], "preset_names")
+    if listing is not None:
+        names.extend(str(n) for n in listing() if str(n) not in names and str(n) != PRESET_PUBLISHED)
     names.append(CUSTOM)
     return names
 
@@ -226,7 +223,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         preset = optional_attr(["sim.presets"], "preset_scenario")
         if preset is None:
             raise input_error("workload", f"preset '{inputs.workload}' needs kvplan.sim.presets, which is absent")
-        base = preset(inputs.workload, inputs.model, inputs.hardware, rate_per_s=inputs.preset_rate_per_s)
+        kw: dict[str, Any] = {"rate_per_s": inputs.preset_rate_per_s}
+        if inputs.preset_conversations is not None:
+            kw["conversations"] = inputs.preset_conversations
+        base = preset(inputs.workload, inputs.model, inputs.hardware, **kw)
     overrides: dict[str, Any] = {
         "model": inputs.model,
         "hardware": inputs.hardware,
@@ -282,7 +282,7 @@ def run_view_uncached(key: str) -> RunView:
     return RunView(result.summary, result.turns, result.pinned_series(), tuple(result.notes), time.perf_counter() - t0)
 
 
-@st.cache_data(max_entries=1024, show_spinner=False)
+@st.cache_data(max_entries=128, show_spinner=False)
 def run_view(key: str) -> RunView:
     """:func:`run_view_uncached`, cached on the scenario key (a JSON string)."""
     return run_view_uncached(key)
@@ -367,206 +367,6 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             value = f"{cur * scale:,.{digits}f} {unit}".rstrip()
         out.append(Metric(label, value, _delta(cur, base, unit, scale, digits), colour, help_text))
     return out
-
-
-# --- TTL x threshold grid (pure + cached runs) -----------------------------------------------------------------
-
-#: Default explorer grid: TTLs around the benchmark's ~16 s turn gaps up to past vLLM's 480 s, and
-#: thresholds from 0 to beyond its 24k-token pulls (where every pull turns into a recompute).
-DEFAULT_GRID_TTLS = "0, 5, 10, 15, 20, 30, 60, 120, 480, 900"
-DEFAULT_GRID_THRESHOLDS = "0, 64, 1024, 8192, 32768"
-#: Replications of ``sim.advice.recommend`` the dashboard asks for (its default).
-DEFAULT_REPLICATIONS = 3
-
-GRID_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "errors", "pinned_kv_gib_mean", "pinned_kv_gib_peak")
-
-
-def parse_number_list(text: str, name: str, *, integer: bool = False, max_items: int = 30) -> list[float]:
-    """Parse ``"1, 5, 30"`` into sorted unique non-negative numbers (one-line error naming ``name``)."""
-    parts = [p for p in text.replace(";", ",").replace(" ", ",").split(",") if p.strip()]
-    if not parts:
-        raise input_error(name, "no values", "give comma-separated numbers, e.g. 30, 120, 480")
-    values: set[float] = set()
-    for p in parts:
-        try:
-            v = float(p)
-        except ValueError:
-            raise input_error(name, f"'{p.strip()}' is not a number", "give comma-separated numbers") from None
-        if not math.isfinite(v) or v < 0:
-            raise input_error(name, f"{p.strip()} must be a finite number >= 0")
-        if integer and v != int(v):
-            raise input_error(name, f"{p.strip()} must be a whole number of tokens")
-        values.add(float(int(v)) if integer else v)
-    if len(values) > max_items:
-        raise input_error(name, f"{len(values)} values, more than {max_items}", "use fewer grid values")
-    return sorted(values)
-
-
-def grid_points(base: Scenario, ttls_s: Sequence[float], thresholds: Sequence[float]) -> list[tuple[float, float, str]]:
-    """``(ttl_s, threshold_tokens, scenario_key)`` for every grid point (bidirectional on, router TTL kept
-    below the decode TTL as the proxy requires: min(router TTL, TTL))."""
-    if len(ttls_s) * len(thresholds) > MAX_GRID_POINTS:
-        raise input_error("grid", f"{len(ttls_s) * len(thresholds)} points, more than {MAX_GRID_POINTS}")
-    router = base.policy.router_ttl_s
-    points = []
-    for th in thresholds:
-        for ttl in ttls_s:
-            sc = variant(base, {
-                "policy.bidirectional": True,
-                "policy.decoder_kv_blocks_ttl_s": float(ttl),
-                "policy.kv_recompute_threshold_tokens": int(th),
-                "policy.router_ttl_s": min(router, float(ttl)),
-            })
-            points.append((float(ttl), float(th), scenario_key(sc)))
-    return points
-
-
-def grid_frame(points: Sequence[tuple[float, float, str]], progress: Callable[[float, str], None] | None = None,
-               runner: Callable[[str], RunView] | None = None) -> pd.DataFrame:
-    """Run every grid point (cached) and return one row per point with :data:`GRID_METRICS`."""
-    runner = runner or run_view
-    rows = []
-    for i, (ttl, th, key) in enumerate(points):
-        s = runner(key).summary
-        rows.append({"ttl_s": ttl, "threshold_tokens": th, **{m: s[m] for m in GRID_METRICS}})
-        if progress is not None:
-            progress((i + 1) / len(points), f"point {i + 1}/{len(points)}: TTL {ttl:g} s, threshold {th:g}")
-    return pd.DataFrame(rows)
-
-
-def grid_state_key(points: Sequence[tuple[float, float, str]]) -> str:
-    """Session-state key of a grid's results: a digest of every point's scenario key."""
-    digest = hashlib.sha256("\n".join(k for _, _, k in points).encode()).hexdigest()[:24]
-    return f"kvplan_grid_{digest}"
-
-
-def grid_marks(scenario: Scenario, recommendation: Mapping[str, Any] | None) -> dict[str, tuple[float, float]]:
-    """Points to mark on the heatmaps: the recommendation (when computed), the vLLM defaults, the sidebar's."""
-    marks: dict[str, tuple[float, float]] = {}
-    if recommendation and "decoder_kv_blocks_ttl_s" in recommendation:
-        marks["recommended"] = (float(recommendation["decoder_kv_blocks_ttl_s"]),
-                                float(recommendation["kv_recompute_threshold_tokens"]))
-    marks["vLLM defaults"] = (float(VLLM_DEFAULTS["policy.decoder_kv_blocks_ttl_s"]),
-                              float(VLLM_DEFAULTS["policy.kv_recompute_threshold_tokens"]))
-    current = (scenario.policy.decoder_kv_blocks_ttl_s, float(scenario.policy.kv_recompute_threshold_tokens))
-    if current not in marks.values():
-        marks["sidebar"] = current
-    return marks
-
-
-# --- advice (sim.advice, issue 4) ------------------------------------------------------------------------------
-
-
-def recommend_fn() -> Callable[..., Any] | None:
-    """``kvplan.sim.advice.recommend`` when that module exists, else ``None``."""
-    return optional_attr(["sim.advice"], "recommend")
-
-
-def recommendation_dict(scenario: Scenario, slo_ttft_p90_ms: float | None, decode_hbm_budget_gib: float | None,
-                        replications: int, progress: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Run ``sim.advice.recommend`` and return its ``to_json()`` as a dict (raises if the module is absent)."""
-    fn = recommend_fn()
-    if fn is None:
-        raise input_error("advice", "kvplan.sim.advice is not available in this build")
-    rec = fn(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
-             replications=replications, progress=progress)
-    out = rec.to_json() if hasattr(rec, "to_json") else rec
-    if isinstance(out, str | bytes):
-        out = json.loads(out)
-    if not isinstance(out, dict):
-        raise input_error("advice", f"recommend() returned {type(out).__name__}, expected a JSON object")
-    return out
-
-
-def advice_key(scenario: Scenario, slo: float | None, budget: float | None, replications: int) -> str:
-    """Session-state key of a recommendation (the scenario key plus the advice inputs)."""
-    return json.dumps([scenario_key(scenario), slo, budget, replications])
-
-
-@dataclass(frozen=True)
-class AdviceView:
-    """A recommendation laid out for the page: settings, metrics table, rationale lines, config snippets."""
-
-    settings: tuple[tuple[str, str], ...]
-    comparison: pd.DataFrame
-    rationale: tuple[str, ...]
-    configs: tuple[tuple[str, str], ...]
-
-
-_RATIONALE_KEYS = ("rationale", "binding_constraint", "rules", "assumptions", "warnings", "notes", "why")
-
-
-def _lines(value: Any, prefix: str = "") -> list[str]:
-    if value is None or value == "" or value == [] or value == {}:
-        return []
-    if isinstance(value, str):
-        return [f"{prefix}{value}"]
-    if isinstance(value, Mapping):
-        out: list[str] = []
-        for k, v in value.items():
-            sub = _lines(v)
-            out.extend([f"{prefix}{k}: {sub[0]}", *sub[1:]] if len(sub) == 1 else [f"{prefix}{k}:", *sub])
-        return out
-    if isinstance(value, Sequence):
-        return [line for v in value for line in _lines(v, prefix)]
-    return [f"{prefix}{value}"]
-
-
-def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:
-    """Copyable ``--kv-transfer-config`` lines: one per server role when the config has roles, else one."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError:
-            return [("--kv-transfer-config", config)]
-    roles = {k: v for k, v in config.items() if isinstance(v, Mapping)} if isinstance(config, Mapping) else {}
-    known = [k for k in roles if k.lower() in ("prefill", "decode", "producer", "consumer", "p", "d")]
-    items = [(f"{k} server", roles[k]) for k in known] if known else [("prefill and decode servers", config)]
-    return [(title, f"--kv-transfer-config '{json.dumps(cfg, separators=(',', ':'), sort_keys=True)}'")
-            for title, cfg in items]
-
-
-def advice_view(rec: Mapping[str, Any]) -> AdviceView:
-    """Lay out ``Recommendation.to_json()`` (keys of issue 4: decoder_kv_blocks_ttl_s, kv_recompute_threshold_tokens,
-    router_ttl_s, kv_transfer_config, expected, baseline; any further comparison or rationale keys are shown too)."""
-    settings = [
-        ("decoder_kv_blocks_ttl", f"{float(rec['decoder_kv_blocks_ttl_s']):g} s"),
-        ("kv_recompute_threshold", f"{int(rec['kv_recompute_threshold_tokens'])} tokens"),
-        ("router TTL", f"{float(rec['router_ttl_s']):g} s"),
-    ]
-    columns = {"expected": "recommended", "baseline": "vLLM defaults"}
-    for k, v in rec.items():
-        if k not in columns and isinstance(v, Mapping) and k in ("bidirectional_off", "off", "baseline_off"):
-            columns[k] = "bidirectional off"
-    table: dict[str, dict[str, Any]] = {}
-    for key, title in columns.items():
-        metrics = rec.get(key)
-        if isinstance(metrics, Mapping):
-            table[title] = {m: v for m, v in metrics.items() if isinstance(v, int | float | str | None)}
-    comparison = pd.DataFrame(table)
-    rationale = [line for k in _RATIONALE_KEYS for line in _lines(rec.get(k))]
-    return AdviceView(tuple(settings), comparison, tuple(rationale),
-                      tuple(kv_transfer_config_snippets(rec.get("kv_transfer_config", {}))))
-
-
-def progress_adapter(bar: Any, label: str) -> Callable[..., None]:
-    """A progress callback for APIs that report ``(done, total)``, ``(fraction,)`` or ``(done, total, text)``."""
-
-    def cb(*args: Any, **_kw: Any) -> None:
-        frac = 0.0
-        text = label
-        nums = [a for a in args if isinstance(a, int | float) and not isinstance(a, bool)]
-        if len(nums) >= 2 and nums[1]:
-            frac = nums[0] / nums[1]
-            text = f"{label}: {nums[0]:g}/{nums[1]:g}"
-        elif len(nums) == 1:
-            frac = nums[0]
-        strs = [a for a in args if isinstance(a, str)]
-        if strs:
-            text = f"{label}: {strs[0]}"
-        bar.progress(min(max(float(frac), 0.0), 1.0), text=text)
-
-    return cb
 
 
 # --- reproduce (calibration, issue 3) ----------------------------------------------------------------------
@@ -689,25 +489,50 @@ def scenario_sidebar() -> Scenario | None:
     names = preset_names()
     workload = _w(sb.selectbox, "workload", "workload", options=names, index=0)
     rate: float | None = None
+    conversations: int | None = None
     custom = None
     if workload == CUSTOM:
         custom = _custom_workload_widgets()
     elif workload != PUBLISHED:
-        r = _w(sb.number_input, "rate (conversations/s, 0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
+        r = _w(sb.number_input, "new conversations per s (0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
                step=0.05)
+        n = _w(sb.number_input, "conversations (0 = preset's)", "preset_conversations", min_value=0,
+               max_value=MAX_DASHBOARD_CONVERSATIONS, value=0, step=100,
+               help="Presets simulate about an hour of arrivals (0.5-1 s a run); fewer conversations re-render faster.")
         rate = float(r) or None
+        conversations = int(n) or None
     seed = _w(sb.number_input, "seed", "seed", min_value=0, value=0, step=1)
     inputs = ScenarioInputs(
         model=str(model), hardware=str(hardware), profile=profile, prefill_nodes=int(p_nodes),
         decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_prefix_caching=bool(p_cache),
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
-        failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate, custom=custom, seed=int(seed),
+        failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
+        preset_conversations=conversations, custom=custom, seed=int(seed),
     )
     try:
         return build_scenario(inputs)
     except KvplanInputError as exc:
         sb.error(str(exc))
         return None
+
+
+def page_guard() -> None:
+    """Make sure the page runs inside ``app/dashboard.py``'s ``st.navigation``, not Streamlit's legacy mode.
+
+    Streamlit treats a ``pages/`` folder next to the entry script as the old multipage layout until
+    ``st.navigation`` is first called in the server process, so a first visit straight to a page URL
+    (``/explorer``) would run the page alone (file names as the menu, no page config). The guard switches
+    that legacy mode off exactly as ``st.navigation`` does and reruns, so the entry script routes the same
+    URL to its page. Under ``AppTest`` (which re-detects the folder on every run) the page just renders,
+    since a rerun there would drop the widget event being tested.
+    """
+    from streamlit import config
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        if not config.get_option("global.appTest"):
+            st.rerun()
 
 
 def show_error(exc: BaseException) -> None:

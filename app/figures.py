@@ -48,8 +48,9 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, **kw: Any) -
         title=title,
         xaxis_title=x_title,
         yaxis_title=y_title,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        # legend under the plot, so that long legends never cover the title
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
         **kw,
     )
     return fig
@@ -82,7 +83,8 @@ def ttft_distribution(runs: Mapping[str, pd.DataFrame]) -> go.Figure:
         )
         p90 = float(np.percentile(x, 90))
         fig.add_vline(x=p90, line={"dash": "dot", "color": colour, "width": 1},
-                      annotation_text=f"{label} p90 {p90:.0f} ms", annotation_position="top left")
+                      annotation_text=f"{label} p90 {p90:.0f} ms", annotation_font_color=colour,
+                      annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4])
     return _layout(fig, "TTFT distribution: bidirectional ON vs OFF", "TTFT (ms)", "fraction of turns",
                    yaxis={"range": [0, 1.02], "tickformat": ".0%"})
 
@@ -119,8 +121,8 @@ def ttft_split(turns: pd.DataFrame) -> go.Figure:
                 go.Bar(x=x, y=frame[label], name=label, marker_color=colour,
                        hovertemplate=f"{label}: %{{y:.1f}} ms<extra></extra>")
             )
-    return _layout(fig, "Where the time to first token goes (mean per decision, turns in brackets)",
-                   "P decision", "mean TTFT component (ms)", barmode="stack")
+    return _layout(fig, "TTFT split per P decision (mean; turns in brackets)", "P decision",
+                   "mean TTFT component (ms)", barmode="stack")
 
 
 def decision_mix(summaries: Mapping[str, Mapping[str, Any]]) -> go.Figure:
@@ -135,6 +137,8 @@ def decision_mix(summaries: Mapping[str, Mapping[str, Any]]) -> go.Figure:
                 hovertemplate=f"{label}: %{{x}} %{{y}} turns<extra></extra>",
             )
         )
+    fig.update_xaxes(tickvals=list(DECISIONS), ticktext=[d.replace("_below_", "<br>below ") for d in DECISIONS],
+                     tickangle=0)
     return _layout(fig, "Decision mix (turns per P decision)", "decision", "turns", barmode="group")
 
 
@@ -185,7 +189,7 @@ def grid_heatmap(
     """Heatmap of ``grid[value] * scale`` over TTL (x) and threshold (y), with labelled points marked.
 
     ``grid`` has one row per point with ``ttl_s``, ``threshold_tokens``, ``value`` and optionally
-    ``hit_rate`` and ``errors`` (shown on hover). Axes are ordered categories (the grid is usually
+    ``<value>_ci95``, ``hit_rate`` and ``errors`` (shown on hover). Axes are ordered categories (the grid is usually
     geometric); ``marks`` maps a label to a ``(ttl_s, threshold_tokens)`` point, placed between
     categories by log interpolation when it is not on the grid.
     """
@@ -197,10 +201,13 @@ def grid_heatmap(
         i, j = ths.index(float(row["threshold_tokens"])), ttls.index(float(row["ttl_s"]))
         z[i, j] = float(row[value]) * scale
         extra = []
+        ci = float(row.get(f"{value}_ci95", math.nan)) * scale
+        if math.isfinite(ci):
+            extra.append(f"95% CI +/- {ci:.1f}")
         if "hit_rate" in row:
             extra.append(f"hit rate {float(row['hit_rate']):.0%}")
         if "errors" in row:
-            extra.append(f"errors {int(row['errors'])}")
+            extra.append(f"errors {float(row['errors']):g}")
         text[i, j] = ", ".join(extra)
     fig = go.Figure(
         go.Heatmap(
@@ -303,4 +310,36 @@ def parsed_points(frame: pd.DataFrame, x: str, y: str, colour: str | None, title
     groups = frame.groupby(colour, sort=True) if colour else [("points", frame)]
     for name, sub in groups:
         fig.add_trace(go.Scatter(x=sub[x], y=sub[y], mode="markers", name=str(name), marker={"size": 6, "opacity": 0.7}))
-    return _layout(fig, title, x_title, y_title)
+    return _layout(fig, title, x_title, y_title, legend_title_text=colour or "")
+
+
+def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = None,
+              baseline_ttft_mean_s: float | None = None) -> go.Figure:
+    """The advisor's TTL sweep: mean TTFT (ms, left) and pinned decode KV (GiB, right) against the TTL.
+
+    ``curve`` rows carry ``ttl_s``, ``ttft_mean_s`` and ``pinned_kv_gib_mean`` (``sim.advice``'s
+    ``ttl_curve``); the chosen TTL is a vertical line, TTFT with bidirectional off a horizontal one.
+    """
+    from plotly.subplots import make_subplots
+
+    frame = pd.DataFrame(list(curve))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    if not frame.empty:
+        frame = frame.sort_values("ttl_s")
+        fig.add_trace(go.Scatter(x=frame["ttl_s"], y=frame["ttft_mean_s"] * MS_PER_S, mode="lines+markers",
+                                 name="mean TTFT (ms)", line={"color": "#1f77b4"},
+                                 hovertemplate="TTL %{x:g} s: %{y:.1f} ms<extra></extra>"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=frame["ttl_s"], y=frame["pinned_kv_gib_mean"], mode="lines+markers",
+                                 name="pinned decode KV mean (GiB)", line={"color": "#ff7f0e", "dash": "dot"},
+                                 hovertemplate="TTL %{x:g} s: %{y:.1f} GiB<extra></extra>"), secondary_y=True)
+    if chosen_ttl_s is not None and chosen_ttl_s > 0:
+        # shapes on a log axis take log10 coordinates
+        fig.add_vline(x=math.log10(chosen_ttl_s), line={"color": "#2ca02c", "dash": "dash"},
+                      annotation_text=f"recommended {chosen_ttl_s:g} s", annotation_position="top left")
+    if baseline_ttft_mean_s is not None and math.isfinite(baseline_ttft_mean_s):
+        fig.add_hline(y=baseline_ttft_mean_s * MS_PER_S, line={"color": "#d62728", "dash": "dot"},
+                      annotation_text="bidirectional off", annotation_position="bottom right")
+    fig.update_xaxes(type="log", title_text="decoder_kv_blocks_ttl (s)")
+    fig.update_yaxes(title_text="mean TTFT (ms)", secondary_y=False)
+    fig.update_yaxes(title_text="pinned decode KV mean (GiB)", secondary_y=True, rangemode="tozero")
+    return _layout(fig, "TTL sweep behind the advice", "decoder_kv_blocks_ttl (s)", "mean TTFT (ms)")

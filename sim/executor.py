@@ -83,7 +83,7 @@ def run_extras(result: Any) -> dict[str, float]:
     is the last conversation's first arrival and t_a = min(t_b / 2, TTL + p90 conversation span) (the
     whole-run ``pinned_kv_gib_mean`` also averages the ramp-up and the drain after the last arrival).
     ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
-    ``prefill_utilization_active``: P busy share until the last P leg ends; ``p_decide_p99_s``: p99 of
+    ``p_decide_p99_s``: p99 of
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
     """
     ev = result.events
@@ -98,7 +98,8 @@ def run_extras(result: Any) -> dict[str, float]:
     out["retention_mean_s"] = float((unpin["t_s"].sum() - pin["t_s"].sum()) / n_pins) if n_pins else 0.0
     first = turns[turns["turn"] == 1]
     t_b = float(first["arrival_s"].max()) if len(first) else 0.0
-    span = turns.groupby("conversation_id")["arrival_s"].agg(lambda s: s.max() - s.min())
+    by_conv = turns.groupby("conversation_id")["arrival_s"]
+    span = by_conv.max() - by_conv.min()
     span_p90 = float(np.percentile(span.to_numpy(), 90)) if len(span) else 0.0
     ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional else 0.0
     t_a = min(t_b / 2, ttl + span_p90)
@@ -108,10 +109,6 @@ def run_extras(result: Any) -> dict[str, float]:
         _window_mean(series["t_s"].to_numpy(), series["pinned_gib"].to_numpy(), t_a, t_b) if len(series) else 0.0
     )
     s = result.summary
-    p_done = ev[ev["kind"] == int(Ev.P_DONE)]["t_s"]
-    t_p = float(p_done.max()) if len(p_done) else 0.0
-    util = float(s.get("prefill_utilization", 0.0))
-    out["prefill_utilization_active"] = util * float(s.get("sim_end_s", 0.0)) / t_p if t_p > 0 else 0.0
     ok = turns[turns["decision"] != "error"]
     out["d_queue_mean_s"] = float(ok["d_queue_s"].mean()) if len(ok) else float("nan")
     out["mean_request_kv_tokens"] = float((turns["prompt_tokens"] + turns["output_tokens"]).mean()) if len(turns) else 0.0

@@ -12,6 +12,8 @@ from kvplan.errors import KvplanInputError
 from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.hardware import HARDWARE_PRESETS
 
+ds.page_guard()
+
 st.title("Calibration")
 st.caption(f"Traces in the formats of `kvplan calibrate`: {', '.join(du.CALIBRATE_FORMATS)} "
            f"(format detected from the content; at most {du.MAX_UPLOAD_MB} MiB per file; nothing is evaluated).")

@@ -2,52 +2,73 @@
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 from kvplan.app import dash_state as ds
+from kvplan.app import dash_sweeps as sw
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
 
+ds.page_guard()
+
 scenario = ds.scenario_sidebar()
 st.title("TTL x threshold explorer")
-st.caption("Every grid point is the sidebar scenario with bidirectional on, that TTL and threshold, and the router "
-           "TTL capped at the decode TTL. Points are simulated on the button (cached per scenario).")
+st.caption("Every grid point is the sidebar scenario with bidirectional on, that decoder_kv_blocks_ttl and "
+           "kv_recompute_threshold, and a router TTL that expires before the blocks (TTL - 5 s margin - 1 s, as the "
+           "advisor sets it), simulated with kvplan.sim.sweep.run_grid when you press the button.")
 if scenario is None:
     st.stop()
-c1, c2 = st.columns(2)
-ttl_text = c1.text_input("decoder_kv_blocks_ttl values (s)", ds.DEFAULT_GRID_TTLS, key="grid_ttls")
-th_text = c2.text_input("kv_recompute_threshold values (tokens)", ds.DEFAULT_GRID_THRESHOLDS, key="grid_thresholds")
-with_advice = st.checkbox("also compute the recommendation (kvplan.sim.advice)", value=ds.recommend_fn() is not None,
-                          disabled=ds.recommend_fn() is None, key="grid_with_advice")
 try:
-    points = ds.grid_points(scenario, ds.parse_number_list(ttl_text, "TTL values"),
-                            ds.parse_number_list(th_text, "threshold values", integer=True))
+    can_sweep = sw.run_grid_fn() is not None
+    can_advise = sw.recommend_fn() is not None
 except KvplanInputError as exc:
     ds.show_error(exc)
     st.stop()
-grid_key = ds.grid_state_key(points)
-if st.button(f"Run the grid ({len(points)} points)", type="primary", key="grid_run"):
+if not can_sweep:
+    st.info("Not available yet: kvplan.sim.sweep (batch sweeps) is not in this build.")
+    st.stop()
+c1, c2 = st.columns(2)
+ttl_text = c1.text_input("decoder_kv_blocks_ttl values (s)", sw.DEFAULT_GRID_TTLS, key="grid_ttls")
+th_text = c2.text_input("kv_recompute_threshold values (tokens)", sw.DEFAULT_GRID_THRESHOLDS, key="grid_thresholds")
+c1, c2, c3 = st.columns(3)
+reps = c1.number_input("replications per point", min_value=1, max_value=10, value=1, key="grid_reps")
+workers = c2.number_input("worker processes", min_value=1, max_value=os.cpu_count() or 1, value=1, key="grid_workers",
+                          help="1 runs in this process (fastest for small scenarios).")
+with_advice = c3.checkbox("also compute the recommendation", value=can_advise, disabled=not can_advise,
+                          key="grid_with_advice", help="kvplan.sim.advice.recommend on the sidebar scenario.")
+try:
+    spec = sw.grid_spec(scenario, sw.parse_number_list(ttl_text, "TTL values"),
+                        sw.parse_number_list(th_text, "threshold values", integer=True), int(reps))
+except KvplanInputError as exc:
+    ds.show_error(exc)
+    st.stop()
+advice_key = sw.advice_key(scenario, None, None, sw.DEFAULT_REPLICATIONS)
+if st.button(f"Run the grid ({spec.n_runs} simulations)", type="primary", key="grid_run"):
     bar = st.progress(0.0, text="simulating the grid")
     try:
-        st.session_state[grid_key] = ds.grid_frame(points, progress=lambda f, t: bar.progress(f, text=t))
-        if with_advice:
-            key = ds.advice_key(scenario, None, None, ds.DEFAULT_REPLICATIONS)
-            st.session_state[key] = ds.recommendation_dict(
-                scenario, None, None, ds.DEFAULT_REPLICATIONS, progress=ds.progress_adapter(bar, "recommendation"))
+        st.session_state[spec.state_key] = sw.grid_frame(spec, lambda f, t: bar.progress(f, text=t), int(workers))
+        if with_advice and can_advise:
+            st.session_state[advice_key] = sw.recommendation_dict(
+                scenario, None, None, sw.DEFAULT_REPLICATIONS, progress=sw.progress_adapter(bar, "recommendation"))
     except KvplanInputError as exc:
         ds.show_error(exc)
     bar.empty()
 
-grid = st.session_state.get(grid_key)
+grid = st.session_state.get(spec.state_key)
 if grid is None:
     st.info("Set the grid and press the button.")
     st.stop()
-marks = ds.grid_marks(scenario, st.session_state.get(ds.advice_key(scenario, None, None, ds.DEFAULT_REPLICATIONS)))
-if ds.recommend_fn() is None:
+marks = sw.grid_marks(scenario, st.session_state.get(advice_key))
+ttft_stat = st.segmented_control("TTFT statistic", list(sw.TTFT_STATS), default="p90", key="grid_ttft_stat",
+                                 help="The benchmark's p90 is set by its first turns (always a miss); mean shows reuse.")
+ttft_col = sw.TTFT_STATS.get(str(ttft_stat), "ttft_p90_s")
+if not can_advise:
     st.info("Recommended point: not available yet (kvplan.sim.advice is not in this build); vLLM defaults marked.")
 left, right = st.columns(2)
-left.plotly_chart(figures.grid_heatmap(grid, "ttft_p90_s", "TTFT p90 (ms), turns without error", "ms", marks,
-                                       scale=1000.0, reverse=True), key="heat_ttft")
+left.plotly_chart(figures.grid_heatmap(grid, ttft_col, f"TTFT {ttft_stat or 'p90'} (ms), turns without error", "ms",
+                                       marks, scale=1000.0, reverse=True), key="heat_ttft")
 right.plotly_chart(figures.grid_heatmap(grid, "pinned_kv_gib_mean", "Pinned decode KV, time-weighted mean (GiB)",
                                         "GiB", marks, reverse=True), key="heat_hbm")
-st.dataframe(grid, hide_index=True)
+st.dataframe(sw.grid_display(grid), hide_index=True)

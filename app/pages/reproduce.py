@@ -9,6 +9,8 @@ from kvplan.app import dash_upload as du
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
 
+ds.page_guard()
+
 st.title("Reproduce the published P5en measurements")
 st.caption("1P1D p5en TP8, prefix caching off on P, 10 conversations x 5 turns, 2 clients; ON = bidirectional "
            "KV transfer with vLLM's defaults. Published: the write-up's end points; kvplan: the simulated benchmark.")

@@ -8,6 +8,8 @@ from kvplan.app import dash_state as ds
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
 
+ds.page_guard()
+
 scenario = ds.scenario_sidebar()
 st.title("What-if: bidirectional KV transfer")
 if scenario is None:
@@ -45,4 +47,5 @@ with st.expander("Assumptions and per-turn records"):
     for note in w.current.notes:
         st.markdown(f"- {note}")
     st.dataframe(w.current.turns, hide_index=True)
-st.caption(f"Simulated with kvplan.sim.api.run in {w.sim_wall_s * 1000:.0f} ms (4 runs, cached per scenario).")
+st.caption(f"Four kvplan.sim.api.run calls (this scenario, ON, OFF, vLLM defaults) took {w.sim_wall_s * 1000:.0f} ms "
+           "when first computed; each is cached on its scenario.")

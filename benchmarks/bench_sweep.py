@@ -1,0 +1,140 @@
+"""Sweep throughput benchmark (issue 4, acceptance 5).
+
+A 100-point grid of the reference workload (benchmarks/reference.yaml: 2,000 conversations x 10 turns =
+20,000 turns per run): ``policy.decoder_kv_blocks_ttl_s`` (10 values, 60-240 s) x ``workload.turn_gap_s.mean``
+(10 values, 1-10 s), one replication, run through ``run_grid`` with the local backend on 1 worker
+(in-process) and on 2 workers (process pool), each writing its parquet file. Reports points per minute,
+the speedup of 2 workers over 1, checks the two files are byte-identical, and profiles one run to show
+where the simulator's time goes. Writes benchmarks/results/sweep.json.
+
+    .venv/bin/python benchmarks/bench_sweep.py [--points N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REF = HERE / "reference.yaml"
+TARGET_POINTS_PER_MIN = 50
+TARGET_SPEEDUP = 1.7
+
+
+def grid(points: int) -> dict[str, object]:
+    """The benchmark grid: TTL x mean turn gap, ``points`` points (a multiple of 10)."""
+    n_ttl = 10
+    n_gap = max(points // n_ttl, 1)
+    return {
+        "base": str(REF),
+        "axes": {
+            "policy.decoder_kv_blocks_ttl_s": [60 + 20 * i for i in range(n_ttl)],
+            "workload.turn_gap_s.mean": [1.0 + i for i in range(n_gap)],
+        },
+        "replications": 1,
+    }
+
+
+def profile_one() -> dict[str, float]:
+    """Seconds per component of one reference run (cProfile total time grouped by module)."""
+    from kvplan.sim.api import run
+    from kvplan.sim.scenario import load_scenario
+
+    sc = load_scenario(REF)
+    run(sc)
+    t = time.perf_counter()
+    run(sc)
+    wall = time.perf_counter() - t
+    prof = cProfile.Profile()
+    prof.enable()
+    run(sc)
+    prof.disable()
+    st = pstats.Stats(prof)
+    groups: dict[str, float] = {}
+    total = 0.0
+    for (file, _line, func), (_cc, _nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        total += tt
+        f = file.replace("\\", "/")
+        if "/simpy/" in f:
+            key = "simpy event loop (simpy/*)"
+        elif "/sim/link.py" in f or ("/sim/context.py" in f and func == "transfer"):
+            key = "link + transfers (sim/link.py, Ctx.transfer)"
+        elif "/sim/prefill.py" in f:
+            key = "prefill node (sim/prefill.py)"
+        elif "/sim/decode.py" in f:
+            key = "decode node (sim/decode.py)"
+        elif "/sim/engine.py" in f or "/sim/router.py" in f:
+            key = "driver + router (sim/engine.py, sim/router.py)"
+        elif "/sim/results.py" in f or "/pandas/" in f or "numpy" in f:
+            key = "results from the event log (sim/results.py, pandas, numpy)"
+        elif "/sim/workload.py" in f:
+            key = "workload draws (sim/workload.py)"
+        elif "heapq" in func or "heappush" in func or "heappop" in func:
+            key = "heapq"
+        else:
+            key = "other (builtins, api, closures)"
+        groups[key] = groups.get(key, 0.0) + tt
+    shares = {k: v / total for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
+    return {"wall_s_unprofiled": wall, **{f"share: {k}": round(v, 3) for k, v in shares.items()}}
+
+
+def main() -> None:
+    """Run the benchmark and write the results file."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", type=int, default=100)
+    args = ap.parse_args()
+    from kvplan.sim.sweep import run_grid
+
+    g = grid(args.points)
+    n = len(g["axes"]["policy.decoder_kv_blocks_ttl_s"]) * len(g["axes"]["workload.turn_gap_s.mean"])  # type: ignore[index]
+    runs = {}
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for workers in (1, 2):
+            out = Path(tmp) / f"w{workers}.parquet"
+            t = time.perf_counter()
+            df = run_grid(g, workers=workers, out=out)
+            wall = time.perf_counter() - t
+            assert len(df) == n and df["error"].isna().all()
+            runs[workers] = {"wall_s": wall, "points_per_min": n / wall * 60, "s_per_point": wall / n}
+            files[workers] = out.read_bytes()
+            print(f"{workers} worker(s): {n} points in {wall:.1f} s -> {n / wall * 60:.1f} points/min "
+                  f"({wall / n:.2f} s per point)", flush=True)
+    speedup = runs[1]["wall_s"] / runs[2]["wall_s"]
+    prof = profile_one()
+    result = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "processor": platform.processor() or platform.machine()},
+        "grid": {"points": n, "base": "benchmarks/reference.yaml (20,000 turns per run)", "axes": g["axes"]},
+        "workers_1": runs[1],
+        "workers_2": runs[2],
+        "points_per_min_2_workers": runs[2]["points_per_min"],
+        "speedup_2_over_1": speedup,
+        "identical_files_1_vs_2_workers": files[1] == files[2],
+        "target_points_per_min": TARGET_POINTS_PER_MIN,
+        "target_speedup": TARGET_SPEEDUP,
+        "meets_points_per_min": runs[2]["points_per_min"] >= TARGET_POINTS_PER_MIN,
+        "meets_speedup": speedup >= TARGET_SPEEDUP,
+        "ceiling_points_per_min_2_cores": 2 * 60 / runs[1]["s_per_point"],
+        "one_run_profile": prof,
+    }
+    print(f"speedup 2 over 1 workers: {speedup:.2f}x; identical files: {result['identical_files_1_vs_2_workers']}")
+    for k, v in prof.items():
+        print(f"  {k}: {v}")
+    (HERE / "results").mkdir(exist_ok=True)
+    dest = HERE / "results" / "sweep.json"
+    tmpf = dest.with_suffix(".tmp")
+    tmpf.write_text(json.dumps(result, indent=2) + "\n")
+    tmpf.replace(dest)
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""Batch sweeps: ``run_grid(grid, ...) -> DataFrame`` with one row per (point, replication).
+
+Public API (used by the CLI ``kvplan sweep`` and the dashboard):
+
+* :func:`run_grid` runs every point of a :class:`~kvplan.sim.grid.Grid` (or a grid mapping / YAML path)
+  ``replications`` times with seeds ``base_seed + k`` (common random numbers), in-process, on a local
+  process pool or on Ray (``backend``), and returns the rows in canonical order (point, replication).
+* :func:`aggregate` gives the per-point mean and 95% t-interval half-width of every metric.
+* :func:`analytic_screen` (from :mod:`kvplan.sim.screen`) and :func:`screen_report` compare the analytic
+  screen with the simulator; the simulator wins and every disagreement is listed.
+
+Files (when ``out`` is given): each finished run is committed at once as ``OUT.parts/<shard>/<point>-<rep>.json``
+(temp file + ``os.replace``; a manifest pins the grid's fingerprint), so a sweep killed at any moment
+(SIGKILL included) and restarted with ``resume=True`` loses nothing and recomputes nothing finished. The
+final ``OUT.parquet`` is assembled from the parts in canonical order with a fixed column order and
+written atomically, so an interrupted-and-resumed sweep ends with a byte-identical file to an
+uninterrupted one. Next to it: ``OUT.summary.parquet`` (per-point mean and CI) and
+``OUT.screen.parquet`` (screen predictions, simulator means and agreement). Parts are removed once the
+final files exist. Parts are crash-safe against process death, not power loss (no fsync per part).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvplan.errors import input_error
+from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
+from kvplan.sim.grid import Grid, as_grid, grid_from_dict, load_grid
+from kvplan.sim.screen import analytic_screen, compare_screen, simulator_saturated
+
+__all__ = [
+    "Grid",
+    "aggregate",
+    "analytic_screen",
+    "grid_from_dict",
+    "load_grid",
+    "load_results",
+    "run_grid",
+    "screen_report",
+    "summary_path",
+]
+
+log = logging.getLogger(__name__)
+
+ID_COLUMNS = ["point", "replication", "seed"]
+SHARD = 1000  # points per parts sub-directory
+FINGERPRINT_KEY = b"kvplan.grid_fingerprint"
+Progress = Callable[[int, int], None]
+
+
+# --- paths -------------------------------------------------------------------------------------------------
+
+
+def _out_path(out: str | Path) -> Path:
+    p = Path(out)
+    return p if p.suffix == ".parquet" else p.with_name(p.name + ".parquet")
+
+
+def _sibling(out: Path, suffix: str) -> Path:
+    return out.with_name(out.name[: -len(".parquet")] + suffix)
+
+
+def summary_path(out: str | Path) -> Path:
+    """Where the per-point aggregate of ``out`` is written (``OUT.summary.parquet``)."""
+    return _sibling(_out_path(out), ".summary.parquet")
+
+
+def screen_path(out: str | Path) -> Path:
+    """Where the screen-vs-simulator table of ``out`` is written (``OUT.screen.parquet``)."""
+    return _sibling(_out_path(out), ".screen.parquet")
+
+
+def parts_dir(out: str | Path) -> Path:
+    """The directory of committed per-run parts of ``out`` (``OUT.parts/``)."""
+    return _sibling(_out_path(out), ".parts")
+
+
+def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- committed parts ---------------------------------------------------------------------------------------
+
+
+class PartStore:
+    """One JSON file per finished (point, replication), committed atomically; a manifest names the grid."""
+
+    def __init__(self, out: Path, grid: Grid) -> None:
+        self.out = out
+        self.dir = parts_dir(out)
+        self.fingerprint = grid.fingerprint()
+
+    def _manifest(self) -> Path:
+        return self.dir / "manifest.json"
+
+    def open(self, resume: bool) -> dict[tuple[int, int], dict[str, Any]]:
+        """Prepare the directory; with ``resume`` return the rows already committed."""
+        if self.dir.exists():
+            try:
+                manifest = json.loads(self._manifest().read_text())
+            except (OSError, json.JSONDecodeError):
+                manifest = {}
+            found = self._load()
+            if manifest.get("fingerprint") not in (None, self.fingerprint) and found:
+                raise input_error(
+                    str(self.dir), "holds runs of a different grid", "use another --out or delete that directory"
+                )
+            if not resume and found:
+                raise input_error(
+                    str(self.dir),
+                    f"holds {len(found)} finished runs of an interrupted sweep",
+                    "pass --resume (API: resume=True) to continue it, or delete the directory",
+                )
+            if manifest.get("fingerprint") == self.fingerprint:
+                return found if resume else {}
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        _atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
+        return {}
+
+    def _load(self) -> dict[tuple[int, int], dict[str, Any]]:
+        rows: dict[tuple[int, int], dict[str, Any]] = {}
+        for shard in sorted(self.dir.iterdir()):
+            if not shard.is_dir():
+                continue
+            for f in shard.iterdir():
+                if f.name.startswith("."):
+                    f.unlink(missing_ok=True)  # a temp file of a write that was killed
+                    continue
+                try:
+                    p, k = (int(x) for x in f.stem.split("-"))
+                    rows[(p, k)] = json.loads(f.read_text())
+                except (ValueError, json.JSONDecodeError):
+                    log.warning("ignoring unreadable part %s (it will be recomputed)", f)
+        return rows
+
+    def commit(self, point: int, rep: int, row: dict[str, Any]) -> None:
+        """Write one finished run atomically."""
+        shard = self.dir / f"{point // SHARD:06d}"
+        shard.mkdir(exist_ok=True)
+        _atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
+
+    def remove(self) -> None:
+        """Drop the parts once the final files are written (rename first, so a kill never half-deletes)."""
+        if self.dir.exists():
+            trash = self.dir.with_name(f".{self.dir.name}.done")
+            if trash.exists():
+                shutil.rmtree(trash)
+            os.replace(self.dir, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+# --- assembly ----------------------------------------------------------------------------------------------
+
+
+def _axis_column(values: list[Any]) -> pd.Series:
+    """One axis as a typed column: bool, int64, float64, string, or canonical JSON text for anything else."""
+    if all(isinstance(v, bool) for v in values):
+        return pd.Series(values, dtype=bool)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return pd.Series(values, dtype=np.int64)
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return pd.Series([float(v) for v in values], dtype=np.float64)
+    if all(isinstance(v, str) for v in values):
+        return pd.Series(values, dtype=object)
+    return pd.Series([json.dumps(v, sort_keys=True, default=str) for v in values], dtype=object)
+
+
+def assemble(grid: Grid, keys: list[tuple[int, int]], rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows in canonical order as a frame: ``point, replication, seed``, the axes, ``error``, then the metrics.
+
+    Metric columns appear in first-seen order; a metric column is int64 when every run has an integer,
+    float64 otherwise (NaN where a run failed).
+    """
+    data: dict[str, Any] = {
+        "point": np.array([p for p, _ in keys], dtype=np.int64),
+        "replication": np.array([k for _, k in keys], dtype=np.int64),
+        "seed": np.array([grid.base_seed + k for _, k in keys], dtype=np.int64),
+    }
+    for j, name in enumerate(grid.axis_names):
+        data[name] = _axis_column([grid.point_values(p)[j] for p, _ in keys]).to_numpy()
+    data["error"] = np.array([r.get("error") for r in rows], dtype=object)
+    metrics: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k != "error" and k not in data:
+                metrics.setdefault(k)
+    for m in metrics:
+        vals = [r.get(m) for r in rows]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            data[m] = np.array(vals, dtype=np.int64)
+        else:
+            data[m] = np.array([np.nan if v is None else float(v) for v in vals], dtype=np.float64)
+    return pd.DataFrame(data)
+
+
+def _numeric_metrics(df: pd.DataFrame, grid: Grid) -> list[str]:
+    skip = set(ID_COLUMNS) | set(grid.axis_names) | {"error"}
+    return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])]
+
+
+def aggregate(df: pd.DataFrame, grid: Grid) -> pd.DataFrame:
+    """Per point: the axes, ``replications``, ``errors``, then ``<metric>_mean`` and ``<metric>_ci95``.
+
+    ``_ci95`` is the half-width of the 95% Student-t interval of the mean across replications
+    (``t_{0.975, n-1} x sd / sqrt(n)``; NaN with a single replication).
+    """
+    metrics = _numeric_metrics(df, grid)
+    points = sorted(df["point"].unique().tolist())
+    out: dict[str, Any] = {"point": np.array(points, dtype=np.int64)}
+    for j, name in enumerate(grid.axis_names):
+        out[name] = _axis_column([grid.point_values(p)[j] for p in points]).to_numpy()
+    g = df.groupby("point", sort=True)
+    out["replications"] = g.size().reindex(points).to_numpy(dtype=np.int64)
+    out["errors"] = g["error"].apply(lambda s: int(s.notna().sum())).reindex(points).to_numpy(dtype=np.int64)
+    values = df[metrics].astype(float)
+    values.insert(0, "point", df["point"].to_numpy())
+    gv = values.groupby("point", sort=True)
+    mean = gv.mean().reindex(points)
+    sd = gv.std(ddof=1).reindex(points)
+    n = gv.count().reindex(points)
+    for m in metrics:
+        tq = np.array([t_quantile_975(int(k)) for k in n[m].to_numpy()])
+        out[f"{m}_mean"] = mean[m].to_numpy()
+        out[f"{m}_ci95"] = tq * sd[m].to_numpy() / np.sqrt(np.maximum(n[m].to_numpy(), 1))
+    return pd.DataFrame(out)
+
+
+def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str) -> None:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[FINGERPRINT_KEY] = fingerprint.encode()
+    table = table.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    _atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
+
+
+def _final_fingerprint(path: Path) -> str | None:
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return None
+    v = meta.get(FINGERPRINT_KEY)
+    return v.decode() if v else None
+
+
+def load_results(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read a finished sweep: (rows, per-point summary)."""
+    p = _out_path(out)
+    return pd.read_parquet(p), pd.read_parquet(summary_path(p))
+
+
+# --- the sweep ---------------------------------------------------------------------------------------------
+
+
+def _schedule(
+    grid: Grid, done: set[tuple[int, int]], screen: pd.DataFrame | None, prune: bool
+) -> tuple[list[Task], set[int]]:
+    """Tasks still to run, longest predicted first (screen order), and the points pruned to one replication."""
+    n = grid.n_points
+    order = list(range(n))
+    pruned: set[int] = set()
+    if screen is not None:
+        cost = screen["screen_cost"].to_numpy()
+        order = sorted(range(n), key=lambda i: (-cost[i], i))  # longest first: better pool balance
+        if prune:
+            pruned = {int(p) for p in screen.loc[screen["screen_feasible"] == 0, "point"]}
+    tasks: list[Task] = []
+    for p in order:
+        reps = [0] if p in pruned else range(grid.replications)
+        tasks.extend(((p, k), grid.point_overrides(p), grid.base_seed + k) for k in reps if (p, k) not in done)
+    return tasks, pruned
+
+
+def run_grid(
+    grid: Grid | dict[str, Any] | str | Path,
+    replications: int | None = None,
+    backend: str = "local",
+    workers: int = 1,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    yes: bool = False,
+    order: str = "screen",
+    prune: bool = False,
+) -> pd.DataFrame:
+    """Run every (point, replication) of ``grid`` and return one row each, in canonical order.
+
+    ``grid``: a :class:`Grid`, a grid mapping or a grid YAML path (validated completely before any run).
+    ``replications``: overrides the grid's; replication ``k`` uses seed ``base_seed + k`` at every point.
+    ``backend``: ``'local'`` (process pool; ``workers=1`` runs in-process) or ``'ray'`` (``ray_address``
+    or a local Ray). ``progress(done, total)`` is called as runs finish. ``out``: write the rows, the
+    per-point aggregate and the screen comparison there (``.parquet``); ``resume=True`` continues an
+    interrupted sweep of the same grid. ``order='screen'`` runs the longest predicted points first
+    (``'canonical'`` in point order). ``prune=True`` runs one replication of points the screen deems
+    infeasible and the rest only if the simulator disagrees (the simulator wins). The returned rows and
+    the files never depend on backend, workers, order or interruptions.
+    """
+    g = as_grid(grid, yes=yes)
+    if replications is not None:
+        g = g.with_replications(replications)
+    if order not in ("screen", "canonical"):
+        raise input_error("order", f"unknown order '{order}'", "use 'screen' or 'canonical'")
+    if backend == "ray":
+        require_ray()
+    elif backend != "local":
+        raise input_error("--backend", f"unknown backend '{backend}'", "use local or ray")
+    if not isinstance(workers, int) or workers < 1:
+        raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+    out_p = _out_path(out) if out is not None else None
+    fp = g.fingerprint()
+    if out_p is not None and resume and not parts_dir(out_p).exists() and _final_fingerprint(out_p) == fp:
+        if progress:
+            total = len(pd.read_parquet(out_p))
+            progress(total, total)
+        _finish_files(g, pd.read_parquet(out_p), out_p, fp, None)
+        return pd.read_parquet(out_p)
+    store = PartStore(out_p, g) if out_p is not None else None
+    if out_p is not None:
+        out_p.parent.mkdir(parents=True, exist_ok=True)
+    rows = store.open(resume) if store is not None else {}
+    screen = analytic_screen(g) if (order == "screen" or prune) else None
+    tasks, pruned = _schedule(g, set(rows), screen, prune)
+    # resumed pruned points whose single replication already disagreed get their other replications
+    for p in sorted(pruned):
+        if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
+            tasks.extend(((p, k), g.point_overrides(p), g.base_seed + k) for k in range(1, g.replications)
+                         if (p, k) not in rows)
+    total = len(rows) + len(tasks)
+    if progress:
+        progress(len(rows), total)
+
+    def on_result(key: Hashable, row: dict[str, Any]) -> Iterable[Task] | None:
+        nonlocal total
+        p, k = key  # type: ignore[misc]
+        row = json.loads(json.dumps(row))  # exactly what a resumed sweep reads back from the part
+        if store is not None:
+            store.commit(p, k, row)
+        rows[(p, k)] = row
+        more: list[Task] = []
+        if p in pruned and k == 0 and not simulator_saturated(row):
+            log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
+            more = [((p, j), g.point_overrides(p), g.base_seed + j) for j in range(1, g.replications)]
+            total += len(more)
+        if progress:
+            progress(len(rows), total)
+        return more
+
+    run_tasks(g.base, fp, tasks, on_result, backend=backend, workers=workers, ray_address=ray_address)
+    keys = sorted(rows)
+    df = assemble(g, keys, [rows[k] for k in keys])
+    if out_p is not None and store is not None:
+        _write_parquet(df, out_p, fp)
+        _finish_files(g, df, out_p, fp, screen)
+        store.remove()
+        return pd.read_parquet(out_p)
+    return df
+
+
+def _finish_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str, screen: pd.DataFrame | None) -> None:
+    summ = aggregate(df, grid)
+    _write_parquet(summ, summary_path(out), fp)
+    rep = screen_report(grid, summ, screen)
+    _write_parquet(rep, screen_path(out), fp)
+
+
+def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per point: the screen's predictions, the simulator's means and ``disagreements`` (the simulator wins).
+
+    ``disagreements`` is a ';'-separated list of ``metric(screen=..., simulator=...)``; empty when they agree.
+    """
+    scr = analytic_screen(grid) if screen is None else screen
+    dis = compare_screen(scr, summary)
+    txt = {
+        p: "; ".join(f"{r.metric}(screen={r.screen:.4g}, simulator={r.simulator:.4g})" for r in grp.itertuples())
+        for p, grp in dis.groupby("point")
+    }
+    keep = ["point", *grid.axis_names]
+    sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_mean")
+                if c in summary.columns]
+    rep = scr.merge(summary[["point", *sim_cols]], on="point", how="left")
+    rep["disagreements"] = [txt.get(int(p), "") for p in rep["point"]]
+    return rep[keep + [c for c in rep.columns if c not in keep]]

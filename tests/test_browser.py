@@ -1,0 +1,143 @@
+"""The dashboard in a real browser: ``streamlit run`` on a free localhost port, driven by Playwright in
+Debian's headless Chromium (``/usr/bin/chromium``; Playwright never downloads a browser here).
+
+Skips only when ``/usr/bin/chromium`` or the ``playwright`` package is absent; CI installs both
+(``apt-get install -y chromium`` and ``pip install playwright``, the ``dev`` extra). Set
+``KVPLAN_DOCS_SCREENSHOT=1`` to also write the README's screenshot to ``docs/whatif.png``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvplan.app import dash_state as ds
+from kvplan.app.cmd_dashboard import running_dashboard
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Headless flags that work on a closed network and as root (see the machine notes): no sandbox, no GPU,
+# no background connections Chromium would try (and fail) to make.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOT = Path(__file__).resolve().parents[1]
+HEALTH_TIMEOUT_S = 60.0
+RENDER_TIMEOUT_MS = 30_000
+RERENDER_TIMEOUT_MS = 10_000
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)", allow_module_level=True)
+if importlib.util.find_spec("playwright") is None:
+    pytest.skip("the playwright package is absent (pip install playwright)", allow_module_level=True)
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``streamlit run`` of the dashboard (the command ``kvplan dashboard`` runs) on a free localhost port."""
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with running_dashboard(log=log, timeout_s=HEALTH_TIMEOUT_S) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1440, "height": 1700})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def _metric(page: Page, label: str) -> Any:
+    return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
+
+
+def _expected(**inputs: Any) -> dict[str, str]:
+    """What the what-if page must show for these sidebar inputs, from the model in this process."""
+    w = ds.whatif(ds.build_scenario(ds.ScenarioInputs(**inputs)))
+    return {m.label: m.value for m in ds.headline_metrics(w.current.summary, w.defaults.summary)}
+
+
+def _wait_charts(page: Page, n: int) -> None:
+    page.wait_for_function(
+        "n => document.querySelectorAll('[data-testid=stPlotlyChart] .main-svg').length >= n", arg=n,
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    # nothing left from the previous run (Streamlit marks stale elements while a rerun is under way)
+    page.wait_for_function("() => !document.querySelector('[data-stale=true]')", timeout=RENDER_TIMEOUT_MS)
+
+
+def test_deep_link_on_a_fresh_server_uses_the_dashboard_navigation(server: str, page: Page) -> None:
+    # first request of the server process, straight to a page URL (see dash_state.page_guard)
+    page.goto(f"{server}/explorer")
+    expect(page.get_by_role("heading", name="TTL x threshold explorer")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    nav = page.get_by_test_id("stSidebarNav")
+    expect(nav.get_by_text("TTL x threshold explorer", exact=True)).to_be_visible()
+    expect(nav.get_by_text("What-if", exact=True)).to_be_visible()
+    expect(nav.get_by_text("explorer", exact=True)).to_have_count(0)
+
+
+def test_whatif_ttl_change_rerenders(server: str, page: Page, tmp_path: Path) -> None:
+    page.goto(f"{server}/")
+    default = _expected()
+    expect(_metric(page, "Hit rate")).to_have_text(default["Hit rate"], timeout=RENDER_TIMEOUT_MS)
+    expect(_metric(page, "TTFT mean")).to_have_text(default["TTFT mean"])
+    _wait_charts(page, 4)
+    page.screenshot(path=str(tmp_path / "whatif.png"))
+    if os.environ.get("KVPLAN_DOCS_SCREENSHOT"):
+        (ROOT / "docs").mkdir(exist_ok=True)
+        page.screenshot(path=str(ROOT / "docs" / "whatif.png"))
+
+    ttl = page.get_by_role("spinbutton", name="decoder_kv_blocks_ttl (s)", exact=True)
+    ttl.fill("1")
+    t0 = time.perf_counter()
+    ttl.press("Enter")
+    changed = _expected(ttl_s=1.0)
+    assert changed["Hit rate"] == "0.0%"
+    expect(_metric(page, "Hit rate")).to_have_text(changed["Hit rate"], timeout=RERENDER_TIMEOUT_MS)
+    expect(_metric(page, "TTFT mean")).to_have_text(changed["TTFT mean"], timeout=RERENDER_TIMEOUT_MS)
+    expect(_metric(page, "Errors")).to_have_text(changed["Errors"], timeout=RERENDER_TIMEOUT_MS)
+    _wait_charts(page, 4)
+    elapsed = time.perf_counter() - t0
+    delta = page.get_by_test_id("stMetric").filter(has_text="Hit rate").get_by_test_id("stMetricDelta")
+    expect(delta).to_contain_text("-100.0 pp")
+    page.screenshot(path=str(tmp_path / "whatif_ttl1.png"))
+    assert (tmp_path / "whatif_ttl1.png").stat().st_size > 10_000
+    print(f"re-render after the TTL change: {elapsed:.2f} s")
+
+
+def test_malformed_upload_shows_error_and_app_keeps_working(server: str, page: Page, tmp_path: Path) -> None:
+    page.goto(f"{server}/calibration")
+    dropzone = page.get_by_test_id("stFileUploaderDropzoneInput").first
+    dropzone.set_input_files([{"name": "broken.json", "mimeType": "application/json", "buffer": b'{"date": "20'}])
+    error = page.get_by_test_id("stAlertContentError").first
+    expect(error).to_contain_text("broken.json", timeout=RERENDER_TIMEOUT_MS)
+    assert len(error.inner_text().strip().splitlines()) == 1
+    page.screenshot(path=str(tmp_path / "calibration_error.png"))
+    page.get_by_test_id("stSidebarNav").get_by_text("What-if", exact=True).click()
+    expect(_metric(page, "Hit rate")).to_have_text(_expected()["Hit rate"], timeout=RENDER_TIMEOUT_MS)

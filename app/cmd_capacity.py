@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset."),
         usd: float | None = typer.Option(None, "--usd-per-node-hour", help="Node price (default: hardware's, p5en 63.3)."),
         max_nodes: int = typer.Option(16, "--max-nodes", help="Largest xPyD (x + y) to consider."),
+        conversations: int | None = typer.Option(
+            None, "--conversations", help="Conversations per run at --rate (default: the preset's; scaled with the rate)."
+        ),
         replications: int = typer.Option(2, "--replications", help="Seeded replications per configuration."),
         workers: int = typer.Option(0, "--workers", help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
@@ -31,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.capacity import plan_capacity
         from kvplan.sim.presets import preset_scenario
 
-        sc = preset_scenario(workload, model, hardware, rate_per_s=rate)
+        sc = preset_scenario(workload, model, hardware, rate_per_s=rate, conversations=conversations)
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 from pathlib import Path
 
 import typer
+
+from kvplan.sim.advice import Recommendation
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +28,7 @@ def register(app: typer.Typer) -> None:
         replications: int = typer.Option(3, "--replications", help="Seeded replications per configuration."),
         ttl_grid: str | None = typer.Option(None, "--ttl-grid", help="TTLs to try, e.g. '30,60,120,300,480,900'."),
         workers: int = typer.Option(0, "--workers", help="Parallel runs (0 = all CPUs)."),
+        conversations: int | None = typer.Option(None, "--conversations", help="Conversations per run (preset default)."),
         json_out: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
     ) -> None:
         """Recommend decoder_kv_blocks_ttl, kv_recompute_threshold and the router TTL from simulated sweeps.
@@ -35,7 +40,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.output import console
         from kvplan.errors import input_error
-        from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommend, render_text
+        from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommend
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import ClosedLoopArrival, load_scenario, with_overrides
 
@@ -43,12 +48,14 @@ def register(app: typer.Typer) -> None:
             raise input_error("recommend", "give SCENARIO.yaml or --workload, not both")
         if scenario is not None:
             sc = load_scenario(scenario)
+            if conversations is not None:
+                sc = with_overrides(sc, {"workload.conversations": conversations})
             if rate is not None:
                 if isinstance(sc.workload.arrival, ClosedLoopArrival):
                     raise input_error("--rate", "the scenario is closed-loop", "use a poisson arrival")
                 sc = with_overrides(sc, {"workload.arrival.rate_per_s": rate})
         else:
-            sc = preset_scenario(workload or "chat", model, hardware, rate_per_s=rate)
+            sc = preset_scenario(workload or "chat", model, hardware, rate_per_s=rate, conversations=conversations)
         grid = DEFAULT_TTL_GRID_S
         if ttl_grid is not None:
             try:
@@ -65,3 +72,47 @@ def register(app: typer.Typer) -> None:
         c = console()
         for line in render_text(rec):
             c.print(line, markup=False)
+
+
+def render_text(rec: Recommendation) -> list[str]:
+    """Human-readable lines of a recommendation (the CLI prints them)."""
+    e, b, o = rec.expected, rec.baseline, rec.bidirectional_off
+
+    def ms(d: dict[str, float], k: str) -> str:
+        ci = d.get(f"{k}_ci95", math.nan)
+        return f"{d[k] * 1000:.0f}" + (f" ±{ci * 1000:.0f}" if math.isfinite(ci) else "")
+
+    lines = [
+        f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
+        f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s, bidirectional_kv_xfer = "
+        f"{str(rec.bidirectional).lower()}",
+        "",
+        f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
+    ]
+    for k, name in (("ttft_p50_s", "TTFT p50 ms"), ("ttft_p90_s", "TTFT p90 ms"), ("ttft_p99_s", "TTFT p99 ms"),
+                    ("ttft_mean_s", "TTFT mean ms")):
+        lines.append(f"{name:24}{ms(e, k):>18}{ms(b, k):>18}{ms(o, k):>20}")
+    lines.append(f"{'hit rate':24}{e['hit_rate']:>18.1%}{b['hit_rate']:>18.1%}{o['hit_rate']:>20.1%}")
+    h = rec.decode_hbm
+    lines += [
+        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>9.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
+        f"{b['pinned_kv_gib_mean']:>9.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>11.1f}/{0.0:<8.1f}",
+        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>18.0f}"
+        f"{h['decode_batch_capacity_at_vllm_defaults']:>18.0f}{h['decode_batch_capacity_without_retention']:>20.0f}",
+        f"(±: 95% CI over replications; decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
+        + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
+        "",
+        f"binding constraint: {rec.binding_constraint}",
+        *([f"SLO TTFT p90 {rec.slo['ttft_p90_ms']:g} ms: {'met' if rec.slo['met'] else 'NOT met'} "
+           f"({rec.slo['expected_ttft_p90_ms']:.0f} ms expected)"] if rec.slo else []),
+        *[f"why: {r}" for r in rec.rationale],
+        *[f"rule: {r}" for r in rec.rules],
+        *[f"assumption: {a}" for a in rec.assumptions],
+        *[f"warning: {w}" for w in rec.warnings],
+        *[f"disagreement: {d}" for d in rec.disagreements],
+        "",
+        "prefill and decode servers (identical):",
+        f"  --kv-transfer-config '{json.dumps(rec.kv_transfer_config['prefill'], separators=(',', ':'))}'",
+        f"router: {rec.router['how']}",
+    ]
+    return lines

@@ -6,9 +6,12 @@ the Streamlit functions (:func:`scenario_sidebar`, :func:`run_view`, ...) wrap t
 keyed on a hashable string, the scenario's canonical JSON (:func:`scenario_key`), never on a
 ``_``-prefixed argument (Streamlit does not hash those, so they would return stale results).
 
-Optional APIs of other modules (``sim.advice``, ``sim.presets``, the calibration fits) are looked up
-with :func:`optional_attr`: a module that is absent reads as "not available yet", anything else
-(a missing function in a present module, an import error inside it) is an error the page shows.
+Optional APIs of other modules (``sim.presets``, ``sim.sweep``, ``sim.advice``, ``calibration.calibrate``,
+``calibration.reproduce``, ``calibration.figures``) are looked up with :func:`optional_attr`: a module that
+is absent reads as "not available yet", anything else (a missing function in a present module, an import
+error inside it) is an error the page shows. The explorer's grid and the advice live in
+:mod:`kvplan.app.dash_sweeps`, uploads and fits in :mod:`kvplan.app.dash_upload`, figures in
+:mod:`kvplan.app.figures` (no Streamlit there).
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ DIST_PARAMS: dict[str, tuple[str, ...]] = {
     "lognormal": ("median", "sigma"),
     "uniform": ("low", "high"),
 }
+
+
+def defaults_text() -> str:
+    """The vLLM defaults the deltas compare against, as text."""
+    d = VLLM_DEFAULTS
+    return (f"the vLLM defaults (TTL {d['policy.decoder_kv_blocks_ttl_s']:g} s, threshold "
+            f"{d['policy.kv_recompute_threshold_tokens']} tokens, router TTL {d['policy.router_ttl_s']:g} s, "
+            "bidirectional on)")
 
 
 # --- optional APIs of other modules ------------------------------------------------------------------------
@@ -371,8 +382,9 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
 # --- reproduce (calibration, issue 3) ----------------------------------------------------------------------
 
-#: Modules that may hold ``reproduce_rows`` (issue 3).
+#: Modules that hold ``reproduce_rows`` and the published-chart builders (issue 3: ``kvplan reproduce``).
 REPRODUCE_MODULES = ("calibration.reproduce",)
+REPRODUCE_FIGURE_MODULES = ("calibration.figures",)
 #: Models with published P5en points.
 PUBLISHED_MODELS = ("qwen3-32b", "glm-5-fp8")
 
@@ -389,6 +401,31 @@ def reproduce_cached(model: str, profile: str | None) -> list[dict[str, Any]]:
     if fn is None:
         raise input_error("reproduce", "kvplan's reproduce_rows is not in this build")
     return [dict(r) for r in fn(model=model, profile=profile)]
+
+
+def reproduce_figures(rows: list[dict[str, Any]], model: str) -> list[Any]:
+    """The published P5en charts against the simulator's, drawn by ``calibration.figures`` (as
+    ``kvplan reproduce --html``): TTFT vs prompt length ON/OFF and the prefill split."""
+    fn = optional_attr(REPRODUCE_FIGURE_MODULES, "reproduce_figures")
+    if fn is None:
+        raise input_error("reproduce", "kvplan.calibration.figures is not in this build")
+    return list(fn(rows, model))
+
+
+def reproduce_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows as a table (``calibration.figures.rows_frame`` when present), relative error in percent."""
+    fn = optional_attr(REPRODUCE_FIGURE_MODULES, "rows_frame")
+    frame = fn(rows) if fn is not None else pd.DataFrame(rows)
+    if "rel_error" in frame:
+        frame = frame.assign(rel_error_pct=pd.to_numeric(frame["rel_error"], errors="coerce") * 100.0)
+        frame = frame.drop(columns=["rel_error"])
+    return frame
+
+
+def reproduce_ratios(rows: list[dict[str, Any]]) -> pd.DataFrame | None:
+    """``calibration.reproduce.ratio_checks`` (ON/OFF TTFT ratio at the longest prompt) as a table, if present."""
+    fn = optional_attr(REPRODUCE_MODULES, "ratio_checks")
+    return pd.DataFrame(fn(rows)) if fn is not None else None
 
 
 # --- sidebar (Streamlit) ---------------------------------------------------------------------------------------

@@ -202,23 +202,29 @@ def session_profile_path(text: str) -> str:
 
 # --- fits (calibration, issue 3) ----------------------------------------------------------------------------------
 
+#: Modules that hold ``calibrate`` (issue 3: ``kvplan calibrate``).
+CALIBRATE_MODULES = ("calibration.calibrate",)
+#: Tensor-parallel sizes a measured deployment may have had.
+TP_CHOICES = (1, 2, 4, 8)
+
 
 def calibrate_fn() -> Any | None:
-    """The calibration fit entry point of ``kvplan.calibration`` when present, else ``None``."""
+    """``kvplan.calibration.calibrate.calibrate`` when that module exists, else ``None``."""
     from kvplan.app.dash_state import optional_attr
 
     return optional_attr(CALIBRATE_MODULES, "calibrate")
 
 
-#: Modules that may hold ``calibrate`` (issue 3).
-CALIBRATE_MODULES = ("calibration.calibrate",)
+def strip_upload_dirs(message: str) -> str:
+    """A message with the dashboard's temporary upload directories removed (it names the uploads only)."""
+    return re.sub(re.escape(str(_root() / "uploads")) + r"/[0-9a-f]+/", "", message)
 
 
-def fit_profile(traces: list[ParsedTrace], model: str, hardware: str) -> Profile:
-    """Fit a profile to the uploaded traces with the calibration module's ``calibrate``.
+def fit_profile(traces: list[ParsedTrace], model: str, hardware: str, tp: int = 8) -> Profile:
+    """Fit a profile to the uploaded traces with ``calibration.calibrate.calibrate``.
 
-    Traces are passed by path, grouped by format as ``kvplan calibrate --bench/--multiturn/--log/
-    --prometheus/--points`` takes them.
+    Traces are passed by path, grouped by format exactly as ``kvplan calibrate --bench/--multiturn/--log/
+    --prometheus/--points`` takes them, with the dashboard's upload limit as ``max_bytes``.
     """
     fn = calibrate_fn()
     if fn is None:
@@ -230,7 +236,10 @@ def fit_profile(traces: list[ParsedTrace], model: str, hardware: str) -> Profile
     if not any(by_kind.values()):
         raise input_error("calibration", "no uploaded trace in a format the fit takes",
                           f"upload one of: {', '.join(CALIBRATE_FORMATS)}")
-    result = fn(model=model, hardware=hardware, **by_kind)
+    try:
+        result = fn(model, hardware, tp=tp, max_bytes=MAX_UPLOAD_BYTES, **by_kind)
+    except KvplanInputError as exc:
+        raise KvplanInputError(strip_upload_dirs(str(exc))) from None
     profile = getattr(result, "profile", result)
     if not isinstance(profile, Profile):
         raise input_error("calibration", f"calibrate() returned {type(result).__name__}, expected a Profile")
@@ -238,14 +247,42 @@ def fit_profile(traces: list[ParsedTrace], model: str, hardware: str) -> Profile
 
 
 def parameter_table(profile: Profile) -> pd.DataFrame:
-    """Every cost parameter of ``profile`` with its standard error (``uncertainty['component.param']``)."""
+    """Every cost parameter with its value, standard error and status.
+
+    From the fit report of ``kvplan calibrate`` (``fits[].params``: fitted, at_bound, poorly_determined
+    or held) when there is one; otherwise from the profile's costs and ``uncertainty``.
+    """
     rows = []
+    for fit in profile.fit_report.get("fits", []) if isinstance(profile.fit_report.get("fits"), list) else []:
+        for p in fit.get("params", []):
+            value, se = p.get("value"), p.get("stderr")
+            rel = abs(se / value) if isinstance(se, int | float) and isinstance(value, int | float) and value else None
+            rows.append({"parameter": p.get("name"), "value": value, "std_error": se, "relative_error": rel,
+                         "status": p.get("status"), "note": p.get("note", "")})
+    if rows:
+        return pd.DataFrame(rows)
     for comp, params in profile.costs.model_dump(mode="json").items():
         for name, value in params.items():
             se = profile.uncertainty.get(f"{comp}.{name}")
             rel = abs(se / value) if se is not None and isinstance(value, int | float) and value else None
-            rows.append({"parameter": f"{comp}.{name}", "value": value, "std_error": se, "relative_error": rel})
+            rows.append({"parameter": f"{comp}.{name}", "value": value, "std_error": se, "relative_error": rel,
+                         "status": profile.status, "note": ""})
     return pd.DataFrame(rows)
+
+
+def mape_table(profile: Profile) -> pd.DataFrame | None:
+    """Mean absolute percentage error per fitted metric (``fit_report['mape_pct']``), or ``None``."""
+    mape = profile.fit_report.get("mape_pct")
+    if not isinstance(mape, dict) or not mape:
+        return None
+    return pd.DataFrame({"metric": list(mape), "MAPE (%)": [float(v) for v in mape.values()]})
+
+
+def report_notes(profile: Profile) -> list[str]:
+    """The fit report's notes (held parameters and caveats of the data), then the profile's notes."""
+    notes = profile.fit_report.get("notes")
+    fit_notes = [str(n) for n in notes] if isinstance(notes, list) else []
+    return fit_notes + [n for n in profile.notes if n not in fit_notes]
 
 
 def residual_frame(profile: Profile) -> pd.DataFrame | None:

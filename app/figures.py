@@ -234,73 +234,18 @@ def grid_heatmap(
     return _layout(fig, title, "decoder_kv_blocks_ttl (s)", "kv_recompute_threshold (tokens)")
 
 
-#: Published series (``p5en_published.csv``) and how the reproduce charts draw them.
-REPRODUCE_TTFT_SERIES = {"ttft_on": "TTFT ON", "ttft_off": "TTFT OFF"}
-REPRODUCE_PREFILL_SERIES = {
-    "prefill_off": "prefill OFF (recompute)",
-    "prefill_on": "prefill ON (suffix + pull)",
-    "kv_transfer_on": "KV transfer D->P (ON)",
-}
-
-
-def _reproduce_chart(rows: pd.DataFrame, series: Mapping[str, str], title: str, y_title: str) -> go.Figure:
-    fig = go.Figure()
-    palette = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
-    for k, (key, label) in enumerate(series.items()):
-        sub = rows[rows["series"] == key].sort_values("prompt_tokens")
-        if sub.empty:
-            continue
-        colour = palette[k % len(palette)]
-        sim = sub.dropna(subset=["simulated_ms"])
-        fig.add_trace(go.Scatter(x=sim["prompt_tokens"], y=sim["simulated_ms"], mode="lines+markers",
-                                 line={"color": colour}, name=f"{label}: kvplan",
-                                 hovertemplate=f"{label} simulated: %{{y:.0f}} ms at %{{x}} tokens<extra></extra>"))
-        pub = sub.dropna(subset=["published_ms"])
-        fig.add_trace(go.Scatter(x=pub["prompt_tokens"], y=pub["published_ms"], mode="markers",
-                                 marker={"color": colour, "symbol": "diamond-open", "size": 13, "line": {"width": 2}},
-                                 name=f"{label}: published",
-                                 hovertemplate=f"{label} published: %{{y:.0f}} ms at %{{x}} tokens<extra></extra>"))
-    return _layout(fig, title, "prefix size (tokens)", y_title)
-
-
-def reproduce_figures(rows: Sequence[Mapping[str, Any]], model: str) -> list[go.Figure]:
-    """The published P5en charts against the simulator's, from ``reproduce_rows`` output.
-
-    ``rows`` carry ``model, series, prompt_tokens, published_ms, simulated_ms`` (``published_ms`` may be
-    missing where only the simulator has a point). Returns two figures: TTFT vs prefix size ON/OFF, and
-    the prefill duration split into recompute and D->P KV transfer.
-    """
-    frame = reproduce_frame(rows)
-    return [
-        _reproduce_chart(frame, REPRODUCE_TTFT_SERIES, f"{model}: TTFT vs prompt length, published vs kvplan", "TTFT (ms)"),
-        _reproduce_chart(frame, REPRODUCE_PREFILL_SERIES, f"{model}: prefill duration and KV transfer, published vs kvplan",
-                         "duration (ms)"),
-    ]
-
-
-def reproduce_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """``reproduce_rows`` output as a frame with numeric ``published_ms``, ``simulated_ms``, ``rel_error``."""
-    frame = pd.DataFrame(list(rows))
-    for col in ("published_ms", "simulated_ms", "rel_error", "prompt_tokens"):
-        if col not in frame:
-            frame[col] = np.nan
-        frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    if "series" not in frame:
-        frame["series"] = ""
-    return frame
-
-
 def residual_scatter(frame: pd.DataFrame, title: str = "Fit residuals") -> go.Figure:
     """Residuals (observed - predicted, ms) against x, one colour per metric.
 
-    ``frame`` has columns ``metric``, ``x``, ``observed``, ``predicted`` (units as given; ms for times).
+    ``frame`` has columns ``metric``, ``x``, ``observed``, ``predicted`` (ms, as ``calibration.fit`` reports
+    residuals of times).
     """
     fig = go.Figure()
     for metric, sub in frame.groupby("metric", sort=True):
         fig.add_trace(go.Scatter(x=sub["x"], y=sub["observed"] - sub["predicted"], mode="markers", name=str(metric),
                                  hovertemplate=f"{metric}: x=%{{x}}, residual %{{y:.2f}}<extra></extra>"))
     fig.add_hline(y=0, line={"color": "black", "width": 1})
-    return _layout(fig, title, "x (tokens or batch)", "observed - predicted")
+    return _layout(fig, title, "x (tokens, context or batch)", "observed - predicted (ms)")
 
 
 def parsed_points(frame: pd.DataFrame, x: str, y: str, colour: str | None, title: str, x_title: str,

@@ -39,9 +39,13 @@ from kvplan.models.costs import causal_pairs
 
 #: Relative standard error above which an estimate is reported as poorly determined.
 POORLY_DETERMINED_REL_SE = 0.5
-#: Relative singular value below which a direction of the design is taken as unidentifiable.
-RANK_TOL = 1e-7
+#: Relative singular value (column-normalised, weighted design) below which a direction is taken as not
+#: identifiable: 1 % keeps e.g. bytes vs descriptors (proportional up to block rounding) from being "fitted"
+#: to noise, while prefill designs with several lengths and contexts sit at 0.1-0.3.
+RANK_TOL = 1e-2
 MS_PER_S = 1000.0
+#: Residuals kept per metric in a JSON report (all of them enter the fit and its MAPE).
+MAX_REPORTED_RESIDUALS = 400
 
 
 @dataclass(frozen=True)
@@ -102,17 +106,30 @@ class FitResult:
                 return p
         raise KeyError(name)
 
-    def to_report(self) -> dict[str, Any]:
-        """JSON-able report (parameters, MAPE per metric, residuals, notes)."""
+    def to_report(self, max_residuals: int = MAX_REPORTED_RESIDUALS) -> dict[str, Any]:
+        """JSON-able report (parameters, MAPE per metric, residuals, notes).
+
+        At most ``max_residuals`` residuals per metric are kept, evenly spaced (a bench file can hold tens
+        of thousands of ITLs; the MAPE is computed on all of them).
+        """
         return {
             "target": self.target,
             "n_obs": self.n_obs,
             "dof": self.dof,
             "params": [p.to_dict() for p in self.params],
             "mape_pct": dict(self.mape_pct),
-            "residuals": [dict(r) for r in self.residuals],
+            "residuals": self.residual_sample(max_residuals),
             "notes": list(self.notes),
         }
+
+    def residual_sample(self, max_residuals: int = MAX_REPORTED_RESIDUALS) -> list[dict[str, Any]]:
+        """At most ``max_residuals`` residuals per metric, evenly spaced in observation order."""
+        out: list[dict[str, Any]] = []
+        for metric in dict.fromkeys(r["metric"] for r in self.residuals):
+            rows = [r for r in self.residuals if r["metric"] == metric]
+            idx = np.unique(np.linspace(0, len(rows) - 1, min(len(rows), max_residuals)).astype(int))
+            out += [dict(rows[i]) for i in idx.tolist()]
+        return out
 
 
 def _validate(name: str, arr: np.ndarray, *, positive: bool = False) -> None:
@@ -140,6 +157,7 @@ def fit_linear(
     observed_scale: float = MS_PER_S,
     notes: Sequence[str] = (),
     reasons: Mapping[str, str] | None = None,
+    force_hold: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Fit ``observed ~ design @ theta`` with ``theta >= 0`` on relative residuals, holding what is not identifiable.
 
@@ -148,7 +166,8 @@ def fit_linear(
     ``hold_order`` lists the parameters from least to most identifiable *a priori*: when the design is
     rank deficient the first of them involved in a null direction is held, and the check repeats.
     ``weights`` multiply the relative residuals (e.g. sqrt of a count). ``observed_scale`` converts
-    seconds to the units of the residual report (ms). ``reasons[name]`` explains a structural hold.
+    seconds to the units of the residual report (ms). ``reasons[name]`` explains a structural hold;
+    ``force_hold[name]`` holds a parameter the caller knows the data cannot inform (with the reason).
     """
     x = np.asarray(design, dtype=np.float64)
     y = np.asarray(observed, dtype=np.float64)
@@ -159,12 +178,12 @@ def fit_linear(
     w = np.ones(m) if weights is None else np.asarray(weights, dtype=np.float64)
     a = x * (w / y)[:, None]  # weighted relative design: residual = a @ theta - w
     rhs = w.copy()
-    held: dict[str, str] = {}
+    held: dict[str, str] = dict(force_hold or {})
     free = list(range(p))
     note_list = list(notes)
     # structural identifiability: drop columns that carry no information, then rank-deficient directions
     for j in range(p):
-        if not np.any(a[:, j] != 0):
+        if names[j] not in held and not np.any(a[:, j] != 0):
             held[names[j]] = (reasons or {}).get(names[j], "no observation depends on it")
     free = [j for j in range(p) if names[j] not in held]
     while free:
@@ -174,7 +193,7 @@ def fit_linear(
         if s[-1] > RANK_TOL * s[0] and len(free) <= m:
             break
         # the null direction: the right singular vector of the smallest singular value
-        _, _, vt = np.linalg.svd(sub / norms)
+        _, _, vt = np.linalg.svd(sub / norms, full_matrices=False)
         null = np.abs(vt[-1])
         involved = {names[free[k]] for k in range(len(free)) if null[k] > 0.05} if len(free) <= m else set()
         choice = next((n for n in hold_order if n in involved), None)
@@ -312,6 +331,7 @@ def fit_prefill(
     metrics: Sequence[str] | None = None,
     weights: np.ndarray | None = None,
     notes: Sequence[str] = (),
+    force_hold: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Fit ``PrefillCost`` (``fixed_s``, ``per_token_s``, ``attention_s``) to measured prefill times.
 
@@ -338,6 +358,7 @@ def fit_prefill(
         xs=new + cached,
         weights=weights,
         notes=notes,
+        force_hold=force_hold,
     )
 
 
@@ -470,6 +491,6 @@ def combine_reports(results: Sequence[FitResult]) -> dict[str, Any]:
     return {
         "fits": [r.to_report() for r in results],
         "mape_pct": {f"{r.target}:{k}": v for r in results for k, v in r.mape_pct.items()},
-        "residuals": [dict(x) for r in results for x in r.residuals],
+        "residuals": [x for r in results for x in r.residual_sample()],
         "notes": [n for r in results for n in r.notes],
     }

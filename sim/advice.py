@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvplan.errors import input_error
-from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
-from kvplan.models.costs import TransferCost, prefill_time_s, transfer_time_s
+from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks, t_quantile_975
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict
@@ -46,12 +45,16 @@ from kvplan.sim.screen import quantile_sample, screen_scenarios
 
 log = logging.getLogger(__name__)
 
+__all__ = ["BreakEven", "Recommendation", "break_even", "kv_transfer_config", "recommend"]
+
 DEFAULT_TTL_GRID_S: tuple[float, ...] = (5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800)
 UNLIMITED_TTL_S = 1e7
 UNBOUNDED_DECODE_KV_TOKENS = 10**12
 BENEFIT_FRACTION = 0.95
 MATERIAL_FRACTION = 0.01  # a TTFT change smaller than 1% of the baseline's mean is not worth acting on
-VLLM_DEFAULTS = {"ttl_s": 480.0, "threshold": 64, "router_ttl_s": 450.0, "failure_policy": "fail"}
+VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
+VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
+PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
 GIB = 1024**3
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
             "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
@@ -73,51 +76,6 @@ ASSUMPTIONS = (
     "Every recommended configuration uses kv_load_failure_policy 'recompute' (VLLM_BEHAVIOUR.md 1.5: with 'fail' a "
     "declined read errors the request).",
 )
-
-
-@dataclass(frozen=True)
-class BreakEven:
-    """Analytic pull-vs-recompute break-even of one follow-up turn."""
-
-    tokens: int
-    local_prefix_tokens: int
-    tail_tokens: int
-    pull_s: float
-    recompute_s: float
-    verdict: str  # crossover | always_pull | never_pull
-
-
-def break_even(rs: Resolved, local_prefix_tokens: int, tail_tokens: int, max_tokens: int | None = None) -> BreakEven:
-    """Smallest ``n`` from which pulling ``n`` tokens is no slower than recomputing them (for all larger ``n``).
-
-    Pull: ``transfer_time_s(transfer, n x bytes/rank, regions x ceil(n / block))`` (link override applied).
-    Recompute: ``prefill_time_s(n + tail, local) - prefill_time_s(tail, local + n)`` (chunked as the engine).
-    """
-    sc = rs.scenario
-    tp = sc.deployment.tensor_parallel_size
-    chunk = sc.deployment.max_num_batched_tokens
-    cross = sc.deployment.cross_layer_blocks
-    tc = TransferCost.model_validate({**rs.costs.transfer.model_dump(), "per_byte_s": rs.per_byte_s})
-    b_rank = kv_bytes_per_token_per_rank(rs.arch, tp)
-    top = max_tokens or rs.arch.max_model_len
-    tail = max(int(tail_tokens), 1)
-    local = max(int(local_prefix_tokens), 0)
-    pull = np.empty(top)
-    rec = np.empty(top)
-    for n in range(1, top + 1):
-        pull[n - 1] = transfer_time_s(tc, n * b_rank, descriptors_per_transfer(rs.arch, n, cross))
-        rec[n - 1] = prefill_time_s(rs.costs.prefill, n + tail, local, chunk) - prefill_time_s(
-            rs.costs.prefill, tail, local + n, chunk
-        )
-    worse = np.nonzero(pull > rec)[0]
-    if len(worse) == 0:
-        n_star, verdict = 1, "always_pull"
-    elif worse[-1] == top - 1:
-        n_star, verdict = top + 1, "never_pull"
-    else:
-        n_star, verdict = int(worse[-1]) + 2, "crossover"
-    i = min(n_star, top) - 1
-    return BreakEven(n_star, local, tail, float(pull[i]), float(rec[i]), verdict)
 
 
 @dataclass(frozen=True)
@@ -326,7 +284,7 @@ def recommend(
     local, tail = _follow_up_shape(sc)
     be = break_even(rs, local, tail)
     bs = rs.arch.block_size_tokens
-    cands = {be.tokens, max(bs, round(be.tokens / 2 / bs) * bs), round(2 * be.tokens / bs) * bs, VLLM_DEFAULTS["threshold"]}
+    cands = {be.tokens, max(bs, round(be.tokens / 2 / bs) * bs), round(2 * be.tokens / bs) * bs, VLLM_THRESHOLD}
     cands = {int(c) for c in cands if 0 < c <= rs.arch.max_model_len + 1}
     total = replications * (2 + len(cands) + len(grid) + 1)
     runner = _Runner(sc, replications, total, progress, backend, workers, ray_address)
@@ -334,13 +292,13 @@ def recommend(
     # stage 1: the baselines (they also give the P decision delay the router TTL must leave room for)
     base_rows = runner.run({
         "off": {"policy.bidirectional": False},
-        "defaults": {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": VLLM_DEFAULTS["ttl_s"],
-                     "policy.kv_recompute_threshold_tokens": VLLM_DEFAULTS["threshold"],
-                     "policy.router_ttl_s": VLLM_DEFAULTS["router_ttl_s"], "policy.kv_load_failure_policy": "fail"},
+        "defaults": {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": VLLM_TTL_S,
+                     "policy.kv_recompute_threshold_tokens": VLLM_THRESHOLD,
+                     "policy.router_ttl_s": PROXY_ROUTER_TTL_S, "policy.kv_load_failure_policy": "fail"},
     })
     off, defaults = base_rows["off"], base_rows["defaults"]
     allowance = max(1.0, math.ceil(max(_col(defaults, "p_decide_p99_s") + [0.0])))
-    ttl0 = pol.decoder_kv_blocks_ttl_s if pol.decoder_kv_blocks_ttl_s > margin + allowance else VLLM_DEFAULTS["ttl_s"]
+    ttl0 = pol.decoder_kv_blocks_ttl_s if pol.decoder_kv_blocks_ttl_s > margin + allowance else VLLM_TTL_S
     # stage 2: the threshold check at the scenario's TTL
     thr_var = {
         f"thr{c}": {**on, "policy.decoder_kv_blocks_ttl_s": ttl0,
@@ -385,7 +343,7 @@ def _decide(sc: Scenario, rs: Resolved, grid: list[float], off: list[dict[str, A
     off_mean = off_m["ttft_mean_s"]
     inf_gain = _paired(off, ttl_rows["unlimited"])
     warnings: list[str] = []
-    curve = []
+    curve: list[dict[str, Any]] = []
     for t in grid:
         rows = ttl_rows[f"ttl{t:g}"]
         mt = m(rows)
@@ -465,14 +423,16 @@ def _decide(sc: Scenario, rs: Resolved, grid: list[float], off: list[dict[str, A
     if binding != "decode HBM":
         if exp_m["d_queue_mean_s"] > 0.05 * exp_m["ttft_mean_s"]:
             binding = "decode HBM"
-        elif exp_m["prefill_utilization"] >= 0.8:
-            binding = "prefill compute"
+        elif exp_m["prefill_utilization"] >= 0.8 or (slo and not slo["met"] and exp_m["kv_pull_mean_s"]
+                                                       <= 0.5 * exp_m["ttft_mean_s"]):
+            binding = "prefill compute"  # saturated P, or an SLO no TTL can meet: the P leg of misses dominates
         elif rec is not None and exp_m["kv_pull_mean_s"] > 0.5 * exp_m["ttft_mean_s"]:
             binding = "link"
     binding_txt = {
         "turn-gap distribution": f"turn-gap distribution ({gap_txt}; longer TTLs add < 5% of the benefit)",
         "decode HBM": "decode HBM (pinned KV against the budget / the decode KV pool)",
-        "prefill compute": f"prefill compute (P busy {exp_m['prefill_utilization']:.0%})",
+        "prefill compute": f"prefill compute (P busy {exp_m['prefill_utilization']:.0%}; the prefill of first turns "
+                           "and misses sets the TTFT tail)",
         "link": f"link (pulls take {exp_m['kv_pull_mean_s'] * 1000:.0f} ms of a {exp_m['ttft_mean_s'] * 1000:.0f} ms TTFT)",
     }[binding]
     ttl = int(rec["ttl_s"]) if rec is not None else int(grid[0])
@@ -547,45 +507,3 @@ def _variant(sc: Scenario, ttl: float, router: float, threshold: int) -> Scenari
     return with_overrides(sc, {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": ttl,
                                "policy.router_ttl_s": router, "policy.kv_recompute_threshold_tokens": threshold,
                                "policy.kv_load_failure_policy": "recompute"})
-
-
-def render_text(rec: Recommendation) -> list[str]:
-    """Human-readable lines of a recommendation (the CLI prints them)."""
-    e, b, o = rec.expected, rec.baseline, rec.bidirectional_off
-
-    def ms(d: dict[str, float], k: str) -> str:
-        ci = d.get(f"{k}_ci95", math.nan)
-        return f"{d[k] * 1000:.0f}" + (f" ±{ci * 1000:.0f}" if math.isfinite(ci) else "")
-
-    lines = [
-        f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
-        f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s, bidirectional_kv_xfer = "
-        f"{str(rec.bidirectional).lower()}",
-        "",
-        f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
-    ]
-    for k, name in (("ttft_p50_s", "TTFT p50 ms"), ("ttft_p90_s", "TTFT p90 ms"), ("ttft_p99_s", "TTFT p99 ms"),
-                    ("ttft_mean_s", "TTFT mean ms")):
-        lines.append(f"{name:24}{ms(e, k):>18}{ms(b, k):>18}{ms(o, k):>20}")
-    lines.append(f"{'hit rate':24}{e['hit_rate']:>18.1%}{b['hit_rate']:>18.1%}{o['hit_rate']:>20.1%}")
-    h = rec.decode_hbm
-    lines += [
-        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>9.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
-        f"{b['pinned_kv_gib_mean']:>9.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>11.1f}/{0.0:<8.1f}",
-        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>18.0f}"
-        f"{h['decode_batch_capacity_at_vllm_defaults']:>18.0f}{h['decode_batch_capacity_without_retention']:>20.0f}",
-        f"(±: 95% CI over replications; decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
-        + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
-        "",
-        f"binding constraint: {rec.binding_constraint}",
-        *[f"why: {r}" for r in rec.rationale],
-        *[f"rule: {r}" for r in rec.rules],
-        *[f"assumption: {a}" for a in rec.assumptions],
-        *[f"warning: {w}" for w in rec.warnings],
-        *[f"disagreement: {d}" for d in rec.disagreements],
-        "",
-        "prefill and decode servers (identical):",
-        f"  --kv-transfer-config '{json.dumps(rec.kv_transfer_config['prefill'], separators=(',', ':'))}'",
-        f"router: {rec.router['how']}",
-    ]
-    return lines

@@ -16,13 +16,14 @@ At most ``2 x workers`` tasks are in flight, so a million-task sweep does not qu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
@@ -196,9 +197,31 @@ def run_tasks(
         _run_pool(dump, base_key, queue, on_result, workers)
 
 
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Start workers without re-running the caller's ``__main__`` (the tasks only need kvplan).
+
+    multiprocessing's spawn/forkserver re-import the parent's main script in each worker, which breaks
+    scripts without an ``if __name__ == '__main__'`` guard (and notebooks, Streamlit pages). The worker
+    entry point lives in this module, so the main module is hidden while the pool starts its processes.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+    try:
+        if main is not None:
+            if "__file__" in saved:
+                delattr(main, "__file__")
+            main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            for k, v in saved.items():
+                setattr(main, k, v)
+
+
 def _run_pool(dump: dict[str, Any], base_key: str, queue: deque[Task], on_result: OnResult, workers: int) -> None:
     window = 2 * workers
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
+    with _main_not_reimported(), ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
         pending: dict[Future[dict[str, Any]], Hashable] = {}
         try:
             while queue or pending:

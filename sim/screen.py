@@ -336,7 +336,7 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             bad = (abs(a - b) > tol * max(abs(b), 1e-12) and max(abs(a), abs(b)) > 0.5) if rel else abs(a - b) > tol
             if bad:
                 rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
-        sat = simulator_saturated(m.to_dict())
+        sat = simulator_saturated({str(k): v for k, v in m.items()})
         if bool(s["screen_feasible"]) == sat:
             rows.append(
                 {"point": p, "metric": "feasible", "screen": float(s["screen_feasible"]), "simulator": float(not sat),

@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,9 @@ class PartStore:
 
     def open(self, resume: bool) -> dict[tuple[int, int], dict[str, Any]]:
         """Prepare the directory; with ``resume`` return the rows already committed."""
+        trash = self.dir.with_name(f".{self.dir.name}.done")
+        if trash.exists():  # a previous sweep was killed while deleting its finished parts
+            shutil.rmtree(trash, ignore_errors=True)
         if self.dir.exists():
             try:
                 manifest = json.loads(self._manifest().read_text())
@@ -355,9 +358,9 @@ def run_grid(
     if progress:
         progress(len(rows), total)
 
-    def on_result(key: Hashable, row: dict[str, Any]) -> Iterable[Task] | None:
+    def on_result(key: Any, row: dict[str, Any]) -> Iterable[Task] | None:
         nonlocal total
-        p, k = key  # type: ignore[misc]
+        p, k = int(key[0]), int(key[1])
         row = json.loads(json.dumps(row))  # exactly what a resumed sweep reads back from the part
         if store is not None:
             store.commit(p, k, row)

@@ -99,11 +99,14 @@ def test_whatif_ttl_one_second_drops_hit_rate(whatif_base: dict[str, Any]) -> No
 
 
 def test_whatif_ttl_between_gaps_is_partial() -> None:
+    # a TTL inside the spread of the benchmark's turn gaps (the first one the model calls partial)
+    ttl, expected = next((t, m) for t in (5.0, 8.0, 10.0, 12.0, 15.0, 20.0)
+                         if 0.0 < (m := _model(**{"policy.decoder_kv_blocks_ttl_s": t}))["hit_rate"] < 1.0)
     at = _app()
-    at.number_input(key="sc_ttl").set_value(20.0).run()
-    expected = _model(**{"policy.decoder_kv_blocks_ttl_s": 20.0})
-    assert 0.0 < expected["hit_rate"] < 1.0
-    assert _metrics(at)["Hit rate"].value == f"{expected['hit_rate']:.1%}"
+    at.number_input(key="sc_ttl").set_value(ttl).run()
+    m = _metrics(at)
+    assert m["Hit rate"].value == f"{expected['hit_rate']:.1%}"
+    assert m["Errors"].value == str(expected["errors"])
 
 
 def test_whatif_threshold_above_pulls_recomputes(whatif_base: dict[str, Any]) -> None:
@@ -149,6 +152,17 @@ def test_whatif_preset_workload() -> None:
     sc = ds.build_scenario(ds.ScenarioInputs(workload="chat", preset_conversations=200))
     assert sc.workload.conversations == 200 and sc.policy.decoder_kv_blocks_ttl_s == 480.0
     assert _metrics(at)["Hit rate"].value == f"{run(sc).summary['hit_rate']:.1%}"
+
+
+@pytest.mark.parametrize("model", ["glm-5-fp8", "llama-3.3-70b"])
+def test_whatif_other_models(model: str) -> None:
+    at = _app()
+    at.selectbox(key="sc_model").select(model).run()
+    assert not at.exception and not at.error
+    expected = run(published_benchmark(model=model)).summary
+    assert _metrics(at)["TTFT mean"].value == f"{expected['ttft_mean_s'] * 1000:,.1f} ms"
+    # a profile extrapolated from another model says so
+    assert bool(at.warning) == bool(expected["extrapolated"])
 
 
 def test_whatif_bad_deployment_is_one_line_error() -> None:
@@ -237,6 +251,46 @@ def test_calibration_profile_upload_feeds_other_pages() -> None:
     assert _metrics(at)["Hit rate"].value == "100.0%"
 
 
+def _points_csv(tmp_path: Path) -> bytes:
+    import sys
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from synthetic_traces import write_points_csv
+
+    path = tmp_path / "points.csv"
+    write_points_csv(path, np.random.default_rng(7),
+                     lambda new, cached: 0.01 + 3.0e-5 * new + 1.0e-10 * new * cached,
+                     lambda tokens: 0.012 + 4.0e-6 * tokens)
+    return path.read_bytes()
+
+
+def test_calibration_fit_from_uploaded_points(tmp_path: Path) -> None:
+    if du.calibrate_fn() is None:
+        pytest.skip("kvplan.calibration.calibrate is not in this build")
+    at = _page(_app(), "calibration.py")
+    at.file_uploader(key="calib_traces").set_value(("points.csv", _points_csv(tmp_path), "text/csv")).run()
+    assert not at.exception and not at.error
+    assert at.dataframe[0].value["format"].tolist() == ["points"]
+    at.button(key="calib_fit").click().run()
+    assert not at.exception and not at.error
+    params = at.dataframe[1].value
+    fitted = params[params["status"] == "fitted"].set_index("parameter")["value"]
+    assert fitted["prefill.per_token_s"] == pytest.approx(3.0e-5, rel=0.1)
+    assert _plotly_count(at) >= 2  # the parsed points and the residuals
+    assert "MAPE (%)" in at.dataframe[2].value.columns
+    assert at.get("download_button")
+    at.button(key="calib_use").click().run()
+    at = _page(at, "whatif.py")
+    choice = next(o for o in at.selectbox(key="sc_profile").options if o.startswith("session: "))
+    at.selectbox(key="sc_profile").select(choice).run()
+    assert not at.exception and not at.error
+    profile_path = du.session_profile_path(at.session_state[ds.SESSION_PROFILE])
+    expected = run(with_overrides(published_benchmark(), {"profile": profile_path})).summary
+    assert _metrics(at)["TTFT mean"].value == f"{expected['ttft_mean_s'] * 1000:,.1f} ms"
+
+
 def test_calibration_bad_profile_upload() -> None:
     at = _page(_app(), "calibration.py")
     at.file_uploader(key="calib_profile").set_value(("p.json", b'{"name": 3}', "application/json")).run()
@@ -254,8 +308,30 @@ def test_reproduce_page_runs() -> None:
         return
     assert not at.error
     assert _plotly_count(at) == 2
-    frame = at.dataframe[0].value
-    assert {"series", "prompt_tokens", "published_ms", "simulated_ms"} <= set(frame.columns)
+    from kvplan.calibration.reproduce import reproduce_rows
+
+    expected = reproduce_rows(model="qwen3-32b")
+    table = at.dataframe[-1].value
+    assert {"series", "prompt_tokens", "published_ms", "simulated_ms", "rel_error_pct"} <= set(table.columns)
+    assert len(table) == len(expected)
+    assert table["simulated_ms"].tolist() == pytest.approx([r["simulated_ms"] for r in expected])
+    at.selectbox(key="repro_model").select("glm-5-fp8").run()
+    assert not at.exception and not at.error
+    assert set(at.dataframe[-1].value["model"]) == {"glm-5-fp8"}
+
+
+def test_reproduce_with_a_profile_of_another_model_is_one_line_error() -> None:
+    at = _page(_app(), "calibration.py")
+    at.file_uploader(key="calib_profile").set_value(("q.json", PROFILE.read_bytes(), "application/json")).run()
+    at.button(key="calib_use").click().run()
+    at = _page(at, "reproduce.py")
+    if ds.reproduce_fn() is None:
+        pytest.skip("kvplan.calibration.reproduce is not in this build")
+    at.selectbox(key="repro_profile").select("session profile").run()
+    assert not at.exception and not at.error  # a qwen3-32b profile for qwen3-32b
+    at.selectbox(key="repro_model").select("glm-5-fp8").run()
+    assert not at.exception
+    assert len(at.error) == 1 and "qwen3-32b" in at.error[0].value and "\n" not in at.error[0].value
 
 
 def test_advice_page_runs() -> None:
@@ -436,17 +512,6 @@ def test_grid_heatmap_marks_between_categories() -> None:
     assert fig.data[0].z.shape == (2, 3)
     assert (fig.data[1].x[0], fig.data[1].y[0]) == (1.0, 1.0)
     assert 0.0 < fig.data[2].x[0] < 1.0
-
-
-def test_reproduce_figures_from_rows() -> None:
-    rows = [
-        {"model": "qwen3-32b", "series": "ttft_on", "prompt_tokens": 2000, "published_ms": 122, "simulated_ms": 120},
-        {"model": "qwen3-32b", "series": "ttft_off", "prompt_tokens": 2000, "published_ms": 158, "simulated_ms": 160},
-        {"model": "qwen3-32b", "series": "kv_transfer_on", "prompt_tokens": 24000, "published_ms": 130,
-         "simulated_ms": 128},
-    ]
-    ttft, prefill = figures.reproduce_figures(rows, "qwen3-32b")
-    assert len(ttft.data) == 4 and len(prefill.data) == 2
 
 
 def test_figures_module_does_not_import_streamlit() -> None:

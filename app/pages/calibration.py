@@ -33,9 +33,10 @@ if traces:
             st.plotly_chart(figures.parsed_points(frame, x, y, colour, f"{t.name} ({t.fmt})", xt, yt), key=f"pts{i}")
 
 st.subheader("Fit a profile")
-c1, c2 = st.columns(2)
+c1, c2, c3 = st.columns(3)
 model = c1.selectbox("model", list(MODEL_PRESETS), key="calib_model")
 hardware = c2.selectbox("hardware", list(HARDWARE_PRESETS), key="calib_hardware")
+tp = c3.selectbox("tensor parallel size (measured)", du.TP_CHOICES, index=len(du.TP_CHOICES) - 1, key="calib_tp")
 try:
     can_fit = du.calibrate_fn() is not None
 except KvplanInputError as exc:
@@ -47,7 +48,7 @@ if not can_fit:
 elif st.button("Fit", type="primary", disabled=not traces, key="calib_fit"):
     with st.spinner("fitting"):
         try:
-            st.session_state["kvplan_fitted_profile"] = du.profile_json(du.fit_profile(traces, model, hardware))
+            st.session_state["kvplan_fitted_profile"] = du.profile_json(du.fit_profile(traces, model, hardware, int(tp)))
         except KvplanInputError as exc:
             ds.show_error(exc)
 
@@ -65,11 +66,17 @@ if fitted:
     profile = du.profile_from_json(fitted)
     st.markdown(f"**Profile `{profile.name}`**: {profile.model} on {profile.hardware}, TP{profile.tensor_parallel_size}, "
                 f"status {profile.status}")
-    st.dataframe(du.parameter_table(profile), hide_index=True)
+    st.dataframe(du.parameter_table(profile), hide_index=True, key="calib_params")
+    left, right = st.columns(2)
     residuals = du.residual_frame(profile)
     if residuals is not None:
-        st.plotly_chart(figures.residual_scatter(residuals), key="residuals")
-    with st.expander("Error report (fit_report)", expanded=True):
+        left.plotly_chart(figures.residual_scatter(residuals), key="residuals")
+    mape = du.mape_table(profile)
+    if mape is not None:
+        right.markdown("**Error report**: mean absolute percentage error per metric")
+        right.dataframe(mape, hide_index=True, key="calib_mape")
+    st.markdown("\n".join(f"- {note}" for note in du.report_notes(profile)))
+    with st.expander("Full fit report (JSON)"):
         st.json(profile.fit_report or {"note": "this profile has no fit report"})
     c1, c2 = st.columns(2)
     c1.download_button("Download profile JSON", fitted, file_name=f"{du.safe_name(profile.name)}.json",

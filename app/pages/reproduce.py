@@ -6,7 +6,6 @@ import streamlit as st
 
 from kvplan.app import dash_state as ds
 from kvplan.app import dash_upload as du
-from kvplan.app import figures
 from kvplan.errors import KvplanInputError
 
 ds.page_guard()
@@ -31,10 +30,15 @@ profile = du.session_profile_path(session) if which == "session profile" and ses
 try:
     with st.spinner("simulating the published benchmark at every prefix size"):
         rows = ds.reproduce_cached(model, profile)
+    figs = ds.reproduce_figures(rows, model)
 except KvplanInputError as exc:
     ds.show_error(exc)
     st.stop()
-for i, fig in enumerate(figures.reproduce_figures(rows, model)):
+for i, fig in enumerate(figs):
     st.plotly_chart(fig, key=f"repro{i}")
-frame = figures.reproduce_frame(rows)
-st.dataframe(frame, hide_index=True)
+ratios = ds.reproduce_ratios(rows)
+if ratios is not None:
+    st.markdown("**ON/OFF TTFT ratio at the longest published prompt**")
+    st.dataframe(ratios, hide_index=True)
+st.markdown("**Every point** (published end points; kvplan at every prefix size of the sweep)")
+st.dataframe(ds.reproduce_table(rows), hide_index=True)

@@ -24,8 +24,8 @@ s = w.current.summary
 st.caption(
     f"{s['model']} on {s['hardware']}, {scenario.deployment.prefill_nodes}P{scenario.deployment.decode_nodes}D "
     f"TP{scenario.deployment.tensor_parallel_size}, profile {s['profile']} ({s['profile_status']}); "
-    f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at the "
-    f"vLLM defaults (TTL 480 s, threshold 64 tokens, router TTL 450 s, bidirectional on)."
+    f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at "
+    f"{ds.defaults_text()}."
 )
 if s.get("extrapolated"):
     st.warning("EXTRAPOLATED profile: costs scaled from another model's calibration, not measured on this model.")
@@ -43,9 +43,10 @@ left.plotly_chart(
 right.plotly_chart(
     figures.pinned_kv(w.current.pinned, float(s["decode_kv_capacity_gib"]), float(s["sim_end_s"])), key="pinned"
 )
-with st.expander("Assumptions and per-turn records"):
-    for note in w.current.notes:
-        st.markdown(f"- {note}")
+with st.expander("Assumptions"):
+    st.markdown("\n".join(f"- {note}" for note in w.current.notes) or "(none)")
+# the per-turn table is heavy for the browser: drawn only on request, so widget changes re-render fast
+if st.toggle("show the per-turn records", key="whatif_turns"):
     st.dataframe(w.current.turns, hide_index=True)
 st.caption(f"Four kvplan.sim.api.run calls (this scenario, ON, OFF, vLLM defaults) took {w.sim_wall_s * 1000:.0f} ms "
            "when first computed; each is cached on its scenario.")

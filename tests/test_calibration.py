@@ -1,0 +1,491 @@
+"""Calibration: parameter recovery from seeded synthetic traces in every real format, the real external files,
+a malformed-input table for ``kvplan calibrate``, the published-points acceptance (``kvplan reproduce --json``),
+``kvplan cost --json``, and the simulation-based fit (fast path = run(), determinism, shipped profiles).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import synthetic_traces as st
+
+from kvplan.app.cli import main
+from kvplan.calibration.calibrate import CalibrationResult, calibrate
+from kvplan.calibration.published import (
+    RATIO_TOLERANCE,
+    TOLERANCE,
+    Aggregation,
+    benchmark_scenario,
+    fit_published,
+    series_fast,
+    series_from_turns,
+)
+from kvplan.calibration.published_data import PUBLISHED_CSV, PUBLISHED_SHA256
+from kvplan.models.arch import QWEN3_32B, descriptors_per_transfer, kv_bytes_per_token_per_rank
+from kvplan.models.costs import (
+    PrefillCost,
+    TransferCost,
+    decode_step_time_s,
+    post_time_s,
+    prefill_time_s,
+    xfer_time_s,
+)
+from kvplan.models.profile import load_profile
+from kvplan.sim.api import run
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+LLMD = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
+
+# "True" parameters the synthetic traces are drawn from (Qwen3-32B-like at TP8 on p5en). per_byte_s is the
+# p5en line rate, the value the fit holds it at (bytes and descriptors are collinear for one model).
+TRUE_PREFILL = PrefillCost(fixed_s=0.015, per_token_s=2.5e-5, attention_s=4e-10)
+TRUE_XFER = TransferCost(fixed_s=0.005, per_descriptor_s=6e-7, per_byte_s=2e-11, post_fixed_s=1e-3,
+                         post_per_descriptor_s=1.1e-6)
+DECODE_INTERCEPT_S = 0.006  # batch-1 step: fixed_s + per_seq_s
+DECODE_PER_CTX_S = 8.5e-9
+BPT = kv_bytes_per_token_per_rank(QWEN3_32B, 8)
+NOISE = 0.03  # multiplicative timing noise of the writers (3 %, what real repeated measurements scatter by)
+RECOVERY_TOL = 0.05
+HELDOUT_TOL = 0.03
+
+
+def prefill_s(new: int, cached: int = 0) -> float:
+    return prefill_time_s(TRUE_PREFILL, int(new), int(cached))
+
+
+def xfer_s(tokens: int) -> float:
+    return xfer_time_s(TRUE_XFER, tokens * BPT, descriptors_per_transfer(QWEN3_32B, int(tokens)))
+
+
+def post_s(tokens: int) -> float:
+    return post_time_s(TRUE_XFER, descriptors_per_transfer(QWEN3_32B, int(tokens)))
+
+
+def decode_s(context: int) -> float:
+    return DECODE_INTERCEPT_S + DECODE_PER_CTX_S * context
+
+
+def _estimates(res: CalibrationResult) -> dict[str, float]:
+    vals = {p.name: p.value for fit in res.fits for p in fit.params}
+    if "decode.fixed_s" in vals:  # per_seq_s is held (batch 1 only): compare the batch-1 intercept
+        vals["decode.intercept_s"] = vals["decode.fixed_s"] + vals["decode.per_seq_s"]
+    return vals
+
+
+def _check(res: CalibrationResult, truth: dict[str, float]) -> None:
+    est = _estimates(res)
+    for name, value in truth.items():
+        assert est[name] == pytest.approx(value, rel=RECOVERY_TOL), f"{name}: {est[name]:.4g} vs true {value:.4g}"
+    status = {p.name: p.status for fit in res.fits for p in fit.params}
+    for name in truth:
+        if name in status:
+            assert status[name] == "fitted", f"{name} is {status[name]}"
+
+
+def _heldout_prefill(res: CalibrationResult) -> None:
+    c = res.profile.costs.prefill
+    for new, cached in ((12000, 0), (3000, 12000), (500, 20000), (20000, 4000)):
+        assert prefill_time_s(c, new, cached) == pytest.approx(prefill_s(new, cached), rel=HELDOUT_TOL)
+
+
+def _heldout_xfer(res: CalibrationResult) -> None:
+    t = res.profile.costs.transfer
+    for tokens in (100, 1000, 12000, 28000):
+        d = descriptors_per_transfer(QWEN3_32B, tokens)
+        assert xfer_time_s(t, tokens * BPT, d) == pytest.approx(xfer_s(tokens), rel=HELDOUT_TOL)
+
+
+def _heldout_decode(res: CalibrationResult) -> None:
+    d = res.profile.costs.decode
+    for ctx in (700, 5000, 20000):
+        assert decode_step_time_s(d, 1, ctx) == pytest.approx(decode_s(ctx), rel=HELDOUT_TOL)
+
+
+PREFILL_TRUTH = {
+    "prefill.fixed_s": TRUE_PREFILL.fixed_s,
+    "prefill.per_token_s": TRUE_PREFILL.per_token_s,
+    "prefill.attention_s": TRUE_PREFILL.attention_s,
+}
+XFER_TRUTH = {"transfer.fixed_s": TRUE_XFER.fixed_s, "transfer.per_descriptor_s": TRUE_XFER.per_descriptor_s}
+DECODE_TRUTH = {"decode.intercept_s": DECODE_INTERCEPT_S, "decode.per_context_token_s": DECODE_PER_CTX_S}
+
+
+# --- parameter recovery, one test per real format -----------------------------------------------------------
+
+
+def test_recover_points_csv(tmp_path: Path) -> None:
+    path = tmp_path / "points.csv"
+    design = [(n, c) for n in (200, 1000, 4000, 8000, 16000, 24000) for c in (0, 8000, 24000)]
+    st.write_points_csv(path, np.random.default_rng(11), prefill_s, xfer_s, prefill_points=design,
+                        transfer_tokens=(64, 500, 2000, 8000, 16000, 24000), repeats=6, noise_frac=NOISE)
+    res = calibrate("qwen3-32b", "p5en", points=[path])
+    _check(res, {**PREFILL_TRUTH, **XFER_TRUTH})
+    _heldout_prefill(res)
+    _heldout_xfer(res)
+    held = {p.name: p for fit in res.fits for p in fit.params}["transfer.per_byte_s"]
+    assert held.status == "held" and "scale with the tokens" in held.note  # says why, in words
+
+
+def test_recover_bench_serve(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    st.write_bench_serve(path, np.random.default_rng(12), prefill_s, decode_s, n=400, input_len_range=(100, 30000),
+                         output_len_range=(16, 64), noise_frac=NOISE)
+    res = calibrate("qwen3-32b", "p5en", bench=[path])
+    _check(res, {**PREFILL_TRUTH, **DECODE_TRUTH})
+    _heldout_prefill(res)
+    _heldout_decode(res)
+    assert res.profile.status == "calibrated"
+    assert res.profile.provenance["sources"][0]["sha256"] and res.profile.uncertainty["prefill.per_token_s"] > 0
+
+
+def test_recover_multiturn(tmp_path: Path) -> None:
+    rng = np.random.default_rng(13)
+    files = []
+    for i, prefix in enumerate((1000, 8000, 24000)):
+        files.append(tmp_path / f"mt{i}.json")
+        st.write_multiturn_stats(files[-1], rng, prefill_s, decode_s, n_conversations=40, prefix_tokens=prefix,
+                                 noise_frac=NOISE)
+    res = calibrate("qwen3-32b", "p5en", multiturn=files)
+    _check(res, {**PREFILL_TRUTH, **DECODE_TRUTH})
+    _heldout_prefill(res)
+    _heldout_decode(res)
+
+
+def test_recover_engine_log(tmp_path: Path) -> None:
+    rng = np.random.default_rng(14)
+    path = tmp_path / "engine.log"
+    tokens = np.rint(np.exp(rng.uniform(np.log(32), np.log(32000), size=150))).astype(int).tolist()
+    st.write_engine_log(path, rng, xfer_s, tokens, bytes_per_token_per_rank=BPT, post_fn=post_s, noise_frac=0.05,
+                        requests_per_interval=1)
+    res = calibrate("qwen3-32b", "p5en", log=[path])
+    _check(res, {**XFER_TRUTH, "transfer.post_fixed_s": TRUE_XFER.post_fixed_s,
+                 "transfer.post_per_descriptor_s": TRUE_XFER.post_per_descriptor_s})
+    _heldout_xfer(res)
+
+
+def test_recover_proxy_log_joined_to_multiturn(tmp_path: Path) -> None:
+    rng = np.random.default_rng(15)
+    logs, stats = [], []
+    for i, prefix in enumerate((1000, 8000, 24000)):
+        logs.append(tmp_path / f"proxy{i}.log")
+        stats.append(tmp_path / f"mt{i}.json")
+        st.write_proxy_log(logs[-1], rng, prefill_s, n_conversations=40, prefix_tokens=prefix)
+        st.write_multiturn_stats(stats[-1], rng, prefill_s, decode_s, n_conversations=40, prefix_tokens=prefix)
+    res = calibrate("qwen3-32b", "p5en", log=logs, multiturn=stats)
+    prefill_fit = next(f for f in res.fits if f.target == "prefill")
+    assert set(prefill_fit.mape_pct) == {"proxy_p_leg"}  # the P legs, not the TTFTs, fitted the prefill
+    _check(res, PREFILL_TRUTH)
+    _heldout_prefill(res)
+
+
+def test_recover_prometheus(tmp_path: Path) -> None:
+    # prefill: one request per scrape interval (a low-rate run scraped every 15 s), nothing pulled; the
+    # attention term is not identifiable from sums, so it is held at the shipped profile's value and the
+    # truth uses that value
+    shipped_att = load_profile("p5en-qwen3-32b").costs.prefill.attention_s
+    truth = PrefillCost(fixed_s=0.015, per_token_s=2.5e-5, attention_s=shipped_att)
+    rng = np.random.default_rng(16)
+    path = tmp_path / "metrics.prom"
+    st.write_prometheus(path, rng, lambda n: prefill_time_s(truth, int(n), 0), n_requests=150, n_scrapes=150,
+                        input_len_range=(100, 20000), cached_fraction_range=(0.0, 0.0), noise_frac=NOISE)
+    res = calibrate("qwen3-32b", "p5en", prometheus=[path])
+    _check(res, {"prefill.fixed_s": truth.fixed_s, "prefill.per_token_s": truth.per_token_s})
+    att = {p.name: p for fit in res.fits for p in fit.params}["prefill.attention_s"]
+    assert att.status == "held" and "not the mean" in att.note
+    for n in (700, 9000, 18000):
+        assert prefill_time_s(res.profile.costs.prefill, n, 0) == pytest.approx(prefill_time_s(truth, n, 0),
+                                                                                  rel=HELDOUT_TOL)
+    # NIXL histograms: xfer per rank from the sums of time, bytes and descriptors
+    path2 = tmp_path / "metrics_nixl.prom"
+    st.write_prometheus(path2, rng, lambda n: prefill_time_s(truth, int(n), 0), n_requests=300, n_scrapes=60,
+                        transfer_fn=xfer_s, cached_fraction_range=(0.05, 0.95), noise_frac=NOISE)
+    res2 = calibrate("qwen3-32b", "p5en", prometheus=[path2])
+    _check(res2, XFER_TRUTH)
+    _heldout_xfer(res2)
+
+
+def test_unidentifiable_is_said_not_invented(tmp_path: Path) -> None:
+    # one input length only: fixed vs per-token vs attention cannot be separated
+    path = tmp_path / "points.csv"
+    st.write_points_csv(path, np.random.default_rng(17), prefill_s, xfer_s, prefill_points=((4000, 0),),
+                        transfer_tokens=(4000,), repeats=5)
+    res = calibrate("qwen3-32b", "p5en", points=[path])
+    status = {p.name: p.status for fit in res.fits for p in fit.params}
+    assert status["prefill.attention_s"] == "held" and status["prefill.fixed_s"] == "held"
+    assert status["transfer.per_descriptor_s"] == "held" or status["transfer.fixed_s"] == "held"
+    assert any("not identifiable" in n for n in res.report["notes"])
+    shipped = load_profile("p5en-qwen3-32b").costs
+    assert res.profile.costs.prefill.attention_s == shipped.prefill.attention_s  # held at the base profile
+
+
+# --- real files ---------------------------------------------------------------------------------------------
+
+
+def test_bundled_real_bench_file_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    rc = main(["calibrate", "--bench", str(BUNDLED_BENCH), "--model", "llama-3.3-70b", "--hardware", "p5",
+               "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "prefill.per_token_s" in text and "summary only" in text
+    assert load_profile(out).status == "calibrated"
+
+
+@pytest.mark.skipif(not LLMD.is_dir(), reason="../shared/external_traces is not available")
+def test_real_external_bench_files_parse_and_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = sorted(LLMD.glob("*.json"))
+    assert len(files) >= 2
+    args = ["calibrate"]
+    for f in files:
+        args += ["--bench", str(f)]
+    out = tmp_path / "llmd.json"
+    rc = main([*args, "--model", "llama-3.3-70b", "--hardware", "p5", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "MAPE prefill:bench_mean_ttft" in text and "wrote" in text
+    prof = load_profile(out)
+    assert len(prof.provenance["sources"]) == len(files)
+
+
+# --- malformed input: exit 2, one line --------------------------------------------------------------------------
+
+
+def _bench_obj(tmp_path: Path) -> dict[str, Any]:
+    return st.write_bench_serve(tmp_path / "good.json", np.random.default_rng(0), lambda n: 0.02 + 2.5e-5 * n,
+                                lambda c: 0.006, n=20)
+
+
+def _write(path: Path, text: str) -> list[str]:
+    path.write_text(text, encoding="utf-8")
+    return [str(path)]
+
+
+def _case_truncated(tmp: Path) -> list[str]:
+    text = json.dumps(_bench_obj(tmp))
+    return ["--bench", *_write(tmp / "t.json", text[: len(text) // 2])]
+
+
+def _case_units(tmp: Path) -> list[str]:
+    o = _bench_obj(tmp)
+    o["ttfts"] = [t * 1000 for t in o["ttfts"]]
+    return ["--bench", *_write(tmp / "u.json", json.dumps(o))]
+
+
+def _case_empty(tmp: Path) -> list[str]:
+    o = _bench_obj(tmp)
+    o["ttfts"] = []
+    return ["--bench", *_write(tmp / "e.json", json.dumps(o))]
+
+
+def _case_mismatch(tmp: Path) -> list[str]:
+    o = _bench_obj(tmp)
+    o["ttfts"] = o["ttfts"][:-3]
+    return ["--bench", *_write(tmp / "m.json", json.dumps(o))]
+
+
+def _case_negative(tmp: Path) -> list[str]:
+    o = _bench_obj(tmp)
+    o["ttfts"] = [-t for t in o["ttfts"]]
+    return ["--bench", *_write(tmp / "n.json", json.dumps(o))]
+
+
+def _case_nan(tmp: Path) -> list[str]:
+    o = _bench_obj(tmp)
+    o["ttfts"] = [math.nan, *o["ttfts"][1:]]
+    return ["--bench", *_write(tmp / "nan.json", json.dumps(o))]
+
+
+def _case_no_lines(tmp: Path) -> list[str]:
+    return ["--log", *_write(tmp / "x.log", "starting\nINFO 09-21 12:00:00 [api.py:1] nothing of interest\n")]
+
+
+def _case_huge(tmp: Path) -> list[str]:
+    path = tmp / "huge.json"
+    with open(path, "wb") as fh:
+        fh.truncate(2 * 1024**3)  # sparse: 2 GB of size, no disk
+    return ["--bench", str(path)]
+
+
+def _case_points_seconds(tmp: Path) -> list[str]:
+    text = "kind,tokens,cached_tokens,value_ms\nprefill,2000,0,0.08\nprefill,8000,0,0.3\n"
+    return ["--points", *_write(tmp / "p.csv", text)]
+
+
+def _case_points_negative(tmp: Path) -> list[str]:
+    return ["--points", *_write(tmp / "p.csv", "kind,tokens,cached_tokens,value_ms\nprefill,2000,0,-80\n")]
+
+
+def _case_multiturn_empty(tmp: Path) -> list[str]:
+    return ["--multiturn", *_write(tmp / "mt.json", "[]")]
+
+
+def _case_multiturn_nan(tmp: Path) -> list[str]:
+    recs = st.write_multiturn_stats(tmp / "mt0.json", np.random.default_rng(1), lambda n, c: 0.05, lambda c: 0.006,
+                                    n_conversations=2)
+    recs[0]["tpot_ms"] = math.nan
+    return ["--multiturn", *_write(tmp / "mt.json", json.dumps(recs))]
+
+
+def _case_log_cut(tmp: Path) -> list[str]:
+    line = ("(EngineCore_DP0 pid=1) INFO 09-21 12:00:10 [metrics.py:127] KV Transfer metrics: Num successful "
+            "transfers=8, Avg xfer time (ms)=12.5, P90 xfer")
+    return ["--log", *_write(tmp / "cut.log", line + "\n")]
+
+
+def _case_published_bad(tmp: Path) -> list[str]:
+    return ["--published", *_write(tmp / "pub.csv", "model,series,prompt_tokens,value_ms,note\nfoo/bar,ttft_on,2000,100,\n")]
+
+
+def _case_no_input(tmp: Path) -> list[str]:
+    return []
+
+
+def _case_missing_file(tmp: Path) -> list[str]:
+    return ["--bench", str(tmp / "nope.json")]
+
+
+MALFORMED: dict[str, Callable[[Path], list[str]]] = {
+    "truncated JSON": _case_truncated,
+    "wrong units (ms in a seconds field)": _case_units,
+    "empty arrays": _case_empty,
+    "mismatched array lengths": _case_mismatch,
+    "negative times": _case_negative,
+    "NaN": _case_nan,
+    "log with no matching lines": _case_no_lines,
+    "2 GB file (bounded reading)": _case_huge,
+    "points in seconds": _case_points_seconds,
+    "points negative": _case_points_negative,
+    "multiturn empty array": _case_multiturn_empty,
+    "multiturn NaN": _case_multiturn_nan,
+    "log line cut off": _case_log_cut,
+    "published CSV of an unknown model": _case_published_bad,
+    "no input": _case_no_input,
+    "missing file": _case_missing_file,
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_calibrate_malformed_input(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = MALFORMED[case](tmp_path)
+    out = tmp_path / "out.json"
+    rc = main(["calibrate", *args, "--model", "qwen3-32b", "--hardware", "p5en", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_calibrate_writes_loadable_profile_atomically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "points.csv"
+    st.write_points_csv(path, np.random.default_rng(3), prefill_s, xfer_s)
+    out = tmp_path / "prof.json"
+    assert main(["calibrate", "--points", str(path), "--model", "qwen3-32b", "--hardware", "p5en", "--out", str(out),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"fits", "mape_pct", "residuals", "notes"} <= set(report)
+    prof = load_profile(out)
+    assert prof.provenance["sources"][0]["format"] == "points" and not list(tmp_path.glob("*.tmp"))
+    # the calibrated profile runs in the simulator
+    sc = benchmark_scenario("qwen3-32b", 2000, True, profile=str(out))
+    assert run(sc).summary["turns"] == 50
+
+
+# --- published points: the acceptance ----------------------------------------------------------------------
+
+
+def test_reproduce_json_meets_tolerances(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 20
+    for r in rows:
+        assert list(r) == ["model", "series", "prompt_tokens", "published_ms", "simulated_ms", "rel_error"]
+        assert abs(r["rel_error"]) <= TOLERANCE[r["series"]], r
+        assert r["rel_error"] == pytest.approx((r["simulated_ms"] - r["published_ms"]) / r["published_ms"], abs=1e-4)
+    for model, longest in (("qwen3-32b", 24000), ("glm-5-fp8", 20000)):
+        v = {r["series"]: r for r in rows if r["model"] == model and r["prompt_tokens"] == longest}
+        pub = v["ttft_on"]["published_ms"] / v["ttft_off"]["published_ms"]
+        sim = v["ttft_on"]["simulated_ms"] / v["ttft_off"]["simulated_ms"]
+        assert abs(sim / pub - 1) <= RATIO_TOLERANCE
+
+
+def test_reproduce_one_model_table_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "fig.html"
+    assert main(["reproduce", "--model", "glm-5-fp8", "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "glm-5-fp8" in out and "qwen3-32b" not in out.split("aggregation")[0].replace("p5en-qwen", "")
+    text = html.read_text(encoding="utf-8")
+    assert text.count("plotly-graph-div") >= 2 and "TTFT vs prompt length" in text
+    assert "https://cdn" not in text.split("<script")[1][:200]  # plotly.js embedded, no network
+
+
+def test_reproduce_bad_profile_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "--model", "glm-5-fp8", "--profile", "p5en-qwen3-32b"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cost_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--profile", "p5en-qwen3-32b", "--tokens", "2000", "--cached-tokens", "8000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["prefill_s", "kv_transfer_s", "decode_step_s"]
+    c = load_profile("p5en-qwen3-32b").costs
+    assert out["prefill_s"] == pytest.approx(prefill_time_s(c.prefill, 2000, 8000))
+    assert out["decode_step_s"] == pytest.approx(decode_step_time_s(c.decode, 1, 10000))
+    assert 0 < out["kv_transfer_s"] < out["prefill_s"]
+    assert main(["cost", "--profile", "p5en-glm-5-fp8", "--tokens", "100"]) == 0
+    assert "KV transfer of 100 tokens" in capsys.readouterr().out
+
+
+def test_fast_series_equal_run_series() -> None:
+    for bidirectional in (True, False):
+        for agg in (Aggregation(True), Aggregation(False)):
+            sc = benchmark_scenario("glm-5-fp8", 4000, bidirectional, profile="p5en-glm-5-fp8")
+            fast = series_fast(sc, agg)
+            slow = series_from_turns(run(sc).turns, bidirectional, agg)
+            assert fast.keys() == slow.keys()
+            for k in fast:
+                assert fast[k] == pytest.approx(slow[k], rel=1e-12)
+
+
+def test_published_fit_is_deterministic_and_matches_shipped() -> None:
+    a = fit_published("qwen3-32b")
+    b = fit_published("qwen3-32b")
+    assert a.profile.model_dump() == b.profile.model_dump()
+    shipped = load_profile("p5en-qwen3-32b")
+    for comp, params in shipped.costs.model_dump().items():
+        for name, value in params.items():
+            assert getattr(getattr(a.profile.costs, comp), name) == pytest.approx(value, rel=1e-3, abs=1e-15), name
+    assert a.report["all_within_tolerance"]
+    # with the cold first turn averaged in, GLM-5's prefill_on at 20k is out of reach (documented finding)
+    bound = a.report["first_turn_included_bound"]
+    assert bound is not None
+    glm = load_profile("p5en-glm-5-fp8")
+    assert glm.fit_report["first_turn_included_bound"]["exceeds_tolerance"] == 1.0
+
+
+def test_shipped_profiles_are_self_contained() -> None:
+    for name in ("p5en-qwen3-32b", "p5en-glm-5-fp8"):
+        prof = load_profile(name)
+        assert prof.status == "calibrated" and prof.tensor_parallel_size == 8
+        src = prof.provenance["sources"][0]
+        assert src["sha256"] == PUBLISHED_SHA256
+        assert prof.provenance["vllm_version"] == "0.29.0" and prof.provenance["nixl_version"] == "1.4.1"
+        assert prof.uncertainty and prof.notes and prof.fit_report["points"]
+        assert all(p["within"] for p in prof.fit_report["points"])
+
+
+def test_embedded_published_points_match_files() -> None:
+    copy = REPO / "calibration" / "data" / "p5en_published.csv"
+    assert copy.read_text(encoding="utf-8") == PUBLISHED_CSV
+    original = SHARED / "data" / "p5en_published.csv"
+    if original.is_file():
+        assert original.read_text(encoding="utf-8") == PUBLISHED_CSV

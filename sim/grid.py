@@ -79,9 +79,11 @@ class Grid:
         return with_overrides(self.base, ov) if ov else self.base
 
     def fingerprint(self) -> str:
-        """sha256 of everything that determines the results (base, axes, replications, seeds, format)."""
+        """sha256 of everything that determines the results: base, axes, replications, seeds, the row format,
+        and the content of the shipped calibration profiles (a re-calibration invalidates resumable parts)."""
         payload = {
             "format": FORMAT_VERSION,
+            "profiles": _profiles_digest(),
             "base": self.base.model_dump(mode="json"),
             "axes": [[n, list(v)] for n, v in self.axes],
             "replications": self.replications,
@@ -95,6 +97,16 @@ class Grid:
         if not isinstance(replications, int) or isinstance(replications, bool) or replications < 1:
             raise input_error(f"{self.source}: replications", f"must be an integer >= 1, got {replications!r}")
         return replace(self, replications=replications)
+
+
+def _profiles_digest() -> str:
+    from kvplan.models.profile import _profiles_dir
+
+    h = hashlib.sha256()
+    for p in sorted(_profiles_dir().glob("*.json")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 # --- dotted paths -----------------------------------------------------------------------------------------

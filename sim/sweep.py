@@ -129,7 +129,8 @@ class PartStore:
             found = self._load()
             if manifest.get("fingerprint") not in (None, self.fingerprint) and found:
                 raise input_error(
-                    str(self.dir), "holds runs of a different grid", "use another --out or delete that directory"
+                    str(self.dir), "holds runs of a different grid (or of an older calibration profile)",
+                    "use another --out or delete that directory"
                 )
             if not resume and found:
                 raise input_error(

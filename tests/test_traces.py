@@ -388,9 +388,11 @@ def _synthetic(median: float, sigma: float, sessions: int, seed: int) -> Trace:
 
 def test_fit_recovers_lognormal_idle_gap() -> None:
     tr = _synthetic(median=90.0, sigma=0.8, sessions=2500, seed=7)
-    fit = fit_workload(tr)
+    fit = fit_workload(tr, gap_model="fit")
     gap = fit["turn_gap_s"]
     assert gap["dist"] == "lognormal"
+    emp = fit_workload(tr)["turn_gap_s"]  # the default keeps the measured idle gaps
+    assert emp["dist"] == "empirical" and np.median(emp["values"]) == pytest.approx(90.0, rel=0.05)
     assert gap["median"] == pytest.approx(90.0, rel=0.05)
     assert gap["sigma"] == pytest.approx(0.8, rel=0.05)
     rep = fit["report"]["turn_gap"]
@@ -485,7 +487,7 @@ def test_real_ragpulse() -> None:
     assert st["turns_per_session"]["mean"] == pytest.approx(1.78, abs=0.01)
     assert st["turns_per_session"]["single_request_share"] == pytest.approx(0.588, abs=0.002)
     assert st["output_tokens"]["share_under_threshold"] == pytest.approx(0.04, abs=0.005)
-    fit = fit_workload(split_sessions(tr, 3600)[0])
+    fit = fit_workload(split_sessions(tr, 3600)[0], gap_model="fit")
     assert fit["turn_gap_s"]["dist"] == "lognormal"
     appended = load_trace(RAGPULSE, on_clock_restart="append")
     assert appended.duration_s > 1.9 * tr.duration_s  # two weeks laid end to end

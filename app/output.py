@@ -15,7 +15,8 @@ from kvplan.sim.results import Result, summary_json_bytes
 
 def console() -> Console:
     """A console on stdout that does not wrap or colour when piped."""
-    return Console(highlight=False, soft_wrap=True)
+    # piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
 def fmt_s(x: Any) -> str:

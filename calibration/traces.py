@@ -99,7 +99,7 @@ from typing import Any, Literal, cast, get_args
 import numpy as np
 import pandas as pd
 
-from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, check_file
+from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, _short, check_file
 from kvplan.errors import input_error
 
 log = logging.getLogger(__name__)
@@ -221,20 +221,6 @@ def _read_source(path: str | os.PathLike[str], max_bytes: int) -> tuple[str, str
             f"{where}: line {line}", f"byte {exc.start} is not valid UTF-8", "save as UTF-8"
         ) from None
     return text, digest
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """Short description of a JSON value for an error message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return f"a list of {len(value)} entries"
-    if isinstance(value, dict):
-        return "an object"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _get(obj: Mapping[str, Any], name: str, where: str) -> Any:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvplan.errors import input_error
+from kvplan.models.presets import resolve_preset
 
 BYTES_PER_BF16 = 2
 BYTES_PER_FP8 = 1
@@ -242,18 +243,4 @@ MODEL_PRESETS: dict[str, ModelArch] = {m.name: m for m in (QWEN3_32B, GLM_5_FP8,
 
 def get_model(name_or_spec: str | dict[str, object] | ModelArch) -> ModelArch:
     """Resolve a preset name, or validate a user's inline architecture (the generic YAML form)."""
-    if isinstance(name_or_spec, ModelArch):
-        return name_or_spec
-    if isinstance(name_or_spec, str):
-        try:
-            return MODEL_PRESETS[name_or_spec]
-        except KeyError:
-            raise input_error(
-                "model", f"unknown model '{name_or_spec}'", f"use one of {', '.join(MODEL_PRESETS)} or an inline spec"
-            ) from None
-    try:
-        return ModelArch.model_validate(name_or_spec)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"model.{loc}" if loc else "model", err["msg"]) from None
+    return resolve_preset(name_or_spec, MODEL_PRESETS, ModelArch, "model")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from kvplan.errors import input_error
+from kvplan.models.presets import resolve_preset
 
 GB = 1e9
 GIB = 1024**3
@@ -92,20 +92,4 @@ LINK_PRESETS: dict[str, Link] = {lk.name: lk for lk in (EFA_P5EN, EFA_P5, TCP_FA
 
 def get_hardware(name_or_spec: str | dict[str, object] | Node) -> Node:
     """Resolve a hardware preset name (``p5en``, ``p5``, ``p5en-tcp``) or validate an inline node."""
-    if isinstance(name_or_spec, Node):
-        return name_or_spec
-    if isinstance(name_or_spec, str):
-        try:
-            return HARDWARE_PRESETS[name_or_spec]
-        except KeyError:
-            raise input_error(
-                "hardware",
-                f"unknown hardware '{name_or_spec}'",
-                f"use one of {', '.join(HARDWARE_PRESETS)} or an inline spec",
-            ) from None
-    try:
-        return Node.model_validate(name_or_spec)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"hardware.{loc}" if loc else "hardware", err["msg"]) from None
+    return resolve_preset(name_or_spec, HARDWARE_PRESETS, Node, "hardware")

@@ -386,14 +386,26 @@ def _decide(sc: Scenario, rs: Resolved, grid: list[float], off: list[dict[str, A
             if not sig:
                 retention_off = True
                 top = max(curve, key=lambda c: c["ttl_s"])
-                why = (f"{gap_txt}: they lie far beyond every TTL considered (up to {top['ttl_s']:g} s), so retained "
-                       f"blocks expire unread (hit rate {top['hit_rate']:.1%} at {top['ttl_s']:g} s) while pinning up to "
-                       f"{top['pinned_kv_gib_peak']:.1f} GiB of decode HBM")
+                inf_hit = _mean_ci(_col(ttl_rows["unlimited"], "hit_rate"))[0]
+                best_any = max(curve, key=lambda c: c["benefit_s"])
                 if budget is not None and any(c["significant"] for c in curve):
                     why = f"no TTL that helps fits the {budget:g} GiB decode HBM budget"
                     binding = "decode HBM"
-                rationale.append(f"Turn retention down: {why}; unlimited retention would gain "
-                                 f"{inf_gain[0] * 1000:.1f} ms but only by holding KV for hours.")
+                elif top["hit_rate"] < 0.5 * inf_hit:
+                    why = (f"{gap_txt}: they lie far beyond every TTL considered (up to {top['ttl_s']:g} s), so retained "
+                           f"blocks expire unread (hit rate {top['hit_rate']:.1%} at {top['ttl_s']:g} s vs "
+                           f"{inf_hit:.1%} unlimited) while pinning up to {top['pinned_kv_gib_peak']:.1f} GiB of decode "
+                           "HBM; "
+                           f"unlimited retention would gain {inf_gain[0] * 1000:.1f} ms only by holding KV for hours")
+                else:
+                    why = (f"retained blocks are read back (hit rate {top['hit_rate']:.1%} at {top['ttl_s']:g} s) but no "
+                           f"finite TTL lowers mean TTFT significantly (best {best_any['benefit_s'] * 1000:+.1f} ms at "
+                           f"{best_any['ttl_s']:g} s): the pulls are little faster than recomputing what P's prefix cache "
+                           f"lacks (local prefix ~{be.local_prefix_tokens} tokens), and the pinned KV (up to "
+                           f"{top['pinned_kv_gib_peak']:.1f} GiB) shrinks the decode batch; the unlimited-TTL gain of "
+                           f"{inf_gain[0] * 1000:.1f} ms needs unbounded decode memory")
+                    binding = "decode HBM" if top["metrics"]["d_queue_mean_s"] > 0 else binding
+                rationale.append(f"Turn retention down: {why}.")
             else:
                 best = max(sig, key=lambda c: c["benefit_s"])
                 rec = next(c for c in sig if c["benefit_s"] >= BENEFIT_FRACTION * best["benefit_s"])

@@ -17,6 +17,7 @@ At most ``2 x workers`` tasks are in flight, so a million-task sweep does not qu
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import multiprocessing
@@ -125,13 +126,23 @@ def run_row(scenario: Scenario, seed: int) -> dict[str, Any]:
     """Simulate and return ``{'error': None, **flat summary, **extras}``; a failing run gives ``{'error': msg}``."""
     from kvplan.sim.api import run
 
+    # The run's objects form one large reference graph (nodes, closures, the log) that only the cyclic
+    # collector frees; letting it rescan that graph mid-run costs ~10-15% of a reference run for no memory
+    # gain (same peak RSS), so it is paused during the run and run once afterwards.
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         result = run(scenario, seed)
     except (KvplanInputError, RuntimeError, ValueError, ArithmeticError) as exc:
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+    finally:
+        if was_enabled:
+            gc.enable()
     row: dict[str, Any] = {"error": None}
     row.update(flatten_summary(result.summary))
     row.update(run_extras(result))
+    del result
+    gc.collect()
     return row
 
 

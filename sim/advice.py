@@ -40,6 +40,7 @@ from kvplan.errors import input_error
 from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks, t_quantile_975
+from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 
@@ -118,18 +119,7 @@ class Recommendation:
     def to_json(self) -> str:
         """JSON text (sorted keys, NaN/inf written as null)."""
 
-        def clean(v: Any) -> Any:
-            if isinstance(v, dict):
-                return {str(k): clean(x) for k, x in v.items()}
-            if isinstance(v, list | tuple):
-                return [clean(x) for x in v]
-            if isinstance(v, float) and not math.isfinite(v):
-                return None
-            if isinstance(v, np.generic):
-                return clean(v.item())
-            return v
-
-        return json.dumps(clean(self.to_dict()), indent=2, sort_keys=True)
+        return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True)
 
 
 def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_policy: str) -> dict[str, Any]:

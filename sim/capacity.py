@@ -30,6 +30,7 @@ import numpy as np
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
 from kvplan.sim.executor import run_tasks
+from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict, with_overrides
 from kvplan.sim.screen import screen_scenarios
 
@@ -56,16 +57,7 @@ class CapacityPlan:
     def to_json(self) -> str:
         """JSON text (sorted keys, NaN/inf as null)."""
 
-        def clean(v: Any) -> Any:
-            if isinstance(v, dict):
-                return {str(k): clean(x) for k, x in v.items()}
-            if isinstance(v, list | tuple):
-                return [clean(x) for x in v]
-            if isinstance(v, float) and not math.isfinite(v):
-                return None
-            return v
-
-        return json.dumps(clean(asdict(self)), indent=2, sort_keys=True)
+        return json.dumps(json_safe(asdict(self)), indent=2, sort_keys=True)
 
 
 class _Eval:

@@ -259,19 +259,22 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
+def json_safe(v: Any) -> Any:
+    """A JSON-ready copy: tuples to lists, NumPy scalars to Python, NaN and infinities to None."""
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [json_safe(x) for x in v]
+    if isinstance(v, np.generic):
+        return json_safe(v.item())
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return v
+
+
 def summary_json_bytes(summary: dict[str, Any]) -> bytes:
     """``summary.json`` content (sorted keys, NaN written as null)."""
-
-    def clean(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [clean(x) for x in v]
-        if isinstance(v, float) and not np.isfinite(v):
-            return None
-        return v
-
-    return (json.dumps(clean(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+    return (json.dumps(json_safe(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
 
 
 def write_result_dir(result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None) -> Path:

@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code or 0)
     except SystemExit as exc:  # pragma: no cover - click may still raise it
         return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    except OSError as exc:
+        # an unwritable or unreadable path the user gave (results are written atomically, so nothing
+        # half-written is left behind)
+        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        typer.echo(f"error: cannot access{where}: {exc.strerror or exc}", err=True)
+        return 2
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         return 130

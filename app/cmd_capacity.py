@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         conversations: int | None = typer.Option(
             None, "--conversations", help="Conversations per run at --rate (default: the preset's; scaled with the rate)."
         ),
-        replications: int = typer.Option(2, "--replications", help="Seeded replications per configuration."),
-        workers: int = typer.Option(0, "--workers", help="Parallel runs (0 = all CPUs)."),
+        replications: int = typer.Option(2, "--replications", min=1, help="Seeded replications per configuration."),
+        workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     ) -> None:
         """Find the smallest xPyD meeting the SLO at the load, with and without bidirectional KV transfer;

@@ -25,9 +25,9 @@ def register(app: typer.Typer) -> None:
         rate: float | None = typer.Option(None, "--rate", help="New conversations per second (target load)."),
         slo_ttft_p90_ms: float | None = typer.Option(None, "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms."),
         budget: float | None = typer.Option(None, "--decode-hbm-budget-gib", help="Max pinned decode KV (GiB, all D)."),
-        replications: int = typer.Option(3, "--replications", help="Seeded replications per configuration."),
+        replications: int = typer.Option(3, "--replications", min=1, help="Seeded replications per configuration."),
         ttl_grid: str | None = typer.Option(None, "--ttl-grid", help="TTLs to try, e.g. '30,60,120,300,480,900'."),
-        workers: int = typer.Option(0, "--workers", help="Parallel runs (0 = all CPUs)."),
+        workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         conversations: int | None = typer.Option(None, "--conversations", help="Conversations per run (preset default)."),
         json_out: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
     ) -> None:

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed."),
+        seed: int | None = typer.Option(None, "--seed", min=0, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:

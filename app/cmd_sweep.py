@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         grid: Path = typer.Argument(..., help="Grid YAML (base + axes)."),
         out: Path = typer.Option(..., "--out", help="Results file (.parquet)."),
         backend: str = typer.Option("local", "--backend", help="local (process pool) or ray."),
-        workers: int = typer.Option(0, "--workers", help="Parallel runs (0 = all CPUs; 1 = in-process)."),
+        workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs; 1 = in-process)."),
         ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (default: local Ray)."),
         replications: int | None = typer.Option(None, "--replications", help="Seeded replications per point."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same grid."),
@@ -62,9 +62,11 @@ def register(app: typer.Typer) -> None:
         prune: bool = typer.Option(False, "--prune", help="One replication for points the screen deems saturated."),
     ) -> None:
         from kvplan.app.output import console
+        from kvplan.atomic import check_output_file
         from kvplan.sim.grid import load_grid
         from kvplan.sim.sweep import run_grid, screen_path, summary_path
 
+        check_output_file(out)
         g = load_grid(grid, yes=yes)
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
         bar, cb = _progress_bar()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -20,7 +19,7 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="Trace file (mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV)."),
         fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv (default: detect)."),
         ttls: str = typer.Option("30,60,120,300,480,600,900", "--ttls", help="TTLs (s) for follow-up probabilities."),
-        threshold: int = typer.Option(64, "--threshold", help="kv_recompute_threshold for the output share."),
+        threshold: int = typer.Option(64, "--threshold", min=0, help="kv_recompute_threshold for the output share."),
         html: Path | None = typer.Option(None, "--html", help="Also write a plotly HTML figure."),
         json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     ) -> None:
@@ -51,10 +50,11 @@ def register(app: typer.Typer) -> None:
                 " chains (see kvplan.calibration.traces); gaps are arrival to arrival."
             )
         if html is not None:
+            from kvplan.atomic import atomic_write_bytes, check_output_file
+
+            check_output_file(html, "--html")
             fig = stats_figure(tr, stats)
-            tmp = html.with_name(html.name + ".tmp")
-            fig.write_html(tmp, include_plotlyjs="cdn")
-            os.replace(tmp, html)
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs="cdn").encode(), "--html")
 
     @wl.command("fit")
     def fit(
@@ -70,22 +70,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fit turns per conversation, turn gaps (idle, with goodness of fit), new tokens and outputs."""
         from kvplan.app.output import console
+        from kvplan.atomic import check_output_file
         from kvplan.calibration.traces import json_ready, load_trace
         from kvplan.calibration.workload_fit import fit_workload, workload_section
         from kvplan.sim.scenario import Scenario, load_scenario
         from kvplan.sim.service import unloaded_service_time_fn
 
+        check_output_file(out)
         tr = load_trace(trace, fmt)
         sc = load_scenario(scenario) if scenario is not None else Scenario()
         result = fit_workload(tr, unloaded_service_time_fn(sc), gap_model=gap_model)
         section = json_ready(workload_section(result))
         doc = {"workload": section, "fit_report": json_ready(result.get("report", {}))}
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(
+        from kvplan.atomic import atomic_write_bytes
+
+        text = (
             "# Fitted by `kvplan workload fit` from " + f"{trace.name}; use the 'workload' section in a scenario.\n"
             + yaml.safe_dump(doc, sort_keys=False)
         )
-        os.replace(tmp, out)
+        atomic_write_bytes(out, text.encode())
         rep = result.get("report", {})
         console().print(json.dumps(json_ready(rep.get("turn_gap_s", rep)), indent=2)[:3000])
         console().print(f"wrote {out}")

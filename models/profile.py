@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
 from kvplan.models.arch import (
     ModelArch,
@@ -90,10 +91,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 def save_profile(profile: Profile, path: str | Path) -> None:
     """Write a profile as JSON atomically (temp file + rename)."""
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(profile.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    text = json.dumps(profile.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def default_profile_name(model: str, hardware: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
 from kvplan.sim.scenario import Scenario
@@ -286,8 +287,13 @@ def write_result_dir(result: Result, out: str | Path, extra_files: dict[str, byt
     import yaml
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    if out.exists() and not out.is_dir():
+        raise input_error(f"--out {out}", "exists and is not a directory", "give a new or existing directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise input_error(f"--out {out}", f"cannot create the directory ({exc.strerror or exc})") from None
     try:
         files = {
             "turns.csv": turns_csv_bytes(result.turns),

@@ -1,0 +1,49 @@
+"""Bad output paths and bad numeric flags: one-line error, exit 2, nothing lost or half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvplan.app.cli import main
+
+DATA = Path(__file__).parent / "data"
+TRACE = DATA / "traces" / "sessions_small.csv"
+BENCH = DATA / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
+
+
+def _err(capsys: pytest.CaptureFixture[str]) -> str:
+    return capsys.readouterr().err.strip()
+
+
+def test_simulate_out_is_an_existing_file_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "keep.txt"
+    f.write_text("precious")
+    assert main(["simulate", "--out", str(f)]) == 2
+    assert "not a directory" in _err(capsys)
+    assert f.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--out", "/dev/null/x"],
+        ["simulate", "--out", "{tmp}/o", "--seed", "-1"],
+        ["workload", "fit", str(TRACE), "--out", "{tmp}"],
+        ["workload", "fit", str(TRACE), "--out", "/dev/null/w.yaml"],
+        ["workload", "show", str(TRACE), "--html", "/dev/null/x.html"],
+        ["workload", "show", str(TRACE), "--threshold", "-1"],
+        ["calibrate", "--bench", str(BENCH), "--model", "qwen3-32b", "--hardware", "p5en", "--out", "{tmp}"],
+        ["capacity", "--rate", "1", "--slo-ttft-p90-ms", "500", "--replications", "0"],
+        ["recommend", "--workload", "chat", "--workers", "-3"],
+    ],
+)
+def test_bad_paths_and_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(args) == 2
+    assert "Traceback" not in _err(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.parent.iterdir())

@@ -32,7 +32,6 @@ class Request:
         "output",
         "params",
         "index",
-        "arrival",
         "error",
         "p_node",
         "d_node",
@@ -41,12 +40,10 @@ class Request:
         "p_decided",
         "p_compute_start",
         "local_hit",
-        "d_ctx0",
-        "join_step",
     )
 
     def __init__(
-        self, conv: int, turn: int, index: int, prompt: int, output: int, params: KVParams | None, arrival: float
+        self, conv: int, turn: int, index: int, prompt: int, output: int, params: KVParams | None
     ) -> None:
         self.conv = conv
         self.turn = turn
@@ -54,7 +51,6 @@ class Request:
         self.prompt = prompt
         self.output = output
         self.params = params
-        self.arrival = arrival
         self.error = False
         self.p_node = -1
         self.d_node = -1
@@ -63,8 +59,6 @@ class Request:
         self.p_decided = False
         self.p_compute_start = -1.0
         self.local_hit = 0
-        self.d_ctx0 = 0
-        self.join_step = 0
 
 
 @dataclass

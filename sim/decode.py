@@ -295,7 +295,6 @@ class DecodeNode:
             r = jq.popleft()
             self.batch += 1
             self.ctx_sum += r.prompt
-            r.join_step = self.step
             self._seq += 1
             heapq.heappush(self._finish_heap, (self.step + r.output, self._seq, r))
             joined.append(r)

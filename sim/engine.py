@@ -101,15 +101,14 @@ def resolve(scenario: Scenario) -> Resolved:
         per_byte_s = 1.0 / link.bandwidth_bytes_per_s_per_rank
         notes.append(f"link overridden: {link.description}")
     dep = scenario.deployment
-    if dep.decode_kv_capacity_tokens is not None:
-        d_cap = full_blocks_tokens(dep.decode_kv_capacity_tokens, arch.block_size_tokens)
-    else:
-        d_cap = kv_capacity_tokens(
-            arch, tp, node.gpu.hbm_bytes, dep.gpu_memory_utilization, node.activation_reserve_bytes_per_gpu
-        )
-    p_cap = dep.prefill_kv_capacity_tokens or kv_capacity_tokens(
+    # P and D are the same kind of node: one pool size from HBM unless overridden per role
+    pool = kv_capacity_tokens(
         arch, tp, node.gpu.hbm_bytes, dep.gpu_memory_utilization, node.activation_reserve_bytes_per_gpu
     )
+    d_cap = pool if dep.decode_kv_capacity_tokens is None else full_blocks_tokens(
+        dep.decode_kv_capacity_tokens, arch.block_size_tokens
+    )
+    p_cap = dep.prefill_kv_capacity_tokens or pool
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
@@ -139,6 +138,7 @@ class Driver:
         self.closed = closed_loop if plan.arrival_s is None else None  # a trace brings its own clock
         self._pool: deque[int] = deque()
         self._client_of: dict[int, deque[int]] = {}
+        self._next_turn: dict[int, int] = {}
 
     # -- open loop ------------------------------------------------------------------------------------------
 
@@ -205,7 +205,7 @@ class Driver:
         log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params, t_arrival)
+        r = Request(c, turn, i, prompt, self.output[i], params)
         p = ctx.router.pick_prefill(c)
         ctx.prefill[p].submit(r)
 
@@ -247,9 +247,7 @@ class Driver:
         """The client sends the next turn of its next active conversation (round-robin)."""
         c = active.popleft()
         self._client_of[c] = active
-        i = self._next_turn.get(c, self.offsets[c]) if hasattr(self, "_next_turn") else self.offsets[c]
-        if not hasattr(self, "_next_turn"):
-            self._next_turn: dict[int, int] = {}
+        i = self._next_turn.get(c, self.offsets[c])
         self._next_turn[c] = i + 1
         self._arrive_at(c, i, self.env.now + think_s)
 

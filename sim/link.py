@@ -26,7 +26,7 @@ EPS_S = 1e-9  # a flow within a nanosecond of done is done (float time resolutio
 class Link:
     """One direction of one (P node, D node) pair."""
 
-    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "bytes_moved")
+    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen")
 
     def __init__(self, env: simpy.Environment, per_byte_s: float) -> None:
         self.env = env
@@ -35,7 +35,6 @@ class Link:
         self._v = 0.0  # bytes served to each active flow since the link was created
         self._last_t = 0.0
         self._gen = 0
-        self.bytes_moved = 0.0
 
     def send(self, key: int, nbytes: float, on_done: Callable[[float], None]) -> None:
         """Move ``nbytes``; call ``on_done(duration_s)`` when the last byte lands."""
@@ -43,7 +42,6 @@ class Link:
             on_done(0.0)
             return
         self._advance()
-        self.bytes_moved += nbytes
         heapq.heappush(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         self._reschedule()
 

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
-from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
@@ -236,10 +235,6 @@ def build_result(
     summary = summarize(ev, turns, scenario, bytes_all_ranks, extra)
     return Result(scenario, seed, ev, turns, summary, bytes_all_ranks, notes)
 
-
-def kv_bytes_all_ranks_for(scenario_arch: Any, tp: int) -> int:
-    """KV bytes per token summed over the TP ranks (for GiB of pinned KV)."""
-    return kv_bytes_per_token_all_ranks(scenario_arch, tp)
 
 
 # --- writers ---------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def run_main() -> None:
     kv = BIN / "kvplan"
     if (ROOT / "app" / "cmd_reproduce.py").exists():
         sh(kv, "reproduce")
-    sh(kv, "simulate", "--out", "out/default")
+    sh(kv, "simulate", "--out", "out/default", "--overwrite")
 
 
 def run_tests(extra_args: list[str]) -> None:

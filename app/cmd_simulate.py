@@ -11,7 +11,9 @@ from kvplan.sim.scenario import field_help
 _HELP_FIELDS = "\n".join(f"  {path} = {default}: {desc}" for path, default, desc in field_help())
 
 SIMULATE_HELP = f"""Simulate SCENARIO.yaml (or the embedded P5en default when omitted) and write DIR/turns.csv,
-DIR/summary.json, DIR/pinned.csv and DIR/scenario.yaml (written atomically: DIR appears only when complete).
+DIR/summary.json, DIR/pinned.csv and DIR/scenario.yaml (a new DIR
+appears only when complete; a non-empty DIR is refused unless --overwrite, which replaces only kvplan's own
+files there).
 
 Distributions: {{dist: constant, value}} | {{dist: exponential, mean}} | {{dist: lognormal, median, sigma}} |
 {{dist: uniform, low, high}} | {{dist: empirical, values: [...] | path: FILE}}. Token and turn counts are
@@ -35,16 +37,21 @@ def register(app: typer.Typer) -> None:
         seed: int | None = typer.Option(None, "--seed", min=0, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Reuse a non-empty DIR: replace kvplan's own result files, keep all others."
+        ),
     ) -> None:
         from kvplan.app.output import print_summary
+        from kvplan.atomic import check_result_dir
         from kvplan.sim.api import run
         from kvplan.sim.defaults import default_scenario
-        from kvplan.sim.results import write_result_dir
+        from kvplan.sim.results import result_file_names, write_result_dir
         from kvplan.sim.scenario import load_scenario, with_overrides
 
+        check_result_dir(out, result_file_names(), overwrite)  # before any work: never lose a user's files
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         result = run(sc, seed)
-        write_result_dir(result, out)
+        write_result_dir(result, out, overwrite=overwrite)
         print_summary(result, out, as_json=json_out)

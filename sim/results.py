@@ -9,9 +9,6 @@ result.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvplan.errors import input_error
+from kvplan.atomic import check_result_dir, write_result_dir_files
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
@@ -273,46 +270,29 @@ def summary_json_bytes(summary: dict[str, Any]) -> bytes:
     return (json.dumps(json_safe(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
 
 
-def write_result_dir(result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None) -> Path:
-    """Write ``turns.csv``, ``summary.json``, ``pinned.csv`` and ``scenario.yaml`` atomically into ``out``.
+def result_file_names(extra_files: dict[str, bytes] | None = None) -> list[str]:
+    """The files :func:`write_result_dir` writes into a result directory."""
+    return ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml", *(extra_files or {})]
 
-    Files go to a temporary sibling directory first, which replaces ``out`` only when complete, so an
-    interrupted write never leaves a directory that looks complete.
+
+def write_result_dir(
+    result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False
+) -> Path:
+    """Write ``turns.csv``, ``summary.json``, ``pinned.csv`` and ``scenario.yaml`` into ``out``.
+
+    A new directory appears only when complete; an existing non-empty one is refused unless ``overwrite``,
+    which replaces only kvplan's own files there and keeps every other file (:mod:`kvplan.atomic`).
     """
     import yaml
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise input_error(f"--out {out}", "exists and is not a directory", "give a new or existing directory")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:
-        raise input_error(f"--out {out}", f"cannot create the directory ({exc.strerror or exc})") from None
-    try:
-        files = {
-            "turns.csv": turns_csv_bytes(result.turns),
-            "summary.json": summary_json_bytes(result.summary),
-            "pinned.csv": result.pinned_series().to_csv(
-                index=False, float_format=FLOAT_FORMAT, lineterminator="\n"
-            ).encode(),
-            "scenario.yaml": yaml.safe_dump(
-                result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
-            ).encode(),
-        }
-        files.update(extra_files or {})
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    check_result_dir(out, result_file_names(extra_files), overwrite)
+    files = {
+        "turns.csv": turns_csv_bytes(result.turns),
+        "pinned.csv": result.pinned_series().to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode(),
+        "scenario.yaml": yaml.safe_dump(
+            result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
+        ).encode(),
+        **(extra_files or {}),
+        "summary.json": summary_json_bytes(result.summary),  # last: its presence means the rest is there
+    }
+    return write_result_dir_files(out, files, overwrite)

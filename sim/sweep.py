@@ -140,6 +140,10 @@ class PartStore:
                 )
             if manifest.get("fingerprint") == self.fingerprint:
                 return found if resume else {}
+            if "fingerprint" not in manifest:  # not a parts directory kvplan made: never delete it
+                raise input_error(
+                    str(self.dir), "exists and was not written by kvplan sweep", "move it away or use another --out"
+                )
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         _atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())

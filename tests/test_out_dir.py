@@ -102,3 +102,19 @@ def test_out_dot_is_refused_without_overwrite(tmp_path: Path, capsys: pytest.Cap
     assert main(["simulate", "--out", "."]) == 2
     assert "not empty" in _err(capsys)
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_sweep_never_deletes_a_foreign_parts_directory(tmp_path: Path) -> None:
+    from kvplan.errors import KvplanInputError
+    from kvplan.sim.grid import load_grid
+    from kvplan.sim.sweep import PartStore
+
+    grid_file = tmp_path / "g.yaml"
+    grid_file.write_text("base: {}\naxes:\n  seed: [1, 2]\n")
+    out = tmp_path / "r.parquet"
+    parts = tmp_path / "r.parts"
+    parts.mkdir()
+    (parts / "mine.txt").write_text("keep")
+    with pytest.raises(KvplanInputError, match="not written by kvplan"):
+        PartStore(out, load_grid(grid_file)).open(resume=False)
+    assert (parts / "mine.txt").read_text() == "keep"

@@ -110,7 +110,7 @@ def test_sweep_never_deletes_a_foreign_parts_directory(tmp_path: Path) -> None:
     from kvplan.sim.sweep import PartStore
 
     grid_file = tmp_path / "g.yaml"
-    grid_file.write_text("base: {}\naxes:\n  seed: [1, 2]\n")
+    grid_file.write_text("base: {}\naxes:\n  policy.decoder_kv_blocks_ttl_s: [60, 120]\n")
     out = tmp_path / "r.parquet"
     parts = tmp_path / "r.parts"
     parts.mkdir()

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import streamlit as st
@@ -331,6 +331,9 @@ def whatif(scenario: Scenario) -> WhatIf:
 # --- headline metrics (pure) --------------------------------------------------------------------------------
 
 
+DeltaColour = Literal["normal", "inverse", "off"]
+
+
 @dataclass(frozen=True)
 class Metric:
     """One ``st.metric``: label, value text, delta text (or ``None``), colour rule and help."""
@@ -338,7 +341,7 @@ class Metric:
     label: str
     value: str
     delta: str | None
-    delta_color: str
+    delta_color: DeltaColour
     help: str
 
 
@@ -356,7 +359,7 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
     TTFT, errors and pinned HBM: lower is better (inverse colours); hit rate: higher is better.
     """
-    spec: list[tuple[str, str, str, float, int, str, str]] = [
+    spec: list[tuple[str, str, str, float, int, DeltaColour, str]] = [
         ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
         ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
         ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),

@@ -119,7 +119,7 @@ def run_grid_fn() -> Callable[..., Any] | None:
     return optional_attr(["sim.sweep"], "run_grid")
 
 
-def grid_frame(spec: GridSpec, progress: Callable[[float, str], None] | None = None, workers: int = 1) -> pd.DataFrame:
+def grid_frame(spec: GridSpec, progress: Callable[[float, str], object] | None = None, workers: int = 1) -> pd.DataFrame:
     """Simulate the grid with ``sim.sweep.run_grid`` (one threshold sweep per TTL, whose base carries the
     TTL and its router TTL, :func:`ttl_base`) and return one row per point: ``ttl_s``, ``threshold_tokens``, the mean
     of each of :data:`GRID_METRICS` over the replications and its 95% half-width (``<metric>_ci95``)."""

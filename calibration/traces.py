@@ -685,7 +685,7 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
 
 def load_trace(
     path: str | os.PathLike[str],
-    format: TraceFormat | None = None,  # noqa: A002 - the documented name of the argument
+    format: TraceFormat | str | None = None,  # noqa: A002 - the documented name of the argument; checked below
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     min_blocks: int = DEFAULT_MIN_BLOCKS,

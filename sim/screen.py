@@ -31,7 +31,16 @@ from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.sim.grid import Grid
-from kvplan.sim.scenario import ClosedLoopArrival, Constant, Dist, Empirical, Exponential, LogNormal, Scenario, Uniform
+from kvplan.sim.scenario import (
+    Constant,
+    Dist,
+    Empirical,
+    Exponential,
+    LogNormal,
+    PoissonArrival,
+    Scenario,
+    Uniform,
+)
 from kvplan.sim.workload import load_empirical_values
 
 GIB = 1024**3
@@ -116,10 +125,9 @@ def _point_params(sc: Scenario, cache: dict[str, Any]) -> dict[str, Any]:
     wl, pol, dep = sc.workload, sc.policy, sc.deployment
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     out_q = np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))
-    closed = isinstance(wl.arrival, ClosedLoopArrival)
     return {
         "t_q": t,
-        "rate": np.nan if closed else wl.arrival.rate_per_s,
+        "rate": wl.arrival.rate_per_s if isinstance(wl.arrival, PoissonArrival) else np.nan,
         "conversations": wl.conversations,
         "et": t.mean(),
         "et2": (t * t).mean(),

@@ -189,7 +189,7 @@ def test_explorer_grid_runs_on_button() -> None:
     assert len(grid) == 4
     hit = {(r.ttl_s, r.threshold_tokens): r.hit_rate for r in grid.itertuples()}
     assert hit[(1.0, 64.0)] == 0.0 and hit[(480.0, 64.0)] == 1.0
-    p90 = {(r.ttl_s, r.threshold_tokens): r.ttft_p90_s for r in grid.itertuples()}
+    p90 = dict(zip(zip(grid["ttl_s"], grid["threshold_tokens"], strict=True), grid["ttft_p90_s"].tolist(), strict=True))
     expected = _model(**{"policy.kv_recompute_threshold_tokens": 32768})
     assert math.isclose(p90[(480.0, 32768.0)], expected["ttft_p90_s"])
     # TTL 1 s: the router keeps no entry (TTL 0), so every turn is a miss rather than a declined read

@@ -291,7 +291,7 @@ def test_malformed(tmp_path: Path, case: str, fmt: str, text: str, needles: list
     path = tmp_path / f"{case}.trace"
     path.write_text(text)
     with pytest.raises(KvplanInputError) as info:
-        load_trace(path, fmt)  # type: ignore[arg-type]
+        load_trace(path, fmt)
     msg = str(info.value)
     assert "\n" not in msg, msg
     assert str(path) in msg, msg
@@ -310,7 +310,7 @@ def test_empty_and_oversized_files(tmp_path: Path) -> None:
         load_trace(big, "mooncake", max_bytes=10)
     assert "\n" not in str(info.value)
     with pytest.raises(KvplanInputError, match="unknown trace format"):
-        load_trace(big, "sharegpt")  # type: ignore[arg-type]
+        load_trace(big, "sharegpt")
 
 
 # --- selection ----------------------------------------------------------------------------------------------

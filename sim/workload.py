@@ -200,7 +200,8 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     with ``input + output`` above ``max_model_len`` are skipped or truncated as ``source.overlong`` says,
     and counted in ``trace_report``. ``seed`` only drives session sampling.
     """
-    from kvplan.calibration.traces import load_trace, select
+    from kvplan.traces.readers import load_trace
+    from kvplan.traces.select import select
 
     trace = load_trace(source.path, source.format)
     sel, report = select(

@@ -8,6 +8,7 @@ with the same configuration: the tool must fail and name the mistake. The copy r
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -57,3 +58,33 @@ def test_mypy_checks_tests_against_the_package(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert 'test_canary.py:5: error: "Scenario" has no attribute "no_such_field"' in out, out
+
+
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd / ".typecheck")}  # as dev.py runs it: kvplan is this tree
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_layer_contract_holds_and_rejects_sim_importing_calibration(tmp_path: Path) -> None:
+    """``lint-imports`` passes on the tree and fails once ``sim`` imports ``calibration`` (even lazily)."""
+    dst = _copy(tmp_path)
+    ok = _lint_imports(dst)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "Contracts: 2 kept, 0 broken." in ok.stdout, ok.stdout
+    api = dst / "sim" / "api.py"
+    planted = "\n\ndef _planted() -> None:\n    from kvplan.calibration import published  # noqa: F401\n"
+    api.write_text(api.read_text() + planted)
+    bad = _lint_imports(dst)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 1, out
+    assert "kvplan.sim.api -> kvplan.calibration.published" in out, out
+
+
+def test_dashboard_modules_have_no_cycle(tmp_path: Path) -> None:
+    """The upload helpers may not import the scenario state again (the old dash_state <-> dash_upload cycle)."""
+    dst = _copy(tmp_path)
+    up = dst / "app" / "dash_upload.py"
+    up.write_text(up.read_text() + "\n\ndef _planted() -> None:\n    from kvplan.app import dash_state  # noqa: F401\n")
+    bad = _lint_imports(dst)
+    assert bad.returncode == 1 and "kvplan.app.dash_upload -> kvplan.app.dash_state" in bad.stdout, bad.stdout

@@ -33,6 +33,7 @@ from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict, with_overrides
 from kvplan.sim.screen import screen_scenarios
+from kvplan.sim.seeds import replication_seeds
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
 SPLITS_PER_TOTAL = 3
@@ -77,7 +78,8 @@ class _Eval:
     def many(self, configs: list[tuple[int, int, float]]) -> list[dict[str, float]]:
         todo = [c for c in dict.fromkeys(configs) if c not in self.cache]
         rows: dict[tuple[int, int, float], list[dict[str, Any]]] = {c: [] for c in todo}
-        tasks = [(c, self.overrides(*c), self.base.seed + k) for c in todo for k in range(self.reps)]
+        seeds = replication_seeds(self.base.seed, self.reps)
+        tasks = [(c, self.overrides(*c), seeds[k]) for c in todo for k in range(self.reps)]
 
         def on_result(key: Any, row: dict[str, Any]) -> None:
             rows[key].append(row)

@@ -5,7 +5,8 @@ the grid file) and ``axes:`` (``{dotted.path: [values...]}``, e.g. ``policy.deco
 [30, 60, 120]``), plus optional ``replications:`` (default 1) and ``seed:`` (the base seed; default the
 base scenario's). Points are the cartesian product of the axes in file order, the last axis varying
 fastest; point ``i`` is decoded from ``i`` in mixed radix. Replication ``k`` of every point runs with seed
-``seed + k`` (common random numbers: the same draws across points).
+``replication_seeds(seed, K)[k]``, spawned from ``SeedSequence(seed)`` (common random numbers: the same
+draws across points).
 
 Everything a sweep could trip over is checked before any simulation starts and reported as one-line
 :class:`~kvplan.errors.KvplanInputError`: unknown top-level keys, unknown dotted paths (with a
@@ -30,6 +31,7 @@ from pydantic import BaseModel
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.sim.scenario import MAX_SCENARIO_BYTES, Scenario, load_scenario, scenario_from_dict, with_overrides
+from kvplan.sim.seeds import replication_seeds
 
 MAX_POINTS = 1_000_000
 GRID_KEYS = ("base", "axes", "replications", "seed")
@@ -58,8 +60,8 @@ class Grid:
 
     @property
     def seeds(self) -> list[int]:
-        """Seed of each replication: ``base_seed + k``."""
-        return [self.base_seed + k for k in range(self.replications)]
+        """Seed of each replication, spawned from ``base_seed`` (:func:`kvplan.sim.seeds.replication_seeds`)."""
+        return replication_seeds(self.base_seed, self.replications)
 
     def point_values(self, i: int) -> tuple[Any, ...]:
         """Axis values of point ``i`` (mixed radix, last axis fastest)."""

@@ -12,4 +12,4 @@ import numpy as np
 
 def replication_seeds(seed: int, n: int) -> list[int]:
     """The ``n`` replication seeds of base ``seed`` (integers in [0, 2**32), deterministic)."""
-    return [seed + k for k in range(n)]
+    return [int(child.generate_state(1)[0]) for child in np.random.SeedSequence(seed).spawn(n)]

@@ -3,7 +3,8 @@
 Public API (used by the CLI ``kvplan sweep`` and the dashboard):
 
 * :func:`run_grid` runs every point of a :class:`~kvplan.sim.grid.Grid` (or a grid mapping / YAML path)
-  ``replications`` times with seeds ``base_seed + k`` (common random numbers), in-process, on a local
+  ``replications`` times with seeds spawned from ``SeedSequence(base_seed)`` (common random numbers),
+  in-process, on a local
   process pool or on Ray (``backend``), and returns the rows in canonical order (point, replication).
 * :func:`aggregate` gives the per-point mean and 95% t-interval half-width of every metric.
 * :func:`analytic_screen` (from :mod:`kvplan.sim.screen`) and :func:`screen_report` compare the analytic
@@ -202,7 +203,7 @@ def assemble(grid: Grid, keys: list[tuple[int, int]], rows: list[dict[str, Any]]
     data: dict[str, Any] = {
         "point": np.array([p for p, _ in keys], dtype=np.int64),
         "replication": np.array([k for _, k in keys], dtype=np.int64),
-        "seed": np.array([grid.base_seed + k for _, k in keys], dtype=np.int64),
+        "seed": np.array([grid.seeds[k] for _, k in keys], dtype=np.int64),
     }
     for j, name in enumerate(grid.axis_names):
         data[name] = _axis_column([grid.point_values(p)[j] for p, _ in keys]).to_numpy()
@@ -294,9 +295,10 @@ def _schedule(
         if prune:
             pruned = {int(p) for p in screen.loc[screen["screen_feasible"] == 0, "point"]}
     tasks: list[Task] = []
+    seeds = grid.seeds
     for p in order:
         reps = [0] if p in pruned else range(grid.replications)
-        tasks.extend(((p, k), grid.point_overrides(p), grid.base_seed + k) for k in reps if (p, k) not in done)
+        tasks.extend(((p, k), grid.point_overrides(p), seeds[k]) for k in reps if (p, k) not in done)
     return tasks, pruned
 
 
@@ -316,7 +318,7 @@ def run_grid(
     """Run every (point, replication) of ``grid`` and return one row each, in canonical order.
 
     ``grid``: a :class:`Grid`, a grid mapping or a grid YAML path (validated completely before any run).
-    ``replications``: overrides the grid's; replication ``k`` uses seed ``base_seed + k`` at every point.
+    ``replications``: overrides the grid's; replication ``k`` uses seed ``grid.seeds[k]`` at every point.
     ``backend``: ``'local'`` (process pool; ``workers=1`` runs in-process) or ``'ray'`` (``ray_address``
     or a local Ray). ``progress(done, total)`` is called as runs finish. ``out``: write the rows, the
     per-point aggregate and the screen comparison there (``.parquet``); ``resume=True`` continues an
@@ -350,10 +352,11 @@ def run_grid(
     rows = store.open(resume) if store is not None else {}
     screen = analytic_screen(g) if (order == "screen" or prune) else None
     tasks, pruned = _schedule(g, set(rows), screen, prune)
+    seeds = g.seeds
     # resumed pruned points whose single replication already disagreed get their other replications
     for p in sorted(pruned):
         if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
-            tasks.extend(((p, k), g.point_overrides(p), g.base_seed + k) for k in range(1, g.replications)
+            tasks.extend(((p, k), g.point_overrides(p), seeds[k]) for k in range(1, g.replications)
                          if (p, k) not in rows)
     total = len(rows) + len(tasks)
     if progress:
@@ -369,7 +372,7 @@ def run_grid(
         more: list[Task] = []
         if p in pruned and k == 0 and not simulator_saturated(row):
             log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
-            more = [((p, j), g.point_overrides(p), g.base_seed + j) for j in range(1, g.replications)]
+            more = [((p, j), g.point_overrides(p), seeds[j]) for j in range(1, g.replications)]
             total += len(more)
         if progress:
             progress(len(rows), total)

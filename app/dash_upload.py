@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvplan.atomic import atomic_write_bytes
 from kvplan.calibration.calibrate import calibrate
 from kvplan.calibration.parsers import (
     BenchServeResult,
@@ -69,9 +70,7 @@ def store_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> P
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / label
     if not path.is_file() or path.stat().st_size != len(data):
-        tmp = folder / f".{label}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        atomic_write_bytes(path, data, flag="upload")
     return path
 
 

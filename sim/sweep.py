@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
 from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.sim.grid import Grid, as_grid, grid_from_dict, load_grid
@@ -88,21 +88,6 @@ def parts_dir(out: str | Path) -> Path:
     return _sibling(_out_path(out), ".parts")
 
 
-def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # --- committed parts ---------------------------------------------------------------------------------------
 
 
@@ -143,7 +128,7 @@ class PartStore:
                 return found if resume else {}
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
-        _atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
+        atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
         return {}
 
     def _load(self) -> dict[tuple[int, int], dict[str, Any]]:
@@ -166,7 +151,7 @@ class PartStore:
         """Write one finished run atomically."""
         shard = self.dir / f"{point // SHARD:06d}"
         shard.mkdir(exist_ok=True)
-        _atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
+        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
 
     def remove(self) -> None:
         """Drop the parts once the final files are written (rename first, so a kill never half-deletes)."""
@@ -261,7 +246,7 @@ def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str) -> None:
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    _atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
 
 
 def _final_fingerprint(path: Path) -> str | None:

@@ -61,7 +61,7 @@ from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict, with_overrides
+from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.sim.seeds import replication_seeds
 
@@ -161,14 +161,6 @@ def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
-
-
-def _as_scenario(scenario: Scenario | dict[str, Any] | str | Path) -> Scenario:
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, dict):
-        return scenario_from_dict(scenario)
-    return load_scenario(scenario)
 
 
 def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
@@ -273,7 +265,7 @@ def recommend(
     ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it; ``decode_hbm_budget_gib``
     (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per finished run.
     """
-    setup = _setup(_as_scenario(scenario), slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
+    setup = _setup(as_scenario(scenario), slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.candidates) + len(setup.grid) + 1)
     runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address)
     return _decide(setup, _simulate_stages(setup, runner))

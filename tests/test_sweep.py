@@ -21,7 +21,7 @@ from scipy import stats
 import kvplan.sim.executor as executor
 from kvplan.app.cli import main
 from kvplan.errors import KvplanInputError
-from kvplan.sim.grid import MAX_POINTS, grid_from_dict, load_grid
+from kvplan.sim.grid import MAX_POINTS, as_grid, grid_from_dict, load_grid
 from kvplan.sim.scenario import with_overrides
 from kvplan.sim.screen import screen_scenarios
 from kvplan.sim.sweep import aggregate, analytic_screen, load_results, parts_dir, run_grid
@@ -273,3 +273,28 @@ def test_prune_runs_one_replication_of_saturated_points(tmp_path: Path) -> None:
     reps = df.groupby("workload.arrival.rate_per_s")["replication"].nunique().to_dict()
     assert reps == {0.5: 2, 50.0: 1}  # the simulator confirmed the screen's verdict: one replication is enough
     assert df.loc[df["workload.arrival.rate_per_s"] == 50.0, "prefill_queue_mean_s"].iloc[0] > 1.0
+
+
+def test_fingerprint_covers_the_bytes_of_every_file_a_point_reads(tmp_path: Path) -> None:
+    """Editing an empirical sample or a trace file changes the fingerprint, so --resume cannot mix old and new rows."""
+    gaps, other = tmp_path / "gaps.txt", tmp_path / "other.txt"
+    gaps.write_text("value\n10\n20\n30\n")
+    other.write_text("value\n5\n")
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,10\na,5,150,10\n")
+    base = {**BASE, "workload": {**BASE["workload"], "turn_gap_s": {"dist": "empirical", "path": str(gaps)}}}
+    axes = {"workload.turn_gap_s": [{"dist": "empirical", "path": str(other)}, {"dist": "constant", "value": 1}]}
+    g = as_grid({"base": base, "axes": axes})
+    assert g.input_files() == sorted([str(gaps), str(other)])
+    before = g.fingerprint()
+    assert as_grid({"base": base, "axes": axes}).fingerprint() == before  # same files, same fingerprint
+    other.write_text("value\n6\n")  # a file only an axis value names
+    after_axis = g.fingerprint()
+    assert after_axis != before
+    gaps.write_text("value\n10\n20\n31\n")  # the base's file
+    assert g.fingerprint() != after_axis
+    tg = as_grid({"base": {"workload": {"trace": {"path": str(trace)}}},
+                  "axes": {"policy.decoder_kv_blocks_ttl_s": [10, 60]}})
+    fp = tg.fingerprint()
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,10\na,6,150,10\n")
+    assert tg.fingerprint() != fp

@@ -2,7 +2,7 @@
 """One-command setup and run for kvplan, needing only ``python3`` (3.11+).
 
     python3 dev.py run     # create .venv, install kvplan, run the main job on the embedded P5en default
-    python3 dev.py test    # create .venv, install kvplan with test extras, run ruff, mypy and the test suite
+    python3 dev.py test    # create .venv, install kvplan with test extras, run ruff, mypy, lint-imports, pytest
 
 The virtual environment is created in ``.venv`` next to this file and reused on later calls; the
 install step is skipped when ``pyproject.toml`` has not changed since the last install.
@@ -23,10 +23,10 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 
 
-def sh(*args: str | Path, check: bool = True) -> int:
+def sh(*args: str | Path, check: bool = True, env: dict[str, str] | None = None) -> int:
     """Run a command, echoing it; exit with its status on failure when ``check``."""
     print("+", " ".join(str(a) for a in args), flush=True)
-    code = subprocess.call([str(a) for a in args], cwd=ROOT)
+    code = subprocess.call([str(a) for a in args], cwd=ROOT, env=env)
     if check and code != 0:
         sys.exit(code)
     return code
@@ -49,6 +49,20 @@ def ensure_env(extras: str) -> None:
     stamp.write_text(digest)
 
 
+def ensure_typecheck_shim(root: Path = ROOT) -> Path:
+    """Create the gitignored ``.typecheck/kvplan -> ..`` symlink through which mypy resolves the package.
+
+    The repository root is the package ``kvplan`` (``package-dir`` in pyproject.toml), so a clone has no
+    directory called ``kvplan``; mypy's ``mypy_path`` points at ``.typecheck`` and finds it there.
+    """
+    shim = root / ".typecheck"
+    link = shim / "kvplan"
+    shim.mkdir(exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to("..", target_is_directory=True)
+    return link
+
+
 def run_main() -> None:
     """The main job: reproduce the published P5en points and simulate the embedded default scenario."""
     ensure_env("")
@@ -59,10 +73,13 @@ def run_main() -> None:
 
 
 def run_tests(extra_args: list[str]) -> None:
-    """Lint, type-check and run the whole test suite."""
+    """Lint, type-check, check the import layers and run the whole test suite."""
     ensure_env("dev,ray")
     sh(BIN / "ruff", "check", ".")
-    sh(BIN / "mypy", ".")
+    shim = ensure_typecheck_shim()
+    sh(BIN / "mypy")  # the files and packages to check are in pyproject.toml [tool.mypy]
+    # the contracts are in pyproject.toml [tool.importlinter]; kvplan is imported from this tree through the shim
+    sh(BIN / "lint-imports", env={**os.environ, "PYTHONPATH": str(shim.parent)})
     sh(PY, "-m", "pytest", "-q", *extra_args)
 
 

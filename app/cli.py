@@ -6,15 +6,28 @@ never a traceback.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 
 import typer
 
+from kvplan.app import (
+    cmd_calibrate,
+    cmd_capacity,
+    cmd_cost,
+    cmd_dashboard,
+    cmd_recommend,
+    cmd_reproduce,
+    cmd_simulate,
+    cmd_sweep,
+    cmd_workload,
+)
 from kvplan.errors import KvplanInputError
 
-COMMANDS = ("simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "workload", "dashboard")
+#: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
+COMMAND_MODULES = (
+    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_sweep, cmd_recommend, cmd_capacity, cmd_workload,
+    cmd_dashboard,
+)
 
 app = typer.Typer(
     name="kvplan",
@@ -31,15 +44,8 @@ def _root() -> None:
     """Simulator and capacity planner for bidirectional KV-cache transfer in vLLM P/D disaggregated serving."""
 
 
-def _register_all() -> None:
-    for name in COMMANDS:
-        mod_name = f"kvplan.app.cmd_{name}"
-        if importlib.util.find_spec(mod_name) is None:
-            continue
-        importlib.import_module(mod_name).register(app)
-
-
-_register_all()
+for _module in COMMAND_MODULES:
+    _module.register(app)
 
 
 def fail(message: str) -> None:

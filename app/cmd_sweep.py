@@ -18,7 +18,7 @@ GRID.yaml:
   axes:                          # dotted scenario path -> list of values (cartesian product)
     policy.decoder_kv_blocks_ttl_s: [30, 60, 120, 300, 480, 900]
     workload.turn_gap_s.median: [5, 30, 120]
-  replications: 3                # optional (--replications overrides); seed k = seed + k at every point
+  replications: 3                # optional (--replications overrides); replication k: seed k of SeedSequence(seed).spawn
   seed: 0                        # optional base seed (default: the base scenario's)
 
 Every point is validated before any run. Each finished run is committed atomically, so a sweep killed at any

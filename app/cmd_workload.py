@@ -25,8 +25,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
         from kvplan.app.output import console
-        from kvplan.calibration.traces import json_ready, load_trace, stats_figure, stats_table, workload_stats
         from kvplan.errors import input_error
+        from kvplan.traces.readers import load_trace
+        from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
         try:
             ttl_list = tuple(float(x) for x in ttls.split(",") if x.strip())
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
             console().print(t)
             console().print(
                 "method: sessions as given by the trace's ids, or for Mooncake rebuilt from 512-token hash-prefix"
-                " chains (see kvplan.calibration.traces); gaps are arrival to arrival."
+                " chains (see kvplan.traces); gaps are arrival to arrival."
             )
         if html is not None:
             from kvplan.atomic import atomic_write_bytes, check_output_file
@@ -71,10 +72,11 @@ def register(app: typer.Typer) -> None:
         """Fit turns per conversation, turn gaps (idle, with goodness of fit), new tokens and outputs."""
         from kvplan.app.output import console
         from kvplan.atomic import check_output_file
-        from kvplan.calibration.traces import json_ready, load_trace
         from kvplan.calibration.workload_fit import fit_workload, workload_section
         from kvplan.sim.scenario import Scenario, load_scenario
         from kvplan.sim.service import unloaded_service_time_fn
+        from kvplan.traces.readers import load_trace
+        from kvplan.traces.stats import json_ready
 
         check_output_file(out)
         tr = load_trace(trace, fmt)

@@ -6,32 +6,32 @@ the Streamlit functions (:func:`scenario_sidebar`, :func:`run_view`, ...) wrap t
 keyed on a hashable string, the scenario's canonical JSON (:func:`scenario_key`), never on a
 ``_``-prefixed argument (Streamlit does not hash those, so they would return stale results).
 
-Optional APIs of other modules (``sim.presets``, ``sim.sweep``, ``sim.advice``, ``calibration.calibrate``,
-``calibration.reproduce``, ``calibration.figures``) are looked up with :func:`optional_attr`: a module that
-is absent reads as "not available yet", anything else (a missing function in a present module, an import
-error inside it) is an error the page shows. The explorer's grid and the advice live in
+Every kvplan module used is imported explicitly (no lookup by string name, so the layer contract in
+pyproject.toml sees every edge). The explorer's grid and the advice live in
 :mod:`kvplan.app.dash_sweeps`, uploads and fits in :mod:`kvplan.app.dash_upload`, figures in
 :mod:`kvplan.app.figures` (no Streamlit there).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import streamlit as st
 
+from kvplan.app import dash_upload
+from kvplan.calibration import figures as calibration_figures
+from kvplan.calibration import reproduce
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.hardware import HARDWARE_PRESETS
 from kvplan.models.profile import shipped_profiles
+from kvplan.sim import presets
 from kvplan.sim.api import run
 from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark
 from kvplan.sim.scenario import Policy, Scenario, scenario_from_dict, with_overrides
@@ -70,41 +70,6 @@ def defaults_text() -> str:
     return (f"the vLLM defaults (TTL {d['policy.decoder_kv_blocks_ttl_s']:g} s, threshold "
             f"{d['policy.kv_recompute_threshold_tokens']} tokens, router TTL {d['policy.router_ttl_s']:g} s, "
             "bidirectional on)")
-
-
-# --- optional APIs of other modules ------------------------------------------------------------------------
-
-
-def optional_module(name: str) -> Any | None:
-    """Import ``kvplan.<name>``; ``None`` only when that module (or its package) does not exist."""
-    full = f"kvplan.{name}"
-    try:
-        if importlib.util.find_spec(full) is None:
-            return None
-    except ModuleNotFoundError:
-        return None
-    return importlib.import_module(full)
-
-
-def optional_attr(candidates: Sequence[str], attr: str) -> Callable[..., Any] | None:
-    """The first callable ``attr`` of the modules ``candidates`` (names under ``kvplan.``), else ``None``.
-
-    ``None`` means no candidate module exists (the feature is not in this build yet). A candidate that
-    exists without ``attr`` raises a one-line :class:`KvplanInputError`: an API mismatch is reported,
-    not hidden.
-    """
-    present = []
-    for name in candidates:
-        mod = optional_module(name)
-        if mod is None:
-            continue
-        fn = getattr(mod, attr, None)
-        if callable(fn):
-            return fn
-        present.append(name)
-    if present:
-        raise input_error(f"kvplan.{present[0]}", f"has no {attr}()", "update kvplan or the dashboard together")
-    return None
 
 
 # --- widgets -> scenario (pure) --------------------------------------------------------------------------------
@@ -204,9 +169,7 @@ def default_custom_workload() -> CustomWorkload:
 def preset_names() -> list[str]:
     """Workload choices: the published benchmark, the presets of ``sim.presets`` when present, custom."""
     names = [PUBLISHED]
-    listing = optional_attr(["sim.presets"], "preset_names")
-    if listing is not None:
-        names.extend(str(n) for n in listing() if str(n) not in names and str(n) != PRESET_PUBLISHED)
+    names.extend(str(n) for n in presets.preset_names() if str(n) not in names and str(n) != PRESET_PUBLISHED)
     names.append(CUSTOM)
     return names
 
@@ -231,13 +194,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     elif inputs.workload == PUBLISHED:
         base = published_benchmark(model=inputs.model)
     else:
-        preset = optional_attr(["sim.presets"], "preset_scenario")
-        if preset is None:
-            raise input_error("workload", f"preset '{inputs.workload}' needs kvplan.sim.presets, which is absent")
         kw: dict[str, Any] = {"rate_per_s": inputs.preset_rate_per_s}
         if inputs.preset_conversations is not None:
             kw["conversations"] = inputs.preset_conversations
-        base = preset(inputs.workload, inputs.model, inputs.hardware, **kw)
+        base = presets.preset_scenario(inputs.workload, inputs.model, inputs.hardware, **kw)
     overrides: dict[str, Any] = {
         "model": inputs.model,
         "hardware": inputs.hardware,
@@ -331,6 +291,9 @@ def whatif(scenario: Scenario) -> WhatIf:
 # --- headline metrics (pure) --------------------------------------------------------------------------------
 
 
+DeltaColour = Literal["normal", "inverse", "off"]
+
+
 @dataclass(frozen=True)
 class Metric:
     """One ``st.metric``: label, value text, delta text (or ``None``), colour rule and help."""
@@ -338,7 +301,7 @@ class Metric:
     label: str
     value: str
     delta: str | None
-    delta_color: str
+    delta_color: DeltaColour
     help: str
 
 
@@ -356,7 +319,7 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
     TTFT, errors and pinned HBM: lower is better (inverse colours); hit rate: higher is better.
     """
-    spec: list[tuple[str, str, str, float, int, str, str]] = [
+    spec: list[tuple[str, str, str, float, int, DeltaColour, str]] = [
         ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
         ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
         ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),
@@ -383,50 +346,34 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
 # --- reproduce (calibration, issue 3) ----------------------------------------------------------------------
 
-#: Modules that hold ``reproduce_rows`` and the published-chart builders (issue 3: ``kvplan reproduce``).
-REPRODUCE_MODULES = ("calibration.reproduce",)
-REPRODUCE_FIGURE_MODULES = ("calibration.figures",)
 #: Models with published P5en points.
 PUBLISHED_MODELS = ("qwen3-32b", "glm-5-fp8")
-
-
-def reproduce_fn() -> Callable[..., Any] | None:
-    """``reproduce_rows(model=None, profile=None) -> list[dict]`` of the calibration module, when present."""
-    return optional_attr(REPRODUCE_MODULES, "reproduce_rows")
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def reproduce_cached(model: str, profile: str | None) -> list[dict[str, Any]]:
     """The published-vs-simulated rows for ``model`` (and a profile name or path), cached on those strings."""
-    fn = reproduce_fn()
-    if fn is None:
-        raise input_error("reproduce", "kvplan's reproduce_rows is not in this build")
-    return [dict(r) for r in fn(model=model, profile=profile)]
+    return [dict(r) for r in reproduce.reproduce_rows(model=model, profile=profile)]
 
 
 def reproduce_figures(rows: list[dict[str, Any]], model: str) -> list[Any]:
     """The published P5en charts against the simulator's, drawn by ``calibration.figures`` (as
     ``kvplan reproduce --html``): TTFT vs prompt length ON/OFF and the prefill split."""
-    fn = optional_attr(REPRODUCE_FIGURE_MODULES, "reproduce_figures")
-    if fn is None:
-        raise input_error("reproduce", "kvplan.calibration.figures is not in this build")
-    return list(fn(rows, model))
+    return list(calibration_figures.reproduce_figures(rows, model))
 
 
 def reproduce_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The rows as a table (``calibration.figures.rows_frame`` when present), relative error in percent."""
-    fn = optional_attr(REPRODUCE_FIGURE_MODULES, "rows_frame")
-    frame = fn(rows) if fn is not None else pd.DataFrame(rows)
+    """The rows as a table (``calibration.figures.rows_frame``), relative error in percent."""
+    frame = calibration_figures.rows_frame(rows)
     if "rel_error" in frame:
         frame = frame.assign(rel_error_pct=pd.to_numeric(frame["rel_error"], errors="coerce") * 100.0)
         frame = frame.drop(columns=["rel_error"])
     return frame
 
 
-def reproduce_ratios(rows: list[dict[str, Any]]) -> pd.DataFrame | None:
-    """``calibration.reproduce.ratio_checks`` (ON/OFF TTFT ratio at the longest prompt) as a table, if present."""
-    fn = optional_attr(REPRODUCE_MODULES, "ratio_checks")
-    return pd.DataFrame(fn(rows)) if fn is not None else None
+def reproduce_ratios(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """``calibration.reproduce.ratio_checks`` (ON/OFF TTFT ratio at the longest prompt) as a table."""
+    return pd.DataFrame(reproduce.ratio_checks(rows))
 
 
 # --- sidebar (Streamlit) ---------------------------------------------------------------------------------------
@@ -482,15 +429,11 @@ def session_profile_choice() -> str | None:
     text = st.session_state.get(SESSION_PROFILE)
     if not text:
         return None
-    from kvplan.app.dash_upload import profile_from_json
-
-    return f"session: {profile_from_json(text).name}"
+    return f"session: {dash_upload.profile_from_json(text).name}"
 
 
 def scenario_sidebar() -> Scenario | None:
     """Render the scenario widgets in the sidebar; the validated scenario, or ``None`` after an error."""
-    from kvplan.app.dash_upload import session_profile_path
-
     sb = st.sidebar
     d = ScenarioInputs()
     sb.header("Scenario")
@@ -504,7 +447,7 @@ def scenario_sidebar() -> Scenario | None:
     if profile_label == AUTO_PROFILE:
         profile = None
     elif session_choice and profile_label == session_choice:
-        profile = session_profile_path(st.session_state[SESSION_PROFILE])
+        profile = dash_upload.session_profile_path(st.session_state[SESSION_PROFILE])
     else:
         profile = str(profile_label)
     sb.subheader("Deployment")

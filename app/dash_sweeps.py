@@ -16,9 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from kvplan.app.dash_state import VLLM_DEFAULTS, optional_attr, scenario_from_key, scenario_key, variant
+from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key, variant
 from kvplan.errors import input_error
+from kvplan.sim.advice import recommend
 from kvplan.sim.scenario import Policy, Scenario
+from kvplan.sim.sweep import aggregate, grid_from_dict, run_grid
 
 #: Largest TTL x threshold grid the explorer runs.
 MAX_GRID_POINTS = 400
@@ -114,20 +116,10 @@ def ttl_base(base: Scenario, ttl_s: float) -> Scenario:
     })
 
 
-def run_grid_fn() -> Callable[..., Any] | None:
-    """``kvplan.sim.sweep.run_grid`` when that module exists, else ``None``."""
-    return optional_attr(["sim.sweep"], "run_grid")
-
-
-def grid_frame(spec: GridSpec, progress: Callable[[float, str], None] | None = None, workers: int = 1) -> pd.DataFrame:
+def grid_frame(spec: GridSpec, progress: Callable[[float, str], object] | None = None, workers: int = 1) -> pd.DataFrame:
     """Simulate the grid with ``sim.sweep.run_grid`` (one threshold sweep per TTL, whose base carries the
     TTL and its router TTL, :func:`ttl_base`) and return one row per point: ``ttl_s``, ``threshold_tokens``, the mean
     of each of :data:`GRID_METRICS` over the replications and its 95% half-width (``<metric>_ci95``)."""
-    run_grid = run_grid_fn()
-    if run_grid is None:
-        raise input_error("explorer", "kvplan.sim.sweep is not available in this build")
-    from kvplan.sim.sweep import aggregate, grid_from_dict
-
     base = scenario_from_key(spec.base_key)
     axis = "policy.kv_recompute_threshold_tokens"
     per_ttl = len(spec.thresholds) * spec.replications
@@ -176,18 +168,10 @@ def grid_marks(scenario: Scenario, recommendation: Mapping[str, Any] | None) -> 
 # --- advice (sim.advice, issue 4) ------------------------------------------------------------------------------
 
 
-def recommend_fn() -> Callable[..., Any] | None:
-    """``kvplan.sim.advice.recommend`` when that module exists, else ``None``."""
-    return optional_attr(["sim.advice"], "recommend")
-
-
 def recommendation_dict(scenario: Scenario, slo_ttft_p90_ms: float | None, decode_hbm_budget_gib: float | None,
                         replications: int, progress: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Run ``sim.advice.recommend`` and return its ``to_json()`` as a dict (raises if the module is absent)."""
-    fn = recommend_fn()
-    if fn is None:
-        raise input_error("advice", "kvplan.sim.advice is not available in this build")
-    rec = fn(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
+    """Run ``sim.advice.recommend`` and return its ``to_json()`` as a dict."""
+    rec = recommend(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
              replications=replications, progress=progress)
     out = rec.to_json() if hasattr(rec, "to_json") else rec
     if isinstance(out, str | bytes):

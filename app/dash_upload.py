@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvplan.atomic import atomic_write_bytes
+from kvplan.calibration.calibrate import calibrate
 from kvplan.calibration.parsers import (
     BenchServeResult,
     MultiTurnStats,
@@ -68,9 +70,7 @@ def store_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> P
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / label
     if not path.is_file() or path.stat().st_size != len(data):
-        tmp = folder / f".{label}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        atomic_write_bytes(path, data, flag="upload")
     return path
 
 
@@ -202,17 +202,8 @@ def session_profile_path(text: str) -> str:
 
 # --- fits (calibration, issue 3) ----------------------------------------------------------------------------------
 
-#: Modules that hold ``calibrate`` (issue 3: ``kvplan calibrate``).
-CALIBRATE_MODULES = ("calibration.calibrate",)
 #: Tensor-parallel sizes a measured deployment may have had.
 TP_CHOICES = (1, 2, 4, 8)
-
-
-def calibrate_fn() -> Any | None:
-    """``kvplan.calibration.calibrate.calibrate`` when that module exists, else ``None``."""
-    from kvplan.app.dash_state import optional_attr
-
-    return optional_attr(CALIBRATE_MODULES, "calibrate")
 
 
 def strip_upload_dirs(message: str) -> str:
@@ -226,9 +217,6 @@ def fit_profile(traces: list[ParsedTrace], model: str, hardware: str, tp: int = 
     Traces are passed by path, grouped by format exactly as ``kvplan calibrate --bench/--multiturn/--log/
     --prometheus/--points`` takes them, with the dashboard's upload limit as ``max_bytes``.
     """
-    fn = calibrate_fn()
-    if fn is None:
-        raise input_error("calibration", "the fitting module (kvplan.calibration.calibrate) is not in this build")
     by_kind: dict[str, list[str]] = {k: [] for k in CALIBRATE_FORMATS}
     for t in traces:
         if t.fmt in by_kind:
@@ -237,7 +225,9 @@ def fit_profile(traces: list[ParsedTrace], model: str, hardware: str, tp: int = 
         raise input_error("calibration", "no uploaded trace in a format the fit takes",
                           f"upload one of: {', '.join(CALIBRATE_FORMATS)}")
     try:
-        result = fn(model, hardware, tp=tp, max_bytes=MAX_UPLOAD_BYTES, **by_kind)
+        result = calibrate(model, hardware, tp=tp, max_bytes=MAX_UPLOAD_BYTES, bench=by_kind["bench"],
+                           multiturn=by_kind["multiturn"], log=by_kind["log"], prometheus=by_kind["prometheus"],
+                           points=by_kind["points"])
     except KvplanInputError as exc:
         raise KvplanInputError(strip_upload_dirs(str(exc))) from None
     profile = getattr(result, "profile", result)

@@ -48,7 +48,6 @@ from kvplan.calibration.fit import (
     fit_xfer,
 )
 from kvplan.calibration.parse_bench import BenchServeResult
-from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, check_file
 from kvplan.calibration.parse_logs import ProxyLog
 from kvplan.calibration.parse_multiturn import MultiTurnStats
 from kvplan.calibration.parse_prometheus import PrometheusScrape
@@ -60,6 +59,7 @@ from kvplan.calibration.parsers import (
     parse_prometheus,
 )
 from kvplan.errors import input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, check_file
 from kvplan.models.arch import (
     MODEL_PRESETS,
     ModelArch,

@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvplan.atomic import atomic_write_bytes
+
 ON_COLOUR = "#1f77b4"
 OFF_COLOUR = "#d62728"
 XFER_COLOUR = "#2ca02c"
@@ -107,7 +109,4 @@ def write_html(figures: Sequence[go.Figure], path: str | Path, title: str = "kvp
     ]
     html = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>" + "".join(parts)
     html += "</body></html>\n"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return atomic_write_bytes(out, html.encode("utf-8"), flag="--html")

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvplan.calibration.parse_common import (
+from kvplan.errors import input_error
+from kvplan.inputfile import (
     DEFAULT_MAX_BYTES,
     PathLike,
     check_integral,
@@ -34,7 +35,6 @@ from kvplan.calibration.parse_common import (
     number_array,
     short_repr,
 )
-from kvplan.errors import input_error
 
 #: Old key spellings found in real result files -> the current name.
 KEY_ALIASES: Mapping[str, str] = MappingProxyType(

@@ -1,278 +1,32 @@
-"""Shared helpers of the trace parsers: bounded reading, safe JSON loading and value checks.
+"""Moved to :mod:`kvplan.inputfile` (bounded, checked reading of user files, below every layer that reads one).
 
-Every helper raises :class:`kvplan.errors.KvplanInputError` with a one-line message of the form
-``<file>: <where in the file>: <problem>; <fix>``. Nothing here evaluates or unpickles input: JSON is
-read with the :mod:`json` module, text with plain UTF-8 decoding, and the size of a file is checked
-with ``stat`` before a single byte of it is read.
+A re-export kept so that code written against the old path still imports.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import stat
-from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-
-from kvplan.errors import input_error
-
-#: Default upper bound on the size of a trace file (256 MiB); every parser takes ``max_bytes``.
-DEFAULT_MAX_BYTES = 256 * 1024**2
-
-#: What a parser accepts as a path.
-PathLike = str | os.PathLike[str]
-
-
-def file_label(path: PathLike) -> str:
-    """Return the name used for ``path`` in error messages (the path exactly as the caller gave it)."""
-    return os.fspath(path)
-
-
-def _human_bytes(n: int) -> str:
-    """Format a byte count as ``1.5 GiB`` (binary units), for error messages."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover - the loop always returns
-
-
-def check_file(path: PathLike, max_bytes: int) -> int:
-    """Check that ``path`` is a readable, non-empty regular file of at most ``max_bytes``; return its size.
-
-    Only ``stat`` is called: an oversized file is refused before it is opened.
-    """
-    where = file_label(path)
-    if max_bytes <= 0:
-        raise input_error(where, f"max_bytes must be positive, got {max_bytes}")
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise input_error(where, "file not found", "check the path") from None
-    except OSError as exc:
-        raise input_error(where, f"cannot access the file ({exc.strerror})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise input_error(where, "is a directory, not a file", "pass one trace file")
-    if not stat.S_ISREG(st.st_mode):
-        raise input_error(where, "is not a regular file", "copy the trace to a regular file first")
-    if st.st_size > max_bytes:
-        raise input_error(
-            where,
-            f"file is {_human_bytes(st.st_size)} ({st.st_size} bytes), larger than the "
-            f"{_human_bytes(max_bytes)} limit, so it was not read",
-            "pass a smaller file (split or filter the trace) or raise max_bytes",
-        )
-    if st.st_size == 0:
-        raise input_error(where, "file is empty", "pass a non-empty trace file")
-    return st.st_size
-
-
-def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
-    """Read a UTF-8 text file of at most ``max_bytes`` (a leading BOM is dropped)."""
-    where = file_label(path)
-    check_file(path, max_bytes)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-    except OSError as exc:
-        raise input_error(where, f"cannot read the file ({exc.strerror})") from None
-    if len(data) > max_bytes:  # the file grew after stat()
-        raise input_error(
-            where, f"file is larger than the {_human_bytes(max_bytes)} limit", "raise max_bytes"
-        )
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise input_error(where, f"byte {nul} is a NUL byte: this is a binary file, not a text trace")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise input_error(
-            where, f"line {line}: byte {exc.start} is not valid UTF-8", "save it as UTF-8"
-        ) from None
-
-
-def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Any, bool]:
-    """Parse a JSON file with :func:`json.loads`.
-
-    Returns ``(value, has_non_finite)``: Python's JSON reader accepts the non-standard constants
-    ``NaN``, ``Infinity`` and ``-Infinity``; they become floats here and the flag tells the caller to
-    look for them (and name the field) with :func:`find_non_finite`.
-    """
-    where = file_label(path)
-    text = read_text(path, max_bytes)
-    stripped = text.rstrip()
-    if not stripped:
-        raise input_error(where, "file holds only whitespace, no JSON")
-    seen: list[str] = []
-
-    def _constant(name: str) -> float:
-        seen.append(name)
-        return float(name.replace("Infinity", "inf"))
-
-    try:
-        value = json.loads(text, parse_constant=_constant)
-    except json.JSONDecodeError as exc:
-        truncated = exc.msg.startswith("Unterminated string") or (
-            exc.msg != "Extra data" and exc.pos >= len(stripped) - 1
-        )
-        if truncated:
-            raise input_error(
-                where,
-                f"line {exc.lineno} column {exc.colno}: JSON ends unexpectedly ({exc.msg}): the file looks "
-                f"truncated",
-                "re-copy the complete file or re-run the benchmark",
-            ) from None
-        raise input_error(where, f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise input_error(where, "JSON is nested too deeply to be a benchmark result") from None
-    return value, bool(seen)
-
-
-def find_non_finite(value: Any, field: str) -> str | None:
-    """Return a description such as ``'ttfts' entry 3`` of the first NaN/Infinity inside ``value``."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else field
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = find_non_finite(item, f"{field} entry {i}")
-            if found is not None:
-                return found
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = find_non_finite(item, f"{field}.{key}")
-            if found is not None:
-                return found
-    return None
-
-
-def is_number(value: Any) -> bool:
-    """True for JSON numbers (``int``/``float``), False for booleans, strings and ``None``."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def number(where: str, field: str, value: Any, *, minimum: float | None = 0.0) -> float:
-    """Validate one JSON number: finite, not a boolean or string, and at least ``minimum`` if given."""
-    if not is_number(value):
-        raise input_error(where, f"field '{field}' is {_short(value)}, not a number")
-    out = float(value)
-    if not math.isfinite(out):
-        raise input_error(where, f"field '{field}' is {out}: NaN/Infinity is not a valid measurement")
-    if minimum is not None and out < minimum:
-        kind = "negative" if minimum == 0.0 else f"below {minimum:g}"
-        raise input_error(where, f"field '{field}' is {kind} ({out:g})")
-    return out
-
-
-def integer(where: str, field: str, value: Any, *, minimum: int = 0) -> int:
-    """Validate a JSON count: an integer (``3`` or ``3.0``) of at least ``minimum``."""
-    out = number(where, field, value, minimum=None)
-    if out != int(out):
-        raise input_error(where, f"field '{field}' is {out:g}, not a whole number")
-    if out < minimum:
-        raise input_error(where, f"field '{field}' is {int(out)}, must be at least {minimum}")
-    return int(out)
-
-
-def number_array(
-    where: str, field: str, values: Any, *, minimum: float | None = 0.0, label: str = "entry"
-) -> np.ndarray:
-    """Validate a JSON list of numbers and return it as a float64 array.
-
-    Errors name the field and the index of the first bad entry: not a list, empty, a non-number,
-    NaN/Infinity, or a value below ``minimum``.
-    """
-    if not isinstance(values, list):
-        raise input_error(where, f"field '{field}' is {_short(values)}, not a list")
-    if not values:
-        raise input_error(
-            where, f"field '{field}' is an empty list", "re-run the benchmark; no requests were recorded"
-        )
-    for i, v in enumerate(values):
-        if not is_number(v):
-            raise input_error(where, f"field '{field}' {label} {i} is {_short(v)}, not a number")
-    arr = np.asarray(values, dtype=np.float64)
-    check_array(where, field, arr, minimum=minimum, label=label)
-    return arr
-
-
-def check_array(
-    where: str,
-    field: str,
-    arr: np.ndarray,
-    *,
-    minimum: float | None = 0.0,
-    label: str = "entry",
-    offset: int = 0,
-) -> None:
-    """Reject NaN/Infinity and values below ``minimum`` in a float array, naming the first bad index."""
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        i = int(bad[0])
-        raise input_error(
-            where,
-            f"field '{field}' {label} {i + offset} is {arr[i]}: NaN/Infinity is not a valid measurement",
-        )
-    if minimum is not None:
-        low = np.flatnonzero(arr < minimum)
-        if low.size:
-            i = int(low[0])
-            kind = "negative" if minimum == 0.0 else f"below {minimum:g}"
-            raise input_error(where, f"field '{field}' {label} {i + offset} is {kind} ({arr[i]:g})")
-
-
-def check_integral(where: str, field: str, arr: np.ndarray, *, label: str = "entry") -> np.ndarray:
-    """Check that a float array holds whole numbers and return it as int64."""
-    frac = np.flatnonzero(arr != np.floor(arr))
-    if frac.size:
-        i = int(frac[0])
-        raise input_error(where, f"field '{field}' {label} {i} is {arr[i]:g}, not a whole number")
-    return arr.astype(np.int64)
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """A short ``repr`` of a JSON value for an error message (long strings and lists are cut)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return f"a list of {len(value)} entries"
-    if isinstance(value, dict):
-        return "an object"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def short_repr(value: Any) -> str:
-    """Public alias of the short value formatter used in error messages."""
-    return _short(value)
-
-
-def median(values: Sequence[float] | np.ndarray) -> float:
-    """Median of a non-empty sequence as a float (NaN when empty)."""
-    arr = np.asarray(values, dtype=np.float64)
-    return float(np.median(arr)) if arr.size else math.nan
-
+from kvplan.inputfile import (
+    DEFAULT_MAX_BYTES,
+    PathLike,
+    _human_bytes,
+    _short,
+    check_array,
+    check_file,
+    check_integral,
+    file_label,
+    find_non_finite,
+    integer,
+    is_number,
+    load_json,
+    median,
+    number,
+    number_array,
+    read_text,
+    short_repr,
+)
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
-    "PathLike",
-    "check_array",
-    "check_file",
-    "check_integral",
-    "file_label",
-    "find_non_finite",
-    "integer",
-    "is_number",
-    "load_json",
-    "median",
-    "number",
-    "number_array",
-    "read_text",
-    "short_repr",
+    "DEFAULT_MAX_BYTES", "PathLike", "_human_bytes", "_short", "check_array", "check_file", "check_integral",
+    "file_label", "find_non_finite", "integer", "is_number", "load_json", "median", "number", "number_array",
+    "read_text", "short_repr",
 ]

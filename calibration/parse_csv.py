@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, PathLike, file_label, read_text
 from kvplan.errors import input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, PathLike, file_label, read_text
 
 POINTS_COLUMNS = ("kind", "tokens", "cached_tokens", "value_ms")
 POINT_KINDS = ("prefill", "kv_transfer")

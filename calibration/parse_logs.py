@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, PathLike, file_label, read_text
 from kvplan.errors import input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, PathLike, file_label, read_text
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"

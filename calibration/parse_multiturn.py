@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvplan.calibration.parse_common import (
+from kvplan.errors import input_error
+from kvplan.inputfile import (
     DEFAULT_MAX_BYTES,
     PathLike,
     check_array,
@@ -27,7 +28,6 @@ from kvplan.calibration.parse_common import (
     median,
     short_repr,
 )
-from kvplan.errors import input_error
 
 #: Fields of one record -> (minimum, whole number?)
 _NUMERIC_FIELDS: dict[str, tuple[float, bool]] = {

@@ -25,7 +25,6 @@ from typing import TypeAlias
 import pandas as pd
 
 from kvplan.calibration.parse_bench import KEY_ALIASES, BenchServeResult, parse_bench_serve
-from kvplan.calibration.parse_common import DEFAULT_MAX_BYTES, PathLike, check_file, file_label
 from kvplan.calibration.parse_csv import (
     POINT_KINDS,
     POINTS_COLUMNS,
@@ -45,6 +44,7 @@ from kvplan.calibration.parse_logs import (
 from kvplan.calibration.parse_multiturn import MultiTurnStats, parse_multiturn_stats
 from kvplan.calibration.parse_prometheus import HistogramSeries, PrometheusScrape, parse_prometheus
 from kvplan.errors import input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, PathLike, check_file, file_label
 
 #: The format names :func:`detect_format` returns.
 FORMATS = ("bench", "multiturn", "log", "prometheus", "points", "published")

@@ -1,6 +1,6 @@
 """Fit a synthetic multi-turn workload description to a real request trace.
 
-:func:`fit_workload` turns a :class:`~kvplan.calibration.traces.Trace` into plain data in the shape of the
+:func:`fit_workload` turns a :class:`~kvplan.traces.Trace` into plain data in the shape of the
 scenario's ``workload`` section (``kvplan.sim.scenario.Workload``), so it can be dumped to YAML::
 
     conversations: <sessions in the trace>
@@ -22,7 +22,7 @@ drops the ``report`` to give exactly the scenario section.
 The turn gap is the **idle** gap, because the simulator's ``turn_gap_s`` runs from the end of a response
 to the next turn's arrival: arrival-to-arrival gap minus the parent's service time, measured when the
 trace has it (``service_s``) and otherwise ``service_time_fn(input_tokens, output_tokens)``, by default
-:func:`~kvplan.calibration.traces.crude_service_time_s` (``input / 8000 + 0.040 * output`` s, the
+:func:`~kvplan.traces.crude_service_time_s` (``input / 8000 + 0.040 * output`` s, the
 illustrative estimate of WORKLOADS.md 3.1). Idle gaps that come out <= 0 (service estimate longer than
 the gap) cannot be fitted by a lognormal; they are left out and their share is reported. Candidates are
 fitted by maximum likelihood with location 0 (lognormal in closed form, exponential, and for information
@@ -47,15 +47,9 @@ from typing import Any, cast
 import numpy as np
 from scipy import stats as sps
 
-from kvplan.calibration.traces import (
-    PERCENTILES,
-    ServiceTimeFn,
-    Trace,
-    crude_service_time_s,
-    json_ready,
-    turn_pairs,
-)
 from kvplan.errors import input_error
+from kvplan.traces.stats import PERCENTILES, ServiceTimeFn, crude_service_time_s, json_ready, turn_pairs
+from kvplan.traces.trace import Trace
 
 #: Default cap on the number of values kept in an empirical distribution.
 MAX_EMPIRICAL_VALUES = 2000

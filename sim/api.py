@@ -10,17 +10,14 @@ from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import simulate
 from kvplan.sim.events import Ev
 from kvplan.sim.results import Result, build_result
-from kvplan.sim.scenario import Scenario, load_scenario, scenario_from_dict
+from kvplan.sim.scenario import Scenario, as_scenario
 
 GIB = 1024**3
 
 
 def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = None) -> Result:
     """Simulate ``scenario`` (object, mapping or YAML path) with ``seed`` (default: the scenario's)."""
-    if isinstance(scenario, str | Path):
-        scenario = load_scenario(scenario)
-    elif isinstance(scenario, dict):
-        scenario = scenario_from_dict(scenario)
+    scenario = as_scenario(scenario)
     seed = scenario.seed if seed is None else seed
     # The event log is millions of small tuples: the cyclic GC would rescan them again and again for
     # nothing (the model makes no reference cycles worth collecting mid-run). Pause it for the run.

@@ -31,8 +31,9 @@ from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict, with_overrides
+from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import screen_scenarios
+from kvplan.sim.seeds import replication_seeds
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
 SPLITS_PER_TOTAL = 3
@@ -77,7 +78,8 @@ class _Eval:
     def many(self, configs: list[tuple[int, int, float]]) -> list[dict[str, float]]:
         todo = [c for c in dict.fromkeys(configs) if c not in self.cache]
         rows: dict[tuple[int, int, float], list[dict[str, Any]]] = {c: [] for c in todo}
-        tasks = [(c, self.overrides(*c), self.base.seed + k) for c in todo for k in range(self.reps)]
+        seeds = replication_seeds(self.base.seed, self.reps)
+        tasks = [(c, self.overrides(*c), seeds[k]) for c in todo for k in range(self.reps)]
 
         def on_result(key: Any, row: dict[str, Any]) -> None:
             rows[key].append(row)
@@ -209,12 +211,7 @@ def plan_capacity(
 ) -> CapacityPlan:
     """Smallest xPyD meeting ``slo_ttft_p90_ms`` at ``rate_per_s`` new conversations/s, with and without
     bidirectional transfer; their maximum sustainable loads and cost per million turns."""
-    if isinstance(scenario, dict):
-        sc = scenario_from_dict(scenario)
-    elif isinstance(scenario, str | Path):
-        sc = load_scenario(scenario)
-    else:
-        sc = scenario
+    sc = as_scenario(scenario)
     if isinstance(sc.workload.arrival, ClosedLoopArrival):
         raise input_error("--workload", "capacity planning needs an open-loop (poisson) workload")
     for name, v in (("--rate", rate_per_s), ("--slo-ttft-p90-ms", slo_ttft_p90_ms)):

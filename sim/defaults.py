@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvplan.sim.scenario import Scenario, scenario_from_dict
 
 # The published write-up's benchmark (VLLM_BEHAVIOUR.md header; ../shared/data/README.md): 1P1D p5en,
 # TP8, max_num_seqs 8, max_model_len 32768, prefix caching off on P only, 10 conversations of 5 user
 # turns, 150-token user messages, 300-token responses, 2 clients, at most 10 active conversations, no
 # think time, bidirectional on with vLLM's defaults (TTL 480 s, threshold 64, router TTL 450 s).
-PUBLISHED_BENCHMARK: dict[str, object] = {
+PUBLISHED_BENCHMARK: dict[str, Any] = {
     "model": "qwen3-32b",
     "hardware": "p5en",
     "deployment": {
@@ -38,7 +40,7 @@ def published_benchmark(model: str = "qwen3-32b", prefix_tokens: int = 24000, bi
     """The published P5en benchmark at one prefix size, ON or OFF."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PUBLISHED_BENCHMARK.items()}
     data["model"] = model
-    wl = dict(data["workload"])  # type: ignore[call-overload]
+    wl = dict(data["workload"])
     wl["prefix_tokens"] = {"dist": "constant", "value": prefix_tokens}
     data["workload"] = wl
     data["policy"] = {"bidirectional": bidirectional}

@@ -1,16 +1,14 @@
 """Wiring and the public entry point ``run(scenario, seed) -> Result``.
 
-A conversation is one SimPy process that sends its turns in order: router lookup, the P leg
-(``max_tokens=1``, strictly first), then the D leg, then the turn gap (open loop), or a client that
-cycles round-robin over its active conversations (closed loop, vLLM ``benchmark_serving_multi_turn``).
+:func:`resolve` turns a scenario into its model, hardware and costs; :func:`simulate` wires the nodes,
+the router and the :class:`~kvplan.sim.driver.Driver` (which sends every turn: router lookup, the P leg
+strictly first, then the D leg; when turns arrive is its arrival source's job) and runs SimPy.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
 import simpy
 
 from kvplan.errors import input_error
@@ -24,9 +22,9 @@ from kvplan.models.profile import (
     load_profile,
     shipped_profiles,
 )
-from kvplan.sim.context import Ctx, Request
+from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
-from kvplan.sim.events import Ev
+from kvplan.sim.driver import Driver
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario
@@ -112,144 +110,6 @@ def resolve(scenario: Scenario) -> Resolved:
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
-
-
-class Driver:
-    """Sends every conversation's turns in order, as callbacks (no generator per turn: this is hot).
-
-    Per turn: the router lookup and P choice at arrival, the P leg after the proxy/HTTP overhead, the D
-    leg (strictly after P) after its overhead, then the turn gap until the conversation's next arrival.
-    The proxy's overhead before P is folded into the timeout that ends the gap (one event, not two);
-    the lookup is evaluated with the true arrival time, so nothing changes but the event count.
-    """
-
-    def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
-        self.ctx = ctx
-        self.env = ctx.env
-        self.plan = plan
-        oh = ctx.costs.overhead
-        self.p_leg = oh.p_leg_s
-        self.d_leg = oh.d_leg_s
-        self.send_id = ctx.scenario.policy.send_conversation_id
-        self.offsets = plan.offsets.tolist()
-        self.prompt = plan.prompt_tokens.tolist()
-        self.output = plan.output_tokens.tolist()
-        self.gap = plan.gap_s.tolist()
-        self.closed = closed_loop if plan.arrival_s is None else None  # a trace brings its own clock
-        self._pool: deque[int] = deque()
-        self._client_of: dict[int, deque[int]] = {}
-        self._next_turn: dict[int, int] = {}
-
-    # -- open loop ------------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Schedule the first arrivals (open loop) or start the clients (closed loop)."""
-        plan = self.plan
-        if self.closed is not None:
-            self._pool = deque(c for c in range(len(plan.turns)) if plan.turns[c] > 0)
-            slots = max(1, self.closed.max_active_conversations // self.closed.clients)
-            for _ in range(self.closed.clients):
-                active: deque[int] = deque()
-                while self._pool and len(active) < slots:
-                    active.append(self._pool.popleft())
-                if active:
-                    self._client_next(active, 0.0)
-            return
-        if plan.arrival_s is not None:
-            # trace replay: every request on the trace's own clock, independent of earlier responses
-            self._req_order = np.argsort(plan.arrival_s, kind="stable").tolist()
-            self._req_conv = np.repeat(np.arange(len(plan.turns)), plan.turns).tolist()
-            self._req_i = 0
-            self._schedule_next_request()
-            return
-        order = [int(c) for c in np.argsort(plan.start_s, kind="stable") if plan.turns[c] > 0]
-        self._starts = order
-        self._start_i = 0
-        self._schedule_next_start()
-
-    def _schedule_next_start(self) -> None:
-        if self._start_i >= len(self._starts):
-            return
-        c = self._starts[self._start_i]
-        self._start_i += 1
-        t = float(self.plan.start_s[c])
-        self._arrive_at(c, self.offsets[c], t)
-        # chain: the next conversation start is scheduled when this one's arrival fires
-        # (keeps O(1) pending start events)
-
-    def _schedule_next_request(self) -> None:
-        if self._req_i >= len(self._req_order):
-            return
-        i = self._req_order[self._req_i]
-        self._req_i += 1
-        assert self.plan.arrival_s is not None
-        self._arrive_at(self._req_conv[i], i, float(self.plan.arrival_s[i]))
-
-    def _arrive_at(self, c: int, i: int, t_arrival: float) -> None:
-        env = self.env
-        delay = t_arrival - env.now + self.p_leg
-        if delay > 0:
-            env.timeout(delay).callbacks.append(lambda _e: self._at_p(c, i, t_arrival))
-        else:
-            self._at_p(c, i, t_arrival)
-
-    def _at_p(self, c: int, i: int, t_arrival: float) -> None:
-        ctx = self.ctx
-        if self.plan.arrival_s is not None:
-            self._schedule_next_request()
-        elif self.closed is None and i == self.offsets[c]:
-            self._schedule_next_start()
-        turn = i - self.offsets[c] + 1
-        prompt = self.prompt[i]
-        log = ctx.log
-        log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
-        res, params = ctx.router.lookup(c, t_arrival, self.send_id)
-        log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params)
-        p = ctx.router.pick_prefill(c)
-        ctx.prefill[p].submit(r)
-
-    def p_done(self, r: Request) -> None:
-        """P leg finished (or failed): start the D leg after its overhead, or move on."""
-        if r.error:
-            self._turn_over(r)
-            return
-        if self.d_leg > 0:
-            self.env.timeout(self.d_leg).callbacks.append(lambda _e: self._at_d(r))
-        else:
-            self._at_d(r)
-
-    def _at_d(self, r: Request) -> None:
-        d = self.ctx.router.pick_decode(r.conv)
-        self.ctx.decode[d].submit(r)
-
-    def d_done(self, r: Request) -> None:
-        """D finished the response: the turn is over."""
-        self._turn_over(r)
-
-    def _turn_over(self, r: Request) -> None:
-        c, i = r.conv, r.index
-        if self.closed is not None:
-            active = self._client_of.pop(c)
-            if i + 1 < self.offsets[c + 1]:
-                active.append(c)
-            elif self._pool:
-                active.append(self._pool.popleft())
-            if active:
-                self._client_next(active, self.gap[i])
-            return
-        if self.plan.arrival_s is None and i + 1 < self.offsets[c + 1]:
-            self._arrive_at(c, i + 1, self.env.now + self.gap[i])
-
-    # -- closed loop ----------------------------------------------------------------------------------------
-
-    def _client_next(self, active: deque[int], think_s: float) -> None:
-        """The client sends the next turn of its next active conversation (round-robin)."""
-        c = active.popleft()
-        self._client_of[c] = active
-        i = self._next_turn.get(c, self.offsets[c])
-        self._next_turn[c] = i + 1
-        self._arrive_at(c, i, self.env.now + think_s)
 
 
 def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:

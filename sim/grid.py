@@ -5,7 +5,8 @@ the grid file) and ``axes:`` (``{dotted.path: [values...]}``, e.g. ``policy.deco
 [30, 60, 120]``), plus optional ``replications:`` (default 1) and ``seed:`` (the base seed; default the
 base scenario's). Points are the cartesian product of the axes in file order, the last axis varying
 fastest; point ``i`` is decoded from ``i`` in mixed radix. Replication ``k`` of every point runs with seed
-``seed + k`` (common random numbers: the same draws across points).
+``replication_seeds(seed, K)[k]``, spawned from ``SeedSequence(seed)`` (common random numbers: the same
+draws across points).
 
 Everything a sweep could trip over is checked before any simulation starts and reported as one-line
 :class:`~kvplan.errors.KvplanInputError`: unknown top-level keys, unknown dotted paths (with a
@@ -25,11 +26,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.sim.scenario import MAX_SCENARIO_BYTES, Scenario, load_scenario, scenario_from_dict, with_overrides
+from kvplan.sim.scenario import (
+    Scenario,
+    load_scenario,
+    read_yaml_file,
+    scenario_from_dict,
+    with_overrides,
+)
+from kvplan.sim.seeds import replication_seeds
 
 MAX_POINTS = 1_000_000
 GRID_KEYS = ("base", "axes", "replications", "seed")
@@ -58,8 +65,8 @@ class Grid:
 
     @property
     def seeds(self) -> list[int]:
-        """Seed of each replication: ``base_seed + k``."""
-        return [self.base_seed + k for k in range(self.replications)]
+        """Seed of each replication, spawned from ``base_seed`` (:func:`kvplan.sim.seeds.replication_seeds`)."""
+        return replication_seeds(self.base_seed, self.replications)
 
     def point_values(self, i: int) -> tuple[Any, ...]:
         """Axis values of point ``i`` (mixed radix, last axis fastest)."""
@@ -80,10 +87,13 @@ class Grid:
 
     def fingerprint(self) -> str:
         """sha256 of everything that determines the results: base, axes, replications, seeds, the row format,
-        and the content of the shipped calibration profiles (a re-calibration invalidates resumable parts)."""
+        the content of the shipped calibration profiles (a re-calibration invalidates resumable parts) and the
+        bytes of every file a point reads (:meth:`input_files`: empirical samples, traces, profile JSON), so
+        that ``--resume`` never mixes rows computed from an old and a new version of a file."""
         payload = {
             "format": FORMAT_VERSION,
             "profiles": _profiles_digest(),
+            "inputs": {path: _file_digest(path) for path in self.input_files()},
             "base": self.base.model_dump(mode="json"),
             "axes": [[n, list(v)] for n, v in self.axes],
             "replications": self.replications,
@@ -92,11 +102,44 @@ class Grid:
         text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def input_files(self) -> list[str]:
+        """Every file path any point of the grid reads, sorted: the ``path`` and ``profile`` strings of the base
+        scenario and of the axis values (a shipped profile's name is listed too and digests to None; the
+        shipped profiles are covered by their own digest)."""
+        found = _referenced_files(self.base.model_dump(mode="json"))
+        for name, values in self.axes:
+            found |= _referenced_files(list(values), name.rsplit(".", 1)[-1])
+        return sorted(found)
+
     def with_replications(self, replications: int) -> Grid:
         """The same grid with another replication count (validated)."""
         if not isinstance(replications, int) or isinstance(replications, bool) or replications < 1:
             raise input_error(f"{self.source}: replications", f"must be an integer >= 1, got {replications!r}")
         return replace(self, replications=replications)
+
+
+#: Scenario keys whose string value may name a file a run reads.
+FILE_KEYS = ("path", "profile")
+
+
+def _referenced_files(value: Any, key: str = "") -> set[str]:
+    """Strings under a :data:`FILE_KEYS` key anywhere in ``value`` (nested mappings and lists)."""
+    if isinstance(value, dict):
+        return set().union(*(_referenced_files(v, str(k)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return set().union(*(_referenced_files(v, key) for v in value))
+    if isinstance(value, str) and key in FILE_KEYS:
+        return {value}
+    return set()
+
+
+def _file_digest(path: str) -> str | None:
+    """sha256 of the file's bytes (None when it is absent: validation reports that separately)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    with p.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _profiles_digest() -> str:
@@ -280,18 +323,7 @@ def grid_from_dict(
 def load_grid(path: str | Path, yes: bool = False) -> Grid:
     """Read and validate a grid YAML file (safe loader, size-bounded, one-line errors, every point checked)."""
     p = Path(path)
-    if not p.is_file():
-        raise input_error(str(p), "no such grid file")
-    if p.stat().st_size > MAX_SCENARIO_BYTES:
-        raise input_error(str(p), "grid file larger than 4 MiB", "put large samples in empirical 'path' files")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise input_error(f"{p}{line}", f"YAML error: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
-    if data is None:
-        raise input_error(str(p), "empty grid file", "give 'base:' and 'axes:'")
+    data = read_yaml_file(p, "grid", "give 'base:' and 'axes:'")
     return grid_from_dict(data, where=str(p), base_dir=p.parent, yes=yes)
 
 

@@ -9,6 +9,7 @@ Never mutate a scenario: build variants with :func:`with_overrides`, which re-va
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -244,16 +245,17 @@ def scenario_from_dict(data: Any, where: str = "scenario") -> Scenario:
         raise _format_validation_error(exc, where) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML file (size-bounded, safe loader, one-line errors)."""
+def read_yaml_file(path: str | Path, what: str = "scenario",
+                   hint: str = "see `kvplan simulate --help` for the fields") -> Any:
+    """The parsed content of a scenario or grid YAML file (size-bounded, safe loader, one-line errors)."""
     p = Path(path)
     if not p.is_file():
-        raise input_error(str(p), "no such scenario file")
+        raise input_error(str(p), f"no such {what} file")
     if p.stat().st_size > MAX_SCENARIO_BYTES:
-        raise input_error(str(p), "scenario larger than 4 MiB", "put large samples in an empirical 'path' file")
+        raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")
     text = p.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
-        raise input_error(str(p), "empty scenario file", "see `kvplan simulate --help` for the fields")
+        raise input_error(str(p), f"empty {what} file", hint)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -262,8 +264,22 @@ def load_scenario(path: str | Path) -> Scenario:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise input_error(f"{p}{line}", f"YAML error: {problem} (truncated or mis-indented file?)") from None
     if data is None:
-        raise input_error(str(p), "empty scenario file", "see `kvplan simulate --help` for the fields")
-    return scenario_from_dict(data, where=str(p))
+        raise input_error(str(p), f"empty {what} file", hint)
+    return data
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file (size-bounded, safe loader, one-line errors)."""
+    return scenario_from_dict(read_yaml_file(path), where=str(Path(path)))
+
+
+def as_scenario(scenario: Scenario | Mapping[str, Any] | str | Path) -> Scenario:
+    """The one way a scenario argument (object, mapping or YAML path) becomes a validated :class:`Scenario`."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, Mapping):
+        return scenario_from_dict(dict(scenario))
+    return load_scenario(scenario)
 
 
 def with_overrides(scenario: Scenario, overrides: dict[str, Any]) -> Scenario:

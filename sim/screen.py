@@ -23,6 +23,8 @@ disagree: :func:`compare_screen` lists every disagreement.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -30,8 +32,19 @@ import pandas as pd
 from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
+from kvplan.models.costs import CostModel
+from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.grid import Grid
-from kvplan.sim.scenario import ClosedLoopArrival, Constant, Dist, Empirical, Exponential, LogNormal, Scenario, Uniform
+from kvplan.sim.scenario import (
+    Constant,
+    Dist,
+    Empirical,
+    Exponential,
+    LogNormal,
+    PoissonArrival,
+    Scenario,
+    Uniform,
+)
 from kvplan.sim.workload import load_empirical_values
 
 GIB = 1024**3
@@ -105,9 +118,70 @@ def gap_cdf_partial(dist: Dist, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return k / len(v), cs[k] / len(v)
 
 
-def _point_params(sc: Scenario, cache: dict[str, Any]) -> dict[str, Any]:
-    from kvplan.sim.engine import resolve
+@dataclass(frozen=True)
+class ScreenPoint:
+    """What the screen reads from one scenario (resolved costs, workload means, policy, deployment)."""
 
+    turns_q: np.ndarray  # quantile sample of turns per conversation (>= 1)
+    rate_per_s: float  # new conversations per second (NaN: closed loop, not screened for load)
+    conversations: int
+    mean_turns: float  # E[T]
+    mean_turns_sq: float  # E[T^2]
+    prefix_tokens: float  # mean first-turn prefix
+    user_tokens: float  # mean user tokens per turn
+    output_tokens: float  # mean output tokens per turn
+    output_q: np.ndarray  # quantile sample of output tokens
+    gap: Dist
+    ttl_s: float
+    router_ttl_s: float
+    margin_s: float  # expiry safety margin + clock skew
+    router_on: float  # 1 when the router can hit (bidirectional on and conversation ids sent)
+    threshold_tokens: float
+    same_p_share: float  # share of follow-ups routed to the P that served the previous turn
+    p_prefix_caching: float
+    prefill_nodes: int
+    decode_nodes: int
+    block_tokens: int
+    kv_bytes_per_token_rank: float
+    kv_bytes_per_token_all: float
+    regions: int
+    decode_capacity_tokens: float
+    costs: CostModel
+    per_byte_s: float
+    bidirectional: float
+    fail_on_decline: float  # 1 when kv_load_failure_policy is 'fail'
+
+
+#: Scalar fields of :class:`ScreenPoint` stacked into arrays by :class:`ScreenInputs`.
+_SCALARS = tuple(f.name for f in fields(ScreenPoint) if f.name not in ("turns_q", "output_q", "gap", "costs"))
+
+
+@dataclass(frozen=True)
+class ScreenInputs:
+    """The screen's inputs for many scenarios: ``points`` and each scalar field stacked as a float array."""
+
+    points: list[ScreenPoint]
+    arrays: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, points: list[ScreenPoint]) -> ScreenInputs:
+        """Stack ``points``."""
+        return cls(points, {k: np.array([getattr(p, k) for p in points], dtype=float) for k in _SCALARS})
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """The array of scalar field ``name`` over the points."""
+        arrays = self.__dict__.get("arrays")
+        if arrays is not None and name in arrays:
+            return arrays[name]
+        raise AttributeError(name)
+
+    def costs(self, get: Callable[[CostModel], float]) -> np.ndarray:
+        """One cost parameter over the points, e.g. ``costs(lambda c: c.prefill.fixed_s)``."""
+        return np.array([get(p.costs) for p in self.points], dtype=float)
+
+
+def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
+    """The :class:`ScreenPoint` of ``sc`` (``cache``: resolved costs by model/hardware/profile/deployment/costs)."""
     sections = {"model", "hardware", "profile", "deployment", "costs"}
     key = json.dumps(sc.model_dump(mode="json", include=sections), sort_keys=True)
     if key not in cache:
@@ -116,35 +190,23 @@ def _point_params(sc: Scenario, cache: dict[str, Any]) -> dict[str, Any]:
     wl, pol, dep = sc.workload, sc.policy, sc.deployment
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     out_q = np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))
-    closed = isinstance(wl.arrival, ClosedLoopArrival)
-    return {
-        "t_q": t,
-        "rate": np.nan if closed else wl.arrival.rate_per_s,
-        "conversations": wl.conversations,
-        "et": t.mean(),
-        "et2": (t * t).mean(),
-        "prefix": float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean()),
-        "user": float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean()),
-        "out": float(out_q.mean()),
-        "out_q": out_q,
-        "gap": wl.turn_gap_s,
-        "ttl": pol.decoder_kv_blocks_ttl_s,
-        "router": pol.router_ttl_s,
-        "margin": pol.expiry_safety_margin_s + pol.clock_skew_s,
-        "on": float(pol.bidirectional and pol.send_conversation_id),
-        "thr": pol.kv_recompute_threshold_tokens,
-        "same_p": 1.0 if (dep.prefill_nodes == 1 or dep.routing == "sticky") else 1.0 / dep.prefill_nodes,
-        "p_cache": float(dep.prefill_prefix_caching),
-        "n_p": dep.prefill_nodes,
-        "n_d": dep.decode_nodes,
-        "bs": rs.arch.block_size_tokens,
-        "b_rank": kv_bytes_per_token_per_rank(rs.arch, dep.tensor_parallel_size),
-        "b_all": kv_bytes_per_token_all_ranks(rs.arch, dep.tensor_parallel_size),
-        "regions": kv_regions_per_rank(rs.arch, dep.cross_layer_blocks),
-        "cap": rs.decode_capacity_tokens,
-        "costs": rs.costs,
-        "per_byte": rs.per_byte_s,
-    }
+    return ScreenPoint(
+        turns_q=t, rate_per_s=wl.arrival.rate_per_s if isinstance(wl.arrival, PoissonArrival) else np.nan,
+        conversations=wl.conversations, mean_turns=float(t.mean()), mean_turns_sq=float((t * t).mean()),
+        prefix_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean()),
+        user_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean()),
+        output_tokens=float(out_q.mean()), output_q=out_q, gap=wl.turn_gap_s, ttl_s=pol.decoder_kv_blocks_ttl_s,
+        router_ttl_s=pol.router_ttl_s, margin_s=pol.expiry_safety_margin_s + pol.clock_skew_s,
+        router_on=float(pol.bidirectional and pol.send_conversation_id), threshold_tokens=pol.kv_recompute_threshold_tokens,
+        same_p_share=1.0 if (dep.prefill_nodes == 1 or dep.routing == "sticky") else 1.0 / dep.prefill_nodes,
+        p_prefix_caching=float(dep.prefill_prefix_caching), prefill_nodes=dep.prefill_nodes,
+        decode_nodes=dep.decode_nodes, block_tokens=rs.arch.block_size_tokens,
+        kv_bytes_per_token_rank=kv_bytes_per_token_per_rank(rs.arch, dep.tensor_parallel_size),
+        kv_bytes_per_token_all=kv_bytes_per_token_all_ranks(rs.arch, dep.tensor_parallel_size),
+        regions=kv_regions_per_rank(rs.arch, dep.cross_layer_blocks), decode_capacity_tokens=rs.decode_capacity_tokens,
+        costs=rs.costs, per_byte_s=rs.per_byte_s, bidirectional=float(pol.bidirectional),
+        fail_on_decline=float(pol.kv_load_failure_policy == "fail"),
+    )
 
 
 def _entry_share(turns_q: np.ndarray, e: float) -> float:
@@ -162,122 +224,158 @@ def _entry_share(turns_q: np.ndarray, e: float) -> float:
     return float(cq[n_follow].sum() / total) if total > 0 else 1.0
 
 
-def _pull_s(pp: dict[str, Any], n: np.ndarray) -> np.ndarray:
+def _pull_s(p: ScreenPoint, n: np.ndarray) -> np.ndarray:
     """transfer_time_s (post + xfer + poll) of ``n`` tokens on an idle link, vectorised."""
-    tc = pp["costs"].transfer
-    desc = pp["regions"] * np.ceil(np.maximum(n, 0) / pp["bs"])
+    tc = p.costs.transfer
+    desc = p.regions * np.ceil(np.maximum(n, 0) / p.block_tokens)
     return (
         tc.post_fixed_s + tc.post_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
-        + pp["per_byte"] * n * pp["b_rank"] + tc.poll_s
+        + p.per_byte_s * n * p.kv_bytes_per_token_rank + tc.poll_s
     )
 
 
-def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
-    """The analytic screen of a list of scenarios (one row each, columns :data:`SCREEN_COLUMNS`)."""
-    cache: dict[str, Any] = {}
-    pts = [_point_params(sc, cache) for sc in scenarios]
-    n = len(pts)
-    if n == 0:
-        return pd.DataFrame(columns=SCREEN_COLUMNS)
-    col = {k: np.array([p[k] for p in pts], dtype=float) for k in pts[0] if k not in ("gap", "costs", "out_q", "t_q")}
-    pc = [p["costs"].prefill for p in pts]
-    per_tok = np.array([c.per_token_s for c in pc])
-    att = np.array([c.attention_s for c in pc])
-    fixed = np.array([c.fixed_s for c in pc])
-    p_leg = np.array([p["costs"].overhead.p_leg_s for p in pts])
-    et, et2 = col["et"], col["et2"]
-    prefix, user, out = col["prefix"], col["user"], col["out"]
-    inc = user + out
+@dataclass(frozen=True)
+class _Pulls:
+    """Follow-up pull sizes: P holds the prompt (``local``) and pulls only the tail, or pulls everything."""
+
+    ctx_prev: np.ndarray  # mean retained context of the previous turn
+    local: np.ndarray  # share of follow-ups whose P still holds the previous prompt
+    n_small: np.ndarray  # pull when P holds the prompt: previous output + half a block
+    frac_small: np.ndarray  # share of those pulls at or above the threshold
+    frac_big: np.ndarray  # same for whole-context pulls
+    frac: np.ndarray  # share of follow-ups that pull (rather than recompute below the threshold)
+    n: np.ndarray  # typical pull size
+    pull_s: np.ndarray
+    recompute_s: np.ndarray
+
+
+def _pulls(x: ScreenInputs) -> _Pulls:
+    et, inc = x.mean_turns, x.user_tokens + x.output_tokens
     # mean retained context of a follow-up's previous turn k-1: prefix + (k-1)(user+out) - 1, with
     # E[k-1 | follow-up] = E[T(T-1)/2] / E[T-1]
-    mean_km1 = np.where(et > 1, (et2 - et) / 2 / np.maximum(et - 1, 1e-12), 0.0)
-    ctx_prev = np.maximum(prefix + inc * mean_km1 - 1, 1.0)
+    mean_km1 = np.where(et > 1, (x.mean_turns_sq - et) / 2 / np.maximum(et - 1, 1e-12), 0.0)
+    ctx_prev = np.maximum(x.prefix_tokens + inc * mean_km1 - 1, 1.0)
     # pull size: the previous output (+ partial block) when P still holds the prompt, else the whole context
-    local_p = col["p_cache"] * col["same_p"]
-    n_small = out - 1 + (col["bs"] - 1) / 2
-    n_big = ctx_prev
-    frac_small_pull = np.array(
-        [float(np.mean(p["out_q"] - 1 + (p["bs"] - 1) / 2 >= p["thr"])) for p in pts]
-    )
-    frac_big_pull = (n_big >= col["thr"]).astype(float)
-    frac_pull = local_p * frac_small_pull + (1 - local_p) * frac_big_pull
-    n_pull = np.where(local_p > 0.5, n_small, n_big)
-    pull_s = np.array([float(_pull_s(p, np.array([x]))[0]) for p, x in zip(pts, n_pull, strict=True)])
-    recompute_s = per_tok * n_pull + att * (n_pull * np.maximum(ctx_prev - n_pull, 0) + n_pull * (n_pull + 1) / 2)
-    # hit windows and gap statistics (per point: each point's gap distribution)
-    w_pull = np.minimum(col["router"], col["ttl"] - col["margin"] - p_leg)
-    w_rt = col["router"]
+    local = x.p_prefix_caching * x.same_p_share
+    n_small = x.output_tokens - 1 + (x.block_tokens - 1) / 2
+    frac_small = np.array([float(np.mean(p.output_q - 1 + (p.block_tokens - 1) / 2 >= p.threshold_tokens))
+                           for p in x.points])
+    frac_big = (ctx_prev >= x.threshold_tokens).astype(float)
+    n = np.where(local > 0.5, n_small, ctx_prev)
+    pull_s = np.array([float(_pull_s(p, np.array([v]))[0]) for p, v in zip(x.points, n, strict=True)])
+    per_tok, att = x.costs(lambda c: c.prefill.per_token_s), x.costs(lambda c: c.prefill.attention_s)
+    recompute_s = per_tok * n + att * (n * np.maximum(ctx_prev - n, 0) + n * (n + 1) / 2)
+    frac = local * frac_small + (1 - local) * frac_big
+    return _Pulls(ctx_prev, local, n_small, frac_small, frac_big, frac, n, pull_s, recompute_s)
+
+
+@dataclass(frozen=True)
+class _Hits:
+    """Router and read windows against the gap distribution: shares and partial means per point."""
+
+    f_pull: np.ndarray  # P(gap within the read window)
+    e_pull: np.ndarray  # E[gap; gap within the read window]
+    f_rt: np.ndarray  # same for the router's window
+    e_rt: np.ndarray
+    hit: np.ndarray  # share of follow-ups that reuse retained KV
+    err: np.ndarray  # share of follow-ups errored by 'fail' (they pin nothing)
+
+
+def _hits(x: ScreenInputs, pulls: _Pulls) -> _Hits:
+    p_leg = x.costs(lambda c: c.overhead.p_leg_s)
+    w_pull = np.minimum(x.router_ttl_s, x.ttl_s - x.margin_s - p_leg)
+    n = len(x.points)
     f_pull, e_pull, f_rt, e_rt = (np.zeros(n) for _ in range(4))
-    for i, p in enumerate(pts):
-        f, e = gap_cdf_partial(p["gap"], np.array([w_pull[i], w_rt[i]]))
+    for i, p in enumerate(x.points):
+        f, e = gap_cdf_partial(p.gap, np.array([w_pull[i], x.router_ttl_s[i]]))
         f_pull[i], e_pull[i], f_rt[i], e_rt[i] = f[0], e[0], f[1], e[1]
-    on = col["on"]  # no conversation_id (or bidirectional off): the router never hits
+    on = x.router_on  # no conversation_id (or bidirectional off): the router never hits
     f_pull, e_pull, f_rt, e_rt = f_pull * on, e_pull * on, f_rt * on, e_rt * on
-    h = frac_pull * f_pull + (1 - frac_pull) * f_rt
+    h = pulls.frac * f_pull + (1 - pulls.frac) * f_rt
     # with kv_load_failure_policy 'fail' a router hit that P declines (gap in (w_pull, w_router]) errors the
     # turn; the erroring turn stores no router entry, so the next follow-up is a miss: a two-state chain
-    fail = np.array([1.0 if sc.policy.kv_load_failure_policy == "fail" else 0.0 for sc in scenarios])
-    e = fail * frac_pull * np.maximum(f_rt - f_pull, 0.0)
-    entry = np.array([_entry_share(p["t_q"], ei) for p, ei in zip(pts, e, strict=True)])
-    hit = entry * h
-    err = entry * e  # errored share of follow-up turns (they pin nothing)
+    e = x.fail_on_decline * pulls.frac * np.maximum(f_rt - f_pull, 0.0)
+    entry = np.array([_entry_share(p.turns_q, ei) for p, ei in zip(x.points, e, strict=True)])
+    return _Hits(f_pull, e_pull, f_rt, e_rt, entry * h, entry * e)
+
+
+def _pinned_tokens(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndarray:
+    """Little's law: mean pinned tokens = arrival rate x tokens x retention time, summed over the turns."""
+    p_leg = x.costs(lambda c: c.overhead.p_leg_s)
+    ttl, et, prefix = x.ttl_s, x.mean_turns, x.prefix_tokens
+    inc = x.user_tokens + x.output_tokens
     # retention of a non-final turn: gap + P leg (+ pull) when read back, the full TTL otherwise
-    ttl = col["ttl"]
-    r_pull = e_pull + (p_leg + pull_s) * f_pull + ttl * (1 - f_pull)
-    r_rt = e_rt + p_leg * f_rt + ttl * (1 - f_rt)
-    r_nf = frac_pull * r_pull + (1 - frac_pull) * r_rt
+    r_pull = hits.e_pull + (p_leg + pulls.pull_s) * hits.f_pull + ttl * (1 - hits.f_pull)
+    r_rt = hits.e_rt + p_leg * hits.f_rt + ttl * (1 - hits.f_rt)
+    r_nf = pulls.frac * r_pull + (1 - pulls.frac) * r_rt
     first_tokens = prefix + inc - 1
     multi = (et > 1) * 1.0
-    later = (et - 1) * (prefix - 1) + inc * (et2 - et) / 2 - first_tokens * multi  # turns 2..T-1
-    sum_nonfinal_tokens = first_tokens * multi + (1 - err) * later
-    final_tokens = (prefix - 1 + inc * et) * np.where(et > 1, 1 - err, 1.0)
-    rate = col["rate"]
-    bidir = np.array([1.0 if sc.policy.bidirectional else 0.0 for sc in scenarios])
-    pinned_tok = rate * (sum_nonfinal_tokens * r_nf + final_tokens * ttl) * bidir
-    pinned_gib = pinned_tok * col["b_all"] / GIB
+    later = (et - 1) * (prefix - 1) + inc * (x.mean_turns_sq - et) / 2 - first_tokens * multi  # turns 2..T-1
+    sum_nonfinal_tokens = first_tokens * multi + (1 - hits.err) * later
+    final_tokens = (prefix - 1 + inc * et) * np.where(et > 1, 1 - hits.err, 1.0)
+    return x.rate_per_s * (sum_nonfinal_tokens * r_nf + final_tokens * ttl) * x.bidirectional
+
+
+def _prefill_utilisation(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndarray:
+    """Prefill busy share per P node from the mean prefill work of first turns and follow-ups."""
+    fixed = x.costs(lambda c: c.prefill.fixed_s)
+    per_tok, att = x.costs(lambda c: c.prefill.per_token_s), x.costs(lambda c: c.prefill.attention_s)
+    user, et, hit = x.user_tokens, x.mean_turns, hits.hit
     # prefill work per turn: turn 1 computes its prompt; a follow-up computes user+1 after a pull, the
     # uncached tail when P still holds the prompt, the whole prompt otherwise
-    prompt_f = ctx_prev + 1 + user
-    comp_hit_pull = user + 1
-    comp_local = n_small + user + 1
+    prompt_f = pulls.ctx_prev + 1 + user
+    comp_local = pulls.n_small + user + 1
     comp_follow = (
-        local_p * (hit * frac_small_pull * comp_hit_pull + (1 - hit * frac_small_pull) * comp_local)
-        + (1 - local_p) * (hit * frac_big_pull * comp_hit_pull + (1 - hit * frac_big_pull) * prompt_f)
+        pulls.local * (hit * pulls.frac_small * (user + 1) + (1 - hit * pulls.frac_small) * comp_local)
+        + (1 - pulls.local) * (hit * pulls.frac_big * (user + 1) + (1 - hit * pulls.frac_big) * prompt_f)
     )
-    first = prefix + user
 
     def t_prefill(c: np.ndarray, cached: np.ndarray) -> np.ndarray:
         return fixed + per_tok * c + att * (c * cached + c * (c + 1) / 2)
 
-    t_turn = (t_prefill(first, np.zeros(n)) + (et - 1) * t_prefill(comp_follow, prompt_f - comp_follow)) / et
-    lam_turns = rate * et
+    first = x.prefix_tokens + user
+    t_turn = (t_prefill(first, np.zeros(len(x.points))) + (et - 1) * t_prefill(comp_follow, prompt_f - comp_follow)) / et
+    lam_turns = x.rate_per_s * et
     # the per-step fixed cost is paid per request only when it finds P idle (probability ~ 1 - rho_var);
     # otherwise the request joins a step that pays it anyway (continuous batching)
-    rho_var = lam_turns * (t_turn - fixed) / col["n_p"]
-    util = rho_var + lam_turns * fixed / col["n_p"] * np.clip(1 - rho_var, 0, 1)
-    # decode: batch fixed point B = l' out (a + b B + c B ctx) per node
-    dcs = [p["costs"].decode for p in pts]
-    a = np.array([d.fixed_s for d in dcs])
-    b = np.array([d.per_seq_s for d in dcs])
-    c = np.array([d.per_context_token_s for d in dcs])
-    ctx_run = prompt_f + out / 2
-    lam_d = lam_turns / col["n_d"]
-    denom = 1 - lam_d * out * (b + c * ctx_run)
+    rho_var = lam_turns * (t_turn - fixed) / x.prefill_nodes
+    return rho_var + lam_turns * fixed / x.prefill_nodes * np.clip(1 - rho_var, 0, 1)
+
+
+def _running_tokens(x: ScreenInputs, pulls: _Pulls) -> np.ndarray:
+    """KV of the running decode batch: the batch fixed point ``B = l' out (a + b B + c B ctx)`` per node."""
+    a, b = x.costs(lambda c: c.decode.fixed_s), x.costs(lambda c: c.decode.per_seq_s)
+    c = x.costs(lambda c: c.decode.per_context_token_s)
+    prompt_f, out = pulls.ctx_prev + 1 + x.user_tokens, x.output_tokens
+    lam_d = x.rate_per_s * x.mean_turns / x.decode_nodes
+    denom = 1 - lam_d * out * (b + c * (prompt_f + out / 2))
     batch = np.where(denom > 0, lam_d * out * a / np.where(denom > 0, denom, 1), np.inf)
-    running_tok = batch * col["n_d"] * (prompt_f + out)
-    demand = (pinned_tok + running_tok) / (col["cap"] * col["n_d"])
+    return batch * x.decode_nodes * (prompt_f + out)
+
+
+def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
+    """The analytic screen of a list of scenarios (one row each, columns :data:`SCREEN_COLUMNS`)."""
+    if not scenarios:
+        return pd.DataFrame(columns=SCREEN_COLUMNS)
+    cache: dict[str, Resolved] = {}
+    x = ScreenInputs.of([screen_point(sc, cache) for sc in scenarios])
+    pulls = _pulls(x)
+    hits = _hits(x, pulls)
+    pinned_tok = _pinned_tokens(x, pulls, hits)
+    util = _prefill_utilisation(x, pulls, hits)
+    demand = (pinned_tok + _running_tokens(x, pulls)) / (x.decode_capacity_tokens * x.decode_nodes)
     feasible = (util < 1) & (demand < 1)
     return pd.DataFrame(
         {
-            "screen_hit_rate": hit,
-            "screen_pinned_kv_gib_mean": pinned_gib,
+            "screen_hit_rate": hits.hit,
+            "screen_pinned_kv_gib_mean": pinned_tok * x.kv_bytes_per_token_all / GIB,
             "screen_prefill_utilization": util,
             "screen_decode_kv_demand": demand,
-            "screen_pull_s": pull_s,
-            "screen_recompute_s": recompute_s,
-            "screen_pull_beats_recompute": (pull_s < recompute_s).astype(int),
-            "screen_feasible": np.where(np.isnan(rate), 1, feasible.astype(int)),
-            "screen_cost": col["conversations"] * et,
+            "screen_pull_s": pulls.pull_s,
+            "screen_recompute_s": pulls.recompute_s,
+            "screen_pull_beats_recompute": (pulls.pull_s < pulls.recompute_s).astype(int),
+            "screen_feasible": np.where(np.isnan(x.rate_per_s), 1, feasible.astype(int)),
+            "screen_cost": x.conversations * x.mean_turns,
         }
     )
 

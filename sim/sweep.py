@@ -3,7 +3,8 @@
 Public API (used by the CLI ``kvplan sweep`` and the dashboard):
 
 * :func:`run_grid` runs every point of a :class:`~kvplan.sim.grid.Grid` (or a grid mapping / YAML path)
-  ``replications`` times with seeds ``base_seed + k`` (common random numbers), in-process, on a local
+  ``replications`` times with seeds spawned from ``SeedSequence(base_seed)`` (common random numbers),
+  in-process, on a local
   process pool or on Ray (``backend``), and returns the rows in canonical order (point, replication).
 * :func:`aggregate` gives the per-point mean and 95% t-interval half-width of every metric.
 * :func:`analytic_screen` (from :mod:`kvplan.sim.screen`) and :func:`screen_report` compare the analytic
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
 from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.sim.grid import Grid, as_grid, grid_from_dict, load_grid
@@ -87,21 +88,6 @@ def parts_dir(out: str | Path) -> Path:
     return _sibling(_out_path(out), ".parts")
 
 
-def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # --- committed parts ---------------------------------------------------------------------------------------
 
 
@@ -146,7 +132,7 @@ class PartStore:
                 )
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
-        _atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
+        atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
         return {}
 
     def _load(self) -> dict[tuple[int, int], dict[str, Any]]:
@@ -169,7 +155,7 @@ class PartStore:
         """Write one finished run atomically."""
         shard = self.dir / f"{point // SHARD:06d}"
         shard.mkdir(exist_ok=True)
-        _atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
+        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
 
     def remove(self) -> None:
         """Drop the parts once the final files are written (rename first, so a kill never half-deletes)."""
@@ -206,7 +192,7 @@ def assemble(grid: Grid, keys: list[tuple[int, int]], rows: list[dict[str, Any]]
     data: dict[str, Any] = {
         "point": np.array([p for p, _ in keys], dtype=np.int64),
         "replication": np.array([k for _, k in keys], dtype=np.int64),
-        "seed": np.array([grid.base_seed + k for _, k in keys], dtype=np.int64),
+        "seed": np.array([grid.seeds[k] for _, k in keys], dtype=np.int64),
     }
     for j, name in enumerate(grid.axis_names):
         data[name] = _axis_column([grid.point_values(p)[j] for p, _ in keys]).to_numpy()
@@ -264,7 +250,7 @@ def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str) -> None:
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    _atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
 
 
 def _final_fingerprint(path: Path) -> str | None:
@@ -298,9 +284,10 @@ def _schedule(
         if prune:
             pruned = {int(p) for p in screen.loc[screen["screen_feasible"] == 0, "point"]}
     tasks: list[Task] = []
+    seeds = grid.seeds
     for p in order:
         reps = [0] if p in pruned else range(grid.replications)
-        tasks.extend(((p, k), grid.point_overrides(p), grid.base_seed + k) for k in reps if (p, k) not in done)
+        tasks.extend(((p, k), grid.point_overrides(p), seeds[k]) for k in reps if (p, k) not in done)
     return tasks, pruned
 
 
@@ -320,7 +307,7 @@ def run_grid(
     """Run every (point, replication) of ``grid`` and return one row each, in canonical order.
 
     ``grid``: a :class:`Grid`, a grid mapping or a grid YAML path (validated completely before any run).
-    ``replications``: overrides the grid's; replication ``k`` uses seed ``base_seed + k`` at every point.
+    ``replications``: overrides the grid's; replication ``k`` uses seed ``grid.seeds[k]`` at every point.
     ``backend``: ``'local'`` (process pool; ``workers=1`` runs in-process) or ``'ray'`` (``ray_address``
     or a local Ray). ``progress(done, total)`` is called as runs finish. ``out``: write the rows, the
     per-point aggregate and the screen comparison there (``.parquet``); ``resume=True`` continues an
@@ -354,10 +341,11 @@ def run_grid(
     rows = store.open(resume) if store is not None else {}
     screen = analytic_screen(g) if (order == "screen" or prune) else None
     tasks, pruned = _schedule(g, set(rows), screen, prune)
+    seeds = g.seeds
     # resumed pruned points whose single replication already disagreed get their other replications
     for p in sorted(pruned):
         if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
-            tasks.extend(((p, k), g.point_overrides(p), g.base_seed + k) for k in range(1, g.replications)
+            tasks.extend(((p, k), g.point_overrides(p), seeds[k]) for k in range(1, g.replications)
                          if (p, k) not in rows)
     total = len(rows) + len(tasks)
     if progress:
@@ -373,7 +361,7 @@ def run_grid(
         more: list[Task] = []
         if p in pruned and k == 0 and not simulator_saturated(row):
             log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
-            more = [((p, j), g.point_overrides(p), g.base_seed + j) for j in range(1, g.replications)]
+            more = [((p, j), g.point_overrides(p), seeds[j]) for j in range(1, g.replications)]
             total += len(more)
         if progress:
             progress(len(rows), total)

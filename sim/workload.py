@@ -200,14 +200,14 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     with ``input + output`` above ``max_model_len`` are skipped or truncated as ``source.overlong`` says,
     and counted in ``trace_report``. ``seed`` only drives session sampling.
     """
-    from kvplan.calibration.traces import load_trace, select
+    from kvplan.traces.readers import load_trace
+    from kvplan.traces.select import select
 
     trace = load_trace(source.path, source.format)
-    window = tuple(source.window_s) if source.window_s is not None else None
     sel, report = select(
         trace,
         time_scale=source.time_scale,
-        window_s=window,
+        window_s=source.window_s,
         sample_sessions=source.sample_sessions,
         seed=seed,
         max_context_tokens=max_model_len,

@@ -21,7 +21,7 @@ from kvplan.sim.advice import break_even, kv_transfer_config, recommend
 from kvplan.sim.api import run
 from kvplan.sim.engine import resolve
 from kvplan.sim.presets import PRESETS, preset_scenario
-from kvplan.sim.scenario import scenario_from_dict
+from kvplan.sim.scenario import Empirical, LogNormal, PoissonArrival, scenario_from_dict
 from kvplan.sim.screen import screen_scenarios
 
 GIB = 1024**3
@@ -161,11 +161,14 @@ def test_presets_match_their_sources() -> None:
     assert {"chat", "coding-agent", "tool-agent", "p5en-benchmark"} <= set(PRESETS)
     chat = preset_scenario("chat")
     g = chat.workload.turn_gap_s
+    assert isinstance(g, LogNormal) and isinstance(chat.workload.turns, Empirical)
     assert g.median == 130 and g.median * math.exp(1.2816 * g.sigma) == pytest.approx(480, rel=0.01)
     turns = np.array(chat.workload.turns.values)
     assert np.mean(turns > 1) == pytest.approx(0.4, abs=0.01)  # ~40% of first turns get a follow-up
     assert turns.mean() == pytest.approx(1 / 0.6, rel=0.02)
-    code = np.array(preset_scenario("coding-agent").workload.turn_gap_s.values)
+    code_gap = preset_scenario("coding-agent").workload.turn_gap_s
+    assert isinstance(code_gap, Empirical)
+    code = np.array(code_gap.values)
     # mixture 0.9 x lognormal(p50 0.3 s, p90 14 s) + 0.1 x lognormal(p50 90 s, p90 1200 s), capped at 1 h
     tool = stats.lognorm(s=math.log(14 / 0.3) / 1.2816, scale=0.3)
     human = stats.lognorm(s=math.log(1200 / 90) / 1.2816, scale=90)
@@ -173,7 +176,8 @@ def test_presets_match_their_sources() -> None:
         assert np.mean(code <= x) == pytest.approx(0.9 * tool.cdf(x) + 0.1 * human.cdf(x), abs=0.005)
     assert code.max() == 3600.0
     assert preset_scenario("coding-agent").model_dump() == preset_scenario("coding-agent").model_dump()  # deterministic
-    assert preset_scenario("tool-agent", rate_per_s=2.0).workload.arrival.rate_per_s == 2.0
+    tool_arrival = preset_scenario("tool-agent", rate_per_s=2.0).workload.arrival
+    assert isinstance(tool_arrival, PoissonArrival) and tool_arrival.rate_per_s == 2.0
     assert preset_scenario("p5en-benchmark", "glm-5-fp8").model == "glm-5-fp8"
     with pytest.raises(KvplanInputError, match="closed-loop"):
         preset_scenario("p5en-benchmark", rate_per_s=1.0)

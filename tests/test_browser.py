@@ -43,7 +43,7 @@ if not CHROMIUM.exists():
 if importlib.util.find_spec("playwright") is None:
     pytest.skip("the playwright package is absent (pip install playwright)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, FilePayload, Page, expect, sync_playwright  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,8 @@ def test_whatif_ttl_change_rerenders(server: str, page: Page, tmp_path: Path) ->
 def test_malformed_upload_shows_error_and_app_keeps_working(server: str, page: Page, tmp_path: Path) -> None:
     page.goto(f"{server}/calibration")
     dropzone = page.get_by_test_id("stFileUploaderDropzoneInput").first
-    dropzone.set_input_files([{"name": "broken.json", "mimeType": "application/json", "buffer": b'{"date": "20'}])
+    broken: FilePayload = {"name": "broken.json", "mimeType": "application/json", "buffer": b'{"date": "20'}
+    dropzone.set_input_files([broken])
     error = page.get_by_test_id("stAlertContentError").first
     expect(error).to_contain_text("broken.json", timeout=RERENDER_TIMEOUT_MS)
     assert len(error.inner_text().strip().splitlines()) == 1

@@ -189,7 +189,7 @@ def test_explorer_grid_runs_on_button() -> None:
     assert len(grid) == 4
     hit = {(r.ttl_s, r.threshold_tokens): r.hit_rate for r in grid.itertuples()}
     assert hit[(1.0, 64.0)] == 0.0 and hit[(480.0, 64.0)] == 1.0
-    p90 = {(r.ttl_s, r.threshold_tokens): r.ttft_p90_s for r in grid.itertuples()}
+    p90 = dict(zip(zip(grid["ttl_s"], grid["threshold_tokens"], strict=True), grid["ttft_p90_s"].tolist(), strict=True))
     expected = _model(**{"policy.kv_recompute_threshold_tokens": 32768})
     assert math.isclose(p90[(480.0, 32768.0)], expected["ttft_p90_s"])
     # TTL 1 s: the router keeps no entry (TTL 0), so every turn is a miss rather than a declined read
@@ -267,8 +267,6 @@ def _points_csv(tmp_path: Path) -> bytes:
 
 
 def test_calibration_fit_from_uploaded_points(tmp_path: Path) -> None:
-    if du.calibrate_fn() is None:
-        pytest.skip("kvplan.calibration.calibrate is not in this build")
     at = _page(_app(), "calibration.py")
     at.file_uploader(key="calib_traces").set_value(("points.csv", _points_csv(tmp_path), "text/csv")).run()
     assert not at.exception and not at.error
@@ -303,9 +301,6 @@ def test_calibration_bad_profile_upload() -> None:
 
 def test_reproduce_page_runs() -> None:
     at = _page(_app(), "reproduce.py")
-    if ds.reproduce_fn() is None:
-        assert "Not available yet" in at.info[0].value
-        return
     assert not at.error
     assert _plotly_count(at) == 2
     from kvplan.calibration.reproduce import reproduce_rows
@@ -325,8 +320,6 @@ def test_reproduce_with_a_profile_of_another_model_is_one_line_error() -> None:
     at.file_uploader(key="calib_profile").set_value(("q.json", PROFILE.read_bytes(), "application/json")).run()
     at.button(key="calib_use").click().run()
     at = _page(at, "reproduce.py")
-    if ds.reproduce_fn() is None:
-        pytest.skip("kvplan.calibration.reproduce is not in this build")
     at.selectbox(key="repro_profile").select("session profile").run()
     assert not at.exception and not at.error  # a qwen3-32b profile for qwen3-32b
     at.selectbox(key="repro_model").select("glm-5-fp8").run()
@@ -336,9 +329,6 @@ def test_reproduce_with_a_profile_of_another_model_is_one_line_error() -> None:
 
 def test_advice_page_runs() -> None:
     at = _page(_app(), "advice.py")
-    if sw.recommend_fn() is None:
-        assert "Not available yet" in at.info[0].value
-        return
     at.number_input(key="advice_reps").set_value(1)
     at.button(key="advice_run").click().run(timeout=120)
     assert not at.exception and not at.error
@@ -437,13 +427,6 @@ def test_advice_view_and_config_snippets() -> None:
     assert flag.startswith("--kv-transfer-config '") and json.loads(flag.split("'")[1])["decoder_kv_blocks_ttl"] == 30
     assert sw.kv_transfer_config_snippets({"a": 1})[0][0] == "prefill and decode servers"
     assert sw.format_metric("pinned_kv_gib_mean", 2.0) == "2.0 GiB" and sw.format_metric("x", None) == "n/a"
-
-
-def test_optional_attr(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ds.optional_attr(["no_such_module_here"], "f") is None
-    assert ds.optional_attr(["sim.api"], "run") is run
-    with pytest.raises(KvplanInputError, match="has no nothing"):
-        ds.optional_attr(["sim.api"], "nothing")
 
 
 # --- uploads ---------------------------------------------------------------------------------------------------------

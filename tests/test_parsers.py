@@ -184,7 +184,7 @@ def test_multiturn_old_session_id_key(tmp_path: Path) -> None:
 
 def test_engine_log_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "prefill.log"
-    tokens = _rng(3).integers(1000, 24000, size=22)
+    tokens = [int(x) for x in _rng(3).integers(1000, 24000, size=22)]
     truth = st.write_engine_log(
         path, _rng(), transfer_s, tokens, bytes_per_token_per_rank=BYTES_PER_TOKEN_PER_RANK, tp=8
     )
@@ -464,7 +464,7 @@ def _bench(tmp_path: Path, edit: Callable[[dict], None], name: str = "bench.json
     return path
 
 
-def _multiturn(tmp_path: Path, edit: Callable[[list], None]) -> Path:
+def _multiturn(tmp_path: Path, edit: Callable[[list], object]) -> Path:
     path = tmp_path / "stats.json"
     st.write_multiturn_stats(path, _rng(), cached_prefill_s, decode_step_s, n_conversations=4, user_turns=3)
     data = json.loads(path.read_text())

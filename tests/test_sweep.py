@@ -21,7 +21,7 @@ from scipy import stats
 import kvplan.sim.executor as executor
 from kvplan.app.cli import main
 from kvplan.errors import KvplanInputError
-from kvplan.sim.grid import MAX_POINTS, grid_from_dict, load_grid
+from kvplan.sim.grid import MAX_POINTS, as_grid, grid_from_dict, load_grid
 from kvplan.sim.scenario import with_overrides
 from kvplan.sim.screen import screen_scenarios
 from kvplan.sim.sweep import aggregate, analytic_screen, load_results, parts_dir, run_grid
@@ -124,11 +124,15 @@ def test_rows_seeds_and_aggregate(tmp_path: Path) -> None:
     for col in ("ttft_p90_s", "hit_rate", "pinned_kv_gib_mean", "pinned_kv_gib_peak", "decisions.pull", "decisions.miss",
                 "releases.expired", "steady_pinned_kv_gib_mean", "prefill_utilization"):
         assert col in df.columns
-    assert df["seed"].tolist() == [3, 4] * 6  # replication k -> base seed + k at every point (CRN)
+    # replication k -> the k-th seed spawned from SeedSequence(3), the same at every point (CRN)
+    assert df["seed"].tolist() == [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(3).spawn(2)] * 6
+    assert set(df["seed"]).isdisjoint(range(0, 100))  # not base + k: base seeds 3 and 4 share no stream
     assert df["policy.decoder_kv_blocks_ttl_s"].tolist() == [10] * 4 + [60] * 4 + [480] * 4
     assert df["error"].isna().all()
     # same seed, same arrivals at every point: turn-1 count and prompt tokens do not depend on the TTL axis
-    assert df.groupby("replication")["prompt_tokens"].nunique().max() <= 2
+    # (the gap axis changes only the gap stream); the two replications draw different conversations
+    assert df.groupby("replication")["prompt_tokens"].nunique().tolist() == [1, 1]
+    assert df.groupby("replication")["prompt_tokens"].first().nunique() == 2
     rows, summ = load_results(out)
     pd.testing.assert_frame_equal(rows, df)
     assert summ.equals(aggregate(df, g))
@@ -269,3 +273,28 @@ def test_prune_runs_one_replication_of_saturated_points(tmp_path: Path) -> None:
     reps = df.groupby("workload.arrival.rate_per_s")["replication"].nunique().to_dict()
     assert reps == {0.5: 2, 50.0: 1}  # the simulator confirmed the screen's verdict: one replication is enough
     assert df.loc[df["workload.arrival.rate_per_s"] == 50.0, "prefill_queue_mean_s"].iloc[0] > 1.0
+
+
+def test_fingerprint_covers_the_bytes_of_every_file_a_point_reads(tmp_path: Path) -> None:
+    """Editing an empirical sample or a trace file changes the fingerprint, so --resume cannot mix old and new rows."""
+    gaps, other = tmp_path / "gaps.txt", tmp_path / "other.txt"
+    gaps.write_text("value\n10\n20\n30\n")
+    other.write_text("value\n5\n")
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,10\na,5,150,10\n")
+    base = {**BASE, "workload": {**BASE["workload"], "turn_gap_s": {"dist": "empirical", "path": str(gaps)}}}
+    axes = {"workload.turn_gap_s": [{"dist": "empirical", "path": str(other)}, {"dist": "constant", "value": 1}]}
+    g = as_grid({"base": base, "axes": axes})
+    assert g.input_files() == sorted([str(gaps), str(other)])
+    before = g.fingerprint()
+    assert as_grid({"base": base, "axes": axes}).fingerprint() == before  # same files, same fingerprint
+    other.write_text("value\n6\n")  # a file only an axis value names
+    after_axis = g.fingerprint()
+    assert after_axis != before
+    gaps.write_text("value\n10\n20\n31\n")  # the base's file
+    assert g.fingerprint() != after_axis
+    tg = as_grid({"base": {"workload": {"trace": {"path": str(trace)}}},
+                  "axes": {"policy.decoder_kv_blocks_ttl_s": [10, 60]}})
+    fp = tg.fingerprint()
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,10\na,6,150,10\n")
+    assert tg.fingerprint() != fp

@@ -18,23 +18,13 @@ import plotly.graph_objects as go
 import pytest
 import yaml
 
-from kvplan.calibration.traces import (
-    COLUMNS,
-    Trace,
-    crude_service_time_s,
-    detect_trace_format,
-    link_prefix_chains,
-    load_trace,
-    select,
-    split_sessions,
-    stats_figure,
-    stats_table,
-    trace_from_sessions,
-    turn_pairs,
-    workload_stats,
-)
 from kvplan.calibration.workload_fit import empirical, fit_gap_distribution, fit_workload, workload_section
 from kvplan.errors import KvplanInputError
+from kvplan.traces.readers import detect_trace_format, load_trace
+from kvplan.traces.select import select
+from kvplan.traces.sessions import link_prefix_chains, split_sessions, trace_from_sessions
+from kvplan.traces.stats import crude_service_time_s, stats_figure, stats_table, turn_pairs, workload_stats
+from kvplan.traces.trace import COLUMNS, Trace
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -291,7 +281,7 @@ def test_malformed(tmp_path: Path, case: str, fmt: str, text: str, needles: list
     path = tmp_path / f"{case}.trace"
     path.write_text(text)
     with pytest.raises(KvplanInputError) as info:
-        load_trace(path, fmt)  # type: ignore[arg-type]
+        load_trace(path, fmt)
     msg = str(info.value)
     assert "\n" not in msg, msg
     assert str(path) in msg, msg
@@ -310,7 +300,7 @@ def test_empty_and_oversized_files(tmp_path: Path) -> None:
         load_trace(big, "mooncake", max_bytes=10)
     assert "\n" not in str(info.value)
     with pytest.raises(KvplanInputError, match="unknown trace format"):
-        load_trace(big, "sharegpt")  # type: ignore[arg-type]
+        load_trace(big, "sharegpt")
 
 
 # --- selection ----------------------------------------------------------------------------------------------

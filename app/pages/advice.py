@@ -17,14 +17,6 @@ scenario = ds.scenario_sidebar()
 st.title("Advice: decoder_kv_blocks_ttl and kv_recompute_threshold")
 if scenario is None:
     st.stop()
-try:
-    available = sw.recommend_fn() is not None
-except KvplanInputError as exc:
-    ds.show_error(exc)
-    st.stop()
-if not available:
-    st.info("Not available yet: kvplan.sim.advice (the advisor) is not in this build.")
-    st.stop()
 st.caption("kvplan.sim.advice.recommend simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
            "at threshold candidates and over a TTL grid (seeded replications, common random numbers).")
 c1, c2, c3 = st.columns(3)

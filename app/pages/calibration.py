@@ -37,15 +37,7 @@ c1, c2, c3 = st.columns(3)
 model = c1.selectbox("model", list(MODEL_PRESETS), key="calib_model")
 hardware = c2.selectbox("hardware", list(HARDWARE_PRESETS), key="calib_hardware")
 tp = c3.selectbox("tensor parallel size (measured)", du.TP_CHOICES, index=len(du.TP_CHOICES) - 1, key="calib_tp")
-try:
-    can_fit = du.calibrate_fn() is not None
-except KvplanInputError as exc:
-    ds.show_error(exc)
-    can_fit = False
-if not can_fit:
-    st.info("Fitting: not available yet (kvplan.calibration.calibrate is not in this build). "
-            "You can still upload a profile JSON below.")
-elif st.button("Fit", type="primary", disabled=not traces, key="calib_fit"):
+if st.button("Fit", type="primary", disabled=not traces, key="calib_fit"):
     with st.spinner("fitting"):
         try:
             st.session_state["kvplan_fitted_profile"] = du.profile_json(du.fit_profile(traces, model, hardware, int(tp)))

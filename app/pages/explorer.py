@@ -20,15 +20,6 @@ st.caption("Every grid point is the sidebar scenario with bidirectional on, that
            "advisor sets it), simulated with kvplan.sim.sweep.run_grid when you press the button.")
 if scenario is None:
     st.stop()
-try:
-    can_sweep = sw.run_grid_fn() is not None
-    can_advise = sw.recommend_fn() is not None
-except KvplanInputError as exc:
-    ds.show_error(exc)
-    st.stop()
-if not can_sweep:
-    st.info("Not available yet: kvplan.sim.sweep (batch sweeps) is not in this build.")
-    st.stop()
 c1, c2 = st.columns(2)
 ttl_text = c1.text_input("decoder_kv_blocks_ttl values (s)", sw.DEFAULT_GRID_TTLS, key="grid_ttls")
 th_text = c2.text_input("kv_recompute_threshold values (tokens)", sw.DEFAULT_GRID_THRESHOLDS, key="grid_thresholds")
@@ -36,7 +27,7 @@ c1, c2, c3 = st.columns(3)
 reps = c1.number_input("replications per point", min_value=1, max_value=10, value=1, key="grid_reps")
 workers = c2.number_input("worker processes", min_value=1, max_value=os.cpu_count() or 1, value=1, key="grid_workers",
                           help="1 runs in this process (fastest for small scenarios).")
-with_advice = c3.checkbox("also compute the recommendation", value=can_advise, disabled=not can_advise,
+with_advice = c3.checkbox("also compute the recommendation", value=True,
                           key="grid_with_advice", help="kvplan.sim.advice.recommend on the sidebar scenario.")
 try:
     spec = sw.grid_spec(scenario, sw.parse_number_list(ttl_text, "TTL values"),
@@ -49,7 +40,7 @@ if st.button(f"Run the grid ({spec.n_runs} simulations)", type="primary", key="g
     bar = st.progress(0.0, text="simulating the grid")
     try:
         st.session_state[spec.state_key] = sw.grid_frame(spec, lambda f, t: bar.progress(f, text=t), int(workers))
-        if with_advice and can_advise:
+        if with_advice:
             st.session_state[advice_key] = sw.recommendation_dict(
                 scenario, None, None, sw.DEFAULT_REPLICATIONS, progress=sw.progress_adapter(bar, "recommendation"))
     except KvplanInputError as exc:
@@ -64,8 +55,6 @@ marks = sw.grid_marks(scenario, st.session_state.get(advice_key))
 ttft_stat = st.segmented_control("TTFT statistic", list(sw.TTFT_STATS), default="p90", key="grid_ttft_stat",
                                  help="The benchmark's p90 is set by its first turns (always a miss); mean shows reuse.")
 ttft_col = sw.TTFT_STATS.get(str(ttft_stat), "ttft_p90_s")
-if not can_advise:
-    st.info("Recommended point: not available yet (kvplan.sim.advice is not in this build); vLLM defaults marked.")
 left, right = st.columns(2)
 left.plotly_chart(figures.grid_heatmap(grid, ttft_col, f"TTFT {ttft_stat or 'p90'} (ms), turns without error", "ms",
                                        marks, scale=1000.0, reverse=True), key="heat_ttft")

@@ -1,0 +1,291 @@
+"""The pure decision rules of :mod:`kvplan.sim.advice`: simulated rows in, the TTL choice and its reasons out.
+
+Nothing here simulates. :func:`ttl_curve` turns the replicated rows of each TTL into :class:`TtlCandidate`
+objects; :func:`choose_ttl` applies the TTL rule (:data:`kvplan.sim.advice.RULES`); :func:`apply_slo` moves
+the TTL up for a TTFT p90 SLO; :func:`binding_constraint` names what limits the recommendation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvplan.sim.breakeven import BreakEven
+from kvplan.sim.executor import t_quantile_975
+
+Rows = list[dict[str, Any]]
+#: (mean, 95% CI half-width) of a paired difference over replications
+Gain = tuple[float, float]
+
+GIB = 1024**3
+#: The TTL rule: the shortest TTL reaching this fraction of the unlimited-TTL benefit.
+BENEFIT_FRACTION = 0.95
+#: A TTFT change smaller than this fraction of the baseline's mean is not worth acting on.
+MATERIAL_FRACTION = 0.01
+#: Retention "expires unread" when the longest TTL's hit rate is below this fraction of the unlimited one.
+EXPIRES_UNREAD_HIT_FRACTION = 0.5
+#: Decode HBM binds when the mean decode admission wait exceeds this fraction of the mean TTFT.
+D_QUEUE_BINDING_FRACTION = 0.05
+#: Prefill compute binds at this prefill utilisation or above.
+PREFILL_SATURATED_UTILISATION = 0.8
+#: The link binds when pulls take more than this fraction of the mean TTFT.
+LINK_BINDING_FRACTION = 0.5
+
+#: The binding constraints (``binding_constraint`` names one of them).
+TURN_GAPS, DECODE_HBM, PREFILL_COMPUTE, LINK = "turn-gap distribution", "decode HBM", "prefill compute", "link"
+
+#: Metric name -> column of the per-run rows (:func:`kvplan.sim.executor.summarise` output).
+METRIC_COLUMNS = (
+    ("ttft_mean_s", "ttft_mean_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p90_s", "ttft_p90_s"),
+    ("ttft_p99_s", "ttft_p99_s"), ("hit_rate", "hit_rate"), ("errors", "errors"),
+    ("pinned_kv_gib_mean", "steady_pinned_kv_gib_mean"), ("pinned_kv_gib_peak", "pinned_kv_gib_peak"),
+    ("prefill_utilization", "prefill_utilization"), ("kv_pull_mean_s", "kv_pull_mean_s"),
+    ("d_queue_mean_s", "d_queue_mean_s"),
+)
+
+
+def mean_ci(x: Sequence[float]) -> Gain:
+    """Mean and 95% CI half-width (Student t) of the finite values of ``x``; NaN when undefined."""
+    a = np.asarray([v for v in x if v is not None and not math.isnan(v)], dtype=float)
+    if len(a) == 0:
+        return math.nan, math.nan
+    if len(a) == 1:
+        return float(a[0]), math.nan
+    return float(a.mean()), t_quantile_975(len(a)) * float(a.std(ddof=1)) / math.sqrt(len(a))
+
+
+def col(rows: Rows, key: str) -> list[float]:
+    """Column ``key`` of the rows, NaN for a failed run."""
+    return [float(r.get(key, math.nan)) if r.get("error") is None else math.nan for r in rows]
+
+
+def paired(a: Rows, b: Rows, key: str = "ttft_mean_s") -> Gain:
+    """Mean and CI half-width of ``a[key] - b[key]`` paired by replication (common random numbers)."""
+    return mean_ci([x - y for x, y in zip(col(a, key), col(b, key), strict=True)])
+
+
+def significant_gain(d: Gain, scale: float) -> bool:
+    """``d`` = (mean, ci) of (baseline - candidate): positive beyond the CI and by more than 1% of ``scale``."""
+    mean, ci = d
+    if math.isnan(mean):
+        return False
+    return mean > MATERIAL_FRACTION * scale and (math.isnan(ci) or mean - ci > 0)
+
+
+def metrics(rows: Rows, max_num_seqs: int, n_decode: int) -> dict[str, float]:
+    """Replication means and CI half-widths of the reported metrics, plus the decode batch capacity."""
+    out: dict[str, float] = {}
+    for key, src in METRIC_COLUMNS:
+        out[key], out[f"{key}_ci95"] = mean_ci(col(rows, src))
+    caps = []
+    for r in rows:
+        if r.get("error") is not None:
+            continue
+        pinned_tok = r["steady_pinned_kv_gib_mean"] * GIB / r["kv_bytes_per_token_all_ranks"] / n_decode
+        free = max(r["decode_kv_capacity_tokens"] - pinned_tok, 0)
+        caps.append(min(max_num_seqs, free / max(r["mean_request_kv_tokens"], 1.0)))
+    out["decode_batch_capacity"], out["decode_batch_capacity_ci95"] = mean_ci(caps)
+    return out
+
+
+def router_ttl(ttl: float, margin: float, allowance: float) -> int:
+    """The router rule: ``floor(TTL - margin - allowance)``, at least 0."""
+    return int(max(math.floor(ttl - margin - allowance), 0))
+
+
+@dataclass(frozen=True)
+class TtlCandidate:
+    """One TTL of the grid, simulated: its metrics and its benefit over bidirectional off."""
+
+    ttl_s: float
+    router_ttl_s: int
+    metrics: dict[str, float]
+    benefit: Gain
+    unlimited_benefit_s: float
+    feasible: bool
+    significant: bool
+
+    @property
+    def benefit_s(self) -> float:
+        """Mean TTFT lowered against bidirectional off (s; positive is better)."""
+        return self.benefit[0]
+
+    @property
+    def benefit_fraction(self) -> float:
+        """Share of the unlimited-TTL benefit this TTL reaches."""
+        return self.benefit_s / self.unlimited_benefit_s if self.unlimited_benefit_s > 0 else math.nan
+
+    def curve_row(self) -> dict[str, Any]:
+        """The ``ttl_curve`` entry of the recommendation JSON."""
+        m = self.metrics
+        return {
+            "ttl_s": self.ttl_s, "router_ttl_s": self.router_ttl_s, "ttft_mean_s": m["ttft_mean_s"],
+            "ttft_p90_s": m["ttft_p90_s"], "hit_rate": m["hit_rate"], "benefit_s": self.benefit_s,
+            "benefit_ci95": self.benefit[1], "benefit_fraction": self.benefit_fraction,
+            "pinned_kv_gib_mean": m["pinned_kv_gib_mean"], "pinned_kv_gib_peak": m["pinned_kv_gib_peak"],
+            "feasible": self.feasible, "significant": self.significant,
+        }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the TTL rule reads: the baseline, the unlimited-TTL run and the curve."""
+
+    curve: list[TtlCandidate]
+    off_mean_s: float
+    unlimited: Gain
+    unlimited_hit_rate: float
+    budget_gib: float | None
+    gap_text: str
+    local_prefix_tokens: int
+
+
+@dataclass
+class TtlChoice:
+    """The TTL rule's outcome: the chosen candidate (None: retention off), the constraint, the reasons."""
+
+    chosen: TtlCandidate | None
+    retention_off: bool
+    binding: str
+    rationale: list[str] = field(default_factory=list)
+
+
+def ttl_curve(grid: Sequence[float], ttl_rows: dict[float, Rows], off: Rows, unlimited: Gain, off_mean_s: float,
+              metric_fn: Any, budget_gib: float | None, margin: float, allowance: float) -> list[TtlCandidate]:
+    """One :class:`TtlCandidate` per TTL of ``grid`` (``metric_fn(rows) -> metrics``)."""
+    out = []
+    for t in grid:
+        mt = metric_fn(ttl_rows[t])
+        gain = paired(off, ttl_rows[t])
+        out.append(TtlCandidate(
+            ttl_s=t, router_ttl_s=router_ttl(t, margin, allowance), metrics=mt, benefit=gain,
+            unlimited_benefit_s=unlimited[0], feasible=budget_gib is None or mt["pinned_kv_gib_peak"] <= budget_gib,
+            significant=significant_gain(gain, off_mean_s)))
+    return out
+
+
+def gap_text(gaps: np.ndarray) -> str:
+    """The turn-gap quantiles the rationale quotes."""
+    p10, p50, p90 = (float(np.percentile(gaps, q)) for q in (10, 50, 90))
+    return f"turn gaps p10 {p10:.3g} s, p50 {p50:.3g} s, p90 {p90:.3g} s"
+
+
+def choose_ttl(ev: Evidence) -> TtlChoice:
+    """The TTL rule (module docstring of :mod:`kvplan.sim.advice`)."""
+    if not significant_gain(ev.unlimited, ev.off_mean_s):
+        return TtlChoice(None, True, TURN_GAPS, [
+            f"Even unlimited retention does not lower mean TTFT materially (gain {ev.unlimited[0] * 1000:.1f} ms vs "
+            f"{ev.off_mean_s * 1000:.1f} ms with bidirectional off): pulls are not faster than recomputing here, or "
+            "turns rarely come back."])
+    target = BENEFIT_FRACTION * ev.unlimited[0]
+    feasible = [c for c in ev.curve if c.feasible]
+    reach = [c for c in feasible if c.benefit_s >= target]
+    if reach:
+        return _reaching(ev, reach[0], target)
+    significant = [c for c in feasible if c.significant]
+    if not significant:
+        return _retention_down(ev)
+    return _best_attainable(ev, significant)
+
+
+def _reaching(ev: Evidence, rec: TtlCandidate, target: float) -> TtlChoice:
+    shorter = ev.curve[: ev.curve.index(rec)]
+    hbm = ev.budget_gib is not None and any(c.benefit_s >= target and not c.feasible for c in shorter)
+    return TtlChoice(rec, False, DECODE_HBM if hbm else TURN_GAPS, [
+        f"TTL {rec.ttl_s:g} s is the shortest reaching {rec.benefit_fraction:.0%} of the unlimited-TTL "
+        f"benefit ({rec.benefit_s * 1000:.1f} of {ev.unlimited[0] * 1000:.1f} ms mean TTFT); {ev.gap_text}."])
+
+
+def _retention_down(ev: Evidence) -> TtlChoice:
+    top = max(ev.curve, key=lambda c: c.ttl_s)
+    best = max(ev.curve, key=lambda c: c.benefit_s)
+    hit, peak = top.metrics["hit_rate"], top.metrics["pinned_kv_gib_peak"]
+    gain_ms = ev.unlimited[0] * 1000
+    binding = TURN_GAPS
+    if ev.budget_gib is not None and any(c.significant for c in ev.curve):
+        why = f"no TTL that helps fits the {ev.budget_gib:g} GiB decode HBM budget"
+        binding = DECODE_HBM
+    elif hit < EXPIRES_UNREAD_HIT_FRACTION * ev.unlimited_hit_rate:
+        why = (f"{ev.gap_text}: they lie far beyond every TTL considered (up to {top.ttl_s:g} s), so retained "
+               f"blocks expire unread (hit rate {hit:.1%} at {top.ttl_s:g} s vs {ev.unlimited_hit_rate:.1%} "
+               f"unlimited) while pinning up to {peak:.1f} GiB of decode HBM; unlimited retention would gain "
+               f"{gain_ms:.1f} ms only by holding KV for hours")
+    else:
+        why = (f"retained blocks are read back (hit rate {hit:.1%} at {top.ttl_s:g} s) but no finite TTL lowers mean "
+               f"TTFT significantly (best {best.benefit_s * 1000:+.1f} ms at {best.ttl_s:g} s): the pulls are little "
+               f"faster than recomputing what P's prefix cache lacks (local prefix ~{ev.local_prefix_tokens} "
+               f"tokens), and the pinned KV (up to {peak:.1f} GiB) shrinks the decode batch; the unlimited-TTL gain "
+               f"of {gain_ms:.1f} ms needs unbounded decode memory")
+        binding = DECODE_HBM if top.metrics["d_queue_mean_s"] > 0 else binding
+    return TtlChoice(None, True, binding, [f"Turn retention down: {why}."])
+
+
+def _best_attainable(ev: Evidence, significant: list[TtlCandidate]) -> TtlChoice:
+    best = max(significant, key=lambda c: c.benefit_s)
+    rec = next(c for c in significant if c.benefit_s >= BENEFIT_FRACTION * best.benefit_s)
+    by_hbm = ev.budget_gib is not None and any(not c.feasible and c.benefit_s > best.benefit_s for c in ev.curve)
+    where = f"within the {ev.budget_gib:g} GiB budget" if by_hbm else f"in the grid ({ev.gap_text})"
+    return TtlChoice(rec, False, DECODE_HBM if by_hbm else TURN_GAPS, [
+        f"No TTL reaches 95% of the unlimited-TTL benefit ({ev.unlimited[0] * 1000:.1f} ms) {where}; TTL "
+        f"{rec.ttl_s:g} s reaches 95% of the best attainable ({best.benefit_s * 1000:.1f} ms)."])
+
+
+def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[str, float], slo_ms: float | None,
+              warnings: list[str]) -> dict[str, Any]:
+    """Raise the TTL to the shortest feasible one meeting the TTFT p90 SLO (in place); the ``slo`` JSON."""
+    if slo_ms is None:
+        return {}
+    slo_s = slo_ms / 1000
+
+    def p90(c: TtlCandidate | None) -> float:
+        return c.metrics["ttft_p90_s"] if c is not None else off_metrics["ttft_p90_s"]
+
+    if p90(choice.chosen) > slo_s:
+        rec = choice.chosen
+        better = [c for c in curve if c.feasible and c.metrics["ttft_p90_s"] <= slo_s
+                  and (rec is None or c.ttl_s > rec.ttl_s)]
+        if better:
+            choice.chosen, choice.retention_off = better[0], False
+            choice.rationale.append(f"TTL raised to {better[0].ttl_s:g} s, the shortest meeting the TTFT p90 SLO "
+                                    f"of {slo_ms:g} ms.")
+    met_p90 = p90(choice.chosen)
+    slo = {"ttft_p90_ms": slo_ms, "met": bool(met_p90 <= slo_s), "expected_ttft_p90_ms": met_p90 * 1000}
+    if not slo["met"]:
+        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({met_p90 * 1000:.0f} ms expected)")
+    return slo
+
+
+def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool) -> str:
+    """The constraint at the recommendation (metrics ``m``), unless the TTL rule already found decode HBM."""
+    if binding == DECODE_HBM:
+        return binding
+    if m["d_queue_mean_s"] > D_QUEUE_BINDING_FRACTION * m["ttft_mean_s"]:
+        return DECODE_HBM
+    pull_small = m["kv_pull_mean_s"] <= LINK_BINDING_FRACTION * m["ttft_mean_s"]
+    if m["prefill_utilization"] >= PREFILL_SATURATED_UTILISATION or (slo and not slo["met"] and pull_small):
+        return PREFILL_COMPUTE  # saturated P, or an SLO no TTL can meet: the P leg of misses dominates
+    if retained and not pull_small:
+        return LINK
+    return binding
+
+
+def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
+    """The ``binding_constraint`` sentence of the recommendation."""
+    return {
+        TURN_GAPS: f"turn-gap distribution ({gaps}; longer TTLs add < 5% of the benefit)",
+        DECODE_HBM: "decode HBM (pinned KV against the budget / the decode KV pool)",
+        PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization']:.0%}; the prefill of first turns "
+                         "and misses sets the TTFT tail)",
+        LINK: f"link (pulls take {m['kv_pull_mean_s'] * 1000:.0f} ms of a {m['ttft_mean_s'] * 1000:.0f} ms TTFT)",
+    }[binding]
+
+
+def threshold_rationale(threshold: int, be: BreakEven) -> str:
+    """The threshold sentence of the rationale."""
+    return (f"Threshold {threshold} tokens: analytic break-even {be.tokens} ({be.verdict}; pull "
+            f"{be.pull_s * 1000:.1f} ms vs recompute {be.recompute_s * 1000:.1f} ms at n*, local prefix "
+            f"{be.local_prefix_tokens}, tail {be.tail_tokens}).")

@@ -1,0 +1,216 @@
+"""The driver: sends every turn through the router, the P leg and the D leg; an :class:`ArrivalSource` per mode.
+
+Per turn (``disagg_proxy_multiturn.py``): the router lookup and P choice at arrival, the P leg
+(``max_tokens=1``) after the proxy/HTTP overhead, the D leg strictly after P after its overhead. *When* a
+turn arrives is the arrival source's job, one class per mode:
+
+* :class:`OpenLoop`: conversations start at their drawn start times (Poisson); each next turn arrives one
+  turn gap after the previous response ends.
+* :class:`TraceReplay`: every request at its own time on the trace's clock, independent of responses.
+* :class:`ClosedLoop`: ``clients`` clients, each cycling round-robin over at most
+  ``max_active_conversations / clients`` active conversations and sending the next turn one think time
+  after the previous response (vLLM ``benchmarks/multi_turn/benchmark_serving_multi_turn.py``).
+
+Everything is callbacks, no generator per turn (this is the hot path). The proxy's overhead before P is
+folded into the timeout that ends the gap (one event, not two); the lookup is evaluated with the true
+arrival time, so nothing changes but the event count.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from kvplan.sim.context import Ctx, Request
+from kvplan.sim.events import Ev
+from kvplan.sim.scenario import ClosedLoopArrival
+from kvplan.sim.workload import ConversationPlan
+
+
+class ArrivalSource(Protocol):
+    """When turns arrive: started once, told when a turn reaches P and when a turn is over."""
+
+    def start(self) -> None:
+        """Schedule the first arrivals."""
+
+    def reached_p(self, c: int, i: int) -> None:
+        """Request ``i`` of conversation ``c`` has just reached P (after the proxy overhead)."""
+
+    def turn_over(self, c: int, i: int) -> None:
+        """Request ``i`` of conversation ``c`` is finished (response done, or failed)."""
+
+
+class Driver:
+    """Sends turns to P then D and hands their timing to an :class:`ArrivalSource`."""
+
+    def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
+        self.plan = plan
+        oh = ctx.costs.overhead
+        self.p_leg = oh.p_leg_s
+        self.d_leg = oh.d_leg_s
+        self.send_id = ctx.scenario.policy.send_conversation_id
+        self.offsets: list[int] = plan.offsets.tolist()
+        self.prompt: list[int] = plan.prompt_tokens.tolist()
+        self.output: list[int] = plan.output_tokens.tolist()
+        self.gap: list[float] = plan.gap_s.tolist()
+        self.source: ArrivalSource
+        if plan.arrival_s is not None:  # a trace brings its own clock
+            self.source = TraceReplay(self, plan.arrival_s)
+        elif closed_loop is not None:
+            self.source = ClosedLoop(self, closed_loop)
+        else:
+            self.source = OpenLoop(self)
+
+    def start(self) -> None:
+        """Schedule the first arrivals (open loop, trace) or start the clients (closed loop)."""
+        self.source.start()
+
+    def arrive_at(self, c: int, i: int, t_arrival: float) -> None:
+        """Request ``i`` of conversation ``c`` arrives at ``t_arrival`` (now or later)."""
+        env = self.env
+        delay = t_arrival - env.now + self.p_leg
+        if delay > 0:
+            env.timeout(delay).callbacks.append(lambda _e: self._at_p(c, i, t_arrival))
+        else:
+            self._at_p(c, i, t_arrival)
+
+    def _at_p(self, c: int, i: int, t_arrival: float) -> None:
+        ctx = self.ctx
+        self.source.reached_p(c, i)
+        turn = i - self.offsets[c] + 1
+        prompt = self.prompt[i]
+        log = ctx.log
+        log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
+        res, params = ctx.router.lookup(c, t_arrival, self.send_id)
+        log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
+        r = Request(c, turn, i, prompt, self.output[i], params)
+        p = ctx.router.pick_prefill(c)
+        ctx.prefill[p].submit(r)
+
+    def p_done(self, r: Request) -> None:
+        """P leg finished (or failed): start the D leg after its overhead, or move on."""
+        if r.error:
+            self.source.turn_over(r.conv, r.index)
+            return
+        if self.d_leg > 0:
+            self.env.timeout(self.d_leg).callbacks.append(lambda _e: self._at_d(r))
+        else:
+            self._at_d(r)
+
+    def _at_d(self, r: Request) -> None:
+        d = self.ctx.router.pick_decode(r.conv)
+        self.ctx.decode[d].submit(r)
+
+    def d_done(self, r: Request) -> None:
+        """D finished the response: the turn is over."""
+        self.source.turn_over(r.conv, r.index)
+
+
+class OpenLoop:
+    """Conversations start at ``plan.start_s``; a follow-up arrives one turn gap after the response."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.d = driver
+        plan = driver.plan
+        self.starts = [int(c) for c in np.argsort(plan.start_s, kind="stable") if plan.turns[c] > 0]
+        self.start_s: list[float] = plan.start_s.tolist()
+        self.next_start = 0
+
+    def start(self) -> None:
+        """Schedule the first conversation start."""
+        self._schedule_next_start()
+
+    def _schedule_next_start(self) -> None:
+        # chain: the next conversation start is scheduled when this one's arrival fires (O(1) pending starts)
+        if self.next_start >= len(self.starts):
+            return
+        c = self.starts[self.next_start]
+        self.next_start += 1
+        self.d.arrive_at(c, self.d.offsets[c], self.start_s[c])
+
+    def reached_p(self, c: int, i: int) -> None:
+        """A conversation's first turn reached P: schedule the next conversation's start."""
+        if i == self.d.offsets[c]:
+            self._schedule_next_start()
+
+    def turn_over(self, c: int, i: int) -> None:
+        """Send the conversation's next turn one gap later, if it has one."""
+        d = self.d
+        if i + 1 < d.offsets[c + 1]:
+            d.arrive_at(c, i + 1, d.env.now + d.gap[i])
+
+
+class TraceReplay:
+    """Every request on the trace's own clock, in arrival order, independent of earlier responses."""
+
+    def __init__(self, driver: Driver, arrival_s: np.ndarray) -> None:
+        self.d = driver
+        plan = driver.plan
+        self.arrival_s: list[float] = arrival_s.tolist()
+        self.order: list[int] = np.argsort(arrival_s, kind="stable").tolist()
+        self.conv_of: list[int] = np.repeat(np.arange(len(plan.turns)), plan.turns).tolist()
+        self.next_request = 0
+
+    def start(self) -> None:
+        """Schedule the first request."""
+        self._schedule_next_request()
+
+    def _schedule_next_request(self) -> None:
+        if self.next_request >= len(self.order):
+            return
+        i = self.order[self.next_request]
+        self.next_request += 1
+        self.d.arrive_at(self.conv_of[i], i, self.arrival_s[i])
+
+    def reached_p(self, c: int, i: int) -> None:
+        """Chain the next request of the trace."""
+        self._schedule_next_request()
+
+    def turn_over(self, c: int, i: int) -> None:
+        """Nothing: the trace's clock, not the response, sets the next arrival."""
+
+
+class ClosedLoop:
+    """``clients`` clients cycle round-robin over their active conversations (think time = turn gap)."""
+
+    def __init__(self, driver: Driver, closed: ClosedLoopArrival) -> None:
+        self.d = driver
+        plan = driver.plan
+        self.clients = closed.clients
+        self.slots = max(1, closed.max_active_conversations // closed.clients)
+        self.pool: deque[int] = deque(c for c in range(len(plan.turns)) if plan.turns[c] > 0)
+        self.client_of: dict[int, deque[int]] = {}
+        self.next_turn: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Give each client its first active conversations and send their first turns."""
+        for _ in range(self.clients):
+            active: deque[int] = deque()
+            while self.pool and len(active) < self.slots:
+                active.append(self.pool.popleft())
+            if active:
+                self._client_next(active, 0.0)
+
+    def reached_p(self, c: int, i: int) -> None:
+        """Nothing: a client waits for the response."""
+
+    def turn_over(self, c: int, i: int) -> None:
+        """Keep the conversation active while it has turns, else take a new one; send the client's next turn."""
+        active = self.client_of.pop(c)
+        if i + 1 < self.d.offsets[c + 1]:
+            active.append(c)
+        elif self.pool:
+            active.append(self.pool.popleft())
+        if active:
+            self._client_next(active, self.d.gap[i])
+
+    def _client_next(self, active: deque[int], think_s: float) -> None:
+        c = active.popleft()
+        self.client_of[c] = active
+        i = self.next_turn.get(c, self.d.offsets[c])
+        self.next_turn[c] = i + 1
+        self.d.arrive_at(c, i, self.d.env.now + think_s)

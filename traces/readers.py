@@ -1,0 +1,294 @@
+"""Readers of the four trace formats (module docstring of :mod:`kvplan.traces`) and :func:`load_trace`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from kvplan.errors import input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file
+from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
+from kvplan.traces.trace import (
+    CLOCK_RESTART_S,
+    CSV_HEADER,
+    DEFAULT_MIN_BLOCKS,
+    MOONCAKE_BLOCK_TOKENS,
+    TRACE_FORMATS,
+    Trace,
+    TraceFormat,
+    _check_sorted,
+    _count,
+    _get,
+    _json_array,
+    _json_lines,
+    _no_records,
+    _number,
+    _read_source,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Parse and validate Mooncake JSONL, then reconstruct conversations (module docstring)."""
+    ts: list[float] = []
+    lines: list[int] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    hashes: list[list[int]] = []
+    for lineno, obj in _json_lines(text, label):
+        where = f"{label}: line {lineno}"
+        t = _number(_get(obj, "timestamp", where), "timestamp", where)
+        if t < 0:
+            raise input_error(where, f"field 'timestamp' is negative ({t:g} ms)")
+        i_len = _count(_get(obj, "input_length", where), "input_length", where)
+        o_len = _count(_get(obj, "output_length", where), "output_length", where)
+        ids = _get(obj, "hash_ids", where)
+        if not isinstance(ids, list):
+            raise input_error(where, f"field 'hash_ids' is {_short(ids)}, not a list of block ids")
+        expected = -(-i_len // MOONCAKE_BLOCK_TOKENS)
+        if len(ids) != expected:
+            raise input_error(
+                where,
+                f"field 'hash_ids' has {len(ids)} ids but input_length {i_len} needs "
+                f"ceil({i_len}/512) = {expected}",
+                "one id per 512-token block, the partial last block included",
+            )
+        for k, v in enumerate(ids):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise input_error(where, f"field 'hash_ids' entry {k} is {_short(v)}, not an integer id")
+        ts.append(t)
+        lines.append(lineno)
+        n_in.append(i_len)
+        n_out.append(o_len)
+        hashes.append(ids)
+    if not ts:
+        raise _no_records(label)
+    _check_sorted(ts, lines, label, "timestamp", "ms")
+    parents = link_prefix_chains(hashes, n_in, min_blocks=min_blocks)
+    root, turn = _chains(parents)
+    inputs = np.asarray(n_in, dtype=np.int64)
+    linkable = inputs // MOONCAKE_BLOCK_TOKENS >= min_blocks
+    arrival = np.asarray(ts, dtype=float) / 1000.0
+    df = _frame(
+        np.arange(len(ts)),
+        [str(r) for r in root.tolist()],
+        turn,
+        arrival - arrival[0],
+        inputs,
+        np.asarray(n_out),
+        parents,
+        np.full(len(ts), np.nan),
+        linkable,
+    )
+    children = np.bincount(parents[parents >= 0], minlength=len(ts))
+    sizes = np.bincount(np.unique(root, return_inverse=True)[1])
+    linking = {
+        "method": "hash-prefix chains: parent's full 512-token blocks are a prefix of the child's hash_ids; "
+        "deepest match, then latest parent",
+        "block_tokens": MOONCAKE_BLOCK_TOKENS,
+        "min_blocks": min_blocks,
+        "requests": len(ts),
+        "linked_requests": int((parents >= 0).sum()),
+        "sessions": int(sizes.size),
+        "sessions_with_2plus_requests": int((sizes >= 2).sum()),
+        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / len(ts)),
+        "parents": int((children > 0).sum()),
+        "parents_with_2plus_children": int((children > 1).sum()),
+        "unlinkable_as_parent": int((~linkable).sum()),
+        "max_turn": int(turn.max()),
+    }
+    return df, linking
+
+
+def _read_ragpulse(text: str, label: str, on_clock_restart: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Parse RAGPulse JSONL (session ids given); sort or append clock segments (module docstring)."""
+    ts: list[float] = []
+    lines: list[int] = []
+    sess: list[str] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    for lineno, obj in _json_lines(text, label):
+        where = f"{label}: line {lineno}"
+        ts.append(_number(_get(obj, "timestamp", where), "timestamp", where, allow_string=True))
+        n_in.append(_count(_get(obj, "input_length", where), "input_length", where))
+        n_out.append(_count(_get(obj, "output_length", where), "output_length", where))
+        sid = _get(obj, "session_id", where)
+        if isinstance(sid, bool) or not isinstance(sid, str | int) or not str(sid).strip():
+            raise input_error(where, f"field 'session_id' is {_short(sid)}, not a non-empty string")
+        sess.append(str(sid))
+        lines.append(lineno)
+    if not ts:
+        raise _no_records(label)
+    arrival = np.asarray(ts, dtype=float)
+    steps = np.diff(arrival)
+    restarts = [lines[int(i) + 1] for i in np.flatnonzero(steps < -CLOCK_RESTART_S)]
+    backwards = int((steps < 0).sum())
+    if on_clock_restart == "append" and restarts:
+        seg_start = np.flatnonzero(steps < -CLOCK_RESTART_S) + 1
+        offset = np.zeros(len(arrival))
+        for s in seg_start.tolist():
+            # the new segment continues after the previous segment's last arrival (lower bound on the truth)
+            offset[s:] = arrival[s - 1] + offset[s - 1] - arrival[s]
+        arrival = arrival + offset
+    if restarts:
+        log.warning(
+            "%s: the clock goes back by more than %.0f s at line(s) %s; on_clock_restart=%r",
+            label,
+            CLOCK_RESTART_S,
+            restarts,
+            on_clock_restart,
+        )
+    df = _link_sessions(sess, arrival, np.asarray(n_in), np.asarray(n_out))
+    notes = {"clock_restarts": restarts, "backwards_steps": backwards, "on_clock_restart": on_clock_restart}
+    return df, notes
+
+
+def _read_multiturn(text: str, label: str) -> pd.DataFrame:
+    """Parse vLLM multi-turn benchmark stats JSON (sessions by ``conversation_id``)."""
+    entries = _json_array(text, label)
+    if not entries:
+        raise _no_records(label)
+    ts: list[float] = []
+    sess: list[str] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    svc: list[float] = []
+    for lineno, obj in entries:
+        where = f"{label}: line {lineno}"
+        if not isinstance(obj, dict):
+            raise input_error(where, f"entry is {_short(obj)}, not a JSON object")
+        # older versions of the benchmark call the field session_id
+        key = "session_id" if "session_id" in obj and "conversation_id" not in obj else "conversation_id"
+        cid = _get(obj, key, where)
+        if isinstance(cid, bool) or not isinstance(cid, str | int) or not str(cid).strip():
+            raise input_error(where, f"field '{key}' is {_short(cid)}, not a non-empty string")
+        sess.append(str(cid))
+        ts.append(_number(_get(obj, "start_time_ms", where), "start_time_ms", where))
+        n_in.append(_count(_get(obj, "input_num_tokens", where), "input_num_tokens", where))
+        n_out.append(_count(_get(obj, "output_num_tokens", where), "output_num_tokens", where))
+        _count(_get(obj, "input_num_turns", where), "input_num_turns", where, minimum=1)
+        lat = obj.get("latency_ms")
+        if lat is None:
+            svc.append(math.nan)
+        else:
+            value = _number(lat, "latency_ms", where)
+            svc.append(value / 1000.0 if value >= 0 else math.nan)  # vLLM writes -1 when unknown
+    return _link_sessions(
+        sess, np.asarray(ts) / 1000.0, np.asarray(n_in), np.asarray(n_out), np.asarray(svc, dtype=float)
+    )
+
+
+def _read_csv(text: str, label: str) -> pd.DataFrame:
+    """Parse the generic CSV (header ``session_id,timestamp_s,input_tokens,output_tokens``)."""
+    reader = csv.reader(io.StringIO(text))
+    header: list[str] | None = None
+    ts: list[float] = []
+    lines: list[int] = []
+    sess: list[str] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    try:
+        for row in reader:
+            lineno = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            where = f"{label}: line {lineno}"
+            if header is None:
+                header = [c.strip() for c in row]
+                if tuple(header) != CSV_HEADER:
+                    raise input_error(
+                        where,
+                        f"header is {','.join(header)[:80]!r}",
+                        f"the first line must be exactly {','.join(CSV_HEADER)}",
+                    )
+                continue
+            if len(row) != len(CSV_HEADER):
+                raise input_error(
+                    where, f"has {len(row)} fields, expected {len(CSV_HEADER)} ({','.join(CSV_HEADER)})"
+                )
+            sid = row[0].strip()
+            if not sid:
+                raise input_error(where, "field 'session_id' is empty")
+            sess.append(sid)
+            ts.append(_number(row[1], "timestamp_s", where, allow_string=True))
+            n_in.append(_count(row[2], "input_tokens", where, allow_string=True))
+            n_out.append(_count(row[3], "output_tokens", where, allow_string=True))
+            lines.append(lineno)
+    except csv.Error as exc:
+        raise input_error(f"{label}: line {reader.line_num}", f"malformed CSV ({exc})") from None
+    if header is None or not ts:
+        raise _no_records(label)
+    _check_sorted(ts, lines, label, "timestamp_s", "s")
+    return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
+
+
+def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> TraceFormat:
+    """Guess the format of a trace file from its first record (see the module docstring)."""
+    label = os.fspath(path)
+    check_file(path, max_bytes)
+    with open(path, "rb") as fh:
+        head = fh.read(65536).decode("utf-8-sig", errors="replace")
+    stripped = head.lstrip()
+    if stripped.startswith("["):
+        return "multiturn"
+    first = stripped.split("\n", 1)[0].strip()
+    if first.startswith("{"):
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            if "session_id" in obj and "timestamp" in obj:
+                return "ragpulse"
+            if {"timestamp", "input_length", "hash_ids"} <= obj.keys():
+                return "mooncake"
+    elif tuple(c.strip() for c in first.split(",")) == CSV_HEADER:
+        return "csv"
+    raise input_error(
+        label,
+        "cannot tell the trace format from the first record",
+        f"pass format= one of {', '.join(TRACE_FORMATS)}",
+    )
+
+
+def load_trace(
+    path: str | os.PathLike[str],
+    format: TraceFormat | str | None = None,  # noqa: A002 - the documented name of the argument; checked below
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    min_blocks: int = DEFAULT_MIN_BLOCKS,
+    on_clock_restart: Literal["sort", "append"] = "sort",
+) -> Trace:
+    """Read a request trace (``format`` one of :data:`TRACE_FORMATS`, or None to detect it).
+
+    ``min_blocks`` applies to Mooncake linking, ``on_clock_restart`` to RAGPulse (module docstring).
+    Files above ``max_bytes`` (default 256 MiB) are refused before reading. Raises
+    :class:`~kvplan.errors.KvplanInputError` with a one-line message naming file, line and field.
+    """
+    label = os.fspath(path)
+    fmt = format if format is not None else detect_trace_format(path, max_bytes)
+    if fmt not in TRACE_FORMATS:
+        raise input_error(label, f"unknown trace format {fmt!r}", f"use one of {', '.join(TRACE_FORMATS)}")
+    if on_clock_restart not in ("sort", "append"):
+        raise input_error(label, f"on_clock_restart is {on_clock_restart!r}", "use 'sort' or 'append'")
+    text, digest = _read_source(path, max_bytes)
+    linking: dict[str, Any] | None = None
+    notes: dict[str, Any] = {}
+    if fmt == "mooncake":
+        df, linking = _read_mooncake(text, label, min_blocks)
+    elif fmt == "ragpulse":
+        df, notes = _read_ragpulse(text, label, on_clock_restart)
+    elif fmt == "multiturn":
+        df = _read_multiturn(text, label)
+    else:
+        df = _read_csv(text, label)
+    return Trace(requests=df, source=label, format=fmt, sha256=digest, linking=linking, notes=notes)

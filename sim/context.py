@@ -53,6 +53,11 @@ class Request:
         "d_state",
         "d_hit",
         "d_epoch",
+        "p_blocks",
+        "p_hold",
+        "p_lease_expiry",
+        "p_tracked",
+        "p_lapsed",
     )
 
     def __init__(
@@ -87,6 +92,11 @@ class Request:
         self.d_state = 0  # 0 waiting/in batch, 1 recomputing on D, 2 recomputed and waiting to join
         self.d_hit = 0  # D prefix-hit tokens at its last (re)admission
         self.d_epoch = 0  # bumped when a recompute in progress is preempted (its completion is then ignored)
+        self.p_blocks = 0  # KV blocks this request holds in P's pool (computing, pulling or held for D)
+        self.p_hold = False  # P holds its prompt's blocks under a lease until D has read them
+        self.p_lease_expiry = 0.0  # P's initial lease deadline
+        self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
+        self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
 
 
 @dataclass

@@ -36,7 +36,7 @@ from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import P2D, Ctx, Request
-from kvplan.sim.events import Ev, Release
+from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.retention import Retention
 from kvplan.sim.router import KVParams
 
@@ -193,6 +193,7 @@ class DecodeNode:
             )
         req.d_node = self.idx
         self.ctx.log.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
 
@@ -276,14 +277,23 @@ class DecodeNode:
         ctx = self.ctx
         env = self.env
         tokens = r.prompt - hit
+        pnode = ctx.prefill[r.p_node]
+        if r.p_lapsed:
+            # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
+            ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            t = prefill_time_s(ctx.costs.prefill, tokens, hit, self.chunk)
+            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
+            return
         if 0 < tokens < self.p2d_threshold:
-            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it
+            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
+            pnode.release_hold(r, HoldRelease.NOTIFIED)
             t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
             ctx.log.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
         ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))

@@ -135,6 +135,10 @@ class Policy(_Frozen):
         default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
     )
     send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
+    kv_lease_duration_s: float = Field(
+        default=30.0, gt=0, le=86_400,
+        description="kv_lease_duration: P holds a prompt's KV this long for D's read, renewed by D's heartbeats.",
+    )
 
 
 class PoissonArrival(_Frozen):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,7 @@ from conftest import small
 
 from kvplan.sim.api import run
 from kvplan.sim.engine import simulate
-from kvplan.sim.events import Ev
+from kvplan.sim.events import Ev, HoldRelease
 from kvplan.sim.scenario import scenario_from_dict
 
 
@@ -89,3 +90,77 @@ def test_fast_and_exact_agree_with_preemption() -> None:
         assert (fast.turns["d_preemptions"] == exact.turns["d_preemptions"]).all()
         ctx = _sim(_pressure(pool, "exact"))
         assert ctx.decode[0].pool.min_free >= 0
+
+
+def test_p_holds_prompt_until_d_reads_it() -> None:
+    """Acceptance 2 (unsaturated D): P holds each prompt from its prefill to D's read, no longer."""
+    r = run(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
+    ev, t = r.events, r.turns
+    hold = ev[ev["kind"] == int(Ev.P_HOLD)].set_index(["conv", "turn"])["t_s"]
+    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)].set_index(["conv", "turn"])
+    p_done = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"]
+    p2d = ev[ev["kind"] == int(Ev.P2D_DONE)].set_index(["conv", "turn"])["t_s"]
+    ok = t[t["decision"] != "error"]
+    assert len(hold) == len(unhold) == len(ok)
+    np.testing.assert_allclose(hold.sort_index(), p_done.sort_index())
+    np.testing.assert_allclose(unhold["t_s"].sort_index(), p2d.sort_index())
+    assert (unhold["b"] == int(HoldRelease.READ)).all()
+    assert r.summary["p_lease_expiries"] == 0
+    # about one prompt per request between P's finish and D's read: held KV never exceeds a few prompts
+    per_token = r.summary["kv_bytes_per_token_all_ranks"] / 2**30
+    assert 0 < r.summary["p_held_kv_gib_peak"] <= 3 * t["prompt_tokens"].max() * per_token
+    assert r.summary["p_held_kv_gib_mean"] < t["prompt_tokens"].mean() * per_token
+    np.testing.assert_allclose(t.loc[ok.index, "p_hold_s"], (p2d.sort_index() - p_done.sort_index()).to_numpy())
+    ctx = _sim(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
+    for pn in ctx.prefill:
+        assert pn.pool.min_free >= 0 and pn.pool.pinned == 0 and pn.pool.held == 0
+
+
+def test_saturated_d_fills_p_with_held_prompts() -> None:
+    """Acceptance 2 (saturated D): retention fills D, requests wait on D, and P's pool fills with held prompts
+    until P stops admitting (held KV reaches P's capacity)."""
+    p_cap = 40_000
+    sc = small(
+        deployment={"decode_kv_capacity_tokens": 60_000, "prefill_kv_capacity_tokens": p_cap, "max_num_seqs": 64},
+        policy={"decoder_kv_blocks_ttl_s": 900},
+        workload={**small()["workload"], "arrival": {"kind": "poisson", "rate_per_s": 2.0}, "conversations": 80},
+    )
+    r = run(sc)
+    per_token = r.summary["kv_bytes_per_token_all_ranks"] / 2**30
+    assert r.summary["p_held_kv_gib_peak"] >= 0.85 * p_cap * per_token
+    assert r.summary["p_held_kv_gib_peak"] <= p_cap * per_token + 1e-9
+    assert r.turns["prefill_queue_s"].max() > 60  # P admission waited for D's reads
+    ctx = _sim(sc)
+    assert ctx.prefill[0].pool.min_free >= 0
+
+
+def test_lapsed_lease_frees_p_and_d_recomputes() -> None:
+    """A lease whose first heartbeat comes too late lapses: P frees the prompt, D's read fails and D recomputes."""
+    sc = small(costs={"overhead": {"p_leg_s": 0.0, "d_leg_s": 31.0}})
+    r = run(sc)
+    ev, t = r.events, r.turns
+    ok = t[t["decision"] != "error"]
+    assert r.summary["p_lease_expiries"] == len(ok) == r.summary["p2d_failed_reads"]
+    assert (t["p2d_bytes"] == 0).all()
+    un = ev[ev["kind"] == int(Ev.P_UNHOLD)].set_index(["conv", "turn"])["t_s"].sort_index()
+    done = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"].sort_index()
+    np.testing.assert_allclose(un - done, 30.0)
+    assert (ok["finish_s"] > 0).all()
+    # a 20 s D leg: the first heartbeat (every 5 s) comes before the 30 s deadline, nothing lapses
+    r2 = run(small(costs={"overhead": {"p_leg_s": 0.0, "d_leg_s": 20.0}}))
+    assert r2.summary["p_lease_expiries"] == 0
+
+
+def test_mooncake_1p1d_retention_fills_p(shared_dir: Path) -> None:
+    """Acceptance 2 on the real trace: D saturated by 480 s retention -> P's held KV rises to P's capacity.
+
+    Leases do not lapse: D heartbeats every request from the moment it enters D's scheduler, waiting or not
+    (docs/design/nixl_kv_cache_lease.md), so ``p_lease_expiries`` stays 0 with a healthy D.
+    """
+    trace = shared_dir / "external_traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+    r = run(scenario_from_dict({"workload": {"trace": {"path": str(trace)}}}))
+    s = r.summary
+    cap_gib = s["decode_kv_capacity_gib"]  # P and D are the same kind of node: the same pool size
+    assert s["p_held_kv_gib_peak"] >= 0.99 * cap_gib
+    assert s["p_held_kv_gib_mean"] >= 0.8 * cap_gib
+    assert s["p_lease_expiries"] == 0

@@ -49,6 +49,9 @@ class BatchOwner(Protocol):
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
 
+    def grown(self, step: int) -> None:
+        """The members held their blocks for ``step``: apply the evictions that growth caused."""
+
 
 class DecodeBatch:
     """The running set of one decode engine, its step clock and its block growth."""
@@ -212,6 +215,8 @@ class DecodeBatch:
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
+        if heap and heap[0][0] <= step:
+            self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
             _, seq, r = heapq.heappop(heap)
             if r.d_seq != seq:

@@ -124,6 +124,12 @@ class DecodeNode:
         """Blocks the batch may hold without preemption (prefix cache is evictable)."""
         return self.pool.capacity - self.pool.pinned - self.static
 
+    def grown(self, step: int) -> None:
+        """The members held their blocks for ``step``: evict what that growth took from the cache."""
+        pool = self.pool
+        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+            self._sync(step)
+
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
         self.static -= r.d_blocks

@@ -164,3 +164,32 @@ def test_mooncake_1p1d_retention_fills_p(shared_dir: Path) -> None:
     assert s["p_held_kv_gib_peak"] >= 0.99 * cap_gib
     assert s["p_held_kv_gib_mean"] >= 0.8 * cap_gib
     assert s["p_lease_expiries"] == 0
+
+
+def test_eviction_is_tail_first() -> None:
+    """kv_cache_manager.free frees in reverse: evicting part of the oldest entry leaves its prefix cached."""
+    from kvplan.sim.blocks import BlockPool
+
+    pool = BlockPool(10, 16, caching=True)
+    pool.held = 4
+    pool.to_cache(1, 3 * 16 + 5)  # 3 full blocks cached, the partial one freed
+    pool.to_cache(2, 2 * 16)
+    assert pool.cached == 5 and pool.free() == 1
+    pool.evict(3)  # 2 more blocks: the tail of conversation 1
+    assert pool.cache[1] == (16, 1) and pool.cache[2] == (32, 2) and pool.free() == 3
+    assert list(pool.cache) == [1, 2]
+    pool.evict(5)  # the rest of 1 and the tail of 2
+    assert 1 not in pool.cache and pool.cache[2] == (16, 1) and pool.free() == 5
+    pool.evict(100)
+    assert not pool.cache and pool.cached == 0 and pool.free() == 6
+
+
+def test_fast_and_exact_agree_with_retention_and_preemption() -> None:
+    """Acceptance 5 with pins, prefix cache (tail-first eviction), P leases and multi-turn pulls together."""
+    sc = small(deployment={"decode_kv_capacity_tokens": 20_000, "max_num_seqs": 32, "prefill_prefix_caching": True},
+               policy={"decoder_kv_blocks_ttl_s": 60})
+    fast, exact = run(sc), run({**sc, "simulation": {"decode_mode": "exact"}})
+    assert fast.summary["d_preemptions"] == exact.summary["d_preemptions"] > 0
+    for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s"):
+        np.testing.assert_allclose(fast.turns[col], exact.turns[col], rtol=0, atol=1e-7)
+    assert (fast.turns["decision"] == exact.turns["decision"]).all()

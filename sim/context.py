@@ -127,7 +127,12 @@ class Ctx:
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
         self.regions = kv_regions_per_rank(self.arch, self.cross_layer)
-        self.threshold_applies_to_p2d = bool(self.scenario.policy.threshold_applies_to_p2d)
+        # vLLM PR #55801 (nixl/base_scheduler.py): kv_recompute_threshold applies to every pull, and its
+        # default is 64 with bidirectional_kv_xfer, 0 without it
+        pol = self.scenario.policy
+        self.threshold_applies_to_p2d = pol.bidirectional if pol.threshold_applies_to_p2d is None else (
+            pol.threshold_applies_to_p2d
+        )
 
     def link(self, p: int, d: int, direction: int) -> Link:
         """The link of one (P, D) pair and direction, created on first use."""

@@ -131,8 +131,9 @@ class Policy(_Frozen):
     )
     expiry_safety_margin_s: float = Field(default=5.0, ge=0, description="P declines if now+margin>=expiry.")
     clock_skew_s: float = Field(default=0.0, description="P clock minus D clock error after offset estimation.")
-    threshold_applies_to_p2d: bool = Field(
-        default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
+    threshold_applies_to_p2d: bool | None = Field(
+        default=None,
+        description="D recomputes P->D tails below the threshold (vLLM PR #55801); default: on when bidirectional.",
     )
     send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
     kv_lease_duration_s: float = Field(

@@ -193,3 +193,20 @@ def test_fast_and_exact_agree_with_retention_and_preemption() -> None:
     for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s"):
         np.testing.assert_allclose(fast.turns[col], exact.turns[col], rtol=0, atol=1e-7)
     assert (fast.turns["decision"] == exact.turns["decision"]).all()
+
+
+def test_threshold_applies_to_p2d_by_default_with_bidirectional() -> None:
+    """vLLM PR #55801: with bidirectional on, P->D tails below kv_recompute_threshold are recomputed on D."""
+    from kvplan.sim.context import Ctx
+
+    assert scenario_from_dict(small()).policy.threshold_applies_to_p2d is None
+    wl = {**small()["workload"], "user_tokens": {"dist": "constant", "value": 20},
+          "output_tokens": {"dist": "constant", "value": 10}, "turn_gap_s": {"dist": "constant", "value": 1.0}}
+    dep = {"max_num_seqs": 64, "prefill_prefix_caching": False, "routing": "sticky"}
+    on = run(small(workload=wl, deployment=dep))
+    off = run(small(workload=wl, deployment=dep, policy={"bidirectional": True, "threshold_applies_to_p2d": False}))
+    follow_on, follow_off = on.turns[on.turns["turn"] >= 2], off.turns[off.turns["turn"] >= 2]
+    assert (follow_off["p2d_tokens"] > 0).all() and (follow_off["p2d_tokens"] < 64).all()
+    assert (follow_on["p2d_tokens"] == 0).all()
+    ctx = _sim(small(policy={"bidirectional": False}))
+    assert isinstance(ctx, Ctx) and ctx.threshold_applies_to_p2d is False

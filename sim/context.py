@@ -9,7 +9,7 @@ import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel
-from kvplan.sim.link import Link
+from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
 
@@ -117,6 +117,7 @@ class Ctx:
     decode: list[DecodeNode] = field(default_factory=list)
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
+    fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
     kv_bytes_rank: int = 0
     block_size: int = 16
@@ -134,14 +135,36 @@ class Ctx:
             pol.threshold_applies_to_p2d
         )
 
+    @staticmethod
+    def nic(role: str, node: int, ingress: bool) -> int:
+        """Id of a node's NIC resource (one egress and one ingress stand for each rank's NIC)."""
+        return 4 * node + (2 if role == "d" else 0) + (1 if ingress else 0)
+
     def link(self, p: int, d: int, direction: int) -> Link:
-        """The link of one (P, D) pair and direction, created on first use."""
+        """The link of one (P, D) pair and direction, created on first use.
+
+        The reader pulls: P->D data leaves P's egress into D's ingress, D->P data D's egress into P's ingress.
+        """
         key = (p, d, direction)
         lk = self.links.get(key)
         if lk is None:
-            lk = Link(self.env, self.per_byte_s)
+            if direction == P2D:
+                nics = (self.nic("p", p, False), self.nic("d", d, True))
+            else:
+                nics = (self.nic("d", d, False), self.nic("p", p, True))
+            lk = Link(self.env, self.per_byte_s, nics, self.fabric)
             self.links[key] = lk
         return lk
+
+    def nic_utilization(self, span_s: float) -> dict[str, float]:
+        """Each node's egress and ingress: bytes moved per rank x seconds per byte, over ``span_s``."""
+        out: dict[str, float] = {}
+        names = [("p", i) for i in range(len(self.prefill))] + [("d", i) for i in range(len(self.decode))]
+        for role, i in names:
+            for ingress, name in ((False, "egress"), (True, "ingress")):
+                b = self.fabric.bytes.get(self.nic(role, i, ingress), 0.0)
+                out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
+        return out
 
     def transfer(
         self, p: int, d: int, direction: int, tokens: int, on_done: Any
@@ -175,5 +198,6 @@ class Ctx:
             else:
                 on_done(xfer, post)
 
+        self.fabric.count(link, nbytes_rank)
         link.send(key, nbytes_rank, bw_done)
         return float(nbytes_rank * self.tp), float(desc)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import small
 
 from kvplan.sim.api import run
@@ -210,3 +211,55 @@ def test_threshold_applies_to_p2d_by_default_with_bidirectional() -> None:
     assert (follow_on["p2d_tokens"] == 0).all()
     ctx = _sim(small(policy={"bidirectional": False}))
     assert isinstance(ctx, Ctx) and ctx.threshold_applies_to_p2d is False
+
+
+def _nic_run(pairs: list[tuple[int, int]], nbytes: float, per_byte_s: float) -> list[float]:
+    """Start one P->D read per (P, D) pair at t=0 through a fabric; their bandwidth-phase durations."""
+    import simpy
+
+    from kvplan.sim.context import Ctx
+    from kvplan.sim.link import Fabric, Link
+
+    env = simpy.Environment()
+    fabric = Fabric()
+    links: dict[tuple[int, int], Link] = {}
+    out: list[float] = [0.0] * len(pairs)
+    for i, (p, d) in enumerate(pairs):
+        if (p, d) not in links:
+            links[(p, d)] = Link(env, per_byte_s, (Ctx.nic("p", p, False), Ctx.nic("d", d, True)), fabric)
+        links[(p, d)].send(i, nbytes, lambda s, i=i: out.__setitem__(i, s))
+    env.run()
+    return out
+
+
+def test_nic_processor_sharing() -> None:
+    """Acceptance 3: two D nodes pulling from one P at once take twice as long through P's egress as one alone;
+    different P's into different D's do not interfere; one shared ingress with an extra flow elsewhere is max-min."""
+    b, pb = 1e9, 1 / 50e9
+    (alone,) = _nic_run([(0, 0)], b, pb)
+    assert alone == pytest.approx(b * pb)
+    two = _nic_run([(0, 0), (0, 1)], b, pb)
+    assert two == pytest.approx([2 * alone, 2 * alone])
+    assert _nic_run([(0, 0), (1, 1)], b, pb) == pytest.approx([alone, alone])
+    # P0 egress carries P0->D0 and P0->D1; D1 ingress also takes P1->D1: each gets half while all three run
+    three = _nic_run([(0, 0), (0, 1), (1, 1)], b, pb)
+    assert three == pytest.approx([2 * alone] * 3)
+    # two flows on one pair plus one flow to another D: P0's egress is split three ways
+    assert _nic_run([(0, 0), (0, 0), (0, 1)], b, pb) == pytest.approx([3 * alone] * 3)
+
+
+def test_two_decodes_share_one_prefill_nic_in_a_run() -> None:
+    """End to end (2 D nodes, 1 P): simultaneous P->D reads through P's egress slow each other down."""
+    wl = {"conversations": 2, "arrival": {"kind": "closed_loop", "clients": 2, "max_active_conversations": 2},
+          "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 20_000},
+          "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 5}}
+    costs = {"transfer": {"per_byte_s": 1 / 5e9}}
+    one = run(small(workload={**wl, "conversations": 1, "arrival": {"kind": "closed_loop", "clients": 1,
+                                                                     "max_active_conversations": 1}},
+                    costs=costs))
+    two = run(small(workload=wl, deployment={"decode_nodes": 2, "max_num_batched_tokens": 65536}, costs=costs))
+    t1, t2 = one.turns["p2d_transfer_s"].iloc[0], two.turns["p2d_transfer_s"].to_numpy()
+    assert two.turns["d_node"].tolist() == [0, 1]
+    np.testing.assert_allclose(t2, 2 * t1, rtol=1e-9)
+    util = two.summary["nic_utilization"]
+    assert util["p0_egress"] > 0 and util["d0_ingress"] > 0 and util["d1_ingress"] > 0 and util["p0_ingress"] == 0

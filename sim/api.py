@@ -51,6 +51,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(ctx.prefill)) if end > 0 else 0.0,
         "truncated_conversations": plan.truncated_conversations,
+        "nic_utilization": ctx.nic_utilization(end),
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report

@@ -9,7 +9,7 @@ import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel
-from kvplan.sim.link import Link
+from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
 
@@ -40,6 +40,24 @@ class Request:
         "p_decided",
         "p_compute_start",
         "local_hit",
+        "d_blocks",
+        "d_p",
+        "d_j",
+        "d_g0",
+        "d_rem",
+        "d_seq",
+        "d_first_done",
+        "d_generated",
+        "d_resume",
+        "d_preemptions",
+        "d_state",
+        "d_hit",
+        "d_epoch",
+        "p_blocks",
+        "p_hold",
+        "p_lease_expiry",
+        "p_tracked",
+        "p_lapsed",
     )
 
     def __init__(
@@ -59,6 +77,26 @@ class Request:
         self.p_decided = False
         self.p_compute_start = -1.0
         self.local_hit = 0
+        self.d_blocks = 0  # KV blocks this request holds in D's pool outside the batch (admitted, not joined)
+        # in D's batch: virtual prompt (tokens its next step attends), join step, tokens sampled at join,
+        # steps left at join, finish-heap sequence number (-1 once it left)
+        self.d_p = prompt
+        self.d_j = 0
+        self.d_g0 = 0
+        self.d_rem = output
+        self.d_seq = -1
+        self.d_first_done = False
+        self.d_generated = 0  # tokens sampled when last preempted
+        self.d_resume = False  # preempted: recompute locally on D when readmitted
+        self.d_preemptions = 0
+        self.d_state = 0  # 0 waiting/in batch, 1 recomputing on D, 2 recomputed and waiting to join
+        self.d_hit = 0  # D prefix-hit tokens at its last (re)admission
+        self.d_epoch = 0  # bumped when a recompute in progress is preempted (its completion is then ignored)
+        self.p_blocks = 0  # KV blocks this request holds in P's pool (computing, pulling or held for D)
+        self.p_hold = False  # P holds its prompt's blocks under a lease until D has read them
+        self.p_lease_expiry = 0.0  # P's initial lease deadline
+        self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
+        self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
 
 
 @dataclass
@@ -79,6 +117,7 @@ class Ctx:
     decode: list[DecodeNode] = field(default_factory=list)
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
+    fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
     kv_bytes_rank: int = 0
     block_size: int = 16
@@ -89,15 +128,43 @@ class Ctx:
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
         self.regions = kv_regions_per_rank(self.arch, self.cross_layer)
+        # vLLM PR #55801 (nixl/base_scheduler.py): kv_recompute_threshold applies to every pull, and its
+        # default is 64 with bidirectional_kv_xfer, 0 without it
+        pol = self.scenario.policy
+        self.threshold_applies_to_p2d = pol.bidirectional if pol.threshold_applies_to_p2d is None else (
+            pol.threshold_applies_to_p2d
+        )
+
+    @staticmethod
+    def nic(role: str, node: int, ingress: bool) -> int:
+        """Id of a node's NIC resource (one egress and one ingress stand for each rank's NIC)."""
+        return 4 * node + (2 if role == "d" else 0) + (1 if ingress else 0)
 
     def link(self, p: int, d: int, direction: int) -> Link:
-        """The link of one (P, D) pair and direction, created on first use."""
+        """The link of one (P, D) pair and direction, created on first use.
+
+        The reader pulls: P->D data leaves P's egress into D's ingress, D->P data D's egress into P's ingress.
+        """
         key = (p, d, direction)
         lk = self.links.get(key)
         if lk is None:
-            lk = Link(self.env, self.per_byte_s)
+            if direction == P2D:
+                nics = (self.nic("p", p, False), self.nic("d", d, True))
+            else:
+                nics = (self.nic("d", d, False), self.nic("p", p, True))
+            lk = Link(self.env, self.per_byte_s, nics, self.fabric)
             self.links[key] = lk
         return lk
+
+    def nic_utilization(self, span_s: float) -> dict[str, float]:
+        """Each node's egress and ingress: bytes moved per rank x seconds per byte, over ``span_s``."""
+        out: dict[str, float] = {}
+        names = [("p", i) for i in range(len(self.prefill))] + [("d", i) for i in range(len(self.decode))]
+        for role, i in names:
+            for ingress, name in ((False, "egress"), (True, "ingress")):
+                b = self.fabric.bytes.get(self.nic(role, i, ingress), 0.0)
+                out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
+        return out
 
     def transfer(
         self, p: int, d: int, direction: int, tokens: int, on_done: Any
@@ -131,5 +198,6 @@ class Ctx:
             else:
                 on_done(xfer, post)
 
+        self.fabric.count(link, nbytes_rank)
         link.send(key, nbytes_rank, bw_done)
         return float(nbytes_rank * self.tp), float(desc)

@@ -139,4 +139,6 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     env.run()
     for dn in ctx.decode:
         dn.expire_all()
+    for pn in ctx.prefill:
+        pn.release_all()
     return rs, plan, ctx

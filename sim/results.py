@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.atomic import check_result_dir, write_result_dir_files
-from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
+from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, HoldRelease, Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
 GIB = 1024**3
@@ -53,6 +53,8 @@ TURN_COLUMNS = [
     "finish_s",
     "d2p_bytes",
     "p2d_bytes",
+    "d_preemptions",
+    "p_hold_s",
 ]
 
 
@@ -96,11 +98,17 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         _by_turn(ev, Ev.P2D_DONE, {"t_s": "p2d_t1"}),
         _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
         _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
+        _by_turn(ev, Ev.P_HOLD, {"t_s": "hold_t0"}),
+        _by_turn(ev, Ev.P_UNHOLD, {"t_s": "hold_t1"}),
     ]
+    pre = ev[ev["kind"] == int(Ev.D_PREEMPT)].groupby(["conv", "turn"]).size().rename("d_preemptions")
+    parts.append(pre.to_frame())
     df = base.join(list[pd.DataFrame | pd.Series](parts), how="left").sort_index().reset_index()
     df = df.rename(columns={"conv": "conversation_id"})
     err = df["decision_code"] == int(Decision.ERROR)
-    for c in ("pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens"):
+    for c in (
+        "pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens", "d_preemptions",
+    ):
         df[c] = df[c].fillna(0.0)
     df["kv_pull_s"] = (df["pull_t1"] - df["pull_t0"]).fillna(0.0)
     df["prefill_queue_s"] = df["p_comp"] - df["p_enq"] - df["kv_pull_s"]
@@ -111,6 +119,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["first_decode_s"] = df["d_first"] - ready
     df["ttft_s"] = df["d_first"] - df["arrival_s"]
     df["p_leg_s"] = df["p_done"] - df["arrival_s"]
+    df["p_hold_s"] = (df["hold_t1"] - df["hold_t0"]).fillna(0.0)
     local = df["local_hit_tokens"]
     df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
     df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
@@ -119,7 +128,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["router"] = df["router_code"].map(ROUTER_NAMES)
     for c in (
         "prompt_tokens", "output_tokens", "local_hit_tokens", "pulled_tokens", "recomputed_tokens", "failed_tokens",
-        "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes",
+        "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes", "d_preemptions",
     ):
         df[c] = df[c].astype(np.int64)
     df["d_node"] = df["d_node"].fillna(-1).astype(np.int64)
@@ -141,6 +150,22 @@ def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
     tokens = d["delta"].cumsum().to_numpy()
     out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "pinned_tokens": tokens})
     out["pinned_gib"] = out["pinned_tokens"] * bytes_per_token / GIB
+    return out
+
+
+def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+    """KV P holds for D's reads (under lease) over time, summed over prefill nodes and GPUs.
+
+    Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
+    equal times).
+    """
+    hold = ev[ev["kind"] == int(Ev.P_HOLD)][["t_s", "a"]]
+    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "a"]]
+    d = pd.concat(
+        [hold.assign(delta=hold["a"], order=1), unhold.assign(delta=-unhold["a"], order=0)], ignore_index=True
+    ).sort_values(["t_s", "order"], kind="stable")
+    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": d["delta"].cumsum().to_numpy()})
+    out["held_gib"] = out["held_tokens"] * bytes_per_token / GIB
     return out
 
 
@@ -167,6 +192,7 @@ def summarize(
     reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold"])
     t_end = float(ev["t_s"].max()) if len(ev) else 0.0
     series = pinned_series(ev, bytes_per_token_all_ranks)
+    held = held_series(ev, bytes_per_token_all_ranks)
     unpin = ev[ev["kind"] == int(Ev.UNPIN)]
     releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
     pull = turns[turns["decision"] == "pull"]
@@ -200,6 +226,12 @@ def summarize(
         "releases": releases,
         "pins_outstanding": int((ev["kind"] == int(Ev.PIN)).sum() - len(unpin)),
         "sim_end_s": t_end,
+        "d_preemptions": int((ev["kind"] == int(Ev.D_PREEMPT)).sum()),
+        "d_preempted_recompute_tokens": int(ev.loc[ev["kind"] == int(Ev.D_RECOMPUTE), "a"].sum()),
+        "p_held_kv_gib_mean": _time_weighted_mean(held, t_end, "held_gib"),
+        "p_held_kv_gib_peak": float(held["held_gib"].max()) if len(held) else 0.0,
+        "p_lease_expiries": int(((ev["kind"] == int(Ev.P_UNHOLD)) & (ev["b"] == int(HoldRelease.LAPSED))).sum()),
+        "p2d_failed_reads": int((ev["kind"] == int(Ev.P2D_FAILED)).sum()),
     }
     summary.update(extra)
     return summary

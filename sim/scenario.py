@@ -114,6 +114,10 @@ class Deployment(_Frozen):
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+    kv_watermark: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
+    )
 
 
 class Policy(_Frozen):
@@ -128,10 +132,15 @@ class Policy(_Frozen):
     )
     expiry_safety_margin_s: float = Field(default=5.0, ge=0, description="P declines if now+margin>=expiry.")
     clock_skew_s: float = Field(default=0.0, description="P clock minus D clock error after offset estimation.")
-    threshold_applies_to_p2d: bool = Field(
-        default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
+    threshold_applies_to_p2d: bool | None = Field(
+        default=None,
+        description="D recomputes P->D tails below the threshold (vLLM PR #55801); default: on when bidirectional.",
     )
     send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
+    kv_lease_duration_s: float = Field(
+        default=30.0, gt=0, le=86_400,
+        description="kv_lease_duration: P holds a prompt's KV this long for D's read, renewed by D's heartbeats.",
+    )
 
 
 class PoissonArrival(_Frozen):

@@ -55,17 +55,11 @@ from scipy.optimize import least_squares
 
 from kvplan.calibration.published_data import PUBLISHED_SHA256, PUBLISHED_SOURCE
 from kvplan.errors import input_error
-from kvplan.models.arch import (
-    ModelArch,
-    attention_flops_per_pair,
-    get_model,
-    kv_bytes_per_token_per_rank,
-    linear_flops_per_token,
-    weights_bytes_per_gpu,
-)
-from kvplan.models.costs import CostModel, DecodeCost, OverheadCost, PrefillCost, TransferCost
+from kvplan.models.arch import ModelArch, get_model, kv_bytes_per_token_per_rank
+from kvplan.models.costs import CostModel, scale_prefill_gpu
 from kvplan.models.hardware import Node, get_hardware
 from kvplan.models.profile import Profile
+from kvplan.models.resolve import compute_prior
 from kvplan.sim.defaults import published_benchmark
 from kvplan.sim.engine import simulate
 from kvplan.sim.events import Decision, Ev
@@ -336,62 +330,56 @@ class ParamSpec:
 
 
 WEAK = math.log(10.0)  # an order of magnitude: lets the data decide
-INFORMATIVE = math.log(2.0)  # a factor of two: physics estimate with an uncertain efficiency
-HBM_EFFICIENCY = 0.8  # fraction of HBM bandwidth a decode step reaches (memory-bound GEMV)
-ALLREDUCE_S = 10e-6  # one small TP all-reduce over NVLink (vLLM custom one-shot all-reduce, latency-bound), s
-STEP_OVERHEAD_S = 1e-3  # vLLM V1 scheduling + sampling + launch per step with CUDA graphs, s
-ATTENTION_EFFICIENCY_BF16 = 0.65  # measured FlashAttention prefill on H200 (aiconfigurator vLLM 0.24 table)
-ATTENTION_EFFICIENCY_SPARSE = 0.30  # DSA indexer scan (FP8) + sparse MLA: no measurement, a guess
-LINEAR_EFFICIENCY = 0.5  # prefill GEMM MFU, order of magnitude only (the data fit it)
+INFORMATIVE = math.log(2.0)  # a factor of two
+DECODE_STEP_OVERHEAD_S = 5e-4  # vLLM V1 engine-core CPU time per decode step left after async scheduling
 POST_FIXED_S = 1e-3  # NIXL postDuration floor (IB example: 1.56 ms for 56 descriptors, VLLM_BEHAVIOUR 4)
 POLL_S = 5e-4  # idle-engine polling latency; a busy engine's step boundary is simulated explicitly
-GLM_DECODE_STEP_S = 0.020  # batch-1 MoE+MLA+DSA step: far above the HBM bound; an assumption
-PER_SEQ_S = 5e-5  # sampling and bookkeeping per running sequence in a decode step
+
+
+LINEAR_SCALE = "prefill.linear_scale"
+ATTENTION_SCALE = "prefill.attention_scale"
+#: Prior spread of the prefill GPU-time corrections: the kernel data are vLLM 0.24 (aiconfigurator), the
+#: published runs vLLM 0.29; a +-25 % (1 sigma) version/setup difference is assumed.
+GPU_SCALE_SIGMA = math.log(1.25)
+
+
+def gpu_scale_lower(arch: ModelArch, node: Node, tp: int, compute: CostModel, name: str) -> float:
+    """The smallest factor ``name`` keeping every prefill term at or above its physical bound (bisection)."""
+    from kvplan.models.bounds import bound_violations
+
+    def ok(k: float) -> bool:
+        return not bound_violations(costs_from_values({name: k}, compute), arch, node, tp)
+
+    lo, hi = 0.05, 1.0
+    if ok(lo):
+        return lo
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 
 def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
-    """Priors and bounds of every cost parameter for ``arch`` on ``node`` at TP ``tp`` (from physics/hardware).
+    """Priors and bounds of the **residual** parameters fitted on top of the compute prior.
 
-    Fitted with weak priors (the end points identify them): ``overhead.p_leg_s``, ``overhead.d_leg_s``,
-    ``prefill.per_token_s``, ``transfer.fixed_s``, ``transfer.per_descriptor_s``,
-    ``transfer.post_per_descriptor_s``. Fitted with informative priors (partly confounded with the
-    others): ``prefill.attention_s`` (attention FLOPs per pair at a measured kernel efficiency) and
-    ``prefill.fixed_s`` (one read of the weights per step plus launch overhead). Fixed: the bytes/bandwidth
-    split of the transfer (line rate), post floor, polling, handshake, and every decode parameter.
+    GPU compute (every prefill and decode kernel term) is held at the (model, GPU, TP) kernel-derived prior
+    (:func:`kvplan.models.resolve.compute_prior`). Fitted with weak priors: the engine's per-step CPU overhead
+    on P (``prefill.overhead_s``), the proxy/HTTP legs (``overhead.p_leg_s``, ``overhead.d_leg_s``) and the
+    transfer latencies (``transfer.fixed_s``, ``transfer.per_descriptor_s``, ``transfer.post_per_descriptor_s``).
+    Fixed: the bandwidth term (1 / line rate), post floor, polling, handshake and D's per-step overhead.
     """
-    gpu = node.gpu
-    mla = arch.attention == "mla"
-    peak = gpu.fp8_dense_flops if mla else gpu.bf16_dense_flops
-    att_eff = ATTENTION_EFFICIENCY_SPARSE if mla else ATTENTION_EFFICIENCY_BF16
-    per_token = linear_flops_per_token(arch) / (tp * peak * LINEAR_EFFICIENCY)
-    attention = attention_flops_per_pair(arch) / (tp * peak * att_eff)
-    w_gpu = weights_bytes_per_gpu(arch, tp)
-    step_fixed = w_gpu / gpu.hbm_bandwidth_bytes_per_s + STEP_OVERHEAD_S
-    allreduces = 2 * arch.num_layers * ALLREDUCE_S
-    if mla:
-        # batch 1 reads the active experts only; real MoE/MLA/DSA steps are far slower than that bound
-        decode_fixed = GLM_DECODE_STEP_S
-        decode_src = "assumption: ~20 ms per batch-1 step of a 744B-A40B MoE with MLA+DSA at TP8 (not measured)"
-        # DSA reads at most index_topk latent tokens; the indexer K cache (per token) is what grows
-        ctx_bytes = arch.num_layers * arch.indexer_bytes_per_token_layer
-    else:
-        decode_fixed = w_gpu / (gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY) + allreduces + STEP_OVERHEAD_S
-        decode_src = (
-            f"weights per GPU / ({HBM_EFFICIENCY:.0%} of HBM bandwidth) + 2 all-reduces per layer x "
-            f"{ALLREDUCE_S * 1e6:.0f} us + {STEP_OVERHEAD_S * 1e3:.0f} ms step overhead"
-        )
-        ctx_bytes = kv_bytes_per_token_per_rank(arch, tp)
-    per_ctx = ctx_bytes / (gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY)
     line_rate = node.link.bandwidth_bytes_per_s_per_rank
     return [
+        ParamSpec(LINEAR_SCALE, 1.0, GPU_SCALE_SIGMA, 0.05, 4.0,
+                  "correction of the kernel-derived prefill linear layers for the served vLLM version (fitted; its "
+                  "lower bound keeps every term physically possible)"),
+        ParamSpec(ATTENTION_SCALE, 1.0, GPU_SCALE_SIGMA, 0.05, 4.0,
+                  "correction of the kernel-derived prefill attention for the served vLLM version (fitted; its lower "
+                  "bound keeps it physically possible)"),
         ParamSpec("overhead.p_leg_s", 0.05, WEAK, 1e-4, 1.0, "proxy + HTTP + tokenisation + chat template (fitted)"),
         ParamSpec("overhead.d_leg_s", 0.005, WEAK, 1e-4, 0.5, "proxy -> D + first SSE chunk back (fitted)"),
-        ParamSpec("prefill.per_token_s", per_token, WEAK, per_token / 30, per_token * 30,
-                  f"linear FLOPs per token / (TP x peak x {LINEAR_EFFICIENCY:.0%}) (fitted)"),
-        ParamSpec("prefill.attention_s", attention, INFORMATIVE, attention / 20, attention * 20,
-                  f"attention FLOPs per pair / (TP x peak x {att_eff:.0%})"),
-        ParamSpec("prefill.fixed_s", step_fixed, INFORMATIVE, step_fixed / 20, step_fixed * 20,
-                  "weights per GPU / HBM bandwidth + 1 ms step overhead"),
+        ParamSpec("prefill.overhead_s", 0.005, WEAK, 1e-4, 0.5,
+                  "engine CPU time per prefill step: scheduler, input preparation, sampling (fitted)"),
         ParamSpec("transfer.fixed_s", 0.005, WEAK, 1e-5, 0.1, "per NIXL READ, in xferDuration (fitted)"),
         ParamSpec("transfer.per_descriptor_s", 5e-7, WEAK, 1e-9, 1e-5, "per descriptor, in xferDuration (fitted)"),
         ParamSpec("transfer.post_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
@@ -401,24 +389,29 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
         ParamSpec("transfer.poll_s", POLL_S, None, 0, 0,
                   "idle-engine polling (~0.5 ms); a busy engine's step boundary is already simulated"),
         ParamSpec("transfer.handshake_s", 0.0, None, 0, 0, "one-off per pair; paid during the benchmark's warm-up"),
-        ParamSpec("decode.fixed_s", decode_fixed, None, 0, 0, decode_src),
-        ParamSpec("decode.per_seq_s", PER_SEQ_S, None, 0, 0, "sampling and bookkeeping per sequence (~50 us)"),
-        ParamSpec("decode.per_context_token_s", per_ctx, None, 0, 0,
-                  "KV bytes read per context token per rank / (80% of HBM bandwidth)"),
+        ParamSpec("decode.overhead_s", DECODE_STEP_OVERHEAD_S, INFORMATIVE, 1e-5, 5e-3,
+                  "engine CPU time per decode step not hidden by async scheduling (prior 0.5 ms; fitted)"),
     ]
 
 
-def costs_from_values(values: Mapping[str, float]) -> CostModel:
-    """A :class:`CostModel` from ``{'component.param': value}`` (missing parameters are 0)."""
+def costs_from_values(values: Mapping[str, float], base: CostModel | None = None) -> CostModel:
+    """``base`` (default: all zero) with the parameters ``{'component.param': value}`` replaced; ``prefill.gpu_scale``
+    and ``prefill.attention_scale`` multiply the base's prefill linear-layer and attention terms
+    (:func:`kvplan.models.costs.scale_prefill_gpu`)."""
+    b = base or CostModel()
+    vals = dict(values)
+    lin, att = vals.pop(LINEAR_SCALE, 1.0), vals.pop(ATTENTION_SCALE, 1.0)
+    if (lin, att) != (1.0, 1.0):
+        b = b.model_copy(update={"prefill": scale_prefill_gpu(b.prefill, lin, att)})
     parts: dict[str, dict[str, float]] = {"prefill": {}, "transfer": {}, "decode": {}, "overhead": {}}
-    for key, value in values.items():
+    for key, value in vals.items():
         comp, param = key.split(".", 1)
         parts[comp][param] = float(value)
     return CostModel(
-        prefill=PrefillCost(**parts["prefill"]),
-        transfer=TransferCost(**parts["transfer"]),
-        decode=DecodeCost(**parts["decode"]),
-        overhead=OverheadCost(**parts["overhead"]),
+        prefill=b.prefill.model_copy(update=parts["prefill"]),
+        transfer=b.transfer.model_copy(update=parts["transfer"]),
+        decode=b.decode.model_copy(update=parts["decode"]),
+        overhead=b.overhead.model_copy(update=parts["overhead"]),
     )
 
 
@@ -585,7 +578,10 @@ def fit_published(
     sizes = sorted({s for _, s in keys})
     arch = get_model(model)
     node = get_hardware(hardware)
-    specs = published_priors(arch, node, tp)
+    compute, compute_status = compute_prior(arch, node.gpu, tp)
+    lows = {n: gpu_scale_lower(arch, node, tp, compute, n) for n in (LINEAR_SCALE, ATTENTION_SCALE)}
+    specs = [ParamSpec(s.name, max(s.prior, lows[s.name] * 1.001), s.sigma_log, lows[s.name], s.upper, s.source)
+             if s.name in lows else s for s in published_priors(arch, node, tp)]
     free = [s for s in specs if s.fitted]
     fixed = {s.name: s.prior for s in specs if not s.fitted}
     prior = np.array([s.prior for s in free])
@@ -604,7 +600,7 @@ def fit_published(
     def simulate_x(x: np.ndarray) -> dict[tuple[str, int], float]:
         key = (use_surrogate[0], np.asarray(x, dtype=np.float64).tobytes())
         if key not in cache:
-            costs_x = costs_from_values(values_of(x))
+            costs_x = costs_from_values(values_of(x), compute)
             if use_surrogate[0]:
                 cache[key] = surrogate_series(model, sizes, costs_x, agg)
             else:
@@ -663,7 +659,7 @@ def fit_published(
     if progress is not None:
         progress(f"{model}: {nfev} evaluations in total")
     values = values_of(x)
-    costs = costs_from_values(values)
+    costs = costs_from_values(values, compute)
     # posterior covariance of the log-parameters: Gauss-Newton on the data and prior residuals (the
     # tolerance-band penalty is a constraint, not information, and is left out)
     n_data = len(keys) + (1 if ratio_keys is not None else 0)
@@ -753,10 +749,12 @@ def fit_published(
         "Aggregation: " + agg.describe(),
         "Assumed: TP8 on each p5en (not stated in the write-up), bf16 KV cache, the benchmark as described "
         "(10 conversations x 5 user turns, 150-token messages, 300-token responses, 2 clients)",
+        f"GPU compute held at the kernel-derived prior: {compute_status}; only residuals are fitted (engine "
+        "per-step CPU overhead on P, proxy/HTTP legs, transfer latencies)",
         "Fixed, not identifiable from end-point aggregates: the transfer's bytes/descriptor split "
-        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s, and every decode parameter "
-        "(physics/hardware priors); the split of the D->P pull between post and xfer is set by "
-        "post_fixed_s/poll_s priors plus the fitted post_per_descriptor_s",
+        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s; "
+        "the split of the D->P pull between post and xfer is set by post_fixed_s/poll_s priors plus the fitted "
+        "post_per_descriptor_s",
         f"Constrained least squares: noisy points weighed by sigma = half their acceptance tolerance, plus a "
         f"penalty once a point leaves {band_start:.0%} of its band (the published points are not jointly "
         "consistent to better than that; see fit_report.d_leg_check)",
@@ -767,8 +765,6 @@ def fit_published(
         notes.append("On a bound of the fit (the data push it there; no standard error): " + ", ".join(at_bounds))
     if moved:
         notes.append("Far from the physics prior (effective values absorbing what the model lacks): " + ", ".join(moved))
-    if arch.attention == "mla":
-        notes.append("GLM-5 decode step is an assumption (~20 ms), not calibrated")
     profile = Profile(
         name=f"{hardware}-{model}",
         model=model,
@@ -785,8 +781,20 @@ def fit_published(
             "hardware": f"{hardware} ({node.gpus_per_node}x {node.gpu.name}, {node.link.description})",
             "tensor_parallel_size": tp,
             "method": "kvplan calibrate --published (simulation-based, calibration/published.py)",
+            "compute_prior": compute_status,
+            "prefill_gpu_scales": {"linear": values[LINEAR_SCALE], "attention": values[ATTENTION_SCALE]},
         },
         status="calibrated",
+        component_status={
+            "prefill.gpu": f"{compute_status}, linear x {values[LINEAR_SCALE]:.3f}, attention x "
+                           f"{values[ATTENTION_SCALE]:.3f} (calibrated on the published P5en points)",
+            "decode.gpu": compute_status,
+            "prefill.overhead_s": "calibrated (published P5en points)",
+            "decode.overhead_s": "calibrated (published P5en points, prior-dominated)",
+            "overhead": "calibrated (published P5en points)",
+            "transfer.latency": "calibrated (published P5en points)",
+            "transfer.per_byte_s": f"hardware data (1 / line rate of {hardware})",
+        },
         notes=notes,
     )
     return PublishedFit(profile=profile, report=report)

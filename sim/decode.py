@@ -24,6 +24,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 
+from kvplan.models.costs import decode_step_increment_s, decode_step_time_s, prefill_time_s
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, Release
 from kvplan.sim.router import KVParams
@@ -58,7 +59,7 @@ class DecodeNode:
         self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if sc.policy.threshold_applies_to_p2d else 0
         self.exact = sc.simulation.decode_mode == "exact"
         dc = ctx.costs.decode
-        self._a, self._b, self._c = dc.fixed_s, dc.per_seq_s, dc.per_context_token_s
+        self._dc = dc
         # block pool
         self.running_blocks = 0
         self.pinned_blocks = 0
@@ -222,7 +223,7 @@ class DecodeNode:
         tokens = r.prompt - hit
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it
-            t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
+            t = prefill_time_s(ctx.costs.prefill, tokens, hit, ctx.scenario.deployment.max_num_batched_tokens)
             env.timeout(t).callbacks.append(lambda _e: self._ready(r))
             return
 
@@ -302,8 +303,8 @@ class DecodeNode:
             self._active = False
             return
         self._plan_t0 = now
-        self._plan_first = self._a + self._b * self.batch + self._c * self.ctx_sum
-        self._plan_inc = self._c * self.batch
+        self._plan_first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
+        self._plan_inc = decode_step_increment_s(self._dc, self.batch)
         if joined:
             t_first = now + self._plan_first  # the first step containing them ends here
             log = self.ctx.log

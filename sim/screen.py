@@ -30,6 +30,7 @@ import pandas as pd
 from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
+from kvplan.models.costs import decode_step_coefficients, prefill_step_time_s
 from kvplan.sim.grid import Grid
 from kvplan.sim.scenario import ClosedLoopArrival, Constant, Dist, Empirical, Exponential, LogNormal, Scenario, Uniform
 from kvplan.sim.workload import load_empirical_values
@@ -181,9 +182,7 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
         return pd.DataFrame(columns=SCREEN_COLUMNS)
     col = {k: np.array([p[k] for p in pts], dtype=float) for k in pts[0] if k not in ("gap", "costs", "out_q", "t_q")}
     pc = [p["costs"].prefill for p in pts]
-    per_tok = np.array([c.per_token_s for c in pc])
-    att = np.array([c.attention_s for c in pc])
-    fixed = np.array([c.fixed_s for c in pc])
+    fixed = np.array([c.overhead_s + c.fixed_s for c in pc])  # per step, whatever its tokens
     p_leg = np.array([p["costs"].overhead.p_leg_s for p in pts])
     et, et2 = col["et"], col["et2"]
     prefix, user, out = col["prefix"], col["user"], col["out"]
@@ -203,7 +202,10 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
     frac_pull = local_p * frac_small_pull + (1 - local_p) * frac_big_pull
     n_pull = np.where(local_p > 0.5, n_small, n_big)
     pull_s = np.array([float(_pull_s(p, np.array([x]))[0]) for p, x in zip(pts, n_pull, strict=True)])
-    recompute_s = per_tok * n_pull + att * (n_pull * np.maximum(ctx_prev - n_pull, 0) + n_pull * (n_pull + 1) / 2)
+    recompute_s = np.array([
+        prefill_step_time_s(c, n, n * max(cp - n, 0) + n * (n + 1) / 2, n * max(cp - n, 0)) - f
+        for c, n, cp, f in zip(pc, n_pull, ctx_prev, fixed, strict=True)
+    ])
     # hit windows and gap statistics (per point: each point's gap distribution)
     w_pull = np.minimum(col["router"], col["ttl"] - col["margin"] - p_leg)
     w_rt = col["router"]
@@ -247,7 +249,9 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
     first = prefix + user
 
     def t_prefill(c: np.ndarray, cached: np.ndarray) -> np.ndarray:
-        return fixed + per_tok * c + att * (c * cached + c * (c + 1) / 2)
+        pairs = c * cached + c * (c + 1) / 2
+        return np.array([prefill_step_time_s(p, ci, pi, ci * ki)
+                         for p, ci, pi, ki in zip(pc, c, pairs, cached, strict=True)])
 
     t_turn = (t_prefill(first, np.zeros(n)) + (et - 1) * t_prefill(comp_follow, prompt_f - comp_follow)) / et
     lam_turns = rate * et
@@ -257,9 +261,7 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
     util = rho_var + lam_turns * fixed / col["n_p"] * np.clip(1 - rho_var, 0, 1)
     # decode: batch fixed point B = l' out (a + b B + c B ctx) per node
     dcs = [p["costs"].decode for p in pts]
-    a = np.array([d.fixed_s for d in dcs])
-    b = np.array([d.per_seq_s for d in dcs])
-    c = np.array([d.per_context_token_s for d in dcs])
+    a, b, c = (np.array(v) for v in zip(*(decode_step_coefficients(d) for d in dcs), strict=True))
     ctx_run = prompt_f + out / 2
     lam_d = lam_turns / col["n_d"]
     denom = 1 - lam_d * out * (b + c * ctx_run)

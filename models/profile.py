@@ -39,7 +39,7 @@ class Profile(BaseModel):
     )
     fit_report: dict[str, Any] = Field(default_factory=dict, description="Residuals, MAPE per metric, ...")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Sources, sha256, vLLM version.")
-    status: str = Field(default="calibrated", description="calibrated | prior | extrapolated")
+    status: str = Field(default="calibrated", description="calibrated | prior | composed (see component_status)")
     component_status: dict[str, str] = Field(
         default_factory=dict,
         description="Per component ('prefill.gpu', 'prefill.overhead_s', 'decode.gpu', 'transfer', 'overhead', ...):"
@@ -112,9 +112,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
     text_path = Path(name_or_path)
     shipped = _profiles_dir() / f"{name_or_path}.json"
     prior = _priors_dir() / f"{name_or_path}.json"
-    if shipped.is_file() and not text_path.suffix:
+    bare = isinstance(name_or_path, str) and "/" not in name_or_path and not name_or_path.endswith(".json")
+    if shipped.is_file() and bare:
         path = shipped
-    elif prior.is_file() and not text_path.suffix:
+    elif prior.is_file() and bare:
         path = prior
     elif text_path.is_file():
         path = text_path

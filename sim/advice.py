@@ -448,7 +448,7 @@ def _decide(sc: Scenario, rs: Resolved, grid: list[float], off: list[dict[str, A
                      f"{be.local_prefix_tokens}, tail {be.tail_tokens}).")
     rationale.append(f"Router TTL {router} s = floor({ttl} - {margin:g} s margin - {allowance:g} s P-decision allowance).")
     if rs.profile.extrapolated:
-        warnings.append("EXTRAPOLATED profile: costs scaled from another model's calibration")
+        warnings.append("profile not calibrated on this deployment: " + rs.profile.status_line())
     arr = sc.workload.arrival
     if not isinstance(arr, ClosedLoopArrival):
         horizon = sc.workload.conversations / arr.rate_per_s

@@ -23,8 +23,8 @@ file            what it identifies
 
 Parameters the data cannot inform are *held* at the base profile's values (the shipped profile of that
 model and hardware, or the kernel prior plus calibrated residuals, models/resolve.py) and every held
-parameter is named in the report with the reason. The result is a :class:`~kvplan.models.profile.Profile` with ``uncertainty``,
-``fit_report`` (parameters, residuals, MAPE per metric, notes) and ``provenance`` (files and sha256).
+parameter is named in the report with the reason. The result is a :class:`~kvplan.models.profile.Profile`
+with ``uncertainty``, ``fit_report`` (parameters, residuals, MAPE per metric, notes) and ``provenance`` (files and sha256).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from kvplan.app import (
     cmd_capacity,
     cmd_cost,
     cmd_dashboard,
+    cmd_profile,
     cmd_recommend,
     cmd_reproduce,
     cmd_simulate,
@@ -25,7 +26,7 @@ from kvplan.errors import KvplanInputError
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
 COMMAND_MODULES = (
-    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_sweep, cmd_recommend, cmd_capacity, cmd_workload,
+    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_workload,
     cmd_dashboard,
 )
 

@@ -1,15 +1,21 @@
-"""``kvplan cost``: what a profile's cost model says for one request size (prefill, KV transfer, decode step)."""
+"""``kvplan cost``: what the cost model says for one request size (prefill, KV transfer, decode step).
+
+The profile is resolved exactly as a simulation of the same model, hardware and TP resolves it
+(:func:`kvplan.models.resolve.resolve_profile`, called by ``sim/engine.py::resolve``).
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
 COST_HELP = """Print the modelled prefill time of --tokens N new tokens on top of --cached-tokens C cached ones (chunked at
 --chunk-tokens, alone on the engine), the KV transfer time of N tokens (one NIXL READ per TP rank on an idle
-link: post + xferDuration + poll, no handshake, for the profile's model and TP) and one decode step (batch 1,
-context C + N). --json prints exactly the keys prefill_s, kv_transfer_s, decode_step_s."""
+link: post + xferDuration + poll, no handshake) and one decode step (--batch B sequences of --context X tokens
+each, default C + N). The profile is the one a simulation of --model on --hardware at --tp would use (or
+--profile P). --json prints prefill_s, kv_transfer_s, decode_step_s and what the profile is made of."""
 
 
 def register(app: typer.Typer) -> None:
@@ -17,60 +23,53 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cost", help=COST_HELP)
     def cost_cmd(
-        profile: str = typer.Option(..., "--profile", help="Profile name (e.g. p5en-qwen3-32b) or JSON path."),
+        profile: str | None = typer.Option(None, "--profile", help="Profile name (e.g. p5en-qwen3-32b) or JSON path."),
+        model: str | None = typer.Option(None, "--model", help="Model preset (default: the profile's, else qwen3-32b)."),
+        hardware: str | None = typer.Option(None, "--hardware", help="Instance preset (default: the profile's, else p5en)."),
+        tp: int | None = typer.Option(None, "--tp", help="TP size (default: the profile's, else 8)."),
         tokens: int = typer.Option(..., "--tokens", min=1, help="New tokens N."),
         cached_tokens: int = typer.Option(0, "--cached-tokens", min=0, help="Tokens already in KV (C)."),
+        batch: int = typer.Option(1, "--batch", min=1, help="Decode batch size B."),
+        context: int | None = typer.Option(None, "--context", min=1, help="Decode context per sequence (default C + N)."),
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens."),
-        model: str | None = typer.Option(
-            None, "--model", help="Another model preset: derive an EXTRAPOLATED profile from --profile (same hardware)."
-        ),
-        tp: int | None = typer.Option(None, "--tp", min=1, help="With --model: its TP size (default: the profile's)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        from kvplan.errors import input_error
-        from kvplan.models.arch import (
-            MODEL_PRESETS,
-            descriptors_per_transfer,
-            get_model,
-            kv_bytes_per_token_per_rank,
-        )
-        from kvplan.models.costs import (
-            decode_step_time_s,
-            post_time_s,
-            prefill_time_s,
-            transfer_time_s,
-            xfer_time_s,
-        )
-        from kvplan.models.profile import extrapolate_profile, load_profile
+        from kvplan.calibration.derive import check_tp
+        from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
+        from kvplan.models.costs import decode_step_time_s, post_time_s, prefill_time_s, transfer_time_s, xfer_time_s
+        from kvplan.models.hardware import get_hardware
+        from kvplan.models.profile import load_profile
+        from kvplan.models.resolve import resolve_profile
 
-        prof = load_profile(profile)
-        arch = MODEL_PRESETS.get(prof.model)
-        if arch is None:
-            raise input_error(
-                f"profile {profile}", f"model '{prof.model}' is not a preset", f"use one of {', '.join(MODEL_PRESETS)}"
-            )
-        if model is not None and (model != prof.model or (tp is not None and tp != prof.tensor_parallel_size)):
-            target = get_model(model)
-            prof = extrapolate_profile(prof, arch, target, tp or prof.tensor_parallel_size)
-            arch = target
-        tp = prof.tensor_parallel_size
+        base = load_profile(profile) if profile is not None else None
+        arch = get_model(model or (base.model if base is not None else "qwen3-32b"))
+        hw = hardware or (base.hardware if base is not None else "p5en")
+        node = get_hardware(hw)
+        n_tp = tp if tp is not None else (base.tensor_parallel_size if base is not None else 8)
+        check_tp(arch, n_tp, node.gpus_per_node)
+        prof, notes = resolve_profile(arch, node, n_tp, profile)
         c = prof.costs
-        nbytes = tokens * kv_bytes_per_token_per_rank(arch, tp)
+        nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
         desc = descriptors_per_transfer(arch, tokens)
-        out = {
+        ctx = context if context is not None else cached_tokens + tokens
+        out: dict[str, Any] = {
             "prefill_s": prefill_time_s(c.prefill, tokens, cached_tokens, chunk_tokens),
             "kv_transfer_s": transfer_time_s(c.transfer, nbytes, desc),
-            "decode_step_s": decode_step_time_s(c.decode, 1, cached_tokens + tokens),
+            "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
+            "model": arch.name,
+            "hardware": node.name,
+            "tensor_parallel_size": n_tp,
+            "profile": prof.name,
+            "profile_status": prof.status,
+            "components": prof.component_status,
         }
-        if prof.extrapolated:
-            typer.echo(f"warning: profile {prof.name} is EXTRAPOLATED from another model's calibration", err=True)
         if json_out:
             typer.echo(json.dumps(out, indent=2))
             return
         from kvplan.app.output import console
 
         con = console()
-        con.print(f"profile {prof.name} ({prof.status}): {prof.model} on {prof.hardware}, TP{tp}")
+        con.print(f"profile {prof.name} ({prof.status}): {arch.name} on {node.name}, TP{n_tp}")
         con.print(f"prefill of {tokens} tokens on {cached_tokens} cached: {out['prefill_s'] * 1e3:.2f} ms "
                   f"(chunks of {chunk_tokens})")
         con.print(f"KV transfer of {tokens} tokens: {out['kv_transfer_s'] * 1e3:.2f} ms per rank on an idle link "
@@ -78,6 +77,6 @@ def register(app: typer.Typer) -> None:
                   f"{xfer_time_s(c.transfer, nbytes, desc) * 1e3:.2f} ms, "
                   f"post {post_time_s(c.transfer, desc) * 1e3:.2f} ms, "
                   f"poll {c.transfer.poll_s * 1e3:.2f} ms)")
-        con.print(f"decode step (batch 1, context {cached_tokens + tokens}): {out['decode_step_s'] * 1e3:.2f} ms")
-        if prof.extrapolated:
-            con.print("[bold]EXTRAPOLATED profile[/bold]: costs scaled from another model's calibration")
+        con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
+        for k, v in sorted(prof.component_status.items()):
+            con.print(f"  {k}: {v}")

@@ -63,9 +63,7 @@ def register(app: typer.Typer) -> None:
                     f"{'yes' if ratio['within'] else 'NO'})")
         for m in dict.fromkeys(r["model"] for r in published):
             prof = load_profile(profile if profile is not None else f"p5en-{m}")
-            if prof.extrapolated:
-                c.print(f"[bold]EXTRAPOLATED profile[/bold] {prof.name}: costs scaled from another model's calibration")
-            c.print(f"{m}: profile {prof.name} ({prof.status})")
+            c.print(f"{m}: profile {prof.name} ({prof.status}; {prof.status_line()})")
         c.print("aggregation: " + ("every turn" if include_first_turn else
                                    "turns 2..5 (the first turn of each conversation is the benchmark's warm-up)"))
         if html is not None:

@@ -49,8 +49,8 @@ PUBLISHED = "published P5en benchmark"
 CUSTOM = "custom distributions"
 #: ``sim.presets``' name of the same published benchmark (listed once, as :data:`PUBLISHED`).
 PRESET_PUBLISHED = "p5en-benchmark"
-#: Profile choice meaning "the shipped profile of the model on the hardware, or one extrapolated from it".
-AUTO_PROFILE = "auto (shipped, or extrapolated)"
+#: Profile choice meaning "the shipped profile of the model on the hardware, or its prior plus calibrated residuals".
+AUTO_PROFILE = "auto (shipped, or prior + residuals)"
 #: Session-state key of a profile JSON produced or uploaded on the Calibration page.
 SESSION_PROFILE = "kvplan_session_profile_json"
 #: Largest number of conversations the interactive what-if accepts (the CLI has no such limit).

@@ -56,7 +56,9 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False) -> No
         t.add_row(k, v)
     c.print(t)
     if s.get("extrapolated"):
-        c.print("[bold]EXTRAPOLATED profile[/bold]: costs scaled from another model's calibration.")
+        c.print("[bold]Profile not calibrated on this deployment[/bold]; its parts:")
+        for k, v in sorted((s.get("profile_components") or {}).items()):
+            c.print(f"  {k}: {v}")
     for note in result.notes:
         c.print(f"assumption: {note}")
     if s.get("truncated_conversations"):

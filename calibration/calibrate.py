@@ -22,9 +22,9 @@ file            what it identifies
 ==============  =======================================================================================
 
 Parameters the data cannot inform are *held* at the base profile's values (the shipped profile of that
-model and hardware, or one extrapolated from the same hardware) and every held parameter is named in the
-report with the reason. The result is a :class:`~kvplan.models.profile.Profile` with ``uncertainty``,
-``fit_report`` (parameters, residuals, MAPE per metric, notes) and ``provenance`` (files and sha256).
+model and hardware, or the kernel prior plus calibrated residuals, models/resolve.py) and every held
+parameter is named in the report with the reason. The result is a :class:`~kvplan.models.profile.Profile`
+with ``uncertainty``, ``fit_report`` (parameters, residuals, MAPE per metric, notes) and ``provenance`` (files and sha256).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from kvplan.calibration.parsers import (
 from kvplan.errors import input_error
 from kvplan.inputfile import DEFAULT_MAX_BYTES, check_file
 from kvplan.models.arch import (
-    MODEL_PRESETS,
     ModelArch,
     descriptors_per_transfer,
     get_model,
@@ -69,13 +68,9 @@ from kvplan.models.arch import (
     kv_regions_per_rank,
 )
 from kvplan.models.costs import CostModel
-from kvplan.models.hardware import get_hardware
+from kvplan.models.hardware import Node, get_hardware
 from kvplan.models.profile import (
     Profile,
-    default_profile_name,
-    extrapolate_profile,
-    load_profile,
-    shipped_profiles,
 )
 
 MIB = 2**20
@@ -116,21 +111,15 @@ def sha256_of(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) 
 
 
 def base_profile(model: str, hardware: str, tp: int) -> tuple[Profile | None, str]:
-    """The profile whose values are held where the data say nothing, and where it comes from."""
+    """The profile whose values are held where the data say nothing, and where it comes from
+    (:func:`kvplan.models.resolve.resolve_profile`: the calibration, or the kernel prior plus residuals)."""
+    from kvplan.models.resolve import resolve_profile
+
     arch = get_model(model)
-    name = default_profile_name(arch.name, hardware)
-    shipped = shipped_profiles()
-    if name in shipped:
-        prof = load_profile(name)
-        if prof.tensor_parallel_size != tp:
-            prof = extrapolate_profile(prof, arch, arch, tp)
-        return prof, f"shipped profile {name}"
-    same_hw = sorted(p for p in shipped if p.startswith(hardware + "-"))
-    if same_hw:
-        base = load_profile(same_hw[0])
-        if base.model in MODEL_PRESETS:
-            return extrapolate_profile(base, MODEL_PRESETS[base.model], arch, tp), f"extrapolated from {same_hw[0]}"
-    return None, "none (held parameters are 0)"
+    prof, _notes = resolve_profile(arch, get_hardware(hardware), tp, None)
+    if prof.status == "calibrated" and not prof.component_status:
+        return prof, f"shipped profile {prof.name}"
+    return prof, f"{prof.name} ({prof.status_line()})"
 
 
 # --- collecting observations ---------------------------------------------------------------------------------
@@ -332,6 +321,7 @@ def calibrate(
         raise input_error("calibrate", "no input file", "give --bench, --multiturn, --log, --prometheus or --points")
     base, base_src = base_profile(arch.name, node.name, tp)
     base_values = _values(base.costs) if base is not None else _values(CostModel())
+    lows = physical_lower_bounds(arch, node, tp)
     sources: list[dict[str, Any]] = []
     obs = _Obs()
     parsed_bench = [parse_bench_serve(f, max_bytes=max_bytes) for f in bench]
@@ -415,13 +405,14 @@ def calibrate(
         force = {"prefill.attention_s": AGGREGATE_REASON} if obs.prefill_aggregate_only else None
         results.append(
             fit_prefill(new.astype(np.int64), cached.astype(np.int64), y.astype(float), held_values=base_values,
-                        chunk_tokens=chunk_tokens, metrics=list(metric), weights=w.astype(float), force_hold=force)
+                        chunk_tokens=chunk_tokens, metrics=list(metric), weights=w.astype(float), force_hold=force,
+                        lower_bounds=lows)
         )
     if obs.decode:
         batch, ctx, y, metric, w = (np.array(v) for v in zip(*obs.decode, strict=True))
         results.append(
             fit_decode(batch.astype(float), ctx.astype(float), y.astype(float), held_values=base_values,
-                       weights=w.astype(float), metrics=list(metric))
+                       weights=w.astype(float), metrics=list(metric), lower_bounds=lows)
         )
     if not results:
         raise input_error(
@@ -441,7 +432,8 @@ def calibrate(
                 uncertainty[p.name] = p.stderr
     from kvplan.calibration.published import costs_from_values
 
-    costs = costs_from_values(values)
+    costs = _simple_where_fitted(costs_from_values(values, base.costs if base is not None else None), fitted,
+                                 lows["prefill.weight_read_s"])
     held = sorted(set(values) - set(fitted))
     report = combine_reports(results)
     report["descriptive"] = obs.descriptive
@@ -475,12 +467,44 @@ def calibrate(
     return CalibrationResult(profile=profile, report=report, fits=tuple(results))
 
 
+def physical_lower_bounds(arch: ModelArch, node: Node, tp: int) -> dict[str, float]:
+    """Lower bounds of the fitted parameters (models/bounds.py): nothing faster than peak FLOP/s or HBM bandwidth."""
+    from kvplan.models.bounds import physical_bounds
+
+    b = {x.param: x.lower for x in physical_bounds(arch, node, tp)}
+    return {
+        "prefill.per_token_s": b["prefill.per_token_s"],
+        "prefill.attention_s": b["prefill.attention_s"],
+        "prefill.weight_read_s": b["prefill.weight_read_s"],
+        "decode.fixed_s": b["decode.batch_s(1)"],
+        "decode.per_context_token_s": b["decode.per_context_token_s"],
+    }
+
+
 def _values(costs: CostModel) -> dict[str, float]:
+    """The scalar parameters of ``costs`` as ``{'component.param': value}`` (knot tables are not scalars)."""
     out: dict[str, float] = {}
     for comp, params in costs.model_dump(mode="python").items():
         for name, value in params.items():
-            out[f"{comp}.{name}"] = float(value)
+            if isinstance(value, int | float):
+                out[f"{comp}.{name}"] = float(value)
     return out
+
+
+def _simple_where_fitted(costs: CostModel, fitted: list[str], weight_read_s: float) -> CostModel:
+    """Drop the base's measured knot tables where these traces fitted the simple form instead (the fitted
+    ``per_token_s`` / ``per_seq_s`` then mean what the simple formula says); the linear layers keep the
+    physical weight-read floor ``weight_read_s``."""
+    pf = {"prefill.fixed_s", "prefill.per_token_s", "prefill.attention_s"}
+    df = {"decode.fixed_s", "decode.per_seq_s"}
+    upd: dict[str, Any] = {}
+    if pf & set(fitted):
+        upd["prefill"] = costs.prefill.model_copy(update={"linear_knots_tokens": (), "linear_knots_s": (),
+                                                          "context_attention_s": None,
+                                                          "weight_read_s": weight_read_s})
+    if df & set(fitted):
+        upd["decode"] = costs.decode.model_copy(update={"batch_knots": (), "batch_knots_s": ()})
+    return costs.model_copy(update=upd) if upd else costs
 
 
 def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, post: FitResult | None) -> Any:

@@ -158,8 +158,10 @@ def fit_linear(
     notes: Sequence[str] = (),
     reasons: Mapping[str, str] | None = None,
     force_hold: Mapping[str, str] | None = None,
+    lower_bounds: Mapping[str, float] | None = None,
 ) -> FitResult:
-    """Fit ``observed ~ design @ theta`` with ``theta >= 0`` on relative residuals, holding what is not identifiable.
+    """Fit ``observed ~ design @ theta`` with ``theta >= lower`` on relative residuals, holding what is not
+    identifiable. ``lower_bounds[name]`` (default 0) is the parameter's physical bound (models/bounds.py).
 
     ``design`` is ``m x p`` (column ``j`` multiplies parameter ``names[j]``); ``observed`` is > 0.
     ``held_values[name]`` is the value used when ``name`` has to be held (prior or base profile), and
@@ -215,14 +217,15 @@ def fit_linear(
     if free:
         af = a[:, free]
         scale = np.maximum(np.linalg.norm(af, axis=0), 1e-300)
-        # least_squares on the column-scaled problem (parameters of order 1), bounds theta >= 0
+        # least_squares on the column-scaled problem (parameters of order 1), bounds theta >= lower
+        lo = np.array([float((lower_bounds or {}).get(names[j], 0.0)) for j in free]) * scale
         start = np.linalg.lstsq(af / scale, rhs - offset, rcond=None)[0]
-        start = np.clip(start, 0.0, None) + 1e-12
+        start = np.maximum(start, lo) + 1e-12 + 1e-9 * lo
         sol = least_squares(
             lambda t: (af / scale) @ t - (rhs - offset),
             start,
             jac=lambda t: af / scale,
-            bounds=(0.0, np.inf),
+            bounds=(lo, np.inf),
             method="trf",
             x_scale="jac",
             xtol=1e-15,
@@ -234,7 +237,7 @@ def fit_linear(
         resid = sol.fun
         dof = m - len(free)
         jac = af
-        active = est <= 1e-14 * np.maximum(1.0, np.abs(est).max())
+        active = est <= lo / scale * (1 + 1e-9) + 1e-14 * np.maximum(1.0, np.abs(est).max())
         inner = [k for k in range(len(free)) if not active[k]]
         if dof > 0 and inner:
             s2 = float(resid @ resid) / dof
@@ -332,6 +335,7 @@ def fit_prefill(
     weights: np.ndarray | None = None,
     notes: Sequence[str] = (),
     force_hold: Mapping[str, str] | None = None,
+    lower_bounds: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Fit ``PrefillCost`` (``fixed_s``, ``per_token_s``, ``attention_s``) to measured prefill times.
 
@@ -359,6 +363,7 @@ def fit_prefill(
         weights=weights,
         notes=notes,
         force_hold=force_hold,
+        lower_bounds=lower_bounds,
     )
 
 
@@ -457,6 +462,7 @@ def fit_decode(
     weights: np.ndarray | None = None,
     metrics: Sequence[str] | None = None,
     notes: Sequence[str] = (),
+    lower_bounds: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Fit ``DecodeCost`` to decode-step times (ITL or TPOT) at a batch size and summed context.
 
@@ -483,6 +489,7 @@ def fit_decode(
         weights=weights,
         notes=notes,
         reasons={"decode.per_seq_s": "the batch size does not vary in these data (folded into decode.fixed_s)"},
+        lower_bounds=lower_bounds,
     )
 
 

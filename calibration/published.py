@@ -59,21 +59,18 @@ from scipy.optimize import least_squares
 
 from kvplan.calibration.published_data import PUBLISHED_SHA256, PUBLISHED_SOURCE
 from kvplan.calibration.published_priors import (
-    ALLREDUCE_S,
-    ATTENTION_EFFICIENCY_BF16,
-    ATTENTION_EFFICIENCY_SPARSE,
-    GLM_DECODE_STEP_S,
-    HBM_EFFICIENCY,
+    ATTENTION_SCALE,
+    DECODE_STEP_OVERHEAD_S,
+    GPU_SCALE_SIGMA,
     INFORMATIVE,
-    LINEAR_EFFICIENCY,
-    PER_SEQ_S,
+    LINEAR_SCALE,
     POLL_S,
     POST_FIXED_S,
-    STEP_OVERHEAD_S,
     WEAK,
     ParamSpec,
     costs_from_values,
     first_turn_bound,
+    gpu_scale_lower,
     published_priors,
 )
 from kvplan.calibration.published_series import (
@@ -108,15 +105,17 @@ from kvplan.calibration.published_series import (
 )
 from kvplan.errors import input_error
 from kvplan.models.arch import ModelArch, get_model
+from kvplan.models.costs import CostModel
 from kvplan.models.hardware import get_hardware
 from kvplan.models.profile import Profile
+from kvplan.models.resolve import compute_prior
 
 __all__ = [  # re-exported names of published_series and published_priors, and the fit
-    "ALLREDUCE_S", "ATTENTION_EFFICIENCY_BF16", "ATTENTION_EFFICIENCY_SPARSE", "AT_BOUND_LOG", "Aggregation",
-    "BENCH_OUTPUT_TOKENS", "BENCH_TURNS", "BENCH_USER_TOKENS", "GLM_DECODE_STEP_S", "HARDWARE", "HBM_EFFICIENCY",
-    "IDENTIFIED_SHRINK", "INFORMATIVE", "LINEAR_EFFICIENCY", "MODEL_BY_HF_ID", "MS_PER_S", "NIXL_VERSION",
-    "PER_SEQ_S", "POLL_S", "POST_FIXED_S", "PREFIX_SIZES", "ParamSpec", "RATIO_TOLERANCE", "SERIES",
-    "SIGMA_PER_TOLERANCE", "STEP_OVERHEAD_S", "TENSOR_PARALLEL", "TOLERANCE", "VLLM_VERSION", "WEAK",
+    "ATTENTION_SCALE", "AT_BOUND_LOG", "Aggregation", "DECODE_STEP_OVERHEAD_S", "GPU_SCALE_SIGMA",
+    "BENCH_OUTPUT_TOKENS", "BENCH_TURNS", "BENCH_USER_TOKENS", "HARDWARE", "LINEAR_SCALE",
+    "IDENTIFIED_SHRINK", "INFORMATIVE", "MODEL_BY_HF_ID", "MS_PER_S", "NIXL_VERSION",
+    "POLL_S", "POST_FIXED_S", "PREFIX_SIZES", "ParamSpec", "RATIO_TOLERANCE", "SERIES",
+    "SIGMA_PER_TOLERANCE", "TENSOR_PARALLEL", "TOLERANCE", "VLLM_VERSION", "WEAK", "gpu_scale_lower",
     "benchmark_scenario", "costs_from_values", "first_turn_bound", "published_points", "published_priors",
     "series_fast", "series_from_turns", "simulate_series", "surrogate_series", "PublishedFit", "FitSettings",
     "fit_published", "point_rows", "d_leg_rows", "ratio_row",
@@ -166,8 +165,8 @@ class _Objective:
     """
 
     def __init__(self, model: str, pts: pd.DataFrame, specs: list[ParamSpec], agg: Aggregation,
-                 settings: FitSettings) -> None:
-        self.model, self.agg, self.settings = model, agg, settings
+                 settings: FitSettings, compute: CostModel) -> None:
+        self.model, self.agg, self.settings, self.compute = model, agg, settings, compute
         self.keys, self.pub = _targets(pts, model)
         self.sizes = sorted({s for _, s in self.keys})
         self.free = [s for s in specs if s.fitted]
@@ -179,6 +178,7 @@ class _Objective:
         self.ratio_keys = _ratio_keys(self.pub)
         self.n_data = len(self.keys) + (1 if self.ratio_keys is not None else 0)
         self.use_surrogate = True
+        self.compute_status = ""
         self._cache: dict[tuple[bool, bytes], Series] = {}
 
     def values(self, x: np.ndarray) -> dict[str, float]:
@@ -191,7 +191,7 @@ class _Objective:
         """The benchmark's series at ``x`` (surrogate or simulation)."""
         key = (self.use_surrogate, np.asarray(x, dtype=np.float64).tobytes())
         if key not in self._cache:
-            costs_x = costs_from_values(self.values(x))
+            costs_x = costs_from_values(self.values(x), self.compute)
             if self.use_surrogate:
                 self._cache[key] = surrogate_series(self.model, self.sizes, costs_x, self.agg)
             else:
@@ -331,10 +331,12 @@ def _notes(obj: _Objective, params: list[dict[str, Any]], values: Mapping[str, f
         "Aggregation: " + obj.agg.describe(),
         "Assumed: TP8 on each p5en (not stated in the write-up), bf16 KV cache, the benchmark as described "
         "(10 conversations x 5 user turns, 150-token messages, 300-token responses, 2 clients)",
+        f"GPU compute held at the kernel-derived prior: {obj.compute_status}; only residuals are fitted (engine "
+        "per-step CPU overhead on P, proxy/HTTP legs, transfer latencies)",
         "Fixed, not identifiable from end-point aggregates: the transfer's bytes/descriptor split "
-        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s, and every decode parameter "
-        "(physics/hardware priors); the split of the D->P pull between post and xfer is set by "
-        "post_fixed_s/poll_s priors plus the fitted post_per_descriptor_s",
+        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s; "
+        "the split of the D->P pull between post and xfer is set by post_fixed_s/poll_s priors plus the fitted "
+        "post_per_descriptor_s",
         f"Constrained least squares: noisy points weighed by sigma = half their acceptance tolerance, plus a "
         f"penalty once a point leaves {obj.settings.band_start:.0%} of its band (the published points are not "
         "jointly consistent to better than that; see fit_report.d_leg_check)",
@@ -345,8 +347,6 @@ def _notes(obj: _Objective, params: list[dict[str, Any]], values: Mapping[str, f
         notes.append("On a bound of the fit (the data push it there; no standard error): " + ", ".join(at_bounds))
     if moved:
         notes.append("Far from the physics prior (effective values absorbing what the model lacks): " + ", ".join(moved))
-    if arch.attention == "mla":
-        notes.append("GLM-5 decode step is an assumption (~20 ms), not calibrated")
     return notes
 
 
@@ -376,11 +376,16 @@ def fit_published(
     agg = aggregation or Aggregation()
     pts = published_points() if points is None else points
     arch, node = get_model(model), get_hardware(hardware)
-    specs = published_priors(arch, node, tp)
-    obj = _Objective(model, pts, specs, agg, FitSettings(max_nfev, diff_step, rounds, band_start, band_weight))
+    compute, compute_status = compute_prior(arch, node.gpu, tp)
+    lows = {n: gpu_scale_lower(arch, node, tp, compute, n) for n in (LINEAR_SCALE, ATTENTION_SCALE)}
+    specs = [ParamSpec(s.name, max(s.prior, lows[s.name] * 1.001), s.sigma_log, lows[s.name], s.upper, s.source)
+             if s.name in lows else s for s in published_priors(arch, node, tp)]
+    obj = _Objective(model, pts, specs, agg, FitSettings(max_nfev, diff_step, rounds, band_start, band_weight),
+                     compute)
+    obj.compute_status = compute_status
     x, sol, nfev = _optimise(obj, progress)
     values = obj.values(x)
-    costs = costs_from_values(values)
+    costs = costs_from_values(values, compute)
     params, uncertainty = _posterior(obj, x, sol)
     # the reported numbers go through the public run() path
     final = simulate_series(model, obj.sizes, costs=costs, aggregation=agg, fast=False)
@@ -396,7 +401,20 @@ def fit_published(
             "hardware": f"{hardware} ({node.gpus_per_node}x {node.gpu.name}, {node.link.description})",
             "tensor_parallel_size": tp,
             "method": "kvplan calibrate --published (simulation-based, calibration/published.py)",
+            "compute_prior": compute_status,
+            "prefill_gpu_scales": {"linear": values[LINEAR_SCALE], "attention": values[ATTENTION_SCALE]},
         },
-        status="calibrated", notes=_notes(obj, params, values, arch),
+        status="calibrated",
+        component_status={
+            "prefill.gpu": f"{compute_status}, linear x {values[LINEAR_SCALE]:.3f}, attention x "
+                           f"{values[ATTENTION_SCALE]:.3f} (calibrated on the published P5en points)",
+            "decode.gpu": compute_status,
+            "prefill.overhead_s": "calibrated (published P5en points)",
+            "decode.overhead_s": "calibrated (published P5en points, prior-dominated)",
+            "overhead": "calibrated (published P5en points)",
+            "transfer.latency": "calibrated (published P5en points)",
+            "transfer.per_byte_s": f"hardware data (1 / line rate of {hardware})",
+        },
+        notes=_notes(obj, params, values, arch),
     )
     return PublishedFit(profile=profile, report=report)

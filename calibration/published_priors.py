@@ -12,14 +12,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvplan.calibration.published_series import BENCH_OUTPUT_TOKENS, BENCH_TURNS, BENCH_USER_TOKENS, TOLERANCE
-from kvplan.models.arch import (
-    ModelArch,
-    attention_flops_per_pair,
-    kv_bytes_per_token_per_rank,
-    linear_flops_per_token,
-    weights_bytes_per_gpu,
-)
-from kvplan.models.costs import CostModel, DecodeCost, OverheadCost, PrefillCost, TransferCost
+from kvplan.models.arch import ModelArch
+from kvplan.models.costs import CostModel, scale_prefill_gpu
 from kvplan.models.hardware import Node
 
 # --- priors --------------------------------------------------------------------------------------------------
@@ -47,62 +41,56 @@ class ParamSpec:
 
 
 WEAK = math.log(10.0)  # an order of magnitude: lets the data decide
-INFORMATIVE = math.log(2.0)  # a factor of two: physics estimate with an uncertain efficiency
-HBM_EFFICIENCY = 0.8  # fraction of HBM bandwidth a decode step reaches (memory-bound GEMV)
-ALLREDUCE_S = 10e-6  # one small TP all-reduce over NVLink (vLLM custom one-shot all-reduce, latency-bound), s
-STEP_OVERHEAD_S = 1e-3  # vLLM V1 scheduling + sampling + launch per step with CUDA graphs, s
-ATTENTION_EFFICIENCY_BF16 = 0.65  # measured FlashAttention prefill on H200 (aiconfigurator vLLM 0.24 table)
-ATTENTION_EFFICIENCY_SPARSE = 0.30  # DSA indexer scan (FP8) + sparse MLA: no measurement, a guess
-LINEAR_EFFICIENCY = 0.5  # prefill GEMM MFU, order of magnitude only (the data fit it)
+INFORMATIVE = math.log(2.0)  # a factor of two
+DECODE_STEP_OVERHEAD_S = 5e-4  # vLLM V1 engine-core CPU time per decode step left after async scheduling
 POST_FIXED_S = 1e-3  # NIXL postDuration floor (IB example: 1.56 ms for 56 descriptors, VLLM_BEHAVIOUR 4)
 POLL_S = 5e-4  # idle-engine polling latency; a busy engine's step boundary is simulated explicitly
-GLM_DECODE_STEP_S = 0.020  # batch-1 MoE+MLA+DSA step: far above the HBM bound; an assumption
-PER_SEQ_S = 5e-5  # sampling and bookkeeping per running sequence in a decode step
+
+
+LINEAR_SCALE = "prefill.linear_scale"
+ATTENTION_SCALE = "prefill.attention_scale"
+#: Prior spread of the prefill GPU-time corrections: the kernel data are vLLM 0.24 (aiconfigurator), the
+#: published runs vLLM 0.29; a +-25 % (1 sigma) version/setup difference is assumed.
+GPU_SCALE_SIGMA = math.log(1.25)
+
+
+def gpu_scale_lower(arch: ModelArch, node: Node, tp: int, compute: CostModel, name: str) -> float:
+    """The smallest factor ``name`` keeping every prefill term at or above its physical bound (bisection)."""
+    from kvplan.models.bounds import bound_violations
+
+    def ok(k: float) -> bool:
+        return not bound_violations(costs_from_values({name: k}, compute), arch, node, tp)
+
+    lo, hi = 0.05, 1.0
+    if ok(lo):
+        return lo
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 
 def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
-    """Priors and bounds of every cost parameter for ``arch`` on ``node`` at TP ``tp`` (from physics/hardware).
+    """Priors and bounds of the **residual** parameters fitted on top of the compute prior.
 
-    Fitted with weak priors (the end points identify them): ``overhead.p_leg_s``, ``overhead.d_leg_s``,
-    ``prefill.per_token_s``, ``transfer.fixed_s``, ``transfer.per_descriptor_s``,
-    ``transfer.post_per_descriptor_s``. Fitted with informative priors (partly confounded with the
-    others): ``prefill.attention_s`` (attention FLOPs per pair at a measured kernel efficiency) and
-    ``prefill.fixed_s`` (one read of the weights per step plus launch overhead). Fixed: the bytes/bandwidth
-    split of the transfer (line rate), post floor, polling, handshake, and every decode parameter.
+    GPU compute (every prefill and decode kernel term) is held at the (model, GPU, TP) kernel-derived prior
+    (:func:`kvplan.models.resolve.compute_prior`). Fitted with weak priors: the engine's per-step CPU overhead
+    on P (``prefill.overhead_s``), the proxy/HTTP legs (``overhead.p_leg_s``, ``overhead.d_leg_s``) and the
+    transfer latencies (``transfer.fixed_s``, ``transfer.per_descriptor_s``, ``transfer.post_per_descriptor_s``).
+    Fixed: the bandwidth term (1 / line rate), post floor, polling, handshake and D's per-step overhead.
     """
-    gpu = node.gpu
-    mla = arch.attention == "mla"
-    peak = gpu.fp8_dense_flops if mla else gpu.bf16_dense_flops
-    att_eff = ATTENTION_EFFICIENCY_SPARSE if mla else ATTENTION_EFFICIENCY_BF16
-    per_token = linear_flops_per_token(arch) / (tp * peak * LINEAR_EFFICIENCY)
-    attention = attention_flops_per_pair(arch) / (tp * peak * att_eff)
-    w_gpu = weights_bytes_per_gpu(arch, tp)
-    step_fixed = w_gpu / gpu.hbm_bandwidth_bytes_per_s + STEP_OVERHEAD_S
-    allreduces = 2 * arch.num_layers * ALLREDUCE_S
-    if mla:
-        # batch 1 reads the active experts only; real MoE/MLA/DSA steps are far slower than that bound
-        decode_fixed = GLM_DECODE_STEP_S
-        decode_src = "assumption: ~20 ms per batch-1 step of a 744B-A40B MoE with MLA+DSA at TP8 (not measured)"
-        # DSA reads at most index_topk latent tokens; the indexer K cache (per token) is what grows
-        ctx_bytes = arch.num_layers * arch.indexer_bytes_per_token_layer
-    else:
-        decode_fixed = w_gpu / (gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY) + allreduces + STEP_OVERHEAD_S
-        decode_src = (
-            f"weights per GPU / ({HBM_EFFICIENCY:.0%} of HBM bandwidth) + 2 all-reduces per layer x "
-            f"{ALLREDUCE_S * 1e6:.0f} us + {STEP_OVERHEAD_S * 1e3:.0f} ms step overhead"
-        )
-        ctx_bytes = kv_bytes_per_token_per_rank(arch, tp)
-    per_ctx = ctx_bytes / (gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY)
     line_rate = node.link.bandwidth_bytes_per_s_per_rank
     return [
+        ParamSpec(LINEAR_SCALE, 1.0, GPU_SCALE_SIGMA, 0.05, 4.0,
+                  "correction of the kernel-derived prefill linear layers for the served vLLM version (fitted; its "
+                  "lower bound keeps every term physically possible)"),
+        ParamSpec(ATTENTION_SCALE, 1.0, GPU_SCALE_SIGMA, 0.05, 4.0,
+                  "correction of the kernel-derived prefill attention for the served vLLM version (fitted; its lower "
+                  "bound keeps it physically possible)"),
         ParamSpec("overhead.p_leg_s", 0.05, WEAK, 1e-4, 1.0, "proxy + HTTP + tokenisation + chat template (fitted)"),
         ParamSpec("overhead.d_leg_s", 0.005, WEAK, 1e-4, 0.5, "proxy -> D + first SSE chunk back (fitted)"),
-        ParamSpec("prefill.per_token_s", per_token, WEAK, per_token / 30, per_token * 30,
-                  f"linear FLOPs per token / (TP x peak x {LINEAR_EFFICIENCY:.0%}) (fitted)"),
-        ParamSpec("prefill.attention_s", attention, INFORMATIVE, attention / 20, attention * 20,
-                  f"attention FLOPs per pair / (TP x peak x {att_eff:.0%})"),
-        ParamSpec("prefill.fixed_s", step_fixed, INFORMATIVE, step_fixed / 20, step_fixed * 20,
-                  "weights per GPU / HBM bandwidth + 1 ms step overhead"),
+        ParamSpec("prefill.overhead_s", 0.005, WEAK, 1e-4, 0.5,
+                  "engine CPU time per prefill step: scheduler, input preparation, sampling (fitted)"),
         ParamSpec("transfer.fixed_s", 0.005, WEAK, 1e-5, 0.1, "per NIXL READ, in xferDuration (fitted)"),
         ParamSpec("transfer.per_descriptor_s", 5e-7, WEAK, 1e-9, 1e-5, "per descriptor, in xferDuration (fitted)"),
         ParamSpec("transfer.post_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
@@ -112,24 +100,29 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
         ParamSpec("transfer.poll_s", POLL_S, None, 0, 0,
                   "idle-engine polling (~0.5 ms); a busy engine's step boundary is already simulated"),
         ParamSpec("transfer.handshake_s", 0.0, None, 0, 0, "one-off per pair; paid during the benchmark's warm-up"),
-        ParamSpec("decode.fixed_s", decode_fixed, None, 0, 0, decode_src),
-        ParamSpec("decode.per_seq_s", PER_SEQ_S, None, 0, 0, "sampling and bookkeeping per sequence (~50 us)"),
-        ParamSpec("decode.per_context_token_s", per_ctx, None, 0, 0,
-                  "KV bytes read per context token per rank / (80% of HBM bandwidth)"),
+        ParamSpec("decode.overhead_s", DECODE_STEP_OVERHEAD_S, INFORMATIVE, 1e-5, 5e-3,
+                  "engine CPU time per decode step not hidden by async scheduling (prior 0.5 ms; fitted)"),
     ]
 
 
-def costs_from_values(values: Mapping[str, float]) -> CostModel:
-    """A :class:`CostModel` from ``{'component.param': value}`` (missing parameters are 0)."""
+def costs_from_values(values: Mapping[str, float], base: CostModel | None = None) -> CostModel:
+    """``base`` (default: all zero) with the parameters ``{'component.param': value}`` replaced; ``prefill.gpu_scale``
+    and ``prefill.attention_scale`` multiply the base's prefill linear-layer and attention terms
+    (:func:`kvplan.models.costs.scale_prefill_gpu`)."""
+    b = base or CostModel()
+    vals = dict(values)
+    lin, att = vals.pop(LINEAR_SCALE, 1.0), vals.pop(ATTENTION_SCALE, 1.0)
+    if (lin, att) != (1.0, 1.0):
+        b = b.model_copy(update={"prefill": scale_prefill_gpu(b.prefill, lin, att)})
     parts: dict[str, dict[str, float]] = {"prefill": {}, "transfer": {}, "decode": {}, "overhead": {}}
-    for key, value in values.items():
+    for key, value in vals.items():
         comp, param = key.split(".", 1)
         parts[comp][param] = float(value)
     return CostModel(
-        prefill=PrefillCost(**parts["prefill"]),
-        transfer=TransferCost(**parts["transfer"]),
-        decode=DecodeCost(**parts["decode"]),
-        overhead=OverheadCost(**parts["overhead"]),
+        prefill=b.prefill.model_copy(update=parts["prefill"]),
+        transfer=b.transfer.model_copy(update=parts["transfer"]),
+        decode=b.decode.model_copy(update=parts["decode"]),
+        overhead=b.overhead.model_copy(update=parts["overhead"]),
     )
 
 

@@ -60,7 +60,8 @@ class ModelArch(BaseModel):
     attention_flops_per_pair: float = Field(
         default=0.0, ge=0, description="Attention FLOPs per (query, key) pair over all layers (0 = derive)."
     )
-    max_model_len: int = Field(default=32768, gt=0, description="Context limit used for serving.")
+    max_model_len: int = Field(default=32768, gt=0, description="Context limit used for serving (vLLM's default:"
+                               " the config's max_position_embeddings).")
 
     @model_validator(mode="after")
     def _check_layout(self) -> ModelArch:
@@ -193,7 +194,7 @@ QWEN3_32B = ModelArch(
     params_total=32.76e9,
     params_active=31.21e9,  # non-embedding (VLLM_BEHAVIOUR.md 3.1)
     weight_bytes_total=32.76e9 * BYTES_PER_BF16,
-    max_model_len=32768,
+    max_model_len=40960,  # config.json max_position_embeddings: vLLM's default max_model_len
 )
 
 GLM_5_FP8 = ModelArch(
@@ -216,7 +217,7 @@ GLM_5_FP8 = ModelArch(
     weight_bytes_total=752e9,  # 744 B FP8 + bf16 extras, ~94 GB per GPU at TP8 (VLLM_BEHAVIOUR.md 3.2)
     # DSA: each query attends to <= 2048 keys; indexer scan ~2*32*128 FLOP per (q,k) per layer.
     attention_flops_per_pair=2 * 32 * 128 * 78,
-    max_model_len=32768,
+    max_model_len=202752,  # config.json max_position_embeddings (vLLM's default); the P5en write-up served 32768
 )
 
 LLAMA_3_3_70B = ModelArch(
@@ -235,10 +236,29 @@ LLAMA_3_3_70B = ModelArch(
     params_total=70.55e9,
     params_active=68.45e9,  # non-embedding: 80 x (attention 150.99 M + MLP 704.64 M)
     weight_bytes_total=70.55e9 * BYTES_PER_BF16,
-    max_model_len=32768,
+    max_model_len=131072,  # config.json max_position_embeddings (llama3 RoPE scaling to 128k)
 )
 
-MODEL_PRESETS: dict[str, ModelArch] = {m.name: m for m in (QWEN3_32B, GLM_5_FP8, LLAMA_3_3_70B)}
+LLAMA_3_1_8B = ModelArch(
+    # meta-llama/Llama-3.1-8B-Instruct config.json: 32 layers, hidden 4096, 32 q / 8 kv x 128, FFN 14336.
+    name="llama-3.1-8b",
+    hf_id="meta-llama/Llama-3.1-8B-Instruct",
+    attention="gqa",
+    num_layers=32,
+    hidden_size=4096,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    block_size_tokens=16,
+    intermediate_size=14336,
+    vocab_size=128256,
+    params_total=8.03e9,
+    params_active=6.98e9,  # non-embedding: 32 x (attention 41.9 M + MLP 176.2 M)
+    weight_bytes_total=8.03e9 * BYTES_PER_BF16,
+    max_model_len=131072,  # config.json max_position_embeddings
+)
+
+MODEL_PRESETS: dict[str, ModelArch] = {m.name: m for m in (QWEN3_32B, GLM_5_FP8, LLAMA_3_3_70B, LLAMA_3_1_8B)}
 
 
 def get_model(name_or_spec: str | dict[str, object] | ModelArch) -> ModelArch:

@@ -1,29 +1,99 @@
 """Cost functions of prefill, KV transfer and decode (pure; parameters come from a profile).
 
-Each function is the formula in its docstring and nothing else, so the calibration fits target them
-directly and the simulator calls them per engine step.
+The one home of every cost formula: the simulator (``sim/prefill.py``, ``sim/decode.py``), the analytic
+screen and break-even (``sim/screen.py``, ``sim/breakeven.py``), the calibration fits and ``kvplan cost``
+call these functions. Each function is the formula in its docstring and nothing else.
+
+Structure (so that costs transfer across GPUs and TP sizes):
+
+* **GPU compute** of an engine step: ``fixed_s``, ``per_token_s`` with its weight-read floor
+  ``weight_read_s`` and ``attention_s`` (prefill), ``fixed_s``, ``per_seq_s``, ``per_context_token_s``
+  (decode). Priors come from measured vLLM kernels (aiconfigurator-core, ``kvplan profile derive``), so TP
+  scaling, all-reduce and GPU speed come from the kernel data, never from 8/N. :mod:`kvplan.models.bounds`
+  rejects any value faster than the GPU's peak FLOP/s or HBM bandwidth.
+* **Engine per-step CPU overhead** ``overhead_s`` (vLLM V1 scheduler, input preparation, sampling,
+  detokenisation on the engine core; ``vllm/v1/engine/core.py`` step): its own term, not scaled by TP or GPU.
+* **Proxy/HTTP overhead** outside the engines (:class:`OverheadCost`).
+* **Transfer** (:class:`TransferCost`), bounded by the link's line rate.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from bisect import bisect_left
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Cost(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class PrefillCost(_Cost):
-    """One prefill engine step: ``fixed_s + per_token_s x new tokens + attention_s x (new x context) pairs``.
+def _check_knots(knots: tuple[int, ...], values: tuple[float, ...], what: str) -> None:
+    if len(knots) != len(values):
+        raise ValueError(f"{what}: knots and values differ in length")
+    if any(b <= a for a, b in zip(knots, knots[1:], strict=False)) or (knots and knots[0] <= 0):
+        raise ValueError(f"{what}: knots must be positive and increasing")
+    if any(v < 0 for v in values):
+        raise ValueError(f"{what}: values must be >= 0")
 
-    A step holds chunks of several requests (continuous batching, at most ``max_num_batched_tokens``
-    new tokens, vLLM's chunked prefill). For a chunk of ``n`` new tokens after ``c`` tokens already in
-    KV (cached, pulled or earlier chunks) the causal pairs are ``n x c + n (n + 1) / 2``.
+
+def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:
+    """``values`` interpolated linearly at ``x`` over ``knots``: flat below the first, ``slope_after`` past the last."""
+    if x <= knots[0]:
+        return values[0]
+    j = bisect_left(knots, x)
+    if j >= len(knots):
+        return values[-1] + slope_after * (x - knots[-1])
+    k0, k1 = knots[j - 1], knots[j]
+    return values[j - 1] + (values[j] - values[j - 1]) * (x - k0) / (k1 - k0)
+
+
+class PrefillCost(_Cost):
+    """One prefill engine step of ``n`` new tokens, ``pairs`` attention pairs (``ctx_pairs`` of them against KV
+    already in the cache):
+
+    ``overhead_s + fixed_s + linear(n) + attention_s x (pairs - ctx_pairs) + context_attention_s x ctx_pairs``.
+
+    ``linear(n)`` is the linear layers (GEMMs and TP all-reduce): ``max(per_token_s x n, weight_read_s)``
+    (per-token cost with the roofline's weight-read floor for short steps), or, when ``linear_knots_tokens``
+    is given (kernel-derived priors), the measured time at those step sizes interpolated linearly (GEMM
+    efficiency grows with the step's tokens), flat below the first knot and ``per_token_s`` per token past
+    the last. A step holds chunks of several requests (continuous batching, at most
+    ``max_num_batched_tokens`` new tokens, vLLM's chunked prefill). For a chunk of ``n`` new tokens after
+    ``c`` tokens already in KV (cached, pulled or earlier chunks) the pairs are ``n c + n (n + 1) / 2``,
+    ``n c`` of them against the cache (a dense rectangle: the attention kernel runs it at another
+    efficiency than the causal triangle; ``context_attention_s`` ``None`` = the same as ``attention_s``).
     """
 
-    fixed_s: float = Field(default=0.0, ge=0, description="Per engine step (scheduling, sampling, launch).")
-    per_token_s: float = Field(default=0.0, ge=0, description="Per new token (linear layers).")
-    attention_s: float = Field(default=0.0, ge=0, description="Per (new token, context token) pair.")
+    fixed_s: float = Field(default=0.0, ge=0, description="GPU time per step independent of tokens (launch, LM head).")
+    per_token_s: float = Field(default=0.0, ge=0, description="Per new token (linear layers + TP all-reduce).")
+    weight_read_s: float = Field(default=0.0, ge=0, description="Floor of the linear layers: one read of the weights.")
+    attention_s: float = Field(default=0.0, ge=0, description="Per causal (new token, new token) pair.")
+    context_attention_s: float | None = Field(
+        default=None, ge=0, description="Per (new token, cached token) pair (None: attention_s)."
+    )
+    overhead_s: float = Field(default=0.0, ge=0, description="Engine CPU overhead per step (not scaled by TP or GPU).")
+    linear_knots_tokens: tuple[int, ...] = Field(default=(), description="Step sizes of the measured linear-layer time.")
+    linear_knots_s: tuple[float, ...] = Field(default=(), description="Linear-layer time at each knot, s.")
+
+    @model_validator(mode="after")
+    def _knots(self) -> PrefillCost:
+        _check_knots(self.linear_knots_tokens, self.linear_knots_s, "prefill linear knots")
+        return self
+
+    def linear_s(self, new_tokens: float) -> float:
+        """Time of the linear layers for a step of ``new_tokens`` tokens."""
+        if self.linear_knots_tokens:
+            return piecewise_linear(self.linear_knots_tokens, self.linear_knots_s, new_tokens, self.per_token_s)
+        linear = self.per_token_s * new_tokens
+        return linear if linear > self.weight_read_s else self.weight_read_s
+
+    @property
+    def ctx_attention_s(self) -> float:
+        """The per-pair cost against cached KV in use."""
+        return self.attention_s if self.context_attention_s is None else self.context_attention_s
 
 
 class TransferCost(_Cost):
@@ -46,11 +116,31 @@ class TransferCost(_Cost):
 
 
 class DecodeCost(_Cost):
-    """One decode step of a batch: ``fixed_s + per_seq_s x batch + per_context_token_s x sum of contexts``."""
+    """One decode step of ``B`` sequences holding ``S`` KV tokens in total:
 
-    fixed_s: float = Field(default=0.0, ge=0, description="Per decode step.")
+    ``overhead_s + batch_s(B) + per_context_token_s x S`` with ``batch_s(B) = fixed_s + per_seq_s x B``, or,
+    when ``batch_knots`` is given (kernel-derived priors), the measured context-free step time at those batch
+    sizes interpolated linearly (weight-read bound at small batches, GEMM-bound at large ones), flat below the
+    first knot and ``per_seq_s`` per sequence past the last.
+    """
+
+    fixed_s: float = Field(default=0.0, ge=0, description="GPU time per step (weight read, all-reduce latency).")
+    overhead_s: float = Field(default=0.0, ge=0, description="Engine CPU overhead per step (not scaled by TP or GPU).")
     per_seq_s: float = Field(default=0.0, ge=0, description="Per running sequence.")
     per_context_token_s: float = Field(default=0.0, ge=0, description="Per KV token read (attention).")
+    batch_knots: tuple[int, ...] = Field(default=(), description="Batch sizes of the measured step time.")
+    batch_knots_s: tuple[float, ...] = Field(default=(), description="Context-free GPU step time at each knot, s.")
+
+    @model_validator(mode="after")
+    def _knots(self) -> DecodeCost:
+        _check_knots(self.batch_knots, self.batch_knots_s, "decode batch knots")
+        return self
+
+    def batch_s(self, batch: float) -> float:
+        """GPU time of a step of ``batch`` sequences without the context term."""
+        if self.batch_knots:
+            return piecewise_linear(self.batch_knots, self.batch_knots_s, batch, self.per_seq_s)
+        return self.fixed_s + self.per_seq_s * batch
 
 
 class OverheadCost(_Cost):
@@ -69,28 +159,60 @@ class CostModel(_Cost):
     overhead: OverheadCost = Field(default_factory=OverheadCost, description="Non-engine latency.")
 
 
+def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float = 1.0) -> PrefillCost:
+    """``cost`` with its linear-layer terms (fixed, per token, weight floor, knots) multiplied by ``linear`` and
+    its attention terms by ``attention`` (the engine's CPU overhead unchanged)."""
+    upd: dict[str, Any] = {k: getattr(cost, k) * linear for k in ("fixed_s", "per_token_s", "weight_read_s")}
+    upd["attention_s"] = cost.attention_s * attention
+    if cost.context_attention_s is not None:
+        upd["context_attention_s"] = cost.context_attention_s * attention
+    upd["linear_knots_s"] = tuple(v * linear for v in cost.linear_knots_s)
+    return cost.model_copy(update=upd)
+
+
 def causal_pairs(new_tokens: float, context_tokens: float) -> float:
     """Attention (query, key) pairs of ``new_tokens`` computed after ``context_tokens``: n c + n (n + 1) / 2."""
     return new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2
 
 
-def prefill_step_time_s(cost: PrefillCost, new_tokens: int, pairs: float) -> float:
-    """Time of one prefill engine step with ``new_tokens`` in total and ``pairs`` attention pairs."""
-    return cost.fixed_s + cost.per_token_s * new_tokens + cost.attention_s * pairs
+def prefill_gpu_step_s(cost: PrefillCost, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+    """GPU time of one prefill step (the :class:`PrefillCost` formula without ``overhead_s``)."""
+    return (cost.fixed_s + cost.linear_s(new_tokens) + cost.attention_s * (pairs - ctx_pairs)
+            + cost.ctx_attention_s * ctx_pairs)
 
 
-def prefill_time_s(cost: PrefillCost, new_tokens: int, cached_tokens: int = 0, chunk_tokens: int = 8192) -> float:
+def prefill_step_time_s(cost: PrefillCost, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+    """Time of one prefill engine step with ``new_tokens`` in total and ``pairs`` attention pairs, ``ctx_pairs``
+    of them against cached KV (GPU + engine CPU overhead)."""
+    return cost.overhead_s + prefill_gpu_step_s(cost, new_tokens, pairs, ctx_pairs)
+
+
+def prefill_step_time_array(cost: PrefillCost, new_tokens: Any, pairs: Any, ctx_pairs: Any = 0.0) -> np.ndarray:
+    """:func:`prefill_step_time_s` over numpy arrays (the analytic screen)."""
+    n = np.atleast_1d(np.asarray(new_tokens, dtype=float))
+    p = np.broadcast_to(np.asarray(pairs, dtype=float), n.shape)
+    c = np.broadcast_to(np.asarray(ctx_pairs, dtype=float), n.shape)
+    return np.array([prefill_step_time_s(cost, float(a), float(b), float(d)) for a, b, d in zip(n, p, c, strict=True)])
+
+
+def prefill_time_s(
+    cost: PrefillCost, new_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = 8192, *, gpu_only: bool = False
+) -> float:
     """Prefill of ``new_tokens`` on top of ``cached_tokens`` alone on an engine, chunked at ``chunk_tokens``.
 
-    Sum over chunks of ``fixed_s + per_token_s x chunk + attention_s x causal_pairs(chunk, context)``.
+    Sum over chunks of :func:`prefill_step_time_s` with ``causal_pairs(chunk, context)``; ``chunk_tokens``
+    ``None`` is one step (no chunking); ``gpu_only`` leaves out the engine's CPU overhead per step.
     """
     if new_tokens <= 0:
         return 0.0
+    step = prefill_gpu_step_s if gpu_only else prefill_step_time_s
+    chunk_max = new_tokens if chunk_tokens is None else chunk_tokens
     total = 0.0
     done = 0
     while done < new_tokens:
-        chunk = min(chunk_tokens, new_tokens - done)
-        total += prefill_step_time_s(cost, chunk, causal_pairs(chunk, cached_tokens + done))
+        chunk = min(chunk_max, new_tokens - done)
+        ctx = cached_tokens + done
+        total += step(cost, chunk, causal_pairs(chunk, ctx), chunk * ctx)
         done += chunk
     return total
 
@@ -110,9 +232,24 @@ def transfer_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int
     return post_time_s(cost, descriptors) + xfer_time_s(cost, nbytes_per_rank, descriptors) + cost.poll_s
 
 
-def decode_step_time_s(cost: DecodeCost, batch: int, context_tokens: float) -> float:
+def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:
+    """``(a, b, c)`` with step time ``~ a + b x batch + c x context tokens``, for the analytic screen.
+
+    Exact without batch knots; with knots the chord between batch 1 and 32.
+    """
+    b = (cost.batch_s(32) - cost.batch_s(1)) / 31
+    return cost.overhead_s + cost.batch_s(1) - b, b, cost.per_context_token_s
+
+
+def decode_step_time_s(cost: DecodeCost, batch: float, context_tokens: float, *, gpu_only: bool = False) -> float:
     """One decode step with ``batch`` sequences holding ``context_tokens`` KV tokens in total."""
-    return cost.fixed_s + cost.per_seq_s * batch + cost.per_context_token_s * context_tokens
+    t = cost.batch_s(batch) + cost.per_context_token_s * context_tokens
+    return t if gpu_only else t + cost.overhead_s
+
+
+def decode_step_increment_s(cost: DecodeCost, batch: int) -> float:
+    """How much each step of an unchanged batch is slower than the previous one (each sequence adds a token)."""
+    return cost.per_context_token_s * batch
 
 
 def decode_steps_time_s(cost: DecodeCost, batch: int, context_tokens: float, steps: int) -> float:
@@ -122,5 +259,5 @@ def decode_steps_time_s(cost: DecodeCost, batch: int, context_tokens: float, ste
     ``k (fixed + per_seq b + per_ctx S) + per_ctx b k (k - 1) / 2``.
     """
     k = steps
-    first = cost.fixed_s + cost.per_seq_s * batch + cost.per_context_token_s * context_tokens
-    return k * first + cost.per_context_token_s * batch * k * (k - 1) / 2
+    first = decode_step_time_s(cost, batch, context_tokens)
+    return k * first + decode_step_increment_s(cost, batch) * k * (k - 1) / 2

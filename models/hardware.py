@@ -1,4 +1,15 @@
-"""GPUs, nodes and links as data (pure; sources in ``../shared/VLLM_BEHAVIOUR.md`` section 4)."""
+"""GPUs, nodes and links as data, each number with its source (pure).
+
+GPU figures are NVIDIA datasheet values (dense tensor peaks, i.e. without 2:4 sparsity); instance
+figures are AWS's instance-type pages (``aws.amazon.com/ec2/instance-types/<family>``) and the sources in
+``../shared/VLLM_BEHAVIOUR.md`` section 4. ``aic_system`` names the aiconfigurator-core perf database of
+the GPU (``systems/data/<aic_system>``), so kernel-derived priors can be looked up by GPU.
+
+A node's link is what one TP rank sees: the instance's EFA line rate divided over its GPUs (NIXL's
+LIBFABRIC backend maps each GPU to its nearest NICs and every rank reads from its peer rank in
+parallel). Every instance has a ``<name>-tcp`` twin whose link is the UCX/TCP fallback (~0.3 GB/s per
+rank, vllm #41814, nixl #909), for comparison.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +20,11 @@ from kvplan.models.presets import resolve_preset
 GB = 1e9
 GIB = 1024**3
 GBIT_BYTES = 1e9 / 8
+TFLOPS = 1e12
 
 
 class GPU(BaseModel):
-    """One accelerator: memory and dense tensor peak."""
+    """One accelerator: memory, bandwidths and dense tensor peaks."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -20,7 +32,18 @@ class GPU(BaseModel):
     hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
     hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="HBM bandwidth.")
     bf16_dense_flops: float = Field(gt=0, description="Dense BF16 tensor peak, FLOP/s.")
-    fp8_dense_flops: float = Field(gt=0, description="Dense FP8 tensor peak, FLOP/s.")
+    fp8_dense_flops: float = Field(default=0.0, ge=0, description="Dense FP8 tensor peak, FLOP/s (0: no FP8 cores).")
+    nvlink_bytes_per_s: float = Field(
+        default=0.0, ge=0, description="NVLink bandwidth per GPU, both directions (0: PCIe only)."
+    )
+    aic_system: str = Field(default="", description="aiconfigurator-core system name of this GPU ('' = none).")
+    source: str = Field(default="", description="Where the numbers come from.")
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense tensor peak for GEMM dtype ``bf16`` or ``fp8`` (FP8 falls back to BF16 on GPUs without FP8)."""
+        if dtype == "fp8" and self.fp8_dense_flops > 0:
+            return self.fp8_dense_flops
+        return self.bf16_dense_flops
 
 
 class Link(BaseModel):
@@ -42,39 +65,68 @@ class Node(BaseModel):
     gpu: GPU = Field(description="The GPU model.")
     gpus_per_node: int = Field(gt=0, description="GPUs in one node.")
     link: Link = Field(description="Inter-node KV-transfer path per GPU.")
-    usd_per_hour: float = Field(default=0.0, ge=0, description="On-demand price, for cost per turn.")
+    efa_generation: str = Field(default="", description="EFA generation (v1, v2, v3, v4; '' = none or unknown).")
+    nics: int = Field(default=0, ge=0, description="Network devices per node.")
+    nic_gbps: float = Field(default=0.0, ge=0, description="Line rate of one network device, Gb/s.")
+    gpudirect_rdma: bool = Field(default=False, description="NIC reads/writes GPU memory directly (GPUDirect RDMA).")
+    usd_per_hour: float | None = Field(default=None, ge=0, description="On-demand price per node-hour (None: unknown).")
     activation_reserve_bytes_per_gpu: float = Field(
         default=4 * GIB, ge=0, description="HBM kept for activations, CUDA graphs and NCCL buffers."
     )
+    source: str = Field(default="", description="Where the numbers come from.")
 
 
-H200 = GPU(
-    name="H200-SXM-141GB",
-    hbm_bytes=141 * GB,
-    hbm_bandwidth_bytes_per_s=4.8e12,
-    bf16_dense_flops=989.4e12,
-    fp8_dense_flops=1978.9e12,
+# --- GPUs ----------------------------------------------------------------------------------------------------
+
+A100_40 = GPU(
+    name="A100-SXM4-40GB", hbm_bytes=40 * GB, hbm_bandwidth_bytes_per_s=1.555e12, bf16_dense_flops=312 * TFLOPS,
+    fp8_dense_flops=0.0, nvlink_bytes_per_s=600 * GB, aic_system="a100_sxm",
+    source="NVIDIA A100 datasheet: 40 GB HBM2 1,555 GB/s, BF16 312 TFLOP/s dense, no FP8, NVLink3 600 GB/s",
+)
+A100_80 = GPU(
+    name="A100-SXM4-80GB", hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=2.039e12, bf16_dense_flops=312 * TFLOPS,
+    fp8_dense_flops=0.0, nvlink_bytes_per_s=600 * GB, aic_system="a100_sxm",
+    source="NVIDIA A100 datasheet: 80 GB HBM2e 2,039 GB/s, BF16 312 TFLOP/s dense, no FP8, NVLink3 600 GB/s",
 )
 H100 = GPU(
-    name="H100-SXM-80GB",
-    hbm_bytes=80 * GB,
-    hbm_bandwidth_bytes_per_s=3.35e12,
-    bf16_dense_flops=989.4e12,
-    fp8_dense_flops=1978.9e12,
+    name="H100-SXM-80GB", hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989.4 * TFLOPS,
+    fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=900 * GB, aic_system="h100_sxm",
+    source="NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989.4 / FP8 1,978.9 TFLOP/s dense, NVLink4 900 GB/s",
+)
+H200 = GPU(
+    name="H200-SXM-141GB", hbm_bytes=141 * GB, hbm_bandwidth_bytes_per_s=4.8e12, bf16_dense_flops=989.4 * TFLOPS,
+    fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=900 * GB, aic_system="h200_sxm",
+    source="NVIDIA H200 datasheet: 141 GB HBM3e 4.8 TB/s, GH100 tensor peaks as H100, NVLink4 900 GB/s (VLLM_BEHAVIOUR 4)",
+)
+B200 = GPU(
+    name="B200-SXM-180GB", hbm_bytes=180 * GB, hbm_bandwidth_bytes_per_s=7.7e12, bf16_dense_flops=2250 * TFLOPS,
+    fp8_dense_flops=4500 * TFLOPS, nvlink_bytes_per_s=1800 * GB, aic_system="b200_sxm",
+    source="NVIDIA HGX B200 datasheet: 1,440 GB HBM3e over 8 GPUs (AWS p6-b200: 179 GB usable each), ~7.7 TB/s per GPU,"
+    " BF16 2.25 / FP8 4.5 PFLOP/s dense per GPU (half the sparse figures), NVLink5 1.8 TB/s",
+)
+L40S = GPU(
+    name="L40S-48GB", hbm_bytes=48 * GB, hbm_bandwidth_bytes_per_s=864 * GB, bf16_dense_flops=362.05 * TFLOPS,
+    fp8_dense_flops=733 * TFLOPS, nvlink_bytes_per_s=0.0, aic_system="l40s",
+    source="NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s, BF16 362 / FP8 733 TFLOP/s dense, no NVLink (PCIe Gen4 x16)",
 )
 
-EFA_P5EN = Link(
-    name="efa-v3-p5en",
-    # 16 x 200 Gb/s EFAv3 per node = 2 NICs = 400 Gb/s = 50 GB/s per GPU (torchx PR #995; AWS).
-    bandwidth_bytes_per_s_per_rank=16 * 200 * GBIT_BYTES / 8,
-    description="p5en: 16x200 Gb/s EFAv3, ~50 GB/s per GPU, LIBFABRIC backend",
-)
-EFA_P5 = Link(
-    name="efa-p5",
-    # 32 x 100 Gb/s EFA per node = 4 NICs per GPU = 50 GB/s per GPU.
-    bandwidth_bytes_per_s_per_rank=32 * 100 * GBIT_BYTES / 8,
-    description="p5: 32x100 Gb/s EFA, ~50 GB/s per GPU",
-)
+GPU_PRESETS: dict[str, GPU] = {
+    "a100-sxm-40gb": A100_40,
+    "a100-sxm-80gb": A100_80,
+    "h100-sxm": H100,
+    "h200": H200,
+    "b200": B200,
+    "l40s": L40S,
+}
+
+#: Other spellings accepted for a GPU preset (aiconfigurator system names included).
+GPU_ALIASES: dict[str, str] = {
+    "h100": "h100-sxm", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "h200-sxm": "h200", "b200_sxm": "b200",
+    "a100": "a100-sxm-80gb", "a100_sxm": "a100-sxm-80gb", "a100-80": "a100-sxm-80gb", "a100-40": "a100-sxm-40gb",
+}
+
+# --- links and nodes -------------------------------------------------------------------------------------------
+
 TCP_FALLBACK = Link(
     name="tcp",
     # UCX on EFA silently falling back to TCP moves about 0.3 GB/s (vllm #41814, nixl #909).
@@ -82,14 +134,79 @@ TCP_FALLBACK = Link(
     description="plain TCP / UCX fallback, ~0.3 GB/s per rank, for comparison",
 )
 
-P5EN = Node(name="p5en", gpu=H200, gpus_per_node=8, link=EFA_P5EN, usd_per_hour=63.30)
-P5 = Node(name="p5", gpu=H100, gpus_per_node=8, link=EFA_P5, usd_per_hour=55.04)
-P5EN_TCP = Node(name="p5en-tcp", gpu=H200, gpus_per_node=8, link=TCP_FALLBACK, usd_per_hour=63.30)
 
-HARDWARE_PRESETS: dict[str, Node] = {n.name: n for n in (P5EN, P5, P5EN_TCP)}
-LINK_PRESETS: dict[str, Link] = {lk.name: lk for lk in (EFA_P5EN, EFA_P5, TCP_FALLBACK)}
+def _efa_link(name: str, nics: int, gbps: float, gpus: int, gdr: bool) -> Link:
+    """The per-rank share of ``nics x gbps`` over ``gpus`` GPUs."""
+    per_rank = nics * gbps * GBIT_BYTES / gpus
+    how = "GPUDirect RDMA" if gdr else "no GPUDirect RDMA: staged through host memory"
+    return Link(
+        name=f"efa-{name}",
+        bandwidth_bytes_per_s_per_rank=per_rank,
+        description=f"{name}: {nics}x{gbps:g} Gb/s EFA, ~{per_rank / GB:.1f} GB/s per GPU, LIBFABRIC backend, {how}",
+    )
+
+
+def _node(
+    name: str, gpu: GPU, gpus: int, efa: str, nics: int, gbps: float, gdr: bool, usd: float | None, source: str
+) -> Node:
+    return Node(
+        name=name, gpu=gpu, gpus_per_node=gpus, link=_efa_link(name, nics, gbps, gpus, gdr), efa_generation=efa,
+        nics=nics, nic_gbps=gbps, gpudirect_rdma=gdr, usd_per_hour=usd, source=source,
+    )
+
+
+_AWS = "AWS EC2 instance-type page"
+P4D = _node("p4d", A100_40, 8, "v1", 4, 100, True, None,
+            f"{_AWS} (P4): 8x A100 40 GB, 400 Gb/s EFA (4x100), GPUDirect RDMA")
+P4DE = _node("p4de", A100_80, 8, "v1", 4, 100, True, None,
+             f"{_AWS} (P4): 8x A100 80 GB, 400 Gb/s EFA (4x100), GPUDirect RDMA")
+P5 = _node("p5", H100, 8, "v2", 32, 100, True, 55.04,
+           f"{_AWS} (P5): 8x H100 80 GB, 3,200 Gb/s EFAv2 (32x100, 4 per GPU), GPUDirect RDMA; VLLM_BEHAVIOUR 4")
+P5E = _node("p5e", H200, 8, "v2", 32, 100, True, None,
+            f"{_AWS} (P5e): 8x H200 141 GB, 3,200 Gb/s EFAv2 (32x100), GPUDirect RDMA; torchx PR #1098")
+P5EN = _node("p5en", H200, 8, "v3", 16, 200, True, 63.30,
+             f"{_AWS} (P5en): 8x H200 141 GB, 3,200 Gb/s EFAv3 (16x200, 2 per GPU), GPUDirect RDMA; torchx PR #995;"
+             " price dstack PR #4110")
+P6_B200 = _node("p6-b200", B200, 8, "v4", 8, 400, True, None,
+                f"{_AWS} (P6): 8x B200 (1,440 GB HBM3e), 3,200 Gb/s EFAv4 (8x400), GPUDirect RDMA")
+G6E = _node("g6e", L40S, 8, "v1", 4, 100, False, None,
+            f"{_AWS} (G6e.48xlarge): 8x L40S 48 GB, 400 Gb/s network with EFA, no GPUDirect RDMA")
+
+_EFA_NODES = (P4D, P4DE, P5, P5E, P5EN, P6_B200, G6E)
+
+
+def _tcp_twin(node: Node) -> Node:
+    return node.model_copy(update={"name": f"{node.name}-tcp", "link": TCP_FALLBACK,
+                                   "source": node.source + "; link replaced by the UCX/TCP fallback"})
+
+
+HARDWARE_PRESETS: dict[str, Node] = {n.name: n for n in _EFA_NODES} | {
+    f"{n.name}-tcp": _tcp_twin(n) for n in _EFA_NODES
+}
+P5EN_TCP = HARDWARE_PRESETS["p5en-tcp"]
+EFA_P5EN = P5EN.link
+EFA_P5 = P5.link
+LINK_PRESETS: dict[str, Link] = {n.link.name: n.link for n in _EFA_NODES} | {
+    "efa-v3-p5en": EFA_P5EN,  # the name before the hardware table
+    TCP_FALLBACK.name: TCP_FALLBACK,
+}
 
 
 def get_hardware(name_or_spec: str | dict[str, object] | Node) -> Node:
-    """Resolve a hardware preset name (``p5en``, ``p5``, ``p5en-tcp``) or validate an inline node."""
+    """Resolve a hardware preset name (``p5en``, ``p5``, ``p5en-tcp``, ...) or validate an inline node."""
     return resolve_preset(name_or_spec, HARDWARE_PRESETS, Node, "hardware")
+
+
+def get_gpu(name_or_spec: str | dict[str, object] | GPU) -> GPU:
+    """Resolve a GPU preset name (``h100-sxm``, ``h200``, ...) or validate an inline GPU."""
+    if isinstance(name_or_spec, str):
+        name_or_spec = GPU_ALIASES.get(name_or_spec.lower(), name_or_spec)
+    return resolve_preset(name_or_spec, GPU_PRESETS, GPU, "gpu")
+
+
+def gpu_key(gpu: GPU) -> str:
+    """The preset key of ``gpu`` (by name), or its name when it is not a preset."""
+    for key, g in GPU_PRESETS.items():
+        if g.name == gpu.name:
+            return key
+    return gpu.name

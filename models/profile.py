@@ -1,10 +1,11 @@
 """Calibration profiles: cost-model parameters with their uncertainty, fit report and provenance.
 
-A profile is a JSON file (never a pickle). Shipped profiles live in ``models/profiles/`` and load by
-name (``p5en-qwen3-32b``); any other path loads as a user profile. For a model without a calibrated
-profile on a hardware, :func:`resolve_profile` derives one from a calibrated profile of the same
-hardware by scaling compute with FLOPs per token and decode with bytes read per step, and marks it
-``extrapolated`` (every output built from it must say so).
+A profile is a JSON file (never a pickle). Shipped calibrated profiles live in ``models/profiles/`` and
+load by name (``p5en-qwen3-32b``); kernel-derived compute priors (``kvplan profile derive``) live in
+``models/priors/`` (``qwen3-32b-h200-tp8``); any other path loads as a user profile. Every profile whose
+model and hardware (an instance or a GPU preset) are known is checked against its physical bounds
+(:mod:`kvplan.models.bounds`) when it loads. Which profile a deployment uses is decided by
+:func:`kvplan.models.resolve.resolve_profile`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
-from kvplan.models.arch import (
-    ModelArch,
-    attention_flops_per_pair,
-    kv_bytes_per_token_per_rank,
-    linear_flops_per_token,
-    weights_bytes_per_gpu,
-)
-from kvplan.models.costs import CostModel, DecodeCost, PrefillCost
+from kvplan.models.costs import CostModel
 
 MAX_PROFILE_BYTES = 8 * 1024**2
 
@@ -45,30 +39,84 @@ class Profile(BaseModel):
     )
     fit_report: dict[str, Any] = Field(default_factory=dict, description="Residuals, MAPE per metric, ...")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Sources, sha256, vLLM version.")
-    status: str = Field(default="calibrated", description="calibrated | prior | extrapolated")
+    status: str = Field(default="calibrated", description="calibrated | prior | composed (see component_status)")
+    component_status: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per component ('prefill.gpu', 'prefill.overhead_s', 'decode.gpu', 'transfer', 'overhead', ...):"
+        " calibrated, kernel-derived or assumed, with where from.",
+    )
     notes: list[str] = Field(default_factory=list, description="Assumptions a reader must know.")
 
     @property
     def extrapolated(self) -> bool:
-        """True when this profile was derived from another model's calibration."""
-        return self.status == "extrapolated"
+        """True when this profile is not a calibration of this model and hardware (see ``component_status``)."""
+        return self.status != "calibrated"
+
+    def status_line(self) -> str:
+        """One line: which parts are calibrated, kernel-derived or assumed."""
+        if not self.component_status:
+            return self.status
+        return "; ".join(f"{k}: {v}" for k, v in sorted(self.component_status.items()))
 
 
 def _profiles_dir() -> Path:
     return Path(str(resources.files("kvplan.models").joinpath("profiles")))
 
 
+def _priors_dir() -> Path:
+    return Path(str(resources.files("kvplan.models").joinpath("priors")))
+
+
 def shipped_profiles() -> list[str]:
-    """Names of the profiles shipped with kvplan."""
+    """Names of the calibrated profiles shipped with kvplan."""
     return sorted(p.stem for p in _profiles_dir().glob("*.json"))
 
 
+def shipped_priors() -> list[str]:
+    """Names of the kernel-derived priors shipped with kvplan (``<model>-<gpu>-tp<N>``)."""
+    return sorted(p.stem for p in _priors_dir().glob("*.json") if p.stem != "INDEX")
+
+
+def prior_name(model: str, gpu: str, tp: int) -> str:
+    """Name of a shipped prior: ``<model>-<gpu>-tp<N>``."""
+    return f"{model}-{gpu}-tp{tp}"
+
+
+def load_prior(model: str, gpu: str, tp: int) -> Profile | None:
+    """The shipped kernel-derived prior of (model, GPU preset key, TP), or None when there is none."""
+    path = _priors_dir() / f"{prior_name(model, gpu, tp)}.json"
+    return load_profile(path) if path.is_file() else None
+
+
+def check_profile_bounds(profile: Profile, where: str) -> None:
+    """Raise a one-line error when a profile of a known model and hardware breaks a physical bound."""
+    from kvplan.models.arch import MODEL_PRESETS
+    from kvplan.models.bounds import check_bounds
+    from kvplan.models.hardware import GPU_PRESETS, HARDWARE_PRESETS, Node
+
+    arch = MODEL_PRESETS.get(profile.model)
+    if arch is None:
+        return
+    node = HARDWARE_PRESETS.get(profile.hardware)
+    if node is None and profile.hardware in GPU_PRESETS:
+        node = Node.model_validate({"name": profile.hardware, "gpu": GPU_PRESETS[profile.hardware], "gpus_per_node": 8,
+                                    "link": {"name": "none", "bandwidth_bytes_per_s_per_rank": 1e30}})
+    if node is None:
+        return
+    check_bounds(profile.costs, arch, node, profile.tensor_parallel_size, where)
+
+
 def load_profile(name_or_path: str | Path) -> Profile:
-    """Load a shipped profile by name, or a profile JSON file by path (bounded size, validated)."""
+    """Load a shipped profile or prior by name, or a profile JSON file by path (bounded size, validated,
+    physically bounded)."""
     text_path = Path(name_or_path)
     shipped = _profiles_dir() / f"{name_or_path}.json"
-    if shipped.is_file() and not text_path.suffix:
+    prior = _priors_dir() / f"{name_or_path}.json"
+    bare = isinstance(name_or_path, str) and "/" not in name_or_path and not name_or_path.endswith(".json")
+    if shipped.is_file() and bare:
         path = shipped
+    elif prior.is_file() and bare:
+        path = prior
     elif text_path.is_file():
         path = text_path
     else:
@@ -82,11 +130,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise input_error(f"{path}: field '{loc}'", err["msg"]) from None
+    check_profile_bounds(profile, f"profile {path.name}")
+    return profile
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
@@ -98,45 +148,3 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 def default_profile_name(model: str, hardware: str) -> str:
     """The shipped profile name for a (model, hardware) pair: ``<hardware>-<model>``."""
     return f"{hardware}-{model}"
-
-
-def extrapolate_profile(base: Profile, base_arch: ModelArch, arch: ModelArch, tp: int) -> Profile:
-    """Derive a profile for ``arch`` at TP ``tp`` from a calibrated ``base`` on the same hardware.
-
-    Prefill per-token cost scales with linear FLOPs per token per rank, attention with attention FLOPs
-    per pair per rank; decode fixed cost with weight bytes per GPU (decode reads all weights each step),
-    per-context-token with KV bytes per token per rank. Transfer parameters carry over: bytes and
-    descriptors already come from the architecture. Step fixed costs and overheads carry over unchanged.
-    """
-    c = base.costs
-    tp0 = base.tensor_parallel_size
-    lin = (linear_flops_per_token(arch) / tp) / (linear_flops_per_token(base_arch) / tp0)
-    att = (attention_flops_per_pair(arch) / tp) / (attention_flops_per_pair(base_arch) / tp0)
-    wts = weights_bytes_per_gpu(arch, tp) / weights_bytes_per_gpu(base_arch, tp0)
-    kvb = kv_bytes_per_token_per_rank(arch, tp) / kv_bytes_per_token_per_rank(base_arch, tp0)
-    costs = CostModel(
-        prefill=PrefillCost(
-            fixed_s=c.prefill.fixed_s, per_token_s=c.prefill.per_token_s * lin, attention_s=c.prefill.attention_s * att
-        ),
-        transfer=c.transfer,
-        decode=DecodeCost(
-            fixed_s=c.decode.fixed_s * wts,
-            per_seq_s=c.decode.per_seq_s,
-            per_context_token_s=c.decode.per_context_token_s * kvb,
-        ),
-        overhead=c.overhead,
-    )
-    return Profile(
-        name=f"{base.name}->{arch.name}-tp{tp}",
-        model=arch.name,
-        hardware=base.hardware,
-        tensor_parallel_size=tp,
-        costs=costs,
-        status="extrapolated",
-        provenance={"derived_from": base.name, "scales": {"linear": lin, "attention": att, "weights": wts, "kv": kvb}},
-        notes=[
-            f"EXTRAPOLATED from {base.name} ({base.model} TP{tp0}) by FLOPs per token and bytes per step;"
-            " not calibrated on this model"
-        ]
-        + list(base.notes),
-    )

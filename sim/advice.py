@@ -387,7 +387,7 @@ def _run_warnings(setup: _Setup, ttl: int) -> list[str]:
     """An extrapolated profile, and a run too short for steady pinned-KV means at ``ttl``."""
     out = []
     if setup.rs.profile.extrapolated:
-        out.append("EXTRAPOLATED profile: costs scaled from another model's calibration")
+        out.append("profile not calibrated on this deployment: " + setup.rs.profile.status_line())
     arr, wl = setup.sc.workload.arrival, setup.sc.workload
     if not isinstance(arr, ClosedLoopArrival):
         horizon = wl.conversations / arr.rate_per_s

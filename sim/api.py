@@ -46,6 +46,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
         "profile": rs.profile.name,
         "profile_status": rs.profile.status,
         "extrapolated": rs.profile.extrapolated,
+        "profile_components": dict(rs.profile.component_status),
         "decode_kv_capacity_tokens": rs.decode_capacity_tokens,
         "decode_kv_capacity_gib": rs.decode_capacity_tokens * bytes_all / GIB * scenario.deployment.decode_nodes,
         "kv_bytes_per_token_all_ranks": bytes_all,

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import simpy
 
-from kvplan.models.costs import DecodeCost
+from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s
 from kvplan.sim.context import Request
 from kvplan.sim.events import Ev
 
@@ -67,7 +67,7 @@ class DecodeBatch:
         self.exact = exact
         self.bs = block_size
         self.owner = owner
-        self._a, self._b, self._c = cost.fixed_s, cost.per_seq_s, cost.per_context_token_s
+        self._dc = cost
         self._join_q: deque[Request] = deque()
         self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
@@ -244,8 +244,8 @@ class DecodeBatch:
             self._active = False
             return
         self._plan_t0 = now
-        self._plan_first = self._a + self._b * self.batch + self._c * self.ctx_sum
-        self._plan_inc = self._c * self.batch
+        self._plan_first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
+        self._plan_inc = decode_step_increment_s(self._dc, self.batch)
         t_first = now + self._plan_first  # the first step containing them ends here
         log = self.log
         for r in joined:

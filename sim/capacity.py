@@ -220,6 +220,9 @@ def plan_capacity(
     if not isinstance(max_nodes, int) or max_nodes < 2:
         raise input_error("max_nodes", "must be an integer >= 2")
     usd = usd_per_node_hour if usd_per_node_hour is not None else get_hardware(sc.hardware).usd_per_hour
+    if usd is None:
+        raise input_error("--usd-per-node-hour", f"no on-demand price is known for hardware '{sc.hardware}'",
+                          "pass --usd-per-node-hour")
     if not (math.isfinite(usd) and usd >= 0):
         raise input_error("--usd-per-node-hour", f"must be >= 0, got {usd!r}")
     base = with_overrides(sc, {"workload.arrival.rate_per_s": float(rate_per_s),

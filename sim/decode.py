@@ -293,7 +293,7 @@ class DecodeNode:
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
             pnode.release_hold(r, HoldRelease.NOTIFIED)
-            t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
+            t = prefill_time_s(ctx.costs.prefill, tokens, hit, self.chunk)
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 

@@ -12,22 +12,18 @@ from dataclasses import dataclass
 import simpy
 
 from kvplan.errors import input_error
-from kvplan.models.arch import MODEL_PRESETS, ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
+from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
+from kvplan.models.bounds import bound_violations
 from kvplan.models.costs import CostModel
 from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
-from kvplan.models.profile import (
-    Profile,
-    default_profile_name,
-    extrapolate_profile,
-    load_profile,
-    shipped_profiles,
-)
+from kvplan.models.profile import Profile
+from kvplan.models.resolve import resolve_profile
 from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
 from kvplan.sim.driver import Driver
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario
+from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -46,8 +42,19 @@ class Resolved:
     notes: tuple[str, ...]
 
 
+def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
+    """``costs`` with the parameters an inline ``costs:`` block names replaced (the rest unchanged)."""
+    parts = {}
+    for comp in ("prefill", "transfer", "decode", "overhead"):
+        base = getattr(costs, comp)
+        named = getattr(overrides, comp)
+        parts[comp] = base.model_copy(update=dict(named)) if named else base
+    return CostModel(**parts)
+
+
 def resolve(scenario: Scenario) -> Resolved:
-    """Resolve presets, load (or extrapolate) the profile, apply inline cost overrides, size KV pools."""
+    """Resolve presets and the profile (:func:`kvplan.models.resolve.resolve_profile`), apply inline cost
+    overrides, size KV pools."""
     arch = get_model(scenario.model)
     node = get_hardware(scenario.hardware)
     tp = scenario.deployment.tensor_parallel_size
@@ -55,40 +62,17 @@ def resolve(scenario: Scenario) -> Resolved:
         raise input_error(
             "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
         )
-    notes: list[str] = []
-    if scenario.profile is not None:
-        profile = load_profile(scenario.profile)
-    else:
-        name = default_profile_name(arch.name, node.name)
-        if name in shipped_profiles():
-            profile = load_profile(name)
-        else:
-            same_hw = [p for p in shipped_profiles() if p.startswith(node.name + "-")]
-            base_name = default_profile_name("qwen3-32b", node.name)
-            if base_name not in same_hw:
-                if not same_hw:
-                    raise input_error(
-                        "hardware", f"no calibrated profile for hardware '{node.name}'", "give 'profile:' or 'costs:'"
-                    )
-                base_name = same_hw[0]
-            base = load_profile(base_name)
-            base_arch = MODEL_PRESETS[base.model]
-            profile = extrapolate_profile(base, base_arch, arch, tp)
-    if profile.model != arch.name or profile.tensor_parallel_size != tp:
-        if profile.model in MODEL_PRESETS and not profile.extrapolated:
-            profile = extrapolate_profile(profile, MODEL_PRESETS[profile.model], arch, tp)
-    notes.extend(profile.notes)
-    c = profile.costs
-    o = scenario.costs
-    costs = CostModel(
-        prefill=o.prefill if o.prefill is not None else c.prefill,
-        transfer=o.transfer if o.transfer is not None else c.transfer,
-        decode=o.decode if o.decode is not None else c.decode,
-        overhead=o.overhead if o.overhead is not None else c.overhead,
-    )
+    if arch.num_q_heads % tp:
+        raise input_error("deployment.tensor_parallel_size", f"{tp} does not divide the {arch.num_q_heads} attention "
+                          f"heads of {arch.name}", "use a TP size that divides the head count")
+    profile, notes = resolve_profile(arch, node, tp, scenario.profile)
+    costs = apply_overrides(profile.costs, scenario.costs)
     for comp in ("prefill", "transfer", "decode", "overhead"):
-        if getattr(o, comp) is not None:
-            notes.append(f"costs.{comp} given inline (replaces the profile's; omitted parameters are 0)")
+        named = getattr(scenario.costs, comp)
+        if named:
+            notes.append(f"costs.{comp} given inline: {', '.join(sorted(named))} (the rest from the profile)")
+    for bad in bound_violations(costs, arch, node, tp) if costs != profile.costs else []:
+        notes.append(f"inline costs not physically possible: {bad}")
     per_byte_s = costs.transfer.per_byte_s
     if scenario.deployment.link is not None:
         link = LINK_PRESETS.get(scenario.deployment.link)

@@ -32,6 +32,7 @@ from typing import Any
 
 import simpy
 
+from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import D2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
@@ -58,8 +59,7 @@ class PrefillNode:
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
-        pc = ctx.costs.prefill
-        self._fixed, self._per_tok, self._att = pc.fixed_s, pc.per_token_s, pc.attention_s
+        self._pc = ctx.costs.prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._wake: simpy.Event | None = None
@@ -90,6 +90,7 @@ class PrefillNode:
             batch: list[tuple[Request, int]] = []
             new_tokens = 0
             pairs = 0.0
+            ctx_pairs = 0.0
             for r in self.running:
                 if budget <= 0:
                     break
@@ -97,6 +98,7 @@ class PrefillNode:
                 batch.append((r, n))
                 budget -= n
                 new_tokens += n
+                ctx_pairs += n * r.p_ctx
                 pairs += n * r.p_ctx + n * (n + 1) / 2
             while self.waiting and len(self.running) < self.max_seqs and budget > 0:
                 r = self.waiting[0]
@@ -114,10 +116,11 @@ class PrefillNode:
                 batch.append((r, n))
                 budget -= n
                 new_tokens += n
+                ctx_pairs += n * r.p_ctx
                 pairs += n * r.p_ctx + n * (n + 1) / 2
             if not batch:
                 continue
-            dt = self._fixed + self._per_tok * new_tokens + self._att * pairs
+            dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
             self.busy_s += dt
             yield env.timeout(dt)
             finished = False

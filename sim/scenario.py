@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
@@ -195,13 +195,32 @@ class Workload(_Frozen):
     )
 
 
-class CostOverrides(_Frozen):
-    """Inline cost components; each given block replaces the profile's, omitted parameters are zero."""
+_COST_COMPONENTS: dict[str, type[BaseModel]] = {
+    "prefill": PrefillCost, "transfer": TransferCost, "decode": DecodeCost, "overhead": OverheadCost,
+}
 
-    prefill: PrefillCost | None = Field(default=None, description="Replaces the profile's prefill model.")
-    transfer: TransferCost | None = Field(default=None, description="Replaces the profile's transfer model.")
-    decode: DecodeCost | None = Field(default=None, description="Replaces the profile's decode model.")
-    overhead: OverheadCost | None = Field(default=None, description="Replaces the profile's overheads.")
+
+class CostOverrides(_Frozen):
+    """Inline cost parameters: each named parameter replaces the profile's, the others stay the profile's."""
+
+    prefill: dict[str, Any] | None = Field(default=None, description="Prefill parameters to replace.")
+    transfer: dict[str, Any] | None = Field(default=None, description="Transfer parameters to replace.")
+    decode: dict[str, Any] | None = Field(default=None, description="Decode parameters to replace.")
+    overhead: dict[str, Any] | None = Field(default=None, description="Overhead parameters to replace.")
+
+    @field_validator("prefill", "transfer", "decode", "overhead")
+    @classmethod
+    def _known_parameters(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if v is None:
+            return None
+        comp = str(info.field_name)
+        model = _COST_COMPONENTS[comp]
+        known = set(model.model_fields)
+        for key in v:
+            if key not in known:
+                raise ValueError(f"unknown parameter '{key}' of costs.{comp}; known: {', '.join(sorted(known))}")
+        model.model_validate(v)  # types and ranges of the named parameters
+        return dict(v)
 
 
 class Simulation(_Frozen):

@@ -32,7 +32,7 @@ import pandas as pd
 from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
-from kvplan.models.costs import CostModel
+from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.grid import Grid
 from kvplan.sim.scenario import (
@@ -263,8 +263,12 @@ def _pulls(x: ScreenInputs) -> _Pulls:
     frac_big = (ctx_prev >= x.threshold_tokens).astype(float)
     n = np.where(local > 0.5, n_small, ctx_prev)
     pull_s = np.array([float(_pull_s(p, np.array([v]))[0]) for p, v in zip(x.points, n, strict=True)])
-    per_tok, att = x.costs(lambda c: c.prefill.per_token_s), x.costs(lambda c: c.prefill.attention_s)
-    recompute_s = per_tok * n + att * (n * np.maximum(ctx_prev - n, 0) + n * (n + 1) / 2)
+    # the recompute of n tokens on top of the rest of the context, without the per-step fixed part (both paths pay it)
+    recompute_s = np.array([
+        prefill_step_time_s(p.costs.prefill, v, v * max(cp - v, 0) + v * (v + 1) / 2, v * max(cp - v, 0))
+        - (p.costs.prefill.overhead_s + p.costs.prefill.fixed_s)
+        for p, v, cp in zip(x.points, n, ctx_prev, strict=True)
+    ])
     frac = local * frac_small + (1 - local) * frac_big
     return _Pulls(ctx_prev, local, n_small, frac_small, frac_big, frac, n, pull_s, recompute_s)
 
@@ -318,8 +322,8 @@ def _pinned_tokens(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndarray:
 
 def _prefill_utilisation(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndarray:
     """Prefill busy share per P node from the mean prefill work of first turns and follow-ups."""
-    fixed = x.costs(lambda c: c.prefill.fixed_s)
-    per_tok, att = x.costs(lambda c: c.prefill.per_token_s), x.costs(lambda c: c.prefill.attention_s)
+    pc = [p.costs.prefill for p in x.points]
+    fixed = np.array([c.overhead_s + c.fixed_s for c in pc])  # per step, whatever its tokens
     user, et, hit = x.user_tokens, x.mean_turns, hits.hit
     # prefill work per turn: turn 1 computes its prompt; a follow-up computes user+1 after a pull, the
     # uncached tail when P still holds the prompt, the whole prompt otherwise
@@ -331,7 +335,9 @@ def _prefill_utilisation(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndar
     )
 
     def t_prefill(c: np.ndarray, cached: np.ndarray) -> np.ndarray:
-        return fixed + per_tok * c + att * (c * cached + c * (c + 1) / 2)
+        pairs = c * cached + c * (c + 1) / 2
+        return np.array([prefill_step_time_s(p, ci, pi, ci * ki)
+                         for p, ci, pi, ki in zip(pc, c, pairs, cached, strict=True)])
 
     first = x.prefix_tokens + user
     t_turn = (t_prefill(first, np.zeros(len(x.points))) + (et - 1) * t_prefill(comp_follow, prompt_f - comp_follow)) / et
@@ -344,8 +350,7 @@ def _prefill_utilisation(x: ScreenInputs, pulls: _Pulls, hits: _Hits) -> np.ndar
 
 def _running_tokens(x: ScreenInputs, pulls: _Pulls) -> np.ndarray:
     """KV of the running decode batch: the batch fixed point ``B = l' out (a + b B + c B ctx)`` per node."""
-    a, b = x.costs(lambda c: c.decode.fixed_s), x.costs(lambda c: c.decode.per_seq_s)
-    c = x.costs(lambda c: c.decode.per_context_token_s)
+    a, b, c = (np.array(v) for v in zip(*(decode_step_coefficients(p.costs.decode) for p in x.points), strict=True))
     prompt_f, out = pulls.ctx_prev + 1 + x.user_tokens, x.output_tokens
     lam_d = x.rate_per_s * x.mean_turns / x.decode_nodes
     denom = 1 - lam_d * out * (b + c * (prompt_f + out / 2))

@@ -37,3 +37,19 @@ def small(**over: Any) -> dict[str, Any]:
     }
     data.update(over)
     return data
+
+
+def full_costs(**components: dict) -> dict:
+    """An inline ``costs:`` block replacing whole components: every parameter not given is 0 (no knots).
+
+    Inline costs override only the parameters they name, so a test that wants a bare formula names them all.
+    """
+    from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
+
+    classes = {"prefill": PrefillCost, "transfer": TransferCost, "decode": DecodeCost, "overhead": OverheadCost}
+    out = {}
+    for comp, given in components.items():
+        blank = classes[comp]().model_dump(mode="python")
+        blank = {k: (() if isinstance(v, tuple) else (None if v is None else 0.0)) for k, v in blank.items()}
+        out[comp] = {**blank, **given}
+    return out

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import full_costs
 from scipy import stats
 
 from kvplan.app.cli import main
@@ -80,12 +81,12 @@ def test_gaps_beyond_every_ttl_turn_retention_down() -> None:
 # --- acceptance 2: linear inline costs -> threshold equals the analytic break-even within one block ------------
 
 
-LINEAR = {
-    "prefill": {"per_token_s": 1e-4},
-    "transfer": {"fixed_s": 0.02, "per_byte_s": 1e-10},
-    "decode": {"fixed_s": 0.005},
-    "overhead": {"p_leg_s": 0.01},
-}
+LINEAR = full_costs(
+    prefill={"per_token_s": 1e-4},
+    transfer={"fixed_s": 0.02, "per_byte_s": 1e-10},
+    decode={"fixed_s": 0.005},
+    overhead={"p_leg_s": 0.01},
+)
 
 
 def test_threshold_is_linear_break_even() -> None:

@@ -436,7 +436,7 @@ def test_reproduce_bad_profile_model(capsys: pytest.CaptureFixture[str]) -> None
 def test_cost_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cost", "--profile", "p5en-qwen3-32b", "--tokens", "2000", "--cached-tokens", "8000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["prefill_s", "kv_transfer_s", "decode_step_s"]
+    assert list(out)[:3] == ["prefill_s", "kv_transfer_s", "decode_step_s"]
     c = load_profile("p5en-qwen3-32b").costs
     assert out["prefill_s"] == pytest.approx(prefill_time_s(c.prefill, 2000, 8000))
     assert out["decode_step_s"] == pytest.approx(decode_step_time_s(c.decode, 1, 10000))

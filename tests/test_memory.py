@@ -233,7 +233,11 @@ def _nic_run(pairs: list[tuple[int, int]], nbytes: float, per_byte_s: float) -> 
     for i, (p, d) in enumerate(pairs):
         if (p, d) not in links:
             links[(p, d)] = Link(env, per_byte_s, (Ctx.nic("p", p, False), Ctx.nic("d", d, True)), fabric)
-        links[(p, d)].send(i, nbytes, lambda s, i=i: out.__setitem__(i, s))
+
+        def record(s: float, i: int = i) -> None:
+            out[i] = s
+
+        links[(p, d)].send(i, nbytes, record)
     env.run()
     return out
 

@@ -26,7 +26,7 @@ from kvplan.models.costs import (
     transfer_time_s,
 )
 from kvplan.models.hardware import H200, P5EN, get_hardware
-from kvplan.models.profile import extrapolate_profile, load_profile, shipped_profiles
+from kvplan.models.profile import load_profile, shipped_profiles
 
 
 def test_qwen_kv_bytes_and_descriptors() -> None:
@@ -90,10 +90,16 @@ def test_generic_yaml_model() -> None:
     assert kv_bytes_per_token_per_rank(m, 2) == 2 * 4 * 1 * 64 * 2
 
 
-def test_shipped_profiles_and_extrapolation() -> None:
+def test_shipped_profiles_and_resolution() -> None:
+    from kvplan.models.resolve import resolve_profile
+
     assert {"p5en-qwen3-32b", "p5en-glm-5-fp8"} <= set(shipped_profiles())
     base = load_profile("p5en-qwen3-32b")
-    llama = extrapolate_profile(base, QWEN3_32B, LLAMA_3_3_70B, 8)
-    assert llama.extrapolated and "EXTRAPOLATED" in llama.notes[0]
-    ratio = llama.costs.prefill.per_token_s / base.costs.prefill.per_token_s
-    assert ratio == pytest.approx(68.45 / 31.21, rel=1e-6)
+    prof, notes = resolve_profile(LLAMA_3_3_70B, get_hardware("p5en"), 8, None)
+    assert prof.extrapolated and prof.status == "composed" and "COMPOSED" in notes[0]
+    assert prof.component_status["prefill.gpu"].startswith("kernel-derived (prior llama-3.3-70b-h200-tp8")
+    assert "transferred from the calibration p5en-qwen3-32b" in prof.component_status["overhead"]
+    # residuals are the calibration's; the GPU part is the llama prior with the calibration's corrections
+    assert prof.costs.overhead == base.costs.overhead and prof.costs.transfer == base.costs.transfer
+    assert prof.costs.prefill.linear_s(8192) > 1.5 * base.costs.prefill.linear_s(8192)
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import small
+from conftest import full_costs, small
 
 from kvplan.sim.api import run
 from kvplan.sim.events import Ev, Release
@@ -172,7 +172,7 @@ def _single_server(rho: float, prompt: dict, costs: dict, n: int, seed: int) -> 
         "workload": {"conversations": n, "arrival": {"kind": "poisson", "rate_per_s": rho / 0.1},
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": prompt,
                      "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 1}},
-        "costs": {"transfer": {}, "decode": {"fixed_s": 0.001}, "overhead": {}, **costs},
+        "costs": full_costs(transfer={}, decode={"fixed_s": 0.001}, overhead={}, **costs),
         # no retention: 480 s pins at this rate would fill D, and P (holding prompts for D's reads) with it
         "policy": {"bidirectional": False},
         "seed": seed,

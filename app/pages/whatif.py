@@ -28,7 +28,8 @@ st.caption(
     f"{ds.defaults_text()}."
 )
 if s.get("extrapolated"):
-    st.warning("EXTRAPOLATED profile: costs scaled from another model's calibration, not measured on this model.")
+    st.warning("Profile not calibrated on this deployment: " + "; ".join(
+        f"{k}: {v}" for k, v in sorted((s.get("profile_components") or {}).items())))
 for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaults.summary), strict=False):
     col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
                delta_arrow="auto" if m.delta else "off")

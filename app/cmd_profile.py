@@ -1,0 +1,44 @@
+"""``kvplan profile derive``: a kernel-derived compute prior from aiconfigurator-core (optional extra ``kvplan[aic]``)."""
+
+from __future__ import annotations
+
+import typer
+
+DERIVE_HELP = """Query aiconfigurator-core (pip install 'kvplan[aic]') for --model on --gpu at --tp over a grid (prefill:
+new x cached tokens x batch; decode: batch x context), fit kvplan's cost functions (bounded below by the GPU's
+peak FLOP/s and HBM bandwidth) and write a prior profile with provenance and per-point fit errors to --out."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``profile`` command group to the CLI."""
+    group = typer.Typer(help="Cost profiles: derive kernel-based priors.", no_args_is_help=True)
+    app.add_typer(group, name="profile")
+
+    @group.command("derive", help=DERIVE_HELP)
+    def derive_cmd(
+        model: str = typer.Option(..., "--model", help="Model preset (qwen3-32b, llama-3.3-70b, llama-3.1-8b, glm-5-fp8)."),
+        gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100-sxm, h200, b200, a100-sxm-80gb, l40s)."),
+        tp: int = typer.Option(..., "--tp", help="Tensor-parallel size."),
+        out: str = typer.Option(..., "--out", help="Output profile JSON."),
+        model_config: str | None = typer.Option(
+            None, "--model-config", help="Directory with a Hugging Face config.json (for models aiconfigurator lacks)."
+        ),
+    ) -> None:
+        from kvplan.atomic import check_output_file
+        from kvplan.calibration.derive import check_model_config, check_tp, derive_prior, require_aic
+        from kvplan.models.arch import get_model
+        from kvplan.models.hardware import get_gpu
+        from kvplan.models.profile import save_profile
+
+        arch = get_model(model)
+        g = get_gpu(gpu)
+        check_tp(arch, tp)
+        if model_config is not None:
+            check_model_config(model_config)
+        check_output_file(out, "--out")
+        require_aic()
+        d = derive_prior(arch, g, tp, model_path=model_config)
+        save_profile(d.profile, out)
+        fr = d.profile.fit_report
+        typer.echo(f"wrote {out}: {d.profile.name}, {len(d.prefill)} prefill and {len(d.decode)} decode points, max "
+                   f"|error| prefill {fr['prefill_max_abs_rel_error']:.1%}, decode {fr['decode_max_abs_rel_error']:.1%}")

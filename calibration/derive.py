@@ -1,0 +1,366 @@
+"""Kernel-derived compute priors: query aiconfigurator-core on a grid, fit kvplan's own cost functions.
+
+``kvplan profile derive --model M --gpu G --tp N [--model-config DIR] --out P.json`` (optional extra
+``kvplan[aic]`` = ``aiconfigurator-core==0.12.0``, NVIDIA, Apache-2.0). aiconfigurator sums per-operation
+latencies of vLLM's own kernels (GEMM, attention, all-reduce, ...) measured on each GPU (vLLM 0.24 on
+Hopper/Blackwell/L40S, 0.14 on A100), through its low-level API: ``perf_database.get_database(system,
+"vllm", version)``, ``models.get_model(path, ModelConfig(tp_size=N), "vllm")``,
+``backends.factory.get_backend("vllm").run_static_latency_only(model, db, RuntimeConfig(...), mode)``
+with ``mode="static_ctx"`` (one prefill pass of ``batch`` sequences of ``isl`` tokens, ``prefix`` of
+them cached) and ``mode="static_gen"`` with ``osl=2`` (one decode step of ``batch`` sequences at
+context ``isl``).
+
+Grid: prefill over batch {1, 2, 4} x prompt {128 .. 32k} x cached share {0, 50 %, 75 %}; decode over
+batch {1 .. 128} x context {512 .. 32k}, each capped at the model's context limit. The fit
+(``scipy.optimize.least_squares``, relative residuals, bounded below by :mod:`kvplan.models.bounds`)
+targets :func:`kvplan.models.costs.prefill_gpu_step_s` and the GPU part of
+:func:`kvplan.models.costs.decode_step_time_s`; the engine's CPU overhead is not in kernel data and
+stays 0 in a prior (calibrated as a residual on real measurements).
+
+Nothing here runs at simulation time or in CI: only this module imports aiconfigurator, lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from kvplan.errors import input_error
+from kvplan.models.arch import ModelArch
+from kvplan.models.bounds import physical_bounds
+from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, causal_pairs
+from kvplan.models.hardware import GPU, Node
+from kvplan.models.profile import Profile, prior_name
+
+AIC_PACKAGE = "aiconfigurator-core"
+AIC_VERSION = "0.12.0"
+#: kvplan model preset -> the aiconfigurator bundled model path whose architecture it is.
+AIC_MODEL_PATHS = {
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "llama-3.3-70b": "meta-llama/Meta-Llama-3.1-70B",  # same architecture as Llama-3.3-70B
+    "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
+    "glm-5-fp8": "zai-org/GLM-5-FP8",
+}
+#: aiconfigurator's vLLM perf-database version per system (the newest with GEMM and attention tables).
+AIC_VLLM_VERSION = {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0", "l40s": "0.24.0",
+                    "a100_sxm": "0.14.0"}
+PREFILL_BATCHES = (1, 2, 4)
+PREFILL_PROMPTS = (128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
+CACHED_SHARES = (0.0, 0.5, 0.75)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_CONTEXTS = (512, 2048, 4096, 8192, 16384, 32768)
+#: Largest tokens one prefill pass of the grid may hold (vLLM's step budget is at most this in practice).
+MAX_STEP_TOKENS = 32768
+MAX_CONFIG_BYTES = 1024**2
+
+
+def aic_version() -> str | None:
+    """The installed aiconfigurator-core version, or None when the extra is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(AIC_PACKAGE)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def require_aic() -> str:
+    """The installed version, or a one-line input error saying how to install the extra."""
+    v = aic_version()
+    if v is None:
+        raise input_error("profile derive", f"needs the optional extra {AIC_PACKAGE}=={AIC_VERSION}, not installed",
+                          f"pip install 'kvplan[aic]' (or pip install {AIC_PACKAGE}=={AIC_VERSION})")
+    return v
+
+
+def check_model_config(path: str | Path) -> dict[str, Any]:
+    """Validate a local Hugging Face model directory (``config.json``) before aiconfigurator reads it."""
+    d = Path(path)
+    cfg = d / "config.json"
+    if not d.is_dir() or not cfg.is_file():
+        raise input_error("--model-config", f"'{d}' is not a directory with a config.json",
+                          "give the directory of a Hugging Face model's config.json")
+    if cfg.stat().st_size > MAX_CONFIG_BYTES:
+        raise input_error("--model-config", f"{cfg} is larger than 1 MiB", "is this a model config.json?")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise input_error("--model-config", f"{cfg} is not valid JSON ({exc.__class__.__name__})",
+                          "fix or re-download config.json") from None
+    if not isinstance(data, dict):
+        raise input_error("--model-config", f"{cfg} is not a JSON object", "fix or re-download config.json")
+    for key in ("architectures", "num_hidden_layers", "hidden_size", "num_attention_heads"):
+        if key not in data:
+            raise input_error(f"--model-config: field '{key}'", f"missing from {cfg}", "give a complete config.json")
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
+        if not isinstance(data[key], int) or data[key] <= 0:
+            raise input_error(f"--model-config: field '{key}'", f"must be a positive integer, got {data[key]!r}")
+    return data
+
+
+def check_tp(arch: ModelArch, tp: int, node_gpus: int | None = None) -> None:
+    """TP must divide the query heads and fit in one node."""
+    if tp <= 0:
+        raise input_error("--tp", f"must be a positive integer, got {tp}")
+    if arch.num_q_heads % tp:
+        raise input_error("--tp", f"{tp} does not divide the {arch.num_q_heads} attention heads of {arch.name}",
+                          "use a TP size that divides the head count (1, 2, 4, 8 for most models)")
+    if node_gpus is not None and tp > node_gpus:
+        raise input_error("--tp", f"{tp} exceeds the {node_gpus} GPUs of one node", f"use --tp <= {node_gpus}")
+
+
+# --- the grid -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillPoint:
+    """One aiconfigurator prefill query and its answer (ms)."""
+
+    batch: int
+    prompt: int
+    cached: int
+    ms: float
+
+    @property
+    def new_tokens(self) -> int:
+        """New tokens of the whole pass."""
+        return self.batch * (self.prompt - self.cached)
+
+    @property
+    def pairs(self) -> float:
+        """Causal attention pairs of the whole pass."""
+        return self.batch * causal_pairs(self.prompt - self.cached, self.cached)
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    """One aiconfigurator decode-step query and its answer (ms)."""
+
+    batch: int
+    context: int
+    ms: float
+
+
+def prefill_grid(max_len: int) -> list[tuple[int, int, int]]:
+    """``(batch, prompt, cached)`` of the prefill grid for a model with context limit ``max_len``."""
+    out = []
+    for b in PREFILL_BATCHES:
+        for prompt in PREFILL_PROMPTS:
+            if prompt > max_len:
+                continue
+            for share in CACHED_SHARES:
+                cached = int(round(prompt * share))
+                if b * (prompt - cached) <= MAX_STEP_TOKENS:
+                    out.append((b, prompt, cached))
+    return out
+
+
+def decode_grid(max_len: int) -> list[tuple[int, int]]:
+    """``(batch, context)`` of the decode grid."""
+    return [(b, x) for b in DECODE_BATCHES for x in DECODE_CONTEXTS if x <= max_len]
+
+
+class AicSession:
+    """One loaded aiconfigurator database and model (about 2 s to load, ~0.1 ms a query)."""
+
+    def __init__(self, system: str, model_path: str, tp: int, moe: bool) -> None:
+        logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+        from aiconfigurator_core.sdk import config, models, perf_database
+        from aiconfigurator_core.sdk.backends.factory import get_backend
+
+        self.system = system
+        self.version = AIC_VLLM_VERSION.get(system, "")
+        if not self.version:
+            raise input_error("--gpu", f"aiconfigurator has no vLLM kernel data for '{system}'",
+                              f"use one of {', '.join(sorted(AIC_VLLM_VERSION))}")
+        self._config = config
+        self.db: Any = perf_database.get_database(system, "vllm", self.version)
+        if self.db is None:
+            raise input_error("--gpu", f"aiconfigurator could not load vLLM {self.version} data for '{system}'")
+        kw: dict[str, Any] = {"tp_size": tp}
+        if moe:
+            kw.update(moe_tp_size=tp, moe_ep_size=1)  # vLLM TP without --enable-expert-parallel shards experts
+        self.mode = "SILICON (default perf-database mode), moe_tp=tp, moe_ep=1" if moe else "SILICON (default)"
+        self.model: Any = models.get_model(model_path, config.ModelConfig(**kw), "vllm")
+        self.backend: Any = get_backend("vllm")
+
+    def prefill_ms(self, batch: int, prompt: int, cached: int) -> float:
+        """One prefill pass (static_ctx): ``batch`` sequences of ``prompt`` tokens, ``cached`` of them cached."""
+        rc = self._config.RuntimeConfig(batch_size=batch, isl=prompt, osl=1, prefix=cached)
+        return float(self.backend.run_static_latency_only(self.model, self.db, rc, "static_ctx"))
+
+    def decode_ms(self, batch: int, context: int) -> float:
+        """One decode step (static_gen with osl=2) of ``batch`` sequences at ``context`` tokens each."""
+        rc = self._config.RuntimeConfig(batch_size=batch, isl=context, osl=2, prefix=0)
+        return float(self.backend.run_static_latency_only(self.model, self.db, rc, "static_gen"))
+
+    def silicon_share(self) -> float:
+        """Share of an 8k-token prefill's latency that comes from measured ('silicon') kernel rows."""
+        rc = self._config.RuntimeConfig(batch_size=1, isl=8192, osl=1, prefix=0)
+        s = self.backend.run_static(self.model, self.db, rc, "static_ctx")
+        lat, src = s.get_context_latency_dict(), s.get_context_source_dict()
+        tot = sum(lat.values())
+        return float(sum(v for k, v in lat.items() if src.get(k) == "silicon") / tot) if tot > 0 else 0.0
+
+
+# --- the fit ---------------------------------------------------------------------------------------------------------
+
+
+PREFILL_KNOTS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
+DECODE_KNOTS = DECODE_BATCHES
+
+
+def _bounds(arch: ModelArch, gpu: GPU, tp: int) -> dict[str, float]:
+    node = Node.model_validate({"name": "prior", "gpu": gpu, "gpus_per_node": max(tp, 1),
+                                "link": {"name": "none", "bandwidth_bytes_per_s_per_rank": 1.0}})
+    return {b.param: b.lower for b in physical_bounds(arch, node, tp)}
+
+
+def interpolation_matrix(knots: tuple[int, ...], x: np.ndarray) -> np.ndarray:
+    """Rows of linear-interpolation weights of each ``x`` over ``knots`` (flat outside), as the cost functions use."""
+    k = np.asarray(knots, dtype=float)
+    m = np.zeros((len(x), len(k)))
+    for i, v in enumerate(x):
+        j = int(np.searchsorted(k, v))
+        if j == 0:
+            m[i, 0] = 1.0
+        elif j >= len(k):
+            m[i, -1] = 1.0
+        else:
+            t = (v - k[j - 1]) / (k[j] - k[j - 1])
+            m[i, j - 1], m[i, j] = 1.0 - t, t
+    return m
+
+
+def fit_prefill(points: list[PrefillPoint], arch: ModelArch, gpu: GPU, tp: int) -> PrefillCost:
+    """Fit the knotted :class:`PrefillCost` (linear-layer time at :data:`PREFILL_KNOTS`, causal and context
+    attention per pair) to the points: relative residuals, linear least squares bounded below by physics."""
+    lb = _bounds(arch, gpu, tp)
+    n = np.array([p.new_tokens for p in points], dtype=float)
+    if n.max() > PREFILL_KNOTS[-1]:
+        raise ValueError("prefill grid beyond the last knot")
+    ctx = np.array([p.batch * (p.prompt - p.cached) * p.cached for p in points], dtype=float)
+    causal = np.array([p.pairs for p in points], dtype=float) - ctx
+    y = np.array([p.ms for p in points]) / 1e3
+    a = np.column_stack([interpolation_matrix(PREFILL_KNOTS, n), causal, ctx]) / y[:, None]
+    knots = np.array(PREFILL_KNOTS, dtype=float)
+    lower = np.concatenate([np.maximum(lb["prefill.weight_read_s"], knots * lb["prefill.per_token_s"]),
+                            [lb["prefill.attention_s"], lb["prefill.context_attention_s"]]])
+    sol = lsq_linear(a, np.ones(len(y)), bounds=(lower, np.full(len(lower), np.inf)), method="bvls")
+    x = [float(v) for v in sol.x]
+    t = x[: len(knots)]
+    slope = max((t[-1] - t[-2]) / (knots[-1] - knots[-2]), lb["prefill.per_token_s"])
+    return PrefillCost(per_token_s=slope, attention_s=x[-2], context_attention_s=x[-1],
+                       linear_knots_tokens=PREFILL_KNOTS, linear_knots_s=tuple(t))
+
+
+def fit_decode(points: list[DecodePoint], arch: ModelArch, gpu: GPU, tp: int) -> DecodeCost:
+    """Fit the knotted :class:`DecodeCost` (context-free step time at :data:`DECODE_KNOTS` batch sizes, KV read
+    per context token) to the points, like :func:`fit_prefill`."""
+    lb = _bounds(arch, gpu, tp)
+    b = np.array([p.batch for p in points], dtype=float)
+    s = b * np.array([p.context for p in points], dtype=float)
+    y = np.array([p.ms for p in points]) / 1e3
+    a = np.column_stack([interpolation_matrix(DECODE_KNOTS, b), s]) / y[:, None]
+    knots = np.array(DECODE_KNOTS, dtype=float)
+    lower = np.concatenate([np.maximum(lb["decode.batch_s(1)"], knots * lb["decode.per_seq_s"]),
+                            [lb["decode.per_context_token_s"]]])
+    sol = lsq_linear(a, np.ones(len(y)), bounds=(lower, np.full(len(lower), np.inf)), method="bvls")
+    x = [float(v) for v in sol.x]
+    t = x[: len(knots)]
+    slope = max((t[-1] - t[-2]) / (knots[-1] - knots[-2]), lb["decode.per_seq_s"])
+    return DecodeCost(per_seq_s=slope, per_context_token_s=x[-1], batch_knots=DECODE_KNOTS, batch_knots_s=tuple(t))
+
+
+def _errors(pred: Iterable[float], obs: Iterable[float]) -> list[float]:
+    return [round(p / o - 1.0, 5) for p, o in zip(pred, obs, strict=True)]
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A derived prior and its grid."""
+
+    profile: Profile
+    prefill: list[PrefillPoint]
+    decode: list[DecodePoint]
+
+
+def derive_prior(arch: ModelArch, gpu: GPU, tp: int, model_path: str | None = None) -> Derived:
+    """Query aiconfigurator for ``arch`` on ``gpu`` at TP ``tp`` and fit the prior profile (needs the extra)."""
+    from kvplan.models.costs import decode_step_time_s, prefill_gpu_step_s
+    from kvplan.models.hardware import gpu_key
+
+    version = require_aic()
+    check_tp(arch, tp)
+    path = model_path or AIC_MODEL_PATHS.get(arch.name)
+    if path is None:
+        raise input_error("--model", f"no aiconfigurator model is known for '{arch.name}'",
+                          f"give --model-config DIR (a Hugging Face config.json) or one of {', '.join(AIC_MODEL_PATHS)}")
+    if not gpu.aic_system:
+        raise input_error("--gpu", f"no aiconfigurator kernel data for {gpu.name}",
+                          f"use one of {', '.join(sorted(AIC_VLLM_VERSION))}")
+    sess = AicSession(gpu.aic_system, path, tp, moe=arch.params_active < 0.8 * arch.params_total)
+    pre = [PrefillPoint(b, p, c, sess.prefill_ms(b, p, c)) for b, p, c in prefill_grid(arch.max_model_len)]
+    dec = [DecodePoint(b, x, sess.decode_ms(b, x)) for b, x in decode_grid(arch.max_model_len)]
+    pc = fit_prefill(pre, arch, gpu, tp)
+    dc = fit_decode(dec, arch, gpu, tp)
+    pe = _errors([prefill_gpu_step_s(pc, p.new_tokens, p.pairs, p.batch * (p.prompt - p.cached) * p.cached) * 1e3
+                  for p in pre], [p.ms for p in pre])
+    de = _errors([decode_step_time_s(dc, p.batch, p.batch * p.context, gpu_only=True) * 1e3 for p in dec],
+                 [p.ms for p in dec])
+    key = gpu_key(gpu)
+    fit_report = {
+        "method": "scipy.optimize.lsq_linear (bvls), relative residuals, lower bounds = physical bounds (models/bounds.py)",
+        "prefill_max_abs_rel_error": round(max(abs(e) for e in pe), 5),
+        "prefill_rms_rel_error": round(math.sqrt(float(np.mean(np.square(pe)))), 5),
+        "decode_max_abs_rel_error": round(max(abs(e) for e in de), 5),
+        "decode_rms_rel_error": round(math.sqrt(float(np.mean(np.square(de)))), 5),
+        "prefill_points": [{"batch": p.batch, "prompt": p.prompt, "cached": p.cached, "aic_ms": round(p.ms, 5),
+                            "rel_error": e} for p, e in zip(pre, pe, strict=True)],
+        "decode_points": [{"batch": p.batch, "context": p.context, "aic_ms": round(p.ms, 5), "rel_error": e}
+                          for p, e in zip(dec, de, strict=True)],
+    }
+    provenance = {
+        "kind": "kernel-derived prior",
+        "package": f"{AIC_PACKAGE}=={version}",
+        "database": {"system": gpu.aic_system, "framework": "vllm", "version": sess.version},
+        "mode": sess.mode,
+        "model_path": path if model_path is None else "local --model-config directory",
+        "silicon_share_8k_prefill": round(sess.silicon_share(), 4),
+        "queries": "static_ctx (batch, isl=prompt, prefix=cached, osl=1); static_gen (batch, isl=context, osl=2)",
+    }
+    prof = Profile(
+        name=prior_name(arch.name, key, tp),
+        model=arch.name,
+        hardware=key,
+        tensor_parallel_size=tp,
+        costs=CostModel(prefill=pc, decode=dc),
+        fit_report=fit_report,
+        provenance=provenance,
+        status="prior",
+        component_status={
+            "prefill.gpu": f"kernel-derived (aiconfigurator vLLM {sess.version} {gpu.aic_system} TP{tp})",
+            "decode.gpu": f"kernel-derived (aiconfigurator vLLM {sess.version} {gpu.aic_system} TP{tp})",
+            "prefill.overhead_s": "assumed 0 (engine CPU overhead is not in kernel data)",
+            "decode.overhead_s": "assumed 0 (engine CPU overhead is not in kernel data)",
+            "transfer": "not part of a compute prior",
+            "overhead": "not part of a compute prior",
+        },
+        notes=[f"KERNEL-DERIVED prior: {arch.name} on {gpu.name} TP{tp} from aiconfigurator-core {version} "
+               f"(vLLM {sess.version} kernels); GPU time only"],
+    )
+    return Derived(prof, pre, dec)
+
+
+def priors_dir() -> Path:
+    """Where the shipped priors live (package data ``kvplan/models/priors``)."""
+    return Path(str(resources.files("kvplan.models").joinpath("priors")))

@@ -1,0 +1,192 @@
+"""Which cost profile a deployment uses: calibrated profile, or kernel prior plus calibrated residuals (pure).
+
+:func:`resolve_profile` ``(arch, node, tp, requested) -> (profile, notes)`` is the one rule, used by the
+simulator (``sim/engine.py::resolve``), ``kvplan cost`` and ``kvplan calibrate``:
+
+1. ``requested`` (a profile name or path) of the same model and TP: used as it is.
+2. Otherwise the shipped calibrated profile ``<instance>-<model>`` when its TP matches.
+3. Otherwise **GPU compute** from the (model, GPU, TP) prior (kernel-derived, ``models/priors/``; an
+   analytic roofline estimate, marked *assumed*, when no prior exists) **plus the residuals** of a
+   calibrated profile (engine per-step CPU overheads, proxy/HTTP overheads, transfer latencies): the
+   requested profile, else the one calibrated on this instance family for the same attention kind,
+   else the nearest calibration (same attention kind first). The transfer's bandwidth term is always the
+   instance's line rate (``models/hardware.py``).
+
+The returned profile's ``component_status`` says for each part whether it is calibrated, kernel-derived
+or assumed, and where it comes from.
+"""
+
+from __future__ import annotations
+
+from kvplan.models.arch import MODEL_PRESETS, ModelArch
+from kvplan.models.bounds import (
+    active_weight_bytes_per_gpu,
+    check_bounds,
+    context_bytes_per_token_per_rank,
+    gemm_dtype,
+    physical_bounds,
+)
+from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, scale_prefill_gpu
+from kvplan.models.hardware import GPU, HARDWARE_PRESETS, Node, gpu_key
+from kvplan.models.profile import Profile, default_profile_name, load_prior, load_profile, shipped_profiles
+
+#: Roofline efficiencies of the analytic fallback prior (used only without a kernel-derived prior), each an
+#: assumption: prefill GEMMs at 50 % of the dense peak, attention at 60 %, decode reading weights and KV at
+#: 80 % of HBM bandwidth.
+LINEAR_EFFICIENCY = 0.5
+ATTENTION_EFFICIENCY = 0.6
+HBM_EFFICIENCY = 0.8
+#: Residual parameters a calibration contributes on top of a compute prior.
+RESIDUALS = ("prefill.overhead_s", "decode.overhead_s", "overhead", "transfer")
+
+
+def analytic_prior(arch: ModelArch, gpu: GPU, tp: int) -> CostModel:
+    """Roofline compute costs at the stated efficiencies (assumed; for GPUs or models without kernel data)."""
+    from kvplan.models.arch import attention_flops_per_pair, linear_flops_per_token
+
+    peak = gpu.peak_flops(gemm_dtype(arch))
+    att_peak = gpu.peak_flops("fp8" if arch.attention == "mla" else "bf16")
+    bw = gpu.hbm_bandwidth_bytes_per_s
+    w = active_weight_bytes_per_gpu(arch, tp)
+    return CostModel(
+        prefill=PrefillCost(
+            per_token_s=linear_flops_per_token(arch) / (tp * peak * LINEAR_EFFICIENCY),
+            weight_read_s=w / (bw * HBM_EFFICIENCY),
+            attention_s=attention_flops_per_pair(arch) / (tp * att_peak * ATTENTION_EFFICIENCY),
+        ),
+        decode=DecodeCost(
+            fixed_s=w / (bw * HBM_EFFICIENCY),
+            per_seq_s=linear_flops_per_token(arch) / (tp * peak * LINEAR_EFFICIENCY),
+            per_context_token_s=context_bytes_per_token_per_rank(arch, tp) / (bw * HBM_EFFICIENCY),
+        ),
+    )
+
+
+def compute_prior(arch: ModelArch, gpu: GPU, tp: int) -> tuple[CostModel, str]:
+    """GPU compute costs of (arch, GPU, TP) and their status: the shipped kernel prior, else the roofline."""
+    key = gpu_key(gpu)
+    prior = load_prior(arch.name, key, tp) if arch.name in MODEL_PRESETS and MODEL_PRESETS[arch.name] == arch else None
+    if prior is not None:
+        db = prior.provenance.get("database", {})
+        return prior.costs, (f"kernel-derived (prior {prior.name}: aiconfigurator vLLM {db.get('version', '?')} "
+                             f"{db.get('system', '?')})")
+    return analytic_prior(arch, gpu, tp), (
+        f"assumed (roofline: GEMM {LINEAR_EFFICIENCY:.0%} / attention {ATTENTION_EFFICIENCY:.0%} of peak, "
+        f"{HBM_EFFICIENCY:.0%} of HBM; no kernel prior for {arch.name} on {gpu.name} TP{tp})")
+
+
+def _family(node_name: str) -> str:
+    return node_name[: -len("-tcp")] if node_name.endswith("-tcp") else node_name
+
+
+def residual_source(arch: ModelArch, node: Node) -> Profile | None:
+    """The calibrated profile whose residuals a deployment without its own calibration borrows.
+
+    Order: same instance family and model; same family and attention kind; same model elsewhere; same
+    attention kind elsewhere; any calibration (ties broken by name, so the choice is deterministic).
+    """
+    cands = [load_profile(n) for n in shipped_profiles()]
+    fam = _family(node.name)
+
+    def kind(p: Profile) -> str:
+        m = MODEL_PRESETS.get(p.model)
+        return m.attention if m is not None else ""
+
+    ranked = sorted(cands, key=lambda p: (
+        not (_family(p.hardware) == fam and p.model == arch.name),
+        not (_family(p.hardware) == fam and kind(p) == arch.attention),
+        p.model != arch.name,
+        kind(p) != arch.attention,
+        p.name,
+    ))
+    return ranked[0] if ranked else None
+
+
+def scaled_prefill(pc: PrefillCost, linear: float, attention: float, arch: ModelArch, node: Node, tp: int) -> PrefillCost:
+    """A calibration's prefill GPU corrections applied to another prior, each term held at its physical bound."""
+    b = {x.param: x.lower for x in physical_bounds(arch, node, tp)}
+    s = scale_prefill_gpu(pc, linear, attention)
+    upd: dict[str, object] = {"attention_s": max(s.attention_s, b["prefill.attention_s"]),
+                              "per_token_s": max(s.per_token_s, b["prefill.per_token_s"])}
+    if s.context_attention_s is not None:
+        upd["context_attention_s"] = max(s.context_attention_s, b["prefill.context_attention_s"])
+    if s.linear_knots_tokens:
+        upd["linear_knots_s"] = tuple(max(v, b["prefill.weight_read_s"], n * b["prefill.per_token_s"])
+                                      for n, v in zip(s.linear_knots_tokens, s.linear_knots_s, strict=True))
+    elif s.weight_read_s:
+        upd["weight_read_s"] = max(s.weight_read_s, b["prefill.weight_read_s"])
+    return s.model_copy(update=upd)
+
+
+def compose(compute: CostModel, residual: Profile | None, node: Node, arch: ModelArch, tp: int) -> CostModel:
+    """Compute costs with a calibration's residuals (engine and proxy overheads, transfer latencies, and its
+    prefill GPU corrections for the served vLLM version); the transfer's bandwidth term is the node's line rate."""
+    per_byte = 1.0 / node.link.bandwidth_bytes_per_s_per_rank
+    if residual is None:
+        tc = compute.transfer.model_copy(update={"per_byte_s": per_byte})
+        return compute.model_copy(update={"transfer": tc})
+    r = residual.costs
+    sc = residual.provenance.get("prefill_gpu_scales") or {}
+    prefill = compute.prefill
+    if sc and residual.hardware in HARDWARE_PRESETS and HARDWARE_PRESETS[residual.hardware].gpu == node.gpu:
+        prefill = scaled_prefill(prefill, float(sc.get("linear", 1.0)), float(sc.get("attention", 1.0)), arch, node, tp)
+    return CostModel(
+        prefill=prefill.model_copy(update={"overhead_s": r.prefill.overhead_s}),
+        decode=compute.decode.model_copy(update={"overhead_s": r.decode.overhead_s}),
+        transfer=r.transfer.model_copy(update={"per_byte_s": per_byte}),
+        overhead=r.overhead,
+    )
+
+
+def _residual_status(residual: Profile | None, arch: ModelArch, node: Node) -> str:
+    """Whether the residuals are this deployment's own calibration or borrowed."""
+    if residual is None:
+        return "assumed 0 (no calibration to borrow from)"
+    own = residual.model == arch.name and residual.hardware == node.name
+    where = f"{residual.name} ({residual.model} on {residual.hardware})"
+    return f"calibrated ({where})" if own else f"assumed: transferred from the calibration {where}"
+
+
+def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None) -> tuple[Profile, list[str]]:
+    """The profile a deployment of ``arch`` on ``node`` at TP ``tp`` uses, and notes saying what it is made of."""
+    notes: list[str] = []
+    base: Profile | None = load_profile(requested) if requested is not None else None
+    if base is not None and base.model == arch.name and base.tensor_parallel_size == tp and base.status != "prior":
+        check_bounds(base.costs, arch, node, tp, f"profile {base.name}")
+        return base, [*base.notes]
+    if base is None:
+        name = default_profile_name(arch.name, node.name)
+        if name in shipped_profiles():
+            prof = load_profile(name)
+            if prof.tensor_parallel_size == tp:
+                return prof, [*prof.notes]
+    compute, compute_status = compute_prior(arch, node.gpu, tp)
+    residual = base if base is not None and base.status != "prior" else residual_source(arch, node)
+    costs = compose(compute, residual, node, arch, tp)
+    check_bounds(costs, arch, node, tp, f"resolved costs of {arch.name} on {node.name} TP{tp}")
+    res_status = _residual_status(residual, arch, node)
+    status = {
+        "prefill.gpu": compute_status,
+        "decode.gpu": compute_status,
+        "prefill.overhead_s": res_status,
+        "decode.overhead_s": res_status,
+        "overhead": res_status,
+        "transfer.latency": res_status,
+        "transfer.per_byte_s": f"hardware data (1 / line rate of {node.name})",
+    }
+    calibrated = all(v.startswith("calibrated") for k, v in status.items() if k != "transfer.per_byte_s")
+    name = f"{arch.name}-{node.name}-tp{tp}" + (f"+{residual.name}" if residual is not None else "")
+    notes.append(f"COMPOSED profile {name}: GPU compute {compute_status}; residuals (engine and proxy overheads, "
+                 f"transfer latencies) {res_status}")
+    prof = Profile(
+        name=name,
+        model=arch.name,
+        hardware=node.name,
+        tensor_parallel_size=tp,
+        costs=costs,
+        status="calibrated" if calibrated else "composed",
+        component_status=status,
+        provenance={"compute": compute_status, "residuals_from": residual.name if residual is not None else None},
+        notes=notes + (list(residual.notes) if residual is not None else []),
+    )
+    return prof, list(prof.notes)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import small
+from conftest import full_costs, small
 
 from kvplan.sim.api import run
 from kvplan.sim.engine import simulate
@@ -263,7 +263,7 @@ def test_two_decodes_share_one_prefill_nic_in_a_run() -> None:
     wl = {"conversations": 2, "arrival": {"kind": "closed_loop", "clients": 2, "max_active_conversations": 2},
           "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 20_000},
           "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 5}}
-    costs = {"transfer": {"per_byte_s": 1 / 5e9}}
+    costs = full_costs(transfer={"per_byte_s": 1 / 5e9})  # bytes only: no fixed or per-descriptor terms
     one = run(small(workload={**wl, "conversations": 1, "arrival": {"kind": "closed_loop", "clients": 1,
                                                                      "max_active_conversations": 1}},
                     costs=costs))

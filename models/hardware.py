@@ -180,9 +180,9 @@ def _tcp_twin(node: Node) -> Node:
                                    "source": node.source + "; link replaced by the UCX/TCP fallback"})
 
 
-HARDWARE_PRESETS: dict[str, Node] = {n.name: n for n in _EFA_NODES} | {
-    f"{n.name}-tcp": _tcp_twin(n) for n in _EFA_NODES
-}
+#: The three original presets first (UI defaults), then the rest, then their -tcp twins.
+HARDWARE_PRESETS: dict[str, Node] = {"p5en": P5EN, "p5": P5, "p5en-tcp": _tcp_twin(P5EN)} | {
+    n.name: n for n in _EFA_NODES} | {f"{n.name}-tcp": _tcp_twin(n) for n in _EFA_NODES}
 P5EN_TCP = HARDWARE_PRESETS["p5en-tcp"]
 EFA_P5EN = P5EN.link
 EFA_P5 = P5.link

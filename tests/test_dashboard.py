@@ -263,7 +263,7 @@ def _points_csv(tmp_path: Path) -> bytes:
 
     path = tmp_path / "points.csv"
     write_points_csv(path, np.random.default_rng(7),
-                     lambda new, cached: 0.01 + 3.0e-5 * new + 1.0e-10 * new * cached,
+                     lambda new, cached: 0.01 + 3.0e-5 * new + 4.0e-10 * new * cached,  # physically possible
                      lambda tokens: 0.012 + 4.0e-6 * tokens)
     return path.read_bytes()
 

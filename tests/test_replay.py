@@ -44,13 +44,13 @@ def test_replay_follows_trace_clock_and_tokens(tmp_path: Path) -> None:
 
 
 def test_replay_time_scale_and_context_limit(tmp_path: Path) -> None:
-    rows = [("a", 0.0, 1000, 100), ("a", 60.0, 40000, 100), ("b", 120.0, 500, 50)]
+    rows = [("a", 0.0, 1000, 100), ("a", 60.0, 41000, 100), ("b", 120.0, 500, 50)]  # Qwen3-32B: 40,960
     tr = _write_csv(tmp_path / "t.csv", rows)
     r = run(scenario_from_dict({"workload": {"trace": {"path": str(tr), "time_scale": 2.0}}}))
     assert sorted(r.turns["arrival_s"]) == pytest.approx([0.0, 60.0])
     assert r.summary["trace"]["skipped_overlong"] == 1
     r2 = run(scenario_from_dict({"workload": {"trace": {"path": str(tr), "overlong": "truncate"}}}))
-    assert len(r2.turns) == 3 and r2.turns["prompt_tokens"].max() + 100 <= 32768
+    assert len(r2.turns) == 3 and r2.turns["prompt_tokens"].max() + 100 <= 40960
     assert r2.summary["trace"]["truncated_overlong"] == 1
 
 

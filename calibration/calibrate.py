@@ -366,7 +366,7 @@ def calibrate(
         _prometheus(pr, obs)
     results: list[FitResult] = []
     line_rate = 1.0 / node.link.bandwidth_bytes_per_s_per_rank
-    xfer_fit = post_fit = None
+    xfer_fit = None
     if obs.xfer:
         d, b, y, metric, w = (np.array(v) for v in zip(*obs.xfer, strict=True))
         xfer_fit = fit_xfer(d, b, y, per_byte_s_prior=line_rate, held_values=base_values, weights=w,
@@ -374,8 +374,7 @@ def calibrate(
         results.append(xfer_fit)
     if obs.post:
         d, y, w = (np.array(v) for v in zip(*obs.post, strict=True))
-        post_fit = fit_post(d, y, held_values=base_values, weights=w)
-        results.append(post_fit)
+        results.append(fit_post(d, y, held_values=base_values, weights=w))
     proxies = [lg.proxy for lg in parsed_log if lg.proxy is not None]
     joined = 0
     if proxies and parsed_mt:
@@ -385,7 +384,7 @@ def calibrate(
                 f"{len(proxies)} proxy log(s) and {len(parsed_mt)} multi-turn file(s) cannot be paired",
                 "give one --multiturn per proxy --log, in the same order (or a single --multiturn)",
             )
-        pull = _pull_fn(arch, tp, xfer_fit, post_fit)
+        pull = _pull_fn(arch, tp, xfer_fit, base_values)
         for i, proxy in enumerate(proxies):
             joined += _proxy_join(proxy, parsed_mt[i if len(parsed_mt) > 1 else 0], obs, pull)
         obs.notes.append(
@@ -483,19 +482,24 @@ def _values(costs: CostModel) -> dict[str, float]:
     return out
 
 
-def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, post: FitResult | None) -> Any:
-    """Visible D->P pull time of ``tokens`` from the fitted transfer (``None`` without an engine-log fit)."""
+def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, base: dict[str, float]) -> Any:
+    """Visible D->P pull time of ``tokens`` from the fitted transfer (``None`` without an engine-log fit).
+
+    NIXL's xferDuration (the engine log's ``Avg xfer time``) already contains the post
+    (``models/costs.py`` TransferCost), so the visible pull is request creation (base profile) +
+    xferDuration + the step that notices it (``poll_s``, base profile); the post is not added again.
+    """
     if xfer is None:
         return None
     xv = xfer.values()
-    pv = post.values() if post is not None else {}
     bpt = kv_bytes_per_token_per_rank(arch, tp)
 
     def pull(tokens: int) -> float:
         d = descriptors_per_transfer(arch, tokens)
         return (
             xv["transfer.fixed_s"] + xv["transfer.per_descriptor_s"] * d + xv["transfer.per_byte_s"] * tokens * bpt
-            + pv.get("transfer.post_fixed_s", 0.0) + pv.get("transfer.post_per_descriptor_s", 0.0) * d
+            + base.get("transfer.prep_fixed_s", 0.0) + base.get("transfer.prep_per_descriptor_s", 0.0) * d
+            + base.get("transfer.poll_s", 0.0)
         )
 
     return pull

@@ -357,7 +357,8 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
     ``transfer.post_per_descriptor_s``. Fitted with informative priors (partly confounded with the
     others): ``prefill.attention_s`` (attention FLOPs per pair at a measured kernel efficiency) and
     ``prefill.fixed_s`` (one read of the weights per step plus launch overhead). Fixed: the bytes/bandwidth
-    split of the transfer (line rate), post floor, polling, handshake, and every decode parameter.
+    split of the transfer (line rate), the post (part of xferDuration: reported only), polling, handshake,
+    and every decode parameter.
     """
     gpu = node.gpu
     mla = arch.attention == "mla"
@@ -394,8 +395,12 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
                   "weights per GPU / HBM bandwidth + 1 ms step overhead"),
         ParamSpec("transfer.fixed_s", 0.005, WEAK, 1e-5, 0.1, "per NIXL READ, in xferDuration (fitted)"),
         ParamSpec("transfer.per_descriptor_s", 5e-7, WEAK, 1e-9, 1e-5, "per descriptor, in xferDuration (fitted)"),
-        ParamSpec("transfer.post_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
-                  "per descriptor, in postDuration (fitted; 3.2 us seen in vllm #34054)"),
+        ParamSpec("transfer.prep_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
+                  "per descriptor, NIXL request creation before the post (makeXferReq/prepXfer), outside "
+                  "xferDuration (fitted: identified only by prefill ON minus kv_transfer_on, an effective value)"),
+        ParamSpec("transfer.post_per_descriptor_s", 0.0, None, 0, 0,
+                  "not identifiable (no postDuration is published); the post is part of xferDuration and enters "
+                  "no modelled time (models/costs.py TransferCost)"),
         ParamSpec("transfer.per_byte_s", 1.0 / line_rate, None, 0, 0, f"1 / line rate per GPU ({node.link.description})"),
         ParamSpec("transfer.post_fixed_s", POST_FIXED_S, None, 0, 0, "NIXL post floor (~1 ms)"),
         ParamSpec("transfer.poll_s", POLL_S, None, 0, 0,
@@ -754,9 +759,10 @@ def fit_published(
         "Assumed: TP8 on each p5en (not stated in the write-up), bf16 KV cache, the benchmark as described "
         "(10 conversations x 5 user turns, 150-token messages, 300-token responses, 2 clients)",
         "Fixed, not identifiable from end-point aggregates: the transfer's bytes/descriptor split "
-        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s, and every decode parameter "
-        "(physics/hardware priors); the split of the D->P pull between post and xfer is set by "
-        "post_fixed_s/poll_s priors plus the fitted post_per_descriptor_s",
+        "(per_byte_s = 1/line rate), post_fixed_s and post_per_descriptor_s (the post is part of NIXL's "
+        "xferDuration, reported only), poll_s, handshake_s, and every decode parameter (physics/hardware "
+        "priors); the visible D->P pull is request creation (prep_per_descriptor_s, fitted to prefill ON) + "
+        "xferDuration (fitted to kv_transfer_on) + poll_s",
         f"Constrained least squares: noisy points weighed by sigma = half their acceptance tolerance, plus a "
         f"penalty once a point leaves {band_start:.0%} of its band (the published points are not jointly "
         "consistent to better than that; see fit_report.d_leg_check)",

@@ -163,11 +163,11 @@ def _entry_share(turns_q: np.ndarray, e: float) -> float:
 
 
 def _pull_s(pp: dict[str, Any], n: np.ndarray) -> np.ndarray:
-    """transfer_time_s (post + xfer + poll) of ``n`` tokens on an idle link, vectorised."""
+    """transfer_time_s (prep + xferDuration, post included, + poll) of ``n`` tokens on an idle link, vectorised."""
     tc = pp["costs"].transfer
     desc = pp["regions"] * np.ceil(np.maximum(n, 0) / pp["bs"])
     return (
-        tc.post_fixed_s + tc.post_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
+        tc.prep_fixed_s + tc.prep_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
         + pp["per_byte"] * n * pp["b_rank"] + tc.poll_s
     )
 

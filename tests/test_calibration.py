@@ -34,6 +34,7 @@ from kvplan.models.costs import (
     decode_step_time_s,
     post_time_s,
     prefill_time_s,
+    prep_time_s,
     xfer_time_s,
 )
 from kvplan.models.profile import load_profile
@@ -385,6 +386,32 @@ def test_calibrate_malformed_input(case: str, tmp_path: Path, capsys: pytest.Cap
     assert not out.exists()
 
 
+def test_points_round_trip_through_cost_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Acceptance 4: seeded points of a hidden curve -> calibrate --points -> cost --json at held-out lengths.
+
+    ``kv_transfer`` rows are NIXL xferDuration, so ``kv_xfer_s`` must give them back (the post is inside
+    them and must not be added a second time), and ``kv_pull_visible_s`` adds only request creation (held at
+    the base profile: points cannot see it) and the step poll.
+    """
+    path = tmp_path / "points.csv"
+    st.write_points_csv(path, np.random.default_rng(2048), prefill_s, xfer_s,
+                        transfer_tokens=(300, 1000, 2048, 6000, 16000, 28000))
+    out = tmp_path / "prof.json"
+    assert main(["calibrate", "--points", str(path), "--model", "qwen3-32b", "--hardware", "p5en", "--out",
+                 str(out)]) == 0
+    capsys.readouterr()
+    tc = load_profile(out).costs.transfer
+    assert tc.prep_per_descriptor_s == load_profile("p5en-qwen3-32b").costs.transfer.prep_per_descriptor_s
+    for tokens, cached in ((3000, 0), (12000, 0), (20000, 0), (1500, 9000), (500, 20000)):
+        assert main(["cost", "--profile", str(out), "--tokens", str(tokens), "--cached-tokens", str(cached),
+                     "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["prefill_s"] == pytest.approx(prefill_s(tokens, cached), rel=HELDOUT_TOL), (tokens, cached)
+        assert got["kv_xfer_s"] == pytest.approx(xfer_s(tokens), rel=HELDOUT_TOL), tokens
+        extra = prep_time_s(tc, descriptors_per_transfer(QWEN3_32B, tokens)) + tc.poll_s
+        assert got["kv_pull_visible_s"] == pytest.approx(got["kv_xfer_s"] + extra)
+
+
 def test_calibrate_writes_loadable_profile_atomically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "points.csv"
     st.write_points_csv(path, np.random.default_rng(3), prefill_s, xfer_s)
@@ -436,9 +463,14 @@ def test_reproduce_bad_profile_model(capsys: pytest.CaptureFixture[str]) -> None
 def test_cost_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cost", "--profile", "p5en-qwen3-32b", "--tokens", "2000", "--cached-tokens", "8000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["prefill_s", "kv_transfer_s", "decode_step_s"]
+    assert {"prefill_s", "kv_transfer_s", "kv_xfer_s", "kv_pull_visible_s", "decode_step_s"} <= set(out)
     c = load_profile("p5en-qwen3-32b").costs
     assert out["prefill_s"] == pytest.approx(prefill_time_s(c.prefill, 2000, 8000))
+    d = descriptors_per_transfer(QWEN3_32B, 2000)
+    assert out["kv_xfer_s"] == pytest.approx(xfer_time_s(c.transfer, 2000 * BPT, d))
+    # the visible pull is request creation + xferDuration (post included) + the step that notices completion
+    assert out["kv_pull_visible_s"] == pytest.approx(out["kv_xfer_s"] + prep_time_s(c.transfer, d) + c.transfer.poll_s)
+    assert out["kv_transfer_s"] == out["kv_pull_visible_s"]
     assert out["decode_step_s"] == pytest.approx(decode_step_time_s(c.decode, 1, 10000))
     assert 0 < out["kv_transfer_s"] < out["prefill_s"]
     assert main(["cost", "--profile", "p5en-glm-5-fp8", "--tokens", "100"]) == 0

@@ -206,3 +206,28 @@ def test_scenario_overrides_revalidate() -> None:
     sc = scenario_from_dict(small())
     sc2 = with_overrides(sc, {"policy.decoder_kv_blocks_ttl_s": 60})
     assert sc2.policy.decoder_kv_blocks_ttl_s == 60 and sc.policy.decoder_kv_blocks_ttl_s == 480
+
+
+def test_pull_is_prep_plus_xfer_duration_plus_poll_post_not_added() -> None:
+    """One conversation alone: the pull a turn sees is prep + NIXL xferDuration + poll; the post is inside."""
+    from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
+    from kvplan.models.costs import TransferCost, xfer_time_s
+
+    tc = TransferCost(fixed_s=0.004, per_descriptor_s=5e-7, per_byte_s=2e-11, post_fixed_s=0.002,
+                      post_per_descriptor_s=4e-7, prep_per_descriptor_s=1e-7, poll_s=5e-4)
+    sc = scenario_from_dict({
+        "costs": {"transfer": tc.model_dump()},
+        "deployment": {"prefill_prefix_caching": False},
+        "workload": {"conversations": 1, "turns": {"dist": "constant", "value": 2},
+                     "prefix_tokens": {"dist": "constant", "value": 4000},
+                     "turn_gap_s": {"dist": "constant", "value": 1.0}},
+    })
+    t = run(sc).turns
+    row = t[t["turn"] == 2].iloc[0]
+    assert row["decision"] == "pull"
+    arch = get_model("qwen3-32b")
+    n = int(row["pulled_tokens"])
+    d = descriptors_per_transfer(arch, n)
+    xfer = xfer_time_s(tc, n * kv_bytes_per_token_per_rank(arch, 8), d)
+    assert row["d2p_xfer_s"] == pytest.approx(xfer, rel=1e-9)  # what NIXL reports: post included
+    assert row["kv_pull_s"] == pytest.approx(1e-7 * d + xfer + 5e-4, rel=1e-6)

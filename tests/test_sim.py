@@ -231,3 +231,39 @@ def test_pull_is_prep_plus_xfer_duration_plus_poll_post_not_added() -> None:
     xfer = xfer_time_s(tc, n * kv_bytes_per_token_per_rank(arch, 8), d)
     assert row["d2p_xfer_s"] == pytest.approx(xfer, rel=1e-9)  # what NIXL reports: post included
     assert row["kv_pull_s"] == pytest.approx(1e-7 * d + xfer + 5e-4, rel=1e-6)
+
+
+def test_tpot_per_turn_and_in_summary() -> None:
+    """tpot_s = (finish - first token) / (output - 1); empty for 1-token outputs; summary mean/p50/p90."""
+    r = run(small(workload={"output_tokens": {"dist": "uniform", "low": 1, "high": 40}}))
+    t = r.turns
+    ok = t[t["decision"] != "error"]
+    first = ok["arrival_s"] + ok["ttft_s"]
+    many = ok[ok["output_tokens"] > 1]
+    assert len(many) > 20 and (ok["output_tokens"] == 1).any()
+    expected = (many["finish_s"] - first[many.index]) / (many["output_tokens"] - 1)
+    assert np.allclose(many["tpot_s"], expected, rtol=1e-9)
+    assert (many["tpot_s"] > 0).all() and ok.loc[ok["output_tokens"] == 1, "tpot_s"].isna().all()
+    vals = many["tpot_s"].to_numpy()
+    assert r.summary["tpot_mean_s"] == pytest.approx(vals.mean())
+    assert r.summary["tpot_p50_s"] == pytest.approx(np.percentile(vals, 50))
+    assert r.summary["tpot_p90_s"] == pytest.approx(np.percentile(vals, 90))
+    header = turns_csv_bytes(t).decode().splitlines()[0].split(",")
+    assert "tpot_s" in header
+
+
+def test_tpot_matches_decode_step_cost_alone() -> None:
+    """A lone request's TPOT is its mean decode step (batch 1, growing context) from the cost model."""
+    from kvplan.models.costs import DecodeCost, decode_steps_time_s
+
+    dc = DecodeCost(fixed_s=0.02, per_seq_s=1e-3, per_context_token_s=1e-7)
+    sc = scenario_from_dict({
+        "costs": {"decode": dc.model_dump()},
+        "workload": {"conversations": 1, "turns": {"dist": "constant", "value": 1},
+                     "prefix_tokens": {"dist": "constant", "value": 1000},
+                     "output_tokens": {"dist": "constant", "value": 50}},
+    })
+    row = run(sc).turns.iloc[0]
+    prompt = int(row["prompt_tokens"])
+    # steps 2..50 of a batch-1 request whose context is prompt + 1 at step 2
+    assert row["tpot_s"] == pytest.approx(decode_steps_time_s(dc, 1, prompt + 1, 49) / 49, rel=1e-9)

@@ -14,7 +14,8 @@ import typer
 
 from kvplan.errors import KvplanInputError
 
-COMMANDS = ("simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "workload", "dashboard")
+COMMANDS = ("simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "workload", "dashboard",
+            "validate")
 
 app = typer.Typer(
     name="kvplan",

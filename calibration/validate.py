@@ -280,7 +280,7 @@ def json_ready(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    """The per-case summary as a Markdown table (what the README shows)."""
+    """The per-case summary as a Markdown table (what the README shows): the first not-expressible item per case."""
     lines = [
         "| case | status | profile | points predicted | MAPE | max abs error | not expressible |",
         "|---|---|---|---|---|---|---|",
@@ -289,7 +289,8 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         s = r["summary"]
         mape = f"{s['mape_pct']:.1f}%" if s["mape_pct"] is not None else "-"
         mx = f"{s['max_abs_error_pct']:.1f}%" if s["max_abs_error_pct"] is not None else "-"
-        why = "; ".join(r["not_expressible"]) or "-"
+        ne = r["not_expressible"]
+        why = ne[0] + (f" (+{len(ne) - 1} more)" if len(ne) > 1 else "") if ne else "-"
         lines.append(
             f"| `{r['name']}` | {r['status']} | {r['profile'] or '-'} | {s['predicted']}/{s['points']} | {mape} | {mx} "
             f"| {why.replace('|', '/')} |"

@@ -267,3 +267,21 @@ def test_tpot_matches_decode_step_cost_alone() -> None:
     prompt = int(row["prompt_tokens"])
     # steps 2..50 of a batch-1 request whose context is prompt + 1 at step 2
     assert row["tpot_s"] == pytest.approx(decode_steps_time_s(dc, 1, prompt + 1, 49) / 49, rel=1e-9)
+
+
+def test_burstiness_gamma_arrivals_like_vllm_benchmark() -> None:
+    """burstiness b: gamma gaps of shape b, mean 1/rate, CV 1/sqrt(b) (vLLM benchmarks get_request); b=1 Poisson."""
+    from kvplan.sim.workload import make_plan
+
+    def gaps(b: float) -> np.ndarray:
+        sc = scenario_from_dict(small(workload={"conversations": 4000, "arrival": {
+            "kind": "poisson", "rate_per_s": 2.0, "burstiness": b}}))
+        return np.diff(make_plan(sc.workload, 5, 32768).start_s)
+
+    for b, cv in ((1.0, 1.0), (50.0, 50 ** -0.5), (0.25, 2.0)):
+        g = gaps(b)
+        assert g.mean() == pytest.approx(0.5, rel=0.08) and g.std() / g.mean() == pytest.approx(cv, rel=0.1)
+    plain = scenario_from_dict(small(workload={"conversations": 50, "arrival": {"kind": "poisson", "rate_per_s": 2.0}}))
+    one = scenario_from_dict(small(workload={"conversations": 50, "arrival": {
+        "kind": "poisson", "rate_per_s": 2.0, "burstiness": 1.0}}))
+    assert np.array_equal(make_plan(plain.workload, 5, 32768).start_s, make_plan(one.workload, 5, 32768).start_s)

@@ -145,6 +145,17 @@ def test_serving_run_is_a_simulation_of_the_setup() -> None:
     assert ttft == sorted(ttft) and ttft[-1] > ttft[0]
 
 
+def test_open_loop_run_keeps_rate_and_burstiness() -> None:
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    case = case.model_copy(update={"scenario": {**(case.scenario or {}), "model": "qwen3-32b", "hardware": "p5en",
+                                                "deployment": {"tensor_parallel_size": 8}}})
+    sc = run_scenario(case, case.runs[0])
+    assert sc.workload.arrival.kind == "poisson" and sc.workload.arrival.rate_per_s == 1.8
+    assert sc.workload.arrival.burstiness == 50
+    r = validate_case(case)
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8
+
+
 def test_validate_is_deterministic() -> None:
     assert validate(["p5en-published", "dynamo-qwen3-32b-1p1d"]) == validate(["p5en-published", "dynamo-qwen3-32b-1p1d"])
 
@@ -181,6 +192,7 @@ def check_copies(shared: Path) -> None:
                                                 "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]},
                                                abs=1e-3)
             assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
+            assert r.arrival["burstiness"] == d["burstiness"]
             assert r.input_tokens * d["completed"] == d["total_input_tokens"]
 
 

@@ -48,8 +48,9 @@ BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-3
 # "True" parameters the synthetic traces are drawn from (Qwen3-32B-like at TP8 on p5en). per_byte_s is the
 # p5en line rate, the value the fit holds it at (bytes and descriptors are collinear for one model).
 TRUE_PREFILL = PrefillCost(fixed_s=0.015, per_token_s=2.5e-5, attention_s=4e-10)
+# the post is part of xferDuration (NIXL times both from postXferReq), so it is smaller than it everywhere
 TRUE_XFER = TransferCost(fixed_s=0.005, per_descriptor_s=6e-7, per_byte_s=2e-11, post_fixed_s=1e-3,
-                         post_per_descriptor_s=1.1e-6)
+                         post_per_descriptor_s=2e-7)
 DECODE_INTERCEPT_S = 0.006  # batch-1 step: fixed_s + per_seq_s
 DECODE_PER_CTX_S = 8.5e-9
 BPT = kv_bytes_per_token_per_rank(QWEN3_32B, 8)
@@ -185,6 +186,32 @@ def test_recover_proxy_log_joined_to_multiturn(tmp_path: Path) -> None:
     assert set(prefill_fit.mape_pct) == {"proxy_p_leg"}  # the P legs, not the TTFTs, fitted the prefill
     _check(res, PREFILL_TRUTH)
     _heldout_prefill(res)
+
+
+def test_proxy_join_subtracts_the_visible_pull_without_the_post(tmp_path: Path) -> None:
+    """Cache-HIT P legs contain the visible pull = prep + xferDuration + poll; the post is inside xferDuration.
+
+    The pull that ``calibrate`` subtracts from a proxy P leg is built from the engine log's xferDuration
+    fit; adding the fitted postDuration on top (the old double count) would be ~40 ms too much at 24k.
+    """
+    from kvplan.calibration.calibrate import _pull_fn, _values
+
+    rng = np.random.default_rng(19)
+    engine = tmp_path / "engine.log"
+    tokens = np.rint(np.exp(rng.uniform(np.log(32), np.log(32000), size=150))).astype(int).tolist()
+    st.write_engine_log(engine, rng, xfer_s, tokens, bytes_per_token_per_rank=BPT, post_fn=post_s, noise_frac=0.01,
+                        requests_per_interval=1)
+    res = calibrate("qwen3-32b", "p5en", log=[engine])
+    fit = next(f for f in res.fits if f.target == "transfer")
+    assert next(f for f in res.fits if f.target == "post").values()["transfer.post_per_descriptor_s"] > 0
+    base = load_profile("p5en-qwen3-32b").costs.transfer
+    pull = _pull_fn(QWEN3_32B, 8, fit, _values(load_profile("p5en-qwen3-32b").costs))
+    fitted = res.profile.costs.transfer
+    for n in (500, 8000, 24000):
+        d = descriptors_per_transfer(QWEN3_32B, n)
+        want = xfer_time_s(fitted, n * BPT, d) + prep_time_s(base, d) + base.poll_s
+        assert pull(n) == pytest.approx(want, rel=1e-9)
+        assert pull(n) == pytest.approx(xfer_s(n) + prep_time_s(base, d) + base.poll_s, rel=HELDOUT_TOL)
 
 
 def test_recover_prometheus(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ import typer
 
 COST_HELP = """Print the modelled prefill time of --tokens N new tokens on top of --cached-tokens C cached ones (chunked at
 --chunk-tokens, alone on the engine), the KV transfer time of N tokens (one NIXL READ per TP rank on an idle
-link: NIXL xferDuration, which contains the post, + the engine step that notices completion (poll), no
-handshake, for the profile's model and TP) and one decode step (batch 1, context C + N). --json prints the
-keys prefill_s, kv_transfer_s (visible pull), kv_xfer_s (what NIXL reports as xferDuration, and the engine
-log as Avg xfer time), kv_pull_visible_s (= kv_transfer_s) and decode_step_s."""
+link: request creation before the post (outside NIXL's timer) + NIXL xferDuration, which contains the post,
++ the engine step that notices completion (poll), no handshake, for the profile's model and TP) and one
+decode step (batch 1, context C + N). --json prints the keys prefill_s, kv_transfer_s (visible pull),
+kv_xfer_s (what NIXL reports as xferDuration, and the engine log as Avg xfer time), kv_pull_visible_s
+(= kv_transfer_s) and decode_step_s."""
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +41,7 @@ def register(app: typer.Typer) -> None:
             decode_step_time_s,
             post_time_s,
             prefill_time_s,
+            prep_time_s,
             pull_visible_time_s,
             xfer_time_s,
         )
@@ -79,7 +81,8 @@ def register(app: typer.Typer) -> None:
                   f"(chunks of {chunk_tokens})")
         con.print(f"KV transfer of {tokens} tokens: {out['kv_transfer_s'] * 1e3:.2f} ms per rank on an idle link "
                   f"({nbytes / 2**20:.1f} MiB, {desc} descriptors per rank; NIXL xferDuration "
-                  f"{out['kv_xfer_s'] * 1e3:.2f} ms, of which post {post_time_s(c.transfer, desc) * 1e3:.2f} ms, "
+                  f"{out['kv_xfer_s'] * 1e3:.2f} ms, of which post {post_time_s(c.transfer, desc) * 1e3:.2f} ms; "
+                  f"+ request creation {prep_time_s(c.transfer, desc) * 1e3:.2f} ms "
                   f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
         con.print(f"decode step (batch 1, context {cached_tokens + tokens}): {out['decode_step_s'] * 1e3:.2f} ms")
         if prof.extrapolated:

@@ -196,5 +196,11 @@ def check_copies(shared: Path) -> None:
             assert r.input_tokens * d["completed"] == d["total_input_tokens"]
 
 
+    moon = ext / "mooncake_pd_kv_transfer_tables" / "vllm_mooncake_1p1d_qwen3-8b_h800_tp8.csv"
+    with open(moon, encoding="utf-8") as fh:
+        want = [(int(r["prompt_len_tokens"]), float(r["mean_ttft_ms"])) for r in csv.DictReader(fh)]
+    assert [(r.input_tokens, r.measured["ttft_mean_ms"]) for r in load_case("mooncake-vllm-1p1d-h800-qwen3-8b").runs] == want
+
+
 def test_shipped_values_match_the_sources(shared_dir: Path) -> None:
     check_copies(shared_dir)

@@ -103,8 +103,12 @@ def load_case(name: str) -> Case:
         raise input_error(str(path), "validation case larger than 256 KiB")
     try:
         case = Case.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except (ValidationError, yaml.YAMLError) as exc:
-        raise input_error(str(path), f"malformed validation case ({type(exc).__name__})") from None
+    except yaml.YAMLError:
+        raise input_error(str(path), "malformed validation case (not YAML)") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise input_error(str(path), f"malformed validation case: field '{loc}': {err['msg']}") from None
     if case.name != name:
         raise input_error(str(path), f"case name '{case.name}' differs from the file name")
     return case

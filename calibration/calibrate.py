@@ -374,7 +374,10 @@ def calibrate(
         results.append(xfer_fit)
     if obs.post:
         d, y, w = (np.array(v) for v in zip(*obs.post, strict=True))
-        results.append(fit_post(d, y, held_values=base_values, weights=w))
+        post_fit = fit_post(d, y, held_values=base_values, weights=w)
+        results.append(post_fit)
+        bpd = sum(x[1] for x in obs.xfer) / max(sum(x[0] for x in obs.xfer), 1.0)  # bytes per descriptor
+        obs.notes.append(_post_note(post_fit, xfer_fit, base_values, d, bpd))
     proxies = [lg.proxy for lg in parsed_log if lg.proxy is not None]
     joined = 0
     if proxies and parsed_mt:
@@ -503,6 +506,30 @@ def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, base: dict[str, f
         )
 
     return pull
+
+
+def _post_note(
+    post: FitResult, xfer: FitResult | None, base: dict[str, float], descriptors: np.ndarray, bytes_per_desc: float
+) -> str:
+    """How the fitted post relates to xferDuration (it is part of it: never added to the pull)."""
+    pv = post.values()
+    xv = {**base, **(xfer.values() if xfer is not None else {})}
+    d = np.array([float(descriptors.min()), float(descriptors.max())])
+    post_s = pv["transfer.post_fixed_s"] + pv["transfer.post_per_descriptor_s"] * d
+    xfer_s = (
+        xv.get("transfer.fixed_s", 0.0) + xv.get("transfer.per_descriptor_s", 0.0) * d
+        + xv.get("transfer.per_byte_s", 0.0) * bytes_per_desc * d
+    )
+    note = (
+        "NIXL postDuration fitted for reporting only: it is part of xferDuration (both timed from postXferReq), "
+        "so the modelled pull never adds it"
+    )
+    if bool(np.any(post_s > xfer_s)):
+        note += (
+            f"; WARNING: the fitted post ({post_s.max() * 1e3:.2f} ms) exceeds the fitted xferDuration at these "
+            "descriptor counts, which NIXL's timing makes impossible (check the log)"
+        )
+    return note
 
 
 def report_lines(result: CalibrationResult) -> list[tuple[str, str, str, str, str]]:

@@ -173,6 +173,21 @@ def test_recover_engine_log(tmp_path: Path) -> None:
     _heldout_xfer(res)
 
 
+def test_post_longer_than_xfer_is_flagged(tmp_path: Path) -> None:
+    """postDuration is part of xferDuration: a log where it is longer gets a warning, a sane one does not."""
+    rng = np.random.default_rng(21)
+    tokens = np.rint(np.exp(rng.uniform(np.log(32), np.log(32000), size=60))).astype(int).tolist()
+    notes = []
+    for i, post_fn in enumerate((post_s, lambda t: 3 * xfer_s(t))):
+        path = tmp_path / f"engine{i}.log"
+        st.write_engine_log(path, rng, xfer_s, tokens, bytes_per_token_per_rank=BPT, post_fn=post_fn,
+                            requests_per_interval=1)
+        res = calibrate("qwen3-32b", "p5en", log=[path])
+        notes.append(next(n for n in res.report["notes"] if "postDuration" in n))
+    assert "part of xferDuration" in notes[0] and "WARNING" not in notes[0]
+    assert "WARNING" in notes[1]
+
+
 def test_recover_proxy_log_joined_to_multiturn(tmp_path: Path) -> None:
     rng = np.random.default_rng(15)
     logs, stats = [], []

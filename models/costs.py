@@ -36,10 +36,12 @@ class TransferCost(_Cost):
     (ai-dynamo/nixl ``src/core/nixl_agent.cpp``). ``post_fixed_s + post_per_descriptor_s x d`` is therefore
     the post part of ``xferDuration`` (reported, never added).
 
-    Request creation comes before that timer: vLLM's ``_read_blocks`` builds the descriptor ids and calls
+    Request creation comes before that timer: vLLM's ``_read_blocks``
+    (``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``) builds the descriptor ids and calls
     ``make_prepped_xfer`` (``nixlAgent::makeXferReq``: a loop over the descriptors and the backend's
     ``prepXfer``) and only then ``transfer`` (``postXferReq``), so ``prep_fixed_s + prep_per_descriptor_s x d``
-    is in the visible pull but not in ``xferDuration``.
+    is in the visible pull but not in ``xferDuration``. The shipped P5en profiles fit it (an effective value:
+    the published prefill ON exceeds kv_transfer_on + recompute by a descriptor-proportional amount).
 
     Visible pull latency on the reader = prep + ``xferDuration`` + ``poll_s`` (the engine step that notices
     completion: vLLM's NIXL worker checks ``check_xfer_state`` in ``get_finished`` once per step) +

@@ -187,7 +187,7 @@ def run_scenario(case: Case, run: Run) -> Any:
     return scenario_from_dict(data, where=f"case {case.name}, {run.label}")
 
 
-def _serving(case: Case, rs: Any) -> list[dict[str, Any]]:
+def _serving(case: Case, rs: Any, why_not: list[str]) -> list[dict[str, Any]]:
     from kvplan.sim.api import run as simulate
 
     out = []
@@ -196,8 +196,17 @@ def _serving(case: Case, rs: Any) -> list[dict[str, Any]]:
         if unknown:
             raise input_error(f"case {case.name}", f"unknown measured metric(s) {sorted(unknown)}")
         pred: dict[str, float] = {}
+        res = None
         if rs is not None:
-            res = simulate(run_scenario(case, r), SEED)
+            try:
+                res = simulate(run_scenario(case, r), SEED)
+            except KvplanInputError as exc:  # e.g. a request beyond the model's context: say so, keep going
+                why_not.append(f"no prediction for {r.label}: {exc}")
+        if res is not None:
+            cut = int(res.summary.get("truncated_conversations", 0))
+            if cut:
+                why_not.append(f"{'no prediction for ' if cut == r.requests else ''}{r.label}: {cut} of {r.requests} "
+                               f"requests exceed the model's context limit (vLLM rejects them; kvplan does not send them)")
             ok = res.turns[res.turns["decision"] != "error"]
             latency = float((ok["finish_s"] - ok["arrival_s"]).mean()) if len(ok) else math.nan
             for metric, key in SERVING_METRICS.items():
@@ -249,7 +258,7 @@ def validate_case(case: Case) -> dict[str, Any]:
         elif case.kind == "decode_curve":
             points = _decode_curve(case, rs)
         else:
-            points = _serving(case, rs)
+            points = _serving(case, rs, not_expr)
         status = "not expressible" if rs is None else ("fitted, in-sample" if case.in_sample else "predicted, not fitted")
     return {
         "name": case.name,

@@ -204,3 +204,14 @@ def check_copies(shared: Path) -> None:
 
 def test_shipped_values_match_the_sources(shared_dir: Path) -> None:
     check_copies(shared_dir)
+
+
+def test_a_run_kvplan_cannot_simulate_is_reported_not_fatal() -> None:
+    case = load_case("dynamo-qwen3-32b-1p1d")
+    big = case.runs[0].model_copy(update={"label": "too long", "input_tokens": 10_000_000})
+    case = case.model_copy(update={"scenario": {**(case.scenario or {}), "hardware": "p5en"},
+                                   "runs": [big, case.runs[1]]})
+    r = validate_case(case)
+    assert any(w.startswith("no prediction for too long: ") for w in r["not_expressible"])
+    assert all(p["predicted"] is None for p in r["points"] if p["label"] == "too long")
+    assert all(p["predicted"] is not None for p in r["points"] if p["label"] != "too long")

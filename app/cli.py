@@ -20,6 +20,7 @@ from kvplan.app import (
     cmd_reproduce,
     cmd_simulate,
     cmd_sweep,
+    cmd_validate,
     cmd_workload,
 )
 from kvplan.errors import KvplanInputError
@@ -27,7 +28,7 @@ from kvplan.errors import KvplanInputError
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
 COMMAND_MODULES = (
     cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_workload,
-    cmd_dashboard,
+    cmd_dashboard, cmd_validate,
 )
 
 app = typer.Typer(

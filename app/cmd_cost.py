@@ -13,9 +13,12 @@ import typer
 
 COST_HELP = """Print the modelled prefill time of --tokens N new tokens on top of --cached-tokens C cached ones (chunked at
 --chunk-tokens, alone on the engine), the KV transfer time of N tokens (one NIXL READ per TP rank on an idle
-link: post + xferDuration + poll, no handshake) and one decode step (--batch B sequences of --context X tokens
-each, default C + N). The profile is the one a simulation of --model on --hardware at --tp would use (or
---profile P). --json prints prefill_s, kv_transfer_s, decode_step_s and what the profile is made of."""
+link: request creation before the post (outside NIXL's timer) + NIXL xferDuration, which contains the post,
++ the engine step that notices completion (poll), no handshake) and one decode step (--batch B sequences of
+--context X tokens each, default C + N). The profile is the one a simulation of --model on --hardware at --tp
+would use (or --profile P). --json prints prefill_s, kv_transfer_s (visible pull), kv_xfer_s (what NIXL
+reports as xferDuration, and the engine log as Avg xfer time), kv_pull_visible_s (= kv_transfer_s),
+decode_step_s and what the profile is made of."""
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +39,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from kvplan.calibration.derive import check_tp
         from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
-        from kvplan.models.costs import decode_step_time_s, post_time_s, prefill_time_s, transfer_time_s, xfer_time_s
+        from kvplan.models.costs import (
+            decode_step_time_s,
+            post_time_s,
+            prefill_time_s,
+            prep_time_s,
+            pull_visible_time_s,
+            xfer_time_s,
+        )
         from kvplan.models.hardware import get_hardware
         from kvplan.models.profile import load_profile
         from kvplan.models.resolve import resolve_profile
@@ -54,7 +64,9 @@ def register(app: typer.Typer) -> None:
         ctx = context if context is not None else cached_tokens + tokens
         out: dict[str, Any] = {
             "prefill_s": prefill_time_s(c.prefill, tokens, cached_tokens, chunk_tokens),
-            "kv_transfer_s": transfer_time_s(c.transfer, nbytes, desc),
+            "kv_transfer_s": pull_visible_time_s(c.transfer, nbytes, desc),
+            "kv_xfer_s": xfer_time_s(c.transfer, nbytes, desc),
+            "kv_pull_visible_s": pull_visible_time_s(c.transfer, nbytes, desc),
             "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
             "model": arch.name,
             "hardware": node.name,
@@ -73,10 +85,10 @@ def register(app: typer.Typer) -> None:
         con.print(f"prefill of {tokens} tokens on {cached_tokens} cached: {out['prefill_s'] * 1e3:.2f} ms "
                   f"(chunks of {chunk_tokens})")
         con.print(f"KV transfer of {tokens} tokens: {out['kv_transfer_s'] * 1e3:.2f} ms per rank on an idle link "
-                  f"({nbytes / 2**20:.1f} MiB, {desc} descriptors per rank; xferDuration "
-                  f"{xfer_time_s(c.transfer, nbytes, desc) * 1e3:.2f} ms, "
-                  f"post {post_time_s(c.transfer, desc) * 1e3:.2f} ms, "
-                  f"poll {c.transfer.poll_s * 1e3:.2f} ms)")
+                  f"({nbytes / 2**20:.1f} MiB, {desc} descriptors per rank; NIXL xferDuration "
+                  f"{out['kv_xfer_s'] * 1e3:.2f} ms, of which post {post_time_s(c.transfer, desc) * 1e3:.2f} ms; "
+                  f"+ request creation {prep_time_s(c.transfer, desc) * 1e3:.2f} ms "
+                  f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
         con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
         for k, v in sorted(prof.component_status.items()):
             con.print(f"  {k}: {v}")

@@ -356,7 +356,7 @@ def calibrate(
         _prometheus(pr, obs)
     results: list[FitResult] = []
     line_rate = 1.0 / node.link.bandwidth_bytes_per_s_per_rank
-    xfer_fit = post_fit = None
+    xfer_fit = None
     if obs.xfer:
         d, b, y, metric, w = (np.array(v) for v in zip(*obs.xfer, strict=True))
         xfer_fit = fit_xfer(d, b, y, per_byte_s_prior=line_rate, held_values=base_values, weights=w,
@@ -366,6 +366,8 @@ def calibrate(
         d, y, w = (np.array(v) for v in zip(*obs.post, strict=True))
         post_fit = fit_post(d, y, held_values=base_values, weights=w)
         results.append(post_fit)
+        bpd = sum(x[1] for x in obs.xfer) / max(sum(x[0] for x in obs.xfer), 1.0)  # bytes per descriptor
+        obs.notes.append(_post_note(post_fit, xfer_fit, base_values, d, bpd))
     proxies = [lg.proxy for lg in parsed_log if lg.proxy is not None]
     joined = 0
     if proxies and parsed_mt:
@@ -375,7 +377,7 @@ def calibrate(
                 f"{len(proxies)} proxy log(s) and {len(parsed_mt)} multi-turn file(s) cannot be paired",
                 "give one --multiturn per proxy --log, in the same order (or a single --multiturn)",
             )
-        pull = _pull_fn(arch, tp, xfer_fit, post_fit)
+        pull = _pull_fn(arch, tp, xfer_fit, base_values)
         for i, proxy in enumerate(proxies):
             joined += _proxy_join(proxy, parsed_mt[i if len(parsed_mt) > 1 else 0], obs, pull)
         obs.notes.append(
@@ -507,22 +509,51 @@ def _simple_where_fitted(costs: CostModel, fitted: list[str], weight_read_s: flo
     return costs.model_copy(update=upd) if upd else costs
 
 
-def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, post: FitResult | None) -> Any:
-    """Visible D->P pull time of ``tokens`` from the fitted transfer (``None`` without an engine-log fit)."""
+def _pull_fn(arch: ModelArch, tp: int, xfer: FitResult | None, base: dict[str, float]) -> Any:
+    """Visible D->P pull time of ``tokens`` from the fitted transfer (``None`` without an engine-log fit).
+
+    NIXL's xferDuration (the engine log's ``Avg xfer time``) already contains the post
+    (``models/costs.py`` TransferCost), so the visible pull is request creation (base profile) +
+    xferDuration + the step that notices it (``poll_s``, base profile); the post is not added again.
+    """
     if xfer is None:
         return None
     xv = xfer.values()
-    pv = post.values() if post is not None else {}
     bpt = kv_bytes_per_token_per_rank(arch, tp)
 
     def pull(tokens: int) -> float:
         d = descriptors_per_transfer(arch, tokens)
         return (
             xv["transfer.fixed_s"] + xv["transfer.per_descriptor_s"] * d + xv["transfer.per_byte_s"] * tokens * bpt
-            + pv.get("transfer.post_fixed_s", 0.0) + pv.get("transfer.post_per_descriptor_s", 0.0) * d
+            + base.get("transfer.prep_fixed_s", 0.0) + base.get("transfer.prep_per_descriptor_s", 0.0) * d
+            + base.get("transfer.poll_s", 0.0)
         )
 
     return pull
+
+
+def _post_note(
+    post: FitResult, xfer: FitResult | None, base: dict[str, float], descriptors: np.ndarray, bytes_per_desc: float
+) -> str:
+    """How the fitted post relates to xferDuration (it is part of it: never added to the pull)."""
+    pv = post.values()
+    xv = {**base, **(xfer.values() if xfer is not None else {})}
+    d = np.array([float(descriptors.min()), float(descriptors.max())])
+    post_s = pv["transfer.post_fixed_s"] + pv["transfer.post_per_descriptor_s"] * d
+    xfer_s = (
+        xv.get("transfer.fixed_s", 0.0) + xv.get("transfer.per_descriptor_s", 0.0) * d
+        + xv.get("transfer.per_byte_s", 0.0) * bytes_per_desc * d
+    )
+    note = (
+        "NIXL postDuration fitted for reporting only: it is part of xferDuration (both timed from postXferReq), "
+        "so the modelled pull never adds it"
+    )
+    if bool(np.any(post_s > xfer_s)):
+        note += (
+            f"; WARNING: the fitted post ({post_s.max() * 1e3:.2f} ms) exceeds the fitted xferDuration at these "
+            "descriptor counts, which NIXL's timing makes impossible (check the log)"
+        )
+    return note
 
 
 def report_lines(result: CalibrationResult) -> list[tuple[str, str, str, str, str]]:

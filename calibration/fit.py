@@ -8,7 +8,9 @@ the design matrix is written down exactly (no approximation) and solved with
   ``fixed_s x steps + per_token_s x new + attention_s x sum over chunks of causal_pairs`` (chunking at
   ``max_num_batched_tokens`` is respected: a 24k-token prompt is 3 steps of at most 8192 tokens);
 * NIXL transfer per TP rank (:func:`fit_xfer`): ``xfer_time_s`` = ``fixed_s + per_descriptor_s x d +
-  per_byte_s x bytes``, and the post time (:func:`fit_post`) = ``post_fixed_s + post_per_descriptor_s x d``;
+  per_byte_s x bytes`` (NIXL xferDuration, which contains the post), and the post time (:func:`fit_post`) =
+  ``post_fixed_s + post_per_descriptor_s x d`` (postDuration, the part of xferDuration spent posting;
+  reported, never added to the pull);
 * decode step (:func:`fit_decode`): ``decode_step_time_s`` = ``fixed_s + per_seq_s x batch +
   per_context_token_s x sum of contexts``.
 

@@ -334,9 +334,9 @@ def _notes(obj: _Objective, params: list[dict[str, Any]], values: Mapping[str, f
         f"GPU compute held at the kernel-derived prior: {obj.compute_status}; only residuals are fitted (engine "
         "per-step CPU overhead on P, proxy/HTTP legs, transfer latencies)",
         "Fixed, not identifiable from end-point aggregates: the transfer's bytes/descriptor split "
-        "(per_byte_s = 1/line rate), post_fixed_s, poll_s, handshake_s; "
-        "the split of the D->P pull between post and xfer is set by post_fixed_s/poll_s priors plus the fitted "
-        "post_per_descriptor_s",
+        "(per_byte_s = 1/line rate), post_fixed_s and post_per_descriptor_s (the post is part of NIXL's "
+        "xferDuration, reported only), poll_s, handshake_s; the visible D->P pull is request creation "
+        "(prep_per_descriptor_s, fitted to prefill ON) + xferDuration (fitted to kv_transfer_on) + poll_s",
         f"Constrained least squares: noisy points weighed by sigma = half their acceptance tolerance, plus a "
         f"penalty once a point leaves {obj.settings.band_start:.0%} of its band (the published points are not "
         "jointly consistent to better than that; see fit_report.d_leg_check)",

@@ -76,7 +76,8 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
     GPU compute (every prefill and decode kernel term) is held at the (model, GPU, TP) kernel-derived prior
     (:func:`kvplan.models.resolve.compute_prior`). Fitted with weak priors: the engine's per-step CPU overhead
     on P (``prefill.overhead_s``), the proxy/HTTP legs (``overhead.p_leg_s``, ``overhead.d_leg_s``) and the
-    transfer latencies (``transfer.fixed_s``, ``transfer.per_descriptor_s``, ``transfer.post_per_descriptor_s``).
+    transfer latencies (``transfer.fixed_s``, ``transfer.per_descriptor_s``, and ``transfer.prep_per_descriptor_s``
+    for request creation; the post is inside xferDuration).
     Fixed: the bandwidth term (1 / line rate), post floor, polling, handshake and D's per-step overhead.
     """
     line_rate = node.link.bandwidth_bytes_per_s_per_rank
@@ -93,8 +94,12 @@ def published_priors(arch: ModelArch, node: Node, tp: int) -> list[ParamSpec]:
                   "engine CPU time per prefill step: scheduler, input preparation, sampling (fitted)"),
         ParamSpec("transfer.fixed_s", 0.005, WEAK, 1e-5, 0.1, "per NIXL READ, in xferDuration (fitted)"),
         ParamSpec("transfer.per_descriptor_s", 5e-7, WEAK, 1e-9, 1e-5, "per descriptor, in xferDuration (fitted)"),
-        ParamSpec("transfer.post_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
-                  "per descriptor, in postDuration (fitted; 3.2 us seen in vllm #34054)"),
+        ParamSpec("transfer.prep_per_descriptor_s", 1e-6, WEAK, 1e-9, 2e-5,
+                  "per descriptor, NIXL request creation before the post (makeXferReq/prepXfer), outside "
+                  "xferDuration (fitted: identified only by prefill ON minus kv_transfer_on, an effective value)"),
+        ParamSpec("transfer.post_per_descriptor_s", 0.0, None, 0, 0,
+                  "not identifiable (no postDuration is published); the post is part of xferDuration and enters "
+                  "no modelled time (models/costs.py TransferCost)"),
         ParamSpec("transfer.per_byte_s", 1.0 / line_rate, None, 0, 0, f"1 / line rate per GPU ({node.link.description})"),
         ParamSpec("transfer.post_fixed_s", POST_FIXED_S, None, 0, 0, "NIXL post floor (~1 ms)"),
         ParamSpec("transfer.poll_s", POLL_S, None, 0, 0,

@@ -99,18 +99,39 @@ class PrefillCost(_Cost):
 class TransferCost(_Cost):
     """NIXL READ of KV for one request, per TP rank (ranks run in parallel, the slowest decides).
 
-    Visible time = ``post_fixed_s + post_per_descriptor_s x d`` (posting, NIXL postDuration) +
-    ``fixed_s + per_descriptor_s x d + per_byte_s x bytes`` (NIXL xferDuration) + ``poll_s``
-    (step-boundary polling and rescheduling in vLLM's connector). ``d`` = regions x blocks.
-    ``per_byte_s`` is the inverse line rate; concurrent transfers on one link share it.
-    ``handshake_s`` is paid once per (reader, remote engine) pair, on first contact.
+    NIXL's ``xferDuration`` = ``fixed_s + per_descriptor_s x d + per_byte_s x bytes`` (``d`` = regions x
+    blocks) and it *contains* the post: ``nixlAgent::postXferReq`` starts the request's telemetry timer
+    before posting, and ``nixlXferReqH::updateRequestStats`` stamps ``postDuration`` when the post returns
+    and ``xferDuration`` when ``getXferStatus`` sees completion, both from that one start
+    (ai-dynamo/nixl ``src/core/nixl_agent.cpp``). ``post_fixed_s + post_per_descriptor_s x d`` is therefore
+    the post part of ``xferDuration`` (reported, never added).
+
+    Request creation comes before that timer: vLLM's ``_read_blocks``
+    (``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``) builds the descriptor ids and calls
+    ``make_prepped_xfer`` (``nixlAgent::makeXferReq``: a loop over the descriptors and the backend's
+    ``prepXfer``) and only then ``transfer`` (``postXferReq``), so ``prep_fixed_s + prep_per_descriptor_s x d``
+    is in the visible pull but not in ``xferDuration``. The shipped P5en profiles fit it (an effective value:
+    the published prefill ON exceeds kv_transfer_on + recompute by a descriptor-proportional amount).
+
+    Visible pull latency on the reader = prep + ``xferDuration`` + ``poll_s`` (the engine step that notices
+    completion: vLLM's NIXL worker checks ``check_xfer_state`` in ``get_finished`` once per step) +
+    ``handshake_s`` on a pair's first use. ``per_byte_s`` is the inverse line rate; concurrent transfers on
+    one link share it.
     """
 
-    fixed_s: float = Field(default=0.0, ge=0, description="Per transfer, in xferDuration.")
-    per_descriptor_s: float = Field(default=0.0, ge=0, description="Per descriptor, in xferDuration.")
+    fixed_s: float = Field(default=0.0, ge=0, description="Per transfer, in xferDuration (post included).")
+    per_descriptor_s: float = Field(default=0.0, ge=0, description="Per descriptor, in xferDuration (post included).")
     per_byte_s: float = Field(default=0.0, ge=0, description="Inverse bandwidth per rank (s/B).")
-    post_fixed_s: float = Field(default=0.0, ge=0, description="Per transfer, in postDuration.")
-    post_per_descriptor_s: float = Field(default=0.0, ge=0, description="Per descriptor, in postDuration.")
+    post_fixed_s: float = Field(default=0.0, ge=0, description="Per transfer, in postDuration (part of xferDuration).")
+    post_per_descriptor_s: float = Field(
+        default=0.0, ge=0, description="Per descriptor, in postDuration (part of xferDuration)."
+    )
+    prep_fixed_s: float = Field(
+        default=0.0, ge=0, description="Per transfer, request creation before the post (not in xferDuration)."
+    )
+    prep_per_descriptor_s: float = Field(
+        default=0.0, ge=0, description="Per descriptor, request creation before the post (not in xferDuration)."
+    )
     poll_s: float = Field(default=0.0, ge=0, description="Completion seen at the next engine step.")
     handshake_s: float = Field(default=0.0, ge=0, description="One-off side-channel handshake per pair.")
 
@@ -218,18 +239,32 @@ def prefill_time_s(
 
 
 def xfer_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int) -> float:
-    """NIXL xferDuration of one rank's READ: ``fixed_s + per_descriptor_s x d + per_byte_s x bytes``."""
+    """NIXL xferDuration of one rank's READ, post included: ``fixed_s + per_descriptor_s x d + per_byte_s x bytes``."""
     return cost.fixed_s + cost.per_descriptor_s * descriptors + cost.per_byte_s * nbytes_per_rank
 
 
 def post_time_s(cost: TransferCost, descriptors: int) -> float:
-    """NIXL postDuration: ``post_fixed_s + post_per_descriptor_s x d``."""
+    """NIXL postDuration, the part of xferDuration spent posting: ``post_fixed_s + post_per_descriptor_s x d``."""
     return cost.post_fixed_s + cost.post_per_descriptor_s * descriptors
 
 
+def prep_time_s(cost: TransferCost, descriptors: int) -> float:
+    """NIXL request creation before the post (not in xferDuration): ``prep_fixed_s + prep_per_descriptor_s x d``."""
+    return cost.prep_fixed_s + cost.prep_per_descriptor_s * descriptors
+
+
+def pull_visible_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int, first_use: bool = False) -> float:
+    """Pull latency the request sees on the reader: prep + xferDuration + ``poll_s`` (+ ``handshake_s`` on first use).
+
+    The post is inside xferDuration (see :class:`TransferCost`), so it is not added again.
+    """
+    hs = cost.handshake_s if first_use else 0.0
+    return prep_time_s(cost, descriptors) + xfer_time_s(cost, nbytes_per_rank, descriptors) + cost.poll_s + hs
+
+
 def transfer_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int) -> float:
-    """Request-visible pull latency on an idle link: post + xfer + poll (no handshake)."""
-    return post_time_s(cost, descriptors) + xfer_time_s(cost, nbytes_per_rank, descriptors) + cost.poll_s
+    """Request-visible pull latency on an idle link and engine: prep + xferDuration + poll (no handshake)."""
+    return pull_visible_time_s(cost, nbytes_per_rank, descriptors)
 
 
 def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
-from kvplan.models.costs import CostModel
+from kvplan.models.costs import CostModel, post_time_s, prep_time_s, xfer_time_s
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
@@ -177,9 +177,9 @@ class Ctx:
         tc = self.costs.transfer
         desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
         nbytes_rank = tokens * self.kv_bytes_rank
-        post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
-        lat_x = tc.fixed_s + tc.per_descriptor_s * desc
-        pre = post + lat_x
+        post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
+        lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
+        pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
         if (p, d, direction) not in self.handshaken:
             self.handshaken.add((p, d, direction))
             pre += tc.handshake_s
@@ -190,8 +190,9 @@ class Ctx:
         tail = pre + tc.poll_s
 
         def bw_done(bw_s: float) -> None:
-            # the shared-bandwidth phase is modelled first, then the unshared latency (post, fixed,
-            # descriptors, handshake) and the step-boundary poll: same duration, one event fewer
+            # the shared-bandwidth phase is modelled first, then the unshared latency (request creation,
+            # fixed and per-descriptor xferDuration, post included; handshake) and the step-boundary poll:
+            # same duration, one event fewer
             xfer = lat_x + bw_s
             if tail > 0:
                 env.timeout(tail).callbacks.append(lambda _e: on_done(xfer, post))

@@ -55,6 +55,7 @@ TURN_COLUMNS = [
     "p2d_bytes",
     "d_preemptions",
     "p_hold_s",
+    "tpot_s",
 ]
 
 
@@ -75,6 +76,16 @@ def _by_turn(ev: pd.DataFrame, kind: Ev, cols: dict[str, str]) -> pd.DataFrame:
     return out.set_index(["conv", "turn"])
 
 
+def tpot_series(first_s: pd.Series, last_s: pd.Series, output_tokens: pd.Series) -> pd.Series:
+    """Time per output token after the first: ``(last token - first token) / (output - 1)``.
+
+    The definition of vLLM's ``benchmark_serving`` (``tpot = (latency - ttft) / (output_len - 1)``) and of
+    the multi-turn benchmark; NaN (empty in ``turns.csv``) for 1-token outputs and unfinished turns.
+    """
+    steps = output_tokens.astype(float) - 1.0
+    return ((last_s - first_s) / steps.where(steps > 0)).astype(float)
+
+
 def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     """Per-turn records (``turns.csv``), one row per turn that arrived, sorted by (conversation, turn).
 
@@ -82,6 +93,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     p2d_transfer_s + first_decode_s``. ``prefill_queue_s`` is arrival at P's engine to the start of this
     turn's prefill compute minus the D->P pull wait (vLLM's queue metric would include the pull).
     Token identity: ``prompt = local_hit + pulled + recomputed + failed`` (failed > 0 only on errors).
+    ``tpot_s`` = (finish - first token) / (output - 1), empty for 1-token outputs (:func:`tpot_series`).
     """
     base = _by_turn(ev, Ev.ARRIVE, {"t_s": "arrival_s", "a": "prompt_tokens", "b": "output_tokens"})
     parts = [
@@ -120,6 +132,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["ttft_s"] = df["d_first"] - df["arrival_s"]
     df["p_leg_s"] = df["p_done"] - df["arrival_s"]
     df["p_hold_s"] = (df["hold_t1"] - df["hold_t0"]).fillna(0.0)
+    df["tpot_s"] = tpot_series(df["d_first"], df["finish_s"], df["output_tokens"])
     local = df["local_hit_tokens"]
     df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
     df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
@@ -233,6 +246,10 @@ def summarize(
         "p_lease_expiries": int(((ev["kind"] == int(Ev.P_UNHOLD)) & (ev["b"] == int(HoldRelease.LAPSED))).sum()),
         "p2d_failed_reads": int((ev["kind"] == int(Ev.P2D_FAILED)).sum()),
     }
+    tpot = ok["tpot_s"].dropna().to_numpy()
+    summary["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
+    summary["tpot_p50_s"] = _pct(tpot, 50)
+    summary["tpot_p90_s"] = _pct(tpot, 90)
     summary.update(extra)
     return summary
 

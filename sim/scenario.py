@@ -144,10 +144,14 @@ class Policy(_Frozen):
 
 
 class PoissonArrival(_Frozen):
-    """Open loop: new conversations arrive as a Poisson stream."""
+    """Open loop: new conversations arrive as a Poisson stream (or gamma gaps, vLLM ``get_request``'s burstiness)."""
 
     kind: Literal["poisson"]
     rate_per_s: float = Field(gt=0, description="New conversations per second.")
+    burstiness: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="vLLM benchmark_serving --burstiness: gamma gaps of this shape at the same rate (1 = Poisson).",
+    )
 
 
 class ClosedLoopArrival(_Frozen):

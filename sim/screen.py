@@ -225,11 +225,11 @@ def _entry_share(turns_q: np.ndarray, e: float) -> float:
 
 
 def _pull_s(p: ScreenPoint, n: np.ndarray) -> np.ndarray:
-    """transfer_time_s (post + xfer + poll) of ``n`` tokens on an idle link, vectorised."""
+    """transfer_time_s (prep + xferDuration, post included, + poll) of ``n`` tokens on an idle link, vectorised."""
     tc = p.costs.transfer
     desc = p.regions * np.ceil(np.maximum(n, 0) / p.block_tokens)
     return (
-        tc.post_fixed_s + tc.post_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
+        tc.prep_fixed_s + tc.prep_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
         + p.per_byte_s * n * p.kv_bytes_per_token_rank + tc.poll_s
     )
 

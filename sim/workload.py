@@ -145,7 +145,11 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     if isinstance(workload.arrival, ClosedLoopArrival):
         start = np.full(n, np.nan)
     else:
-        start = np.cumsum(rng["arrivals"].exponential(1.0 / workload.arrival.rate_per_s, n))
+        a = workload.arrival
+        if a.burstiness == 1.0:
+            start = np.cumsum(rng["arrivals"].exponential(1.0 / a.rate_per_s, n))
+        else:  # vLLM benchmarks get_request: gamma(shape=burstiness, scale=1 / (rate x burstiness))
+            start = np.cumsum(rng["arrivals"].gamma(a.burstiness, 1.0 / (a.rate_per_s * a.burstiness), n))
     turns = np.maximum(1, np.rint(sample(workload.turns, rng["turns"], n))).astype(np.int64)
     prefix = np.maximum(0, np.rint(sample(workload.prefix_tokens, rng["prefix"], n))).astype(np.int64)
     total = int(turns.sum())

@@ -34,6 +34,7 @@ from kvplan.models.costs import (
     decode_step_time_s,
     post_time_s,
     prefill_time_s,
+    prep_time_s,
     xfer_time_s,
 )
 from kvplan.models.profile import load_profile
@@ -47,8 +48,9 @@ BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-3
 # "True" parameters the synthetic traces are drawn from (Qwen3-32B-like at TP8 on p5en). per_byte_s is the
 # p5en line rate, the value the fit holds it at (bytes and descriptors are collinear for one model).
 TRUE_PREFILL = PrefillCost(fixed_s=0.015, per_token_s=2.5e-5, attention_s=4e-10)
+# the post is part of xferDuration (NIXL times both from postXferReq), so it is smaller than it everywhere
 TRUE_XFER = TransferCost(fixed_s=0.005, per_descriptor_s=6e-7, per_byte_s=2e-11, post_fixed_s=1e-3,
-                         post_per_descriptor_s=1.1e-6)
+                         post_per_descriptor_s=2e-7)
 DECODE_INTERCEPT_S = 0.006  # batch-1 step: fixed_s + per_seq_s
 DECODE_PER_CTX_S = 8.5e-9
 BPT = kv_bytes_per_token_per_rank(QWEN3_32B, 8)
@@ -171,6 +173,21 @@ def test_recover_engine_log(tmp_path: Path) -> None:
     _heldout_xfer(res)
 
 
+def test_post_longer_than_xfer_is_flagged(tmp_path: Path) -> None:
+    """postDuration is part of xferDuration: a log where it is longer gets a warning, a sane one does not."""
+    rng = np.random.default_rng(21)
+    tokens = np.rint(np.exp(rng.uniform(np.log(32), np.log(32000), size=60))).astype(int).tolist()
+    notes = []
+    for i, post_fn in enumerate((post_s, lambda t: 3 * xfer_s(t))):
+        path = tmp_path / f"engine{i}.log"
+        st.write_engine_log(path, rng, xfer_s, tokens, bytes_per_token_per_rank=BPT, post_fn=post_fn,
+                            requests_per_interval=1)
+        res = calibrate("qwen3-32b", "p5en", log=[path])
+        notes.append(next(n for n in res.report["notes"] if "postDuration" in n))
+    assert "part of xferDuration" in notes[0] and "WARNING" not in notes[0]
+    assert "WARNING" in notes[1]
+
+
 def test_recover_proxy_log_joined_to_multiturn(tmp_path: Path) -> None:
     rng = np.random.default_rng(15)
     logs, stats = [], []
@@ -184,6 +201,32 @@ def test_recover_proxy_log_joined_to_multiturn(tmp_path: Path) -> None:
     assert set(prefill_fit.mape_pct) == {"proxy_p_leg"}  # the P legs, not the TTFTs, fitted the prefill
     _check(res, PREFILL_TRUTH)
     _heldout_prefill(res)
+
+
+def test_proxy_join_subtracts_the_visible_pull_without_the_post(tmp_path: Path) -> None:
+    """Cache-HIT P legs contain the visible pull = prep + xferDuration + poll; the post is inside xferDuration.
+
+    The pull that ``calibrate`` subtracts from a proxy P leg is built from the engine log's xferDuration
+    fit; adding the fitted postDuration on top (the old double count) would be ~40 ms too much at 24k.
+    """
+    from kvplan.calibration.calibrate import _pull_fn, _values
+
+    rng = np.random.default_rng(19)
+    engine = tmp_path / "engine.log"
+    tokens = np.rint(np.exp(rng.uniform(np.log(32), np.log(32000), size=150))).astype(int).tolist()
+    st.write_engine_log(engine, rng, xfer_s, tokens, bytes_per_token_per_rank=BPT, post_fn=post_s, noise_frac=0.01,
+                        requests_per_interval=1)
+    res = calibrate("qwen3-32b", "p5en", log=[engine])
+    fit = next(f for f in res.fits if f.target == "transfer")
+    assert next(f for f in res.fits if f.target == "post").values()["transfer.post_per_descriptor_s"] > 0
+    base = load_profile("p5en-qwen3-32b").costs.transfer
+    pull = _pull_fn(QWEN3_32B, 8, fit, _values(load_profile("p5en-qwen3-32b").costs))
+    fitted = res.profile.costs.transfer
+    for n in (500, 8000, 24000):
+        d = descriptors_per_transfer(QWEN3_32B, n)
+        want = xfer_time_s(fitted, n * BPT, d) + prep_time_s(base, d) + base.poll_s
+        assert pull(n) == pytest.approx(want, rel=1e-9)
+        assert pull(n) == pytest.approx(xfer_s(n) + prep_time_s(base, d) + base.poll_s, rel=HELDOUT_TOL)
 
 
 def test_recover_prometheus(tmp_path: Path) -> None:
@@ -385,6 +428,32 @@ def test_calibrate_malformed_input(case: str, tmp_path: Path, capsys: pytest.Cap
     assert not out.exists()
 
 
+def test_points_round_trip_through_cost_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Acceptance 4: seeded points of a hidden curve -> calibrate --points -> cost --json at held-out lengths.
+
+    ``kv_transfer`` rows are NIXL xferDuration, so ``kv_xfer_s`` must give them back (the post is inside
+    them and must not be added a second time), and ``kv_pull_visible_s`` adds only request creation (held at
+    the base profile: points cannot see it) and the step poll.
+    """
+    path = tmp_path / "points.csv"
+    st.write_points_csv(path, np.random.default_rng(2048), prefill_s, xfer_s,
+                        transfer_tokens=(300, 1000, 2048, 6000, 16000, 28000))
+    out = tmp_path / "prof.json"
+    assert main(["calibrate", "--points", str(path), "--model", "qwen3-32b", "--hardware", "p5en", "--out",
+                 str(out)]) == 0
+    capsys.readouterr()
+    tc = load_profile(out).costs.transfer
+    assert tc.prep_per_descriptor_s == load_profile("p5en-qwen3-32b").costs.transfer.prep_per_descriptor_s
+    for tokens, cached in ((3000, 0), (12000, 0), (20000, 0), (1500, 9000), (500, 20000)):
+        assert main(["cost", "--profile", str(out), "--tokens", str(tokens), "--cached-tokens", str(cached),
+                     "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["prefill_s"] == pytest.approx(prefill_s(tokens, cached), rel=HELDOUT_TOL), (tokens, cached)
+        assert got["kv_xfer_s"] == pytest.approx(xfer_s(tokens), rel=HELDOUT_TOL), tokens
+        extra = prep_time_s(tc, descriptors_per_transfer(QWEN3_32B, tokens)) + tc.poll_s
+        assert got["kv_pull_visible_s"] == pytest.approx(got["kv_xfer_s"] + extra)
+
+
 def test_calibrate_writes_loadable_profile_atomically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "points.csv"
     st.write_points_csv(path, np.random.default_rng(3), prefill_s, xfer_s)
@@ -436,9 +505,15 @@ def test_reproduce_bad_profile_model(capsys: pytest.CaptureFixture[str]) -> None
 def test_cost_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cost", "--profile", "p5en-qwen3-32b", "--tokens", "2000", "--cached-tokens", "8000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out)[:3] == ["prefill_s", "kv_transfer_s", "decode_step_s"]
+    assert list(out)[:3] == ["prefill_s", "kv_transfer_s", "kv_xfer_s"]
+    assert {"prefill_s", "kv_transfer_s", "kv_xfer_s", "kv_pull_visible_s", "decode_step_s"} <= set(out)
     c = load_profile("p5en-qwen3-32b").costs
     assert out["prefill_s"] == pytest.approx(prefill_time_s(c.prefill, 2000, 8000))
+    d = descriptors_per_transfer(QWEN3_32B, 2000)
+    assert out["kv_xfer_s"] == pytest.approx(xfer_time_s(c.transfer, 2000 * BPT, d))
+    # the visible pull is request creation + xferDuration (post included) + the step that notices completion
+    assert out["kv_pull_visible_s"] == pytest.approx(out["kv_xfer_s"] + prep_time_s(c.transfer, d) + c.transfer.poll_s)
+    assert out["kv_transfer_s"] == out["kv_pull_visible_s"]
     assert out["decode_step_s"] == pytest.approx(decode_step_time_s(c.decode, 1, 10000))
     assert 0 < out["kv_transfer_s"] < out["prefill_s"]
     assert main(["cost", "--profile", "p5en-glm-5-fp8", "--tokens", "100"]) == 0

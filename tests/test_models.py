@@ -22,8 +22,12 @@ from kvplan.models.costs import (
     TransferCost,
     decode_step_time_s,
     decode_steps_time_s,
+    post_time_s,
     prefill_time_s,
+    prep_time_s,
+    pull_visible_time_s,
     transfer_time_s,
+    xfer_time_s,
 )
 from kvplan.models.hardware import H200, P5EN, get_hardware
 from kvplan.models.profile import load_profile, shipped_profiles
@@ -64,8 +68,16 @@ def test_cost_formulas() -> None:
     c1 = 0.01 + 8192e-5 + 1e-9 * (8192 * 1000 + 8192 * 8193 / 2)
     c2 = 0.01 + 1808e-5 + 1e-9 * (1808 * (1000 + 8192) + 1808 * 1809 / 2)
     assert prefill_time_s(pc, 10_000, 1000) == pytest.approx(c1 + c2)
-    tc = TransferCost(fixed_s=0.01, per_descriptor_s=1e-6, per_byte_s=1e-10, post_per_descriptor_s=2e-6, poll_s=0.001)
-    assert transfer_time_s(tc, 1e8, 1000) == pytest.approx(0.01 + 1e-3 + 1e-2 + 2e-3 + 0.001)
+    tc = TransferCost(fixed_s=0.01, per_descriptor_s=1e-6, per_byte_s=1e-10, post_per_descriptor_s=2e-6, poll_s=0.001,
+                      handshake_s=0.2, prep_fixed_s=1e-4, prep_per_descriptor_s=3e-7)
+    # NIXL's xferDuration contains the post: visible = request creation + xferDuration + poll, post not re-added
+    assert xfer_time_s(tc, 1e8, 1000) == pytest.approx(0.01 + 1e-3 + 1e-2)
+    assert post_time_s(tc, 1000) == pytest.approx(2e-3)
+    assert prep_time_s(tc, 1000) == pytest.approx(1e-4 + 3e-4)
+    visible = 1e-4 + 3e-4 + 0.01 + 1e-3 + 1e-2 + 0.001
+    assert transfer_time_s(tc, 1e8, 1000) == pytest.approx(visible)
+    assert pull_visible_time_s(tc, 1e8, 1000) == pytest.approx(visible)
+    assert pull_visible_time_s(tc, 1e8, 1000, first_use=True) == pytest.approx(visible + 0.2)
     dc = DecodeCost(fixed_s=0.01, per_seq_s=1e-4, per_context_token_s=1e-8)
     total = sum(decode_step_time_s(dc, 4, 1000 + 4 * i) for i in range(50))
     assert decode_steps_time_s(dc, 4, 1000, 50) == pytest.approx(total)

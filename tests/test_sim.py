@@ -208,3 +208,82 @@ def test_scenario_overrides_revalidate() -> None:
     sc = scenario_from_dict(small())
     sc2 = with_overrides(sc, {"policy.decoder_kv_blocks_ttl_s": 60})
     assert sc2.policy.decoder_kv_blocks_ttl_s == 60 and sc.policy.decoder_kv_blocks_ttl_s == 480
+
+
+def test_pull_is_prep_plus_xfer_duration_plus_poll_post_not_added() -> None:
+    """One conversation alone: the pull a turn sees is prep + NIXL xferDuration + poll; the post is inside."""
+    from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
+    from kvplan.models.costs import TransferCost, xfer_time_s
+
+    tc = TransferCost(fixed_s=0.004, per_descriptor_s=5e-7, per_byte_s=2e-11, post_fixed_s=0.002,
+                      post_per_descriptor_s=4e-7, prep_per_descriptor_s=1e-7, poll_s=5e-4)
+    sc = scenario_from_dict({
+        "costs": {"transfer": tc.model_dump()},
+        "deployment": {"prefill_prefix_caching": False},
+        "workload": {"conversations": 1, "turns": {"dist": "constant", "value": 2},
+                     "prefix_tokens": {"dist": "constant", "value": 4000},
+                     "turn_gap_s": {"dist": "constant", "value": 1.0}},
+    })
+    t = run(sc).turns
+    row = t[t["turn"] == 2].iloc[0]
+    assert row["decision"] == "pull"
+    arch = get_model("qwen3-32b")
+    n = int(row["pulled_tokens"])
+    d = descriptors_per_transfer(arch, n)
+    xfer = xfer_time_s(tc, n * kv_bytes_per_token_per_rank(arch, 8), d)
+    assert row["d2p_xfer_s"] == pytest.approx(xfer, rel=1e-9)  # what NIXL reports: post included
+    assert row["kv_pull_s"] == pytest.approx(1e-7 * d + xfer + 5e-4, rel=1e-6)
+
+
+def test_tpot_per_turn_and_in_summary() -> None:
+    """tpot_s = (finish - first token) / (output - 1); empty for 1-token outputs; summary mean/p50/p90."""
+    r = run(small(workload={"output_tokens": {"dist": "uniform", "low": 1, "high": 40}}))
+    t = r.turns
+    ok = t[t["decision"] != "error"]
+    first = ok["arrival_s"] + ok["ttft_s"]
+    many = ok[ok["output_tokens"] > 1]
+    assert len(many) > 20 and (ok["output_tokens"] == 1).any()
+    expected = (many["finish_s"] - first[many.index]) / (many["output_tokens"] - 1)
+    assert np.allclose(many["tpot_s"], expected, rtol=1e-9)
+    assert (many["tpot_s"] > 0).all() and ok.loc[ok["output_tokens"] == 1, "tpot_s"].isna().all()
+    vals = many["tpot_s"].to_numpy()
+    assert r.summary["tpot_mean_s"] == pytest.approx(vals.mean())
+    assert r.summary["tpot_p50_s"] == pytest.approx(np.percentile(vals, 50))
+    assert r.summary["tpot_p90_s"] == pytest.approx(np.percentile(vals, 90))
+    header = turns_csv_bytes(t).decode().splitlines()[0].split(",")
+    assert "tpot_s" in header
+
+
+def test_tpot_matches_decode_step_cost_alone() -> None:
+    """A lone request's TPOT is its mean decode step (batch 1, growing context) from the cost model."""
+    from kvplan.models.costs import DecodeCost, decode_steps_time_s
+
+    dc = DecodeCost(fixed_s=0.02, per_seq_s=1e-3, per_context_token_s=1e-7)
+    sc = scenario_from_dict({
+        "costs": {"decode": dc.model_dump()},
+        "workload": {"conversations": 1, "turns": {"dist": "constant", "value": 1},
+                     "prefix_tokens": {"dist": "constant", "value": 1000},
+                     "output_tokens": {"dist": "constant", "value": 50}},
+    })
+    row = run(sc).turns.iloc[0]
+    prompt = int(row["prompt_tokens"])
+    # steps 2..50 of a batch-1 request whose context is prompt + 1 at step 2
+    assert row["tpot_s"] == pytest.approx(decode_steps_time_s(dc, 1, prompt + 1, 49) / 49, rel=1e-9)
+
+
+def test_burstiness_gamma_arrivals_like_vllm_benchmark() -> None:
+    """burstiness b: gamma gaps of shape b, mean 1/rate, CV 1/sqrt(b) (vLLM benchmarks get_request); b=1 Poisson."""
+    from kvplan.sim.workload import make_plan
+
+    def gaps(b: float) -> np.ndarray:
+        sc = scenario_from_dict(small(workload={"conversations": 4000, "arrival": {
+            "kind": "poisson", "rate_per_s": 2.0, "burstiness": b}}))
+        return np.diff(make_plan(sc.workload, 5, 32768).start_s)
+
+    for b, cv in ((1.0, 1.0), (50.0, 50 ** -0.5), (0.25, 2.0)):
+        g = gaps(b)
+        assert g.mean() == pytest.approx(0.5, rel=0.08) and g.std() / g.mean() == pytest.approx(cv, rel=0.1)
+    plain = scenario_from_dict(small(workload={"conversations": 50, "arrival": {"kind": "poisson", "rate_per_s": 2.0}}))
+    one = scenario_from_dict(small(workload={"conversations": 50, "arrival": {
+        "kind": "poisson", "rate_per_s": 2.0, "burstiness": 1.0}}))
+    assert np.array_equal(make_plan(plain.workload, 5, 32768).start_s, make_plan(one.workload, 5, 32768).start_s)

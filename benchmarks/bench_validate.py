@@ -1,0 +1,66 @@
+"""Time of ``kvplan validate`` on this machine (issue 9, acceptance 5: offline, under 2 minutes).
+
+Runs exactly the documented command (``kvplan validate --json``) in a fresh process (imports included, as a
+user would time it), twice, checks that both runs print byte-identical JSON, and writes
+benchmarks/results/validate.json with the wall times and each case's summary (status, points predicted,
+MAPE, max error).
+
+    .venv/bin/python benchmarks/bench_validate.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvplan.atomic import atomic_write_bytes
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+LIMIT_S = 120.0
+
+
+def main() -> None:
+    """Run the benchmark and write the results file."""
+    kvplan = Path(sys.executable).with_name("kvplan")
+    cmd = [str(kvplan), "validate", "--json"]
+    walls, digests, out = [], [], ""
+    for _ in range(2):
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
+        walls.append(time.perf_counter() - t)
+        out = proc.stdout
+        digests.append(hashlib.sha256(out.encode()).hexdigest())
+    cases = json.loads(out)["cases"]
+    case_rows: list[dict[str, Any]] = [
+        {"name": c["name"], "status": c["status"], "profile": c["profile"], **c["summary"]} for c in cases
+    ]
+    result: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "processor": platform.machine(), "cpus": os.cpu_count()},
+        "command": "kvplan validate --json",
+        "wall_s": walls,
+        "limit_s": LIMIT_S,
+        "under_limit": max(walls) < LIMIT_S,
+        "deterministic": digests[0] == digests[1],
+        "cases": case_rows,
+    }
+    dest = HERE / "results" / "validate.json"
+    dest.parent.mkdir(exist_ok=True)
+    atomic_write_bytes(dest, (json.dumps(result, indent=2) + "\n").encode())
+    print(f"kvplan validate --json: {min(walls):.2f}-{max(walls):.2f} s (limit {LIMIT_S:.0f} s), "
+          f"deterministic: {result['deterministic']}")
+    for c in case_rows:
+        mape = f"{c['mape_pct']:.1f}%" if c["mape_pct"] is not None else "-"
+        print(f"  {c['name']}: {c['status']}, {c['predicted']}/{c['points']} predicted, MAPE {mape}")
+    print(f"wrote {dest.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

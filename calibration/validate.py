@@ -1,0 +1,311 @@
+"""``kvplan validate``: kvplan's predictions against public measurements it was not fitted on.
+
+The cases are small YAML files shipped in ``calibration/validation/`` (source, setup, licence, the
+scenario that stands for the setup, what kvplan cannot express about it, the measured values; see the
+README there). Every prediction goes through the profile resolution a simulation uses
+(:func:`kvplan.sim.engine.resolve`), so a case gets better or worse exactly as ``kvplan simulate`` would:
+
+* ``prefill_curve``: :func:`~kvplan.models.costs.prefill_time_s` of the input alone on the engine;
+* ``decode_curve``: :func:`~kvplan.models.costs.decode_step_time_s` at the point's batch and context;
+* ``serving``: a simulation of the run (:func:`kvplan.sim.api.run`): single-turn requests with the measured
+  input/output lengths, closed loop at the measured concurrency or open loop at the measured rate, seed 0;
+* ``published``: the P5en points of ``kvplan reproduce``, reported as fitted, in-sample.
+
+A case kvplan cannot predict at all (an unknown preset, no profile, a setup outside the model) keeps
+its measured points with no prediction and says why; what a case can only approximate is listed as
+"not expressible" next to its numbers. Pure: no printing, no files.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvplan.errors import KvplanInputError, input_error
+
+Kind = Literal["prefill_curve", "decode_curve", "serving", "published"]
+MAX_CASE_BYTES = 256 * 1024
+SEED = 0
+#: Measured serving metric -> (``summary.json`` key or ``latency``, unit label). Every key is a contract of the case files.
+SERVING_METRICS: dict[str, str] = {
+    "ttft_mean_ms": "ttft_mean_s",
+    "ttft_p50_ms": "ttft_p50_s",
+    "ttft_p90_ms": "ttft_p90_s",
+    "tpot_mean_ms": "tpot_mean_s",
+    "tpot_p50_ms": "tpot_p50_s",
+    "latency_mean_ms": "latency",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Source(_Frozen):
+    """Where the measured numbers come from."""
+
+    repository: str = Field(description="Repository or publication.")
+    path: str = Field(description="File(s) inside it.")
+    commit: str = Field(description="Commit the values were taken at ('-' for an article).")
+    licence: str = Field(description="Licence of the values and how they are used here.")
+
+
+class Run(_Frozen):
+    """One measured serving run."""
+
+    label: str = Field(description="Short name of the run.")
+    arrival: dict[str, Any] = Field(description="closed_loop {clients} or poisson {rate_per_s}.")
+    requests: int = Field(gt=0, le=100_000, description="Requests sent.")
+    input_tokens: int = Field(gt=0, description="Input length of every request.")
+    output_tokens: int = Field(gt=0, description="Output length of every request.")
+    measured: dict[str, float] = Field(description="Measured metrics (keys of SERVING_METRICS).")
+
+
+class Case(_Frozen):
+    """One validation case (a YAML file in ``calibration/validation/``)."""
+
+    name: str
+    title: str
+    kind: Kind
+    source: Source
+    setup: str
+    scenario: dict[str, Any] | None = Field(default=None, description="Model, hardware, deployment, policy.")
+    predicts: str = Field(description="What kvplan computes for the points.")
+    not_expressible: list[str] = Field(default_factory=list, description="What kvplan cannot express here.")
+    expressible: str | None = Field(default=None, description="Why no prediction is possible at all.")
+    in_sample: str | None = Field(default=None, description="Set when kvplan is fitted to these points.")
+    points: list[list[float]] = Field(default_factory=list, description="Curve points.")
+    runs: list[Run] = Field(default_factory=list, description="Serving runs.")
+
+
+def _cases_dir() -> Path:
+    return Path(str(resources.files("kvplan.calibration").joinpath("validation")))
+
+
+def case_names() -> list[str]:
+    """Names of the shipped validation cases, sorted."""
+    return sorted(p.stem for p in _cases_dir().glob("*.yaml"))
+
+
+def load_case(name: str) -> Case:
+    """Load one shipped case by name (one-line error naming the valid cases otherwise)."""
+    names = case_names()
+    if name not in names:
+        raise input_error("--case", f"unknown case '{name}'", f"use one of {', '.join(names)}")
+    path = _cases_dir() / f"{name}.yaml"
+    if path.stat().st_size > MAX_CASE_BYTES:
+        raise input_error(str(path), "validation case larger than 256 KiB")
+    try:
+        case = Case.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except yaml.YAMLError:
+        raise input_error(str(path), "malformed validation case (not YAML)") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise input_error(str(path), f"malformed validation case: field '{loc}': {err['msg']}") from None
+    if case.name != name:
+        raise input_error(str(path), f"case name '{case.name}' differs from the file name")
+    return case
+
+
+# --- predictions ----------------------------------------------------------------------------------------------
+
+
+def _point(label: str, metric: str, measured: float, predicted: float | None) -> dict[str, Any]:
+    rel = (predicted - measured) / measured if predicted is not None and measured else None
+    return {
+        "label": label,
+        "metric": metric,
+        "measured": round(measured, 4),
+        "predicted": round(predicted, 4) if predicted is not None else None,
+        "rel_error": round(rel, 5) if rel is not None else None,
+    }
+
+
+def _resolved(case: Case) -> tuple[Any, Any, str | None]:
+    """(scenario, Resolved, None) or (None, None, why kvplan cannot express it)."""
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.scenario import scenario_from_dict
+
+    if case.expressible is not None:
+        return None, None, case.expressible
+    if case.scenario is None:
+        return None, None, "the case gives no scenario"
+    try:
+        sc = scenario_from_dict(dict(case.scenario), where=f"case {case.name}")
+        return sc, resolve(sc), None
+    except KvplanInputError as exc:
+        return None, None, str(exc)
+
+
+def _prefill_curve(case: Case, sc: Any, rs: Any) -> list[dict[str, Any]]:
+    from kvplan.models.costs import prefill_time_s
+
+    chunk = sc.deployment.max_num_batched_tokens if sc is not None else 0
+    out = []
+    for isl, ms in case.points:
+        pred = prefill_time_s(rs.costs.prefill, int(isl), 0, chunk) * 1e3 if rs is not None else None
+        out.append(_point(f"ISL {int(isl)}", "ttft_ms", ms, pred))
+    return out
+
+
+def _decode_curve(case: Case, rs: Any) -> list[dict[str, Any]]:
+    from kvplan.models.costs import decode_step_time_s
+
+    out = []
+    for batch, ctx, ms in case.points:
+        b = int(batch)
+        pred = decode_step_time_s(rs.costs.decode, b, b * ctx) * 1e3 if rs is not None else None
+        out.append(_point(f"batch {b}, context {int(ctx)}", "itl_ms", ms, pred))
+    return out
+
+
+def run_scenario(case: Case, run: Run) -> Any:
+    """The scenario a serving run stands for: the case's deployment, single-turn requests as measured."""
+    from kvplan.sim.scenario import scenario_from_dict
+
+    arrival = dict(run.arrival)
+    if arrival.get("kind") == "closed_loop":
+        arrival.setdefault("max_active_conversations", arrival.get("clients", 1))
+    data = dict(case.scenario or {})
+    data["workload"] = {
+        "conversations": run.requests,
+        "arrival": arrival,
+        "turns": {"dist": "constant", "value": 1},
+        "prefix_tokens": {"dist": "constant", "value": run.input_tokens},
+        "user_tokens": {"dist": "constant", "value": 0},
+        "output_tokens": {"dist": "constant", "value": run.output_tokens},
+        "turn_gap_s": {"dist": "constant", "value": 0},
+    }
+    data["seed"] = SEED
+    return scenario_from_dict(data, where=f"case {case.name}, {run.label}")
+
+
+def _serving(case: Case, rs: Any, why_not: list[str]) -> list[dict[str, Any]]:
+    from kvplan.sim.api import run as simulate
+
+    out = []
+    for r in case.runs:
+        unknown = set(r.measured) - set(SERVING_METRICS)
+        if unknown:
+            raise input_error(f"case {case.name}", f"unknown measured metric(s) {sorted(unknown)}")
+        pred: dict[str, float] = {}
+        res = None
+        if rs is not None:
+            try:
+                res = simulate(run_scenario(case, r), SEED)
+            except KvplanInputError as exc:  # e.g. a request beyond the model's context: say so, keep going
+                why_not.append(f"no prediction for {r.label}: {exc}")
+        if res is not None:
+            cut = int(res.summary.get("truncated_conversations", 0))
+            if cut:
+                why_not.append(f"{'no prediction for ' if cut == r.requests else ''}{r.label}: {cut} of {r.requests} "
+                               f"requests exceed the model's context limit (vLLM rejects them; kvplan does not send them)")
+            ok = res.turns[res.turns["decision"] != "error"]
+            latency = float((ok["finish_s"] - ok["arrival_s"]).mean()) if len(ok) else math.nan
+            for metric, key in SERVING_METRICS.items():
+                v = latency if key == "latency" else float(res.summary.get(key, math.nan))
+                pred[metric] = v * 1e3
+        for metric, measured in r.measured.items():
+            p = pred.get(metric)
+            out.append(_point(r.label, metric, measured, p if p is not None and math.isfinite(p) else None))
+    return out
+
+
+def _published() -> tuple[list[dict[str, Any]], str]:
+    from kvplan.calibration.reproduce import reproduce_rows
+
+    rows = reproduce_rows(published_only=True)
+    pts = [
+        _point(f"{r['model']} {r['prompt_tokens']}", r["series"] + "_ms", r["published_ms"], r["simulated_ms"])
+        for r in rows
+    ]
+    profiles = sorted({f"p5en-{r['model']}" for r in rows})
+    return pts, ", ".join(profiles)
+
+
+def _summary(points: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = np.array([abs(p["rel_error"]) for p in points if p["rel_error"] is not None], dtype=float)
+    return {
+        "points": len(points),
+        "predicted": int(errs.size),
+        "mape_pct": round(float(errs.mean() * 100), 2) if errs.size else None,
+        "max_abs_error_pct": round(float(errs.max() * 100), 2) if errs.size else None,
+    }
+
+
+def validate_case(case: Case) -> dict[str, Any]:
+    """Measured vs predicted for one case, with its summary and what kvplan cannot express."""
+    not_expr = list(case.not_expressible)
+    profile = None
+    if case.kind == "published":
+        points, profile = _published()
+        status = "fitted, in-sample"
+    else:
+        sc, rs, why = _resolved(case)
+        if why is not None:
+            not_expr.insert(0, f"no prediction: {why}")
+        else:
+            profile = f"{rs.profile.name} ({rs.profile.status})"
+        if case.kind == "prefill_curve":
+            points = _prefill_curve(case, sc, rs)
+        elif case.kind == "decode_curve":
+            points = _decode_curve(case, rs)
+        else:
+            points = _serving(case, rs, not_expr)
+        status = "not expressible" if rs is None else ("fitted, in-sample" if case.in_sample else "predicted, not fitted")
+    return {
+        "name": case.name,
+        "title": case.title,
+        "kind": case.kind,
+        "status": status,
+        "source": case.source.model_dump(),
+        "setup": case.setup,
+        "scenario": case.scenario,
+        "profile": profile,
+        "predicts": case.predicts,
+        "in_sample": case.in_sample,
+        "not_expressible": not_expr,
+        "points": points,
+        "summary": _summary(points),
+    }
+
+
+def validate(names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the named cases (every shipped case when ``None`` or empty), in the order given."""
+    chosen = names or case_names()
+    cases = [load_case(n) for n in chosen]  # every name checked before any work
+    return [validate_case(c) for c in cases]
+
+
+def json_ready(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Results with NaN/inf as None (strict JSON)."""
+    from kvplan.sim.results import json_safe
+
+    out: list[dict[str, Any]] = json_safe(results)
+    return out
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    """The per-case summary as a Markdown table (what the README shows): the first not-expressible item per case."""
+    lines = [
+        "| case | status | profile | points predicted | MAPE | max abs error | not expressible |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s = r["summary"]
+        mape = f"{s['mape_pct']:.1f}%" if s["mape_pct"] is not None else "-"
+        mx = f"{s['max_abs_error_pct']:.1f}%" if s["max_abs_error_pct"] is not None else "-"
+        ne = r["not_expressible"]
+        why = ne[0] + (f" (+{len(ne) - 1} more)" if len(ne) > 1 else "") if ne else "-"
+        lines.append(
+            f"| `{r['name']}` | {r['status']} | {r['profile'] or '-'} | {s['predicted']}/{s['points']} | {mape} | {mx} "
+            f"| {why.replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"

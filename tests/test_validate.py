@@ -1,0 +1,217 @@
+"""``kvplan validate``: the command, its JSON, case selection, bad input, the prediction paths and the data copies."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.app.cli import main
+from kvplan.calibration.reproduce import reproduce_rows
+from kvplan.calibration.validate import (
+    SERVING_METRICS,
+    case_names,
+    load_case,
+    run_scenario,
+    validate,
+    validate_case,
+)
+from kvplan.models.costs import decode_step_time_s, prefill_time_s
+from kvplan.sim.api import run
+from kvplan.sim.engine import resolve
+from kvplan.sim.scenario import scenario_from_dict
+
+CASE_KEYS = {
+    "name", "title", "kind", "status", "source", "setup", "scenario", "profile", "predicts", "in_sample",
+    "not_expressible", "points", "summary",
+}
+POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error"]
+REQUIRED = {
+    "dynamo-qwen3-32b-prefill", "dynamo-qwen3-32b-decode", "dynamo-qwen3-32b-1p1d", "llmd-1p1d-a100-llama-3.1-8b",
+    "p5en-published",
+}
+
+
+def _on_p5en(name: str, **scenario: object) -> dict:
+    """A shipped case re-pointed at hardware that resolves today (to exercise its prediction path)."""
+    case = load_case(name)
+    sc = {**(case.scenario or {}), "hardware": "p5en", **scenario}
+    return validate_case(case.model_copy(update={"scenario": sc}))
+
+
+def test_validate_json_keys_and_every_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["cases"]
+    names = [c["name"] for c in out["cases"]]
+    assert names == case_names() and REQUIRED <= set(names)
+    for c in out["cases"]:
+        assert set(c) == CASE_KEYS, c["name"]
+        assert c["source"]["licence"] and c["source"]["repository"] and c["setup"]
+        assert set(c["summary"]) == {"points", "predicted", "mape_pct", "max_abs_error_pct"}
+        assert c["summary"]["points"] == len(c["points"]) > 0
+        for p in c["points"]:
+            assert list(p) == POINT_KEYS
+            if p["predicted"] is not None:
+                assert p["rel_error"] == pytest.approx((p["predicted"] - p["measured"]) / p["measured"], abs=2e-4)
+        # nothing is skipped silently: a case without predictions says why
+        if c["summary"]["predicted"] < c["summary"]["points"]:
+            assert c["not_expressible"] and c["status"] == "not expressible"
+    pub = next(c for c in out["cases"] if c["name"] == "p5en-published")
+    assert pub["status"] == "fitted, in-sample"
+    others = [c for c in out["cases"] if c["name"] != "p5en-published"]
+    assert all(c["status"] != "fitted, in-sample" for c in others)
+    rows = reproduce_rows(published_only=True)
+    assert [(p["measured"], p["predicted"]) for p in pub["points"]] == [(r["published_ms"], r["simulated_ms"]) for r in rows]
+
+
+def test_case_selection_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--json", "--case", "p5en-published", "--case", "dynamo-qwen3-32b-decode"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in out["cases"]] == ["p5en-published", "dynamo-qwen3-32b-decode"]
+    assert main(["validate", "--case", "dynamo-qwen3-32b-decode"]) == 0
+    text = capsys.readouterr().out
+    assert "dynamo-qwen3-32b-decode" in text and "summary:" in text and "not expressible" in text
+    assert "p5en-published" not in text
+
+
+def test_unknown_case_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--case", "p5en-published", "--case", "no-such-case"]) == 2
+    cap = capsys.readouterr()
+    err = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: --case") and "no-such-case" in err[0]
+    assert "p5en-published" in err[0] and "Traceback" not in cap.err and cap.out == ""  # names checked before work
+
+
+def test_markdown_has_one_row_per_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--markdown"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| case |") and len(lines) == 2 + len(case_names())
+
+
+def test_unresolvable_case_keeps_points_and_says_why() -> None:
+    r = validate_case(load_case("dynamo-qwen3-32b-prefill").model_copy(update={"scenario": {
+        "model": "qwen3-32b", "hardware": "no-such-gpu", "deployment": {"tensor_parallel_size": 1}}}))
+    assert r["status"] == "not expressible" and r["summary"]["predicted"] == 0 and len(r["points"]) == 17
+    assert r["not_expressible"][0].startswith("no prediction: ") and "no-such-gpu" in r["not_expressible"][0]
+    rep = validate_case(load_case("llmd-vllm-replicas-a100-llama-3.1-8b"))
+    assert rep["status"] == "not expressible" and "disaggregation" in rep["not_expressible"][0]
+
+
+def test_prefill_curve_is_the_resolved_cost_function() -> None:
+    r = _on_p5en("dynamo-qwen3-32b-prefill")
+    sc = scenario_from_dict({"model": "qwen3-32b", "hardware": "p5en", "deployment": {"tensor_parallel_size": 1}})
+    rs = resolve(sc)
+    assert r["profile"] == f"{rs.profile.name} ({rs.profile.status})"
+    for p, (isl, ms) in zip(r["points"], load_case("dynamo-qwen3-32b-prefill").points, strict=True):
+        assert p["measured"] == pytest.approx(ms, abs=1e-4)
+        want = prefill_time_s(rs.costs.prefill, int(isl), 0, sc.deployment.max_num_batched_tokens) * 1e3
+        assert p["predicted"] == pytest.approx(want, abs=1e-4)
+    assert r["summary"]["predicted"] == 17 and r["summary"]["mape_pct"] > 0
+
+
+def test_decode_curve_is_the_resolved_step_cost() -> None:
+    r = _on_p5en("dynamo-qwen3-32b-decode")
+    rs = resolve(scenario_from_dict({"model": "qwen3-32b", "hardware": "p5en", "deployment": {"tensor_parallel_size": 1}}))
+    for p, (b, ctx, _ms) in zip(r["points"], load_case("dynamo-qwen3-32b-decode").points, strict=True):
+        assert p["predicted"] == pytest.approx(decode_step_time_s(rs.costs.decode, int(b), b * ctx) * 1e3, abs=1e-4)
+
+
+def test_serving_run_is_a_simulation_of_the_setup() -> None:
+    case = load_case("dynamo-qwen3-32b-1p1d")
+    case = case.model_copy(update={"scenario": {**(case.scenario or {}), "hardware": "p5en"}})
+    r = validate_case(case)
+    assert r["summary"]["predicted"] == sum(len(x.measured) for x in case.runs)
+    by = {(p["label"], p["metric"]): p["predicted"] for p in r["points"]}
+    for x in case.runs:
+        sc = run_scenario(case, x)
+        w = sc.workload
+        assert w.conversations == x.requests and w.turns.value == 1 and w.prefix_tokens.value == x.input_tokens
+        assert w.output_tokens.value == x.output_tokens and w.arrival.kind == "closed_loop"
+        assert w.arrival.clients == w.arrival.max_active_conversations == x.arrival["clients"]
+        res = run(sc)
+        for metric in x.measured:
+            key = SERVING_METRICS[metric]
+            if key == "latency":
+                ok = res.turns[res.turns["decision"] != "error"]
+                want = float((ok["finish_s"] - ok["arrival_s"]).mean())
+            else:
+                want = res.summary[key]
+            assert by[(x.label, metric)] == pytest.approx(want * 1e3, abs=1e-3)
+    # a closed loop at higher concurrency queues more: TTFT grows with the clients
+    ttft = [by[(x.label, "ttft_mean_ms")] for x in case.runs]
+    assert ttft == sorted(ttft) and ttft[-1] > ttft[0]
+
+
+def test_open_loop_run_keeps_rate_and_burstiness() -> None:
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    case = case.model_copy(update={"scenario": {**(case.scenario or {}), "model": "qwen3-32b", "hardware": "p5en",
+                                                "deployment": {"tensor_parallel_size": 8}}})
+    sc = run_scenario(case, case.runs[0])
+    assert sc.workload.arrival.kind == "poisson" and sc.workload.arrival.rate_per_s == 1.8
+    assert sc.workload.arrival.burstiness == 50
+    r = validate_case(case)
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8
+
+
+def test_validate_is_deterministic() -> None:
+    assert validate(["p5en-published", "dynamo-qwen3-32b-1p1d"]) == validate(["p5en-published", "dynamo-qwen3-32b-1p1d"])
+
+
+# --- the shipped values are the sources' values --------------------------------------------------------------
+
+
+def check_copies(shared: Path) -> None:
+    """Every shipped measured value equals the one in ../shared/external_traces (the copies are faithful)."""
+    ext = shared / "external_traces"
+    dyn = ext / "dynamo_profiler_qwen3_32b"
+    with open(dyn / "prefill_ttft_vs_isl.online_all.csv", encoding="utf-8") as fh:
+        rows = [(int(r["prefill_isl"]), float(r["prefill_ttft_ms"])) for r in csv.DictReader(fh)]
+    assert [(int(a), b) for a, b in load_case("dynamo-qwen3-32b-prefill").points] == rows
+    with open(dyn / "decode_itl.online_all.csv", encoding="utf-8") as fh:
+        dec = [(float(r["context_length"]), float(r["itl_ms"]), float(r["thpt_per_gpu_tok_s"])) for r in csv.DictReader(fh)]
+    for (b, ctx, itl), (c2, itl2, thpt) in zip(load_case("dynamo-qwen3-32b-decode").points, dec, strict=True):
+        assert (ctx, itl) == (c2, itl2) and b == round(thpt * itl2 / 1000)
+    levels = {"concurrency 1": "idle", "concurrency 4": "medium", "concurrency 7": "saturation", "concurrency 8": "overload"}
+    for r in load_case("dynamo-qwen3-32b-1p1d").runs:
+        with open(dyn / "validation" / f"{levels[r.label]}_profile_export_aiperf.csv", encoding="utf-8") as fh:
+            table = {row[0]: row for row in csv.reader(fh) if row}
+        assert r.measured["ttft_mean_ms"] == float(table["Time to First Token (ms)"][1])
+        assert r.measured["ttft_p50_ms"] == float(table["Time to First Token (ms)"][8])
+        assert r.measured["tpot_mean_ms"] == float(table["Inter Token Latency (ms)"][1])
+        assert r.measured["latency_mean_ms"] == float(table["Request Latency (ms)"][1])
+    llmd = ext / "llmd_pd_benchmark_serving_a100"
+    for name, prefix in (("llmd-1p1d-a100-llama-3.1-8b", "llm-d-1p1d"), ("llmd-2p1d-a100-llama-3.1-8b", "llm-d-2p1d")):
+        for r in load_case(name).runs:
+            stamp = r.label.split()[-1]
+            (path,) = llmd.glob(f"{prefix}__benchmark_*_{stamp}.json")
+            d = json.loads(path.read_text(encoding="utf-8"))
+            assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
+                                                "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]},
+                                               abs=1e-3)
+            assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
+            assert r.arrival["burstiness"] == d["burstiness"]
+            assert r.input_tokens * d["completed"] == d["total_input_tokens"]
+
+
+    moon = ext / "mooncake_pd_kv_transfer_tables" / "vllm_mooncake_1p1d_qwen3-8b_h800_tp8.csv"
+    with open(moon, encoding="utf-8") as fh:
+        want = [(int(r["prompt_len_tokens"]), float(r["mean_ttft_ms"])) for r in csv.DictReader(fh)]
+    assert [(r.input_tokens, r.measured["ttft_mean_ms"]) for r in load_case("mooncake-vllm-1p1d-h800-qwen3-8b").runs] == want
+
+
+def test_shipped_values_match_the_sources(shared_dir: Path) -> None:
+    check_copies(shared_dir)
+
+
+def test_a_run_kvplan_cannot_simulate_is_reported_not_fatal() -> None:
+    case = load_case("dynamo-qwen3-32b-1p1d")
+    big = case.runs[0].model_copy(update={"label": "too long", "input_tokens": 10_000_000})
+    case = case.model_copy(update={"scenario": {**(case.scenario or {}), "hardware": "p5en"},
+                                   "runs": [big, case.runs[1]]})
+    r = validate_case(case)
+    assert any(w.startswith("no prediction for too long: ") for w in r["not_expressible"])
+    assert all(p["predicted"] is None for p in r["points"] if p["label"] == "too long")
+    assert all(p["predicted"] is not None for p in r["points"] if p["label"] != "too long")

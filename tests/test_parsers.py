@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import synthetic_traces as st
+from conftest import need_shared
 
 from kvplan.calibration.parsers import (
     BenchServeResult,
@@ -129,9 +130,9 @@ def test_bench_bundled_real_sample() -> None:
     assert detect_format(BUNDLED_BENCH) == "bench"
 
 
+@pytest.mark.shared_data
 def test_bench_real_llmd_files() -> None:
-    if not LLMD_DIR.is_dir():
-        pytest.skip("../shared/external_traces is not available")
+    need_shared("external_traces/llmd_pd_benchmark_serving_a100")
     files = sorted(LLMD_DIR.glob("*.json"))
     assert len(files) == 7
     for path in files:
@@ -381,7 +382,7 @@ def test_points_csv_round_trip(tmp_path: Path) -> None:
     assert frame["tokens"].dtype == np.int64 and frame["value_ms"].dtype == np.float64
 
 
-def test_published_csv_synthetic_and_real(tmp_path: Path) -> None:
+def test_published_csv_synthetic(tmp_path: Path) -> None:
     path = tmp_path / "published.csv"
     rows = [
         ("Qwen/Qwen3-32B", "ttft_off", 2000, 158.0, "TTFT, OFF"),
@@ -390,9 +391,11 @@ def test_published_csv_synthetic_and_real(tmp_path: Path) -> None:
     written = st.write_published_csv(path, rows)
     pd.testing.assert_frame_equal(parse_published_csv(path), written, check_dtype=False)
     assert detect_format(path) == "published"
-    if not PUBLISHED.is_file():
-        pytest.skip("../shared/data/p5en_published.csv is not available")
-    real = parse_published_csv(PUBLISHED)
+
+
+@pytest.mark.shared_data
+def test_published_csv_real() -> None:
+    real = parse_published_csv(need_shared("data/p5en_published.csv"))
     assert len(real) == 20 and set(real["series"]) == {
         "ttft_off",
         "ttft_on",

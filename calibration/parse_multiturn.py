@@ -79,32 +79,15 @@ class MultiTurnStats:
         return int(self.requests["conversation_id"].nunique())
 
 
-def parse_multiturn_stats(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> MultiTurnStats:
-    """Parse a ``--stats-json-output`` JSON array into seconds columns plus a ``user_turn`` index.
+def _refuse_non_finite(where: str, raw: list[Any]) -> None:
+    for i, rec in enumerate(raw):
+        for key, value in rec.items() if isinstance(rec, dict) else ():
+            if find_non_finite(value, key) is not None:
+                raise input_error(where, f"record {i}: field '{key}' is NaN/Infinity, not a valid measurement")
 
-    Raises :class:`~kvplan.errors.KvplanInputError` naming the file, the record and the field for:
-    invalid or truncated JSON, an empty array, a missing field, non-numbers, NaN/Infinity, negative
-    times, even ``input_num_turns``, values that look like seconds instead of ms, a TTFT after the end
-    of its request, and a conversation whose turn repeats or starts before the previous turn.
-    """
-    where = file_label(path)
-    raw, has_non_finite = load_json(path, max_bytes)
-    if not isinstance(raw, list):
-        raise input_error(
-            where,
-            f"top-level JSON value is {short_repr(raw)}, not an array of request records",
-            "pass the file written by benchmark_serving_multi_turn.py --stats-json-output",
-        )
-    if not raw:
-        raise input_error(where, "the array of request records is empty", "re-run the benchmark")
-    if has_non_finite:
-        for i, rec in enumerate(raw):
-            for key, value in rec.items() if isinstance(rec, dict) else ():
-                if find_non_finite(value, key) is not None:
-                    raise input_error(
-                        where, f"record {i}: field '{key}' is NaN/Infinity, not a valid measurement"
-                    )
 
+def _records(where: str, raw: list[Any]) -> tuple[dict[str, list[Any]], list[str]]:
+    """The numeric fields column by column and the conversation ids, every record checked."""
     columns: dict[str, list[Any]] = {k: [] for k in _NUMERIC_FIELDS}
     conversations: list[str] = []
     for i, rec in enumerate(raw):
@@ -127,7 +110,11 @@ def parse_multiturn_stats(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES)
                 where, f"record {i}: field 'conversation_id' is {short_repr(conv)}, not a string"
             )
         conversations.append(str(conv))
+    return columns, conversations
 
+
+def _checked_arrays(where: str, columns: dict[str, list[Any]]) -> dict[str, np.ndarray]:
+    """Each numeric field as a float array, checked for its minimum and, where it counts, whole numbers."""
     arrays: dict[str, np.ndarray] = {}
     for field, (minimum, whole) in _NUMERIC_FIELDS.items():
         arr = np.asarray(columns[field], dtype=np.float64)
@@ -138,6 +125,31 @@ def parse_multiturn_stats(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES)
                 i = int(frac[0])
                 raise input_error(where, f"record {i}: field '{field}' is {arr[i]:g}, not a whole number")
         arrays[field] = arr
+    return arrays
+
+
+def parse_multiturn_stats(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> MultiTurnStats:
+    """Parse a ``--stats-json-output`` JSON array into seconds columns plus a ``user_turn`` index.
+
+    Raises :class:`~kvplan.errors.KvplanInputError` naming the file, the record and the field for:
+    invalid or truncated JSON, an empty array, a missing field, non-numbers, NaN/Infinity, negative
+    times, even ``input_num_turns``, values that look like seconds instead of ms, a TTFT after the end
+    of its request, and a conversation whose turn repeats or starts before the previous turn.
+    """
+    where = file_label(path)
+    raw, has_non_finite = load_json(path, max_bytes)
+    if not isinstance(raw, list):
+        raise input_error(
+            where,
+            f"top-level JSON value is {short_repr(raw)}, not an array of request records",
+            "pass the file written by benchmark_serving_multi_turn.py --stats-json-output",
+        )
+    if not raw:
+        raise input_error(where, "the array of request records is empty", "re-run the benchmark")
+    if has_non_finite:
+        _refuse_non_finite(where, raw)
+    columns, conversations = _records(where, raw)
+    arrays = _checked_arrays(where, columns)
 
     _validate(where, arrays, conversations)
 

@@ -281,7 +281,29 @@ def grid_from_dict(
         raise input_error(f"{where}: '{unknown[0]}'", "unknown grid key", f"use {', '.join(GRID_KEYS)}")
     if "base" not in data:
         raise input_error(where, "missing 'base:' (an inline scenario or a path to one)")
-    axes_raw = data.get("axes") or {}
+    axes = _axes(data.get("axes") or {}, where)
+    n_points = math.prod(len(v) for _, v in axes)
+    if n_points > MAX_POINTS and not yes:
+        raise input_error(
+            where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
+        )
+    reps = data.get("replications", 1)
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise input_error(f"{where}: replications", f"must be an integer >= 1, got {reps!r}")
+    base = _load_base(data["base"], where, base_dir)
+    seed = data.get("seed", base.seed)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
+    grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where)
+    if validate_points:
+        resolved: dict[str, Any] = {}
+        for i in range(grid.n_points):
+            _validate_point(grid, i, resolved)
+    return grid
+
+
+def _axes(axes_raw: Any, where: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """The axes in order, each a known dotted scenario path (not the seed) with a non-empty list of values."""
     if not isinstance(axes_raw, dict):
         raise input_error(f"{where}: axes", "must be a mapping {dotted.path: [values, ...]}")
     axes: list[tuple[str, tuple[Any, ...]]] = []
@@ -293,14 +315,6 @@ def grid_from_dict(
         if not vals:
             raise input_error(f"{where}: axis '{name}'", "is empty", "give at least one value or remove the axis")
         axes.append((name, tuple(vals)))
-    n_points = math.prod(len(v) for _, v in axes)
-    if n_points > MAX_POINTS and not yes:
-        raise input_error(
-            where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
-        )
-    reps = data.get("replications", 1)
-    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
-        raise input_error(f"{where}: replications", f"must be an integer >= 1, got {reps!r}")
     for name, _ in axes:
         if name == "seed" or name.startswith("seed."):
             raise input_error(f"{where}: axis 'seed'", "seeds are set by the grid", "use replications and 'seed:'")
@@ -308,16 +322,7 @@ def grid_from_dict(
             check_path(name)
         except KvplanInputError as exc:
             raise KvplanInputError(f"{where}: {exc}") from None
-    base = _load_base(data["base"], where, base_dir)
-    seed = data.get("seed", base.seed)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
-    grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where)
-    if validate_points:
-        resolved: dict[str, Any] = {}
-        for i in range(grid.n_points):
-            _validate_point(grid, i, resolved)
-    return grid
+    return axes
 
 
 def load_grid(path: str | Path, yes: bool = False) -> Grid:

@@ -319,14 +319,7 @@ def run_grid(
     g = as_grid(grid, yes=yes)
     if replications is not None:
         g = g.with_replications(replications)
-    if order not in ("screen", "canonical"):
-        raise input_error("order", f"unknown order '{order}'", "use 'screen' or 'canonical'")
-    if backend == "ray":
-        require_ray()
-    elif backend != "local":
-        raise input_error("--backend", f"unknown backend '{backend}'", "use local or ray")
-    if not isinstance(workers, int) or workers < 1:
-        raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+    _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     fp = g.fingerprint()
     if out_p is not None and resume and not parts_dir(out_p).exists() and _final_fingerprint(out_p) == fp:
@@ -347,27 +340,8 @@ def run_grid(
         if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
             tasks.extend(((p, k), g.point_overrides(p), seeds[k]) for k in range(1, g.replications)
                          if (p, k) not in rows)
-    total = len(rows) + len(tasks)
-    if progress:
-        progress(len(rows), total)
-
-    def on_result(key: Any, row: dict[str, Any]) -> Iterable[Task] | None:
-        nonlocal total
-        p, k = int(key[0]), int(key[1])
-        row = json.loads(json.dumps(row))  # exactly what a resumed sweep reads back from the part
-        if store is not None:
-            store.commit(p, k, row)
-        rows[(p, k)] = row
-        more: list[Task] = []
-        if p in pruned and k == 0 and not simulator_saturated(row):
-            log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
-            more = [((p, j), g.point_overrides(p), seeds[j]) for j in range(1, g.replications)]
-            total += len(more)
-        if progress:
-            progress(len(rows), total)
-        return more
-
-    run_tasks(g.base, fp, tasks, on_result, backend=backend, workers=workers, ray_address=ray_address)
+    collector = _Collector(g, rows, store, pruned, progress, len(rows) + len(tasks))
+    run_tasks(g.base, fp, tasks, collector.on_result, backend=backend, workers=workers, ray_address=ray_address)
     keys = sorted(rows)
     df = assemble(g, keys, [rows[k] for k in keys])
     if out_p is not None and store is not None:
@@ -376,6 +350,47 @@ def run_grid(
         store.remove()
         return pd.read_parquet(out_p)
     return df
+
+
+def _check_run_options(order: str, backend: str, workers: int) -> None:
+    if order not in ("screen", "canonical"):
+        raise input_error("order", f"unknown order '{order}'", "use 'screen' or 'canonical'")
+    if backend == "ray":
+        require_ray()
+    elif backend != "local":
+        raise input_error("--backend", f"unknown backend '{backend}'", "use local or ray")
+    if not isinstance(workers, int) or workers < 1:
+        raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+
+
+class _Collector:
+    """Commits each finished run, reports progress, and adds the replications of a pruned point the simulator
+    finds unsaturated (the simulator wins)."""
+
+    def __init__(self, grid: Grid, rows: dict[tuple[int, int], dict[str, Any]], store: PartStore | None,
+                 pruned: set[int], progress: Progress | None, total: int) -> None:
+        self.grid, self.rows, self.store, self.pruned, self.progress = grid, rows, store, pruned, progress
+        self.seeds = grid.seeds
+        self.total = total
+        if progress:
+            progress(len(rows), total)
+
+    def on_result(self, key: Any, row: dict[str, Any]) -> Iterable[Task] | None:
+        """Record ``row`` of run ``key = (point, replication)``; returns the runs to add."""
+        g = self.grid
+        p, k = int(key[0]), int(key[1])
+        row = json.loads(json.dumps(row))  # exactly what a resumed sweep reads back from the part
+        if self.store is not None:
+            self.store.commit(p, k, row)
+        self.rows[(p, k)] = row
+        more: list[Task] = []
+        if p in self.pruned and k == 0 and not simulator_saturated(row):
+            log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
+            more = [((p, j), g.point_overrides(p), self.seeds[j]) for j in range(1, g.replications)]
+            self.total += len(more)
+        if self.progress:
+            self.progress(len(self.rows), self.total)
+        return more
 
 
 def _finish_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str, screen: pd.DataFrame | None) -> None:

@@ -1,20 +1,68 @@
-"""Shared fixtures: small scenarios and the ../shared location (tests that need it skip when absent)."""
+"""Shared fixtures: small scenarios and the ../shared location.
+
+Tests that read ``../shared`` (relative to the repository root) are marked ``shared_data`` (automatically
+when they use the ``shared_dir`` fixture) and get their files through :func:`need_shared`, which skips
+when a file is absent: a user's clone has no shared material. They never skip silently: the terminal
+summary lists every shared-data test with its outcome, and ``KVPLAN_REQUIRE_SHARED=1`` turns a missing
+file into a failure (for CI machines that have ../shared).
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+REQUIRE_SHARED = os.environ.get("KVPLAN_REQUIRE_SHARED") == "1"
+_SHARED_OUTCOMES: dict[str, str] = {}
+
+
+def need_shared(rel: str = "") -> Path:
+    """``../shared/<rel>``; skips the test when it is absent (fails instead with KVPLAN_REQUIRE_SHARED=1)."""
+    path = SHARED / rel
+    if not path.exists():
+        msg = f"../shared/{rel} is absent ({SHARED})"
+        if REQUIRE_SHARED:
+            pytest.fail(f"{msg} and KVPLAN_REQUIRE_SHARED=1")
+        pytest.skip(msg)
+    return path
 
 
 @pytest.fixture
 def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip("../shared is absent (a user's clone has no shared material)")
-    return SHARED
+    return need_shared()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "shared_data: the test reads ../shared (listed in the terminal summary)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "shared_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_data)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "shared_data" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _SHARED_OUTCOMES[report.nodeid] = report.outcome
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per shared-data test and a count, so CI shows which ran and which skipped."""
+    if not _SHARED_OUTCOMES:
+        return
+    ran = sum(1 for o in _SHARED_OUTCOMES.values() if o != "skipped")
+    skipped = len(_SHARED_OUTCOMES) - ran
+    where = "present" if SHARED.is_dir() else "absent"
+    terminalreporter.write_sep("-", f"shared-data tests: {ran} ran, {skipped} skipped (../shared {where}: {SHARED})")
+    for nodeid, outcome in sorted(_SHARED_OUTCOMES.items()):
+        terminalreporter.write_line(f"{outcome.upper():8s} {nodeid}")
 
 
 def small(**over: Any) -> dict[str, Any]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +179,14 @@ def test_presets_match_their_sources() -> None:
     for x in (0.3, 14.0, 90.0, 1200.0):
         assert np.mean(code <= x) == pytest.approx(0.9 * tool.cdf(x) + 0.1 * human.cdf(x), abs=0.005)
     assert code.max() == 3600.0
-    assert preset_scenario("coding-agent").model_dump() == preset_scenario("coding-agent").model_dump()  # deterministic
+    # deterministic across processes (no unseeded randomness, no dependence on hash randomisation): a fresh
+    # interpreter with another PYTHONHASHSEED builds byte-identical presets
+    here = {n: preset_scenario(n).model_dump_json() for n in ("chat", "coding-agent", "tool-agent")}
+    code_txt = ("import json; from kvplan.sim.presets import preset_scenario; print(json.dumps({n: "
+                "preset_scenario(n).model_dump_json() for n in ('chat', 'coding-agent', 'tool-agent')}))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    fresh = subprocess.run([sys.executable, "-c", code_txt], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(fresh.stdout) == here
     tool_arrival = preset_scenario("tool-agent", rate_per_s=2.0).workload.arrival
     assert isinstance(tool_arrival, PoissonArrival) and tool_arrival.rate_per_s == 2.0
     assert preset_scenario("p5en-benchmark", "glm-5-fp8").model == "glm-5-fp8"

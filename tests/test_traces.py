@@ -17,9 +17,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 import yaml
+from conftest import need_shared
 
 from kvplan.calibration.workload_fit import empirical, fit_gap_distribution, fit_workload, workload_section
 from kvplan.errors import KvplanInputError
+from kvplan.sim.scenario import Workload
 from kvplan.traces.readers import detect_trace_format, load_trace
 from kvplan.traces.select import select
 from kvplan.traces.sessions import link_prefix_chains, split_sessions, trace_from_sessions
@@ -401,11 +403,10 @@ def test_fit_recovers_lognormal_idle_gap() -> None:
 
 
 def test_fit_output_validates_as_scenario_workload(moon: Trace) -> None:
-    scenario = pytest.importorskip("kvplan.sim.scenario")
     fit = fit_workload(moon)
     section = workload_section(fit)
     assert "report" not in section
-    wl = scenario.Workload.model_validate(section)
+    wl = Workload.model_validate(section)
     assert wl.conversations == 4
     assert fit["report"]["user_tokens"]["clipped_share"] == pytest.approx(3 / 6)
     assert min(fit["user_tokens"]["values"]) == 0
@@ -425,8 +426,9 @@ def test_empirical_subsample_and_gap_fit_errors() -> None:
 # --- real traces (skipped without ../shared) ----------------------------------------------------------------
 
 
-@pytest.mark.skipif(not MOONCAKE.is_file(), reason="shared Mooncake trace not available")
+@pytest.mark.shared_data
 def test_real_mooncake_matches_workloads_md() -> None:
+    need_shared("external_traces/mooncake_fast25/conversation_trace.jsonl")
     t0 = time.perf_counter()
     tr = load_trace(MOONCAKE)
     elapsed = time.perf_counter() - t0
@@ -452,8 +454,9 @@ def test_real_mooncake_matches_workloads_md() -> None:
     assert wide["followup"]["within"]["480"] == pytest.approx(0.337, abs=0.005)
 
 
-@pytest.mark.skipif(not MOONCAKE_PAIRS.is_file(), reason="shared Mooncake pairs not available")
+@pytest.mark.shared_data
 def test_real_mooncake_pairs_equal_derived_csv() -> None:
+    need_shared("external_traces/mooncake_fast25/derived_conversation_turn_pairs.csv")
     tr = load_trace(MOONCAKE, "mooncake")
     ref = pd.read_csv(MOONCAKE_PAIRS)
     df = tr.requests[tr.requests["parent_request_id"] >= 0]
@@ -465,8 +468,9 @@ def test_real_mooncake_pairs_equal_derived_csv() -> None:
     assert (m["session_id"].astype(int).to_numpy() == ref["session"].to_numpy()).all()
 
 
-@pytest.mark.skipif(not RAGPULSE.is_file(), reason="shared RAGPulse trace not available")
+@pytest.mark.shared_data
 def test_real_ragpulse() -> None:
+    need_shared("external_traces/ragpulse/0_trace.jsonl")
     tr = load_trace(RAGPULSE)
     assert tr.format == "ragpulse" and tr.n_requests == 7106 and tr.n_sessions == 3990
     assert tr.notes["clock_restarts"] == [3801]

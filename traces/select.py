@@ -61,74 +61,17 @@ def select(
         "overlong": overlong,
     }
     if window_s is not None:
-        start, end = (float(window_s[0]), float(window_s[1]))
-        if not (math.isfinite(start) and math.isfinite(end) and start < end):
-            raise input_error(
-                f"{where}: window_s", f"is {window_s!r}", "give (start, end) seconds with start < end"
-            )
-        in_window = (arrival >= start) & (arrival < end)
-        report["window_s"] = [start, end]
-        report["dropped_outside_window"] = int((~in_window).sum())
-        keep &= in_window
-    sessions = df["session_id"].to_numpy(dtype=object)
+        keep &= _window_mask(arrival, window_s, report)
     if sample_sessions is not None:
-        if not (isinstance(sample_sessions, int | float) and 0 < sample_sessions <= 1):
-            raise input_error(
-                f"{where}: sample_sessions", f"is {sample_sessions!r}", "give a fraction in (0, 1]"
-            )
-        uniq = pd.unique(pd.Series(sessions))  # order of first arrival: deterministic
-        k = max(1, round(sample_sessions * len(uniq)))
-        chosen = np.random.default_rng(seed).permutation(len(uniq))[:k]
-        picked = pd.Series(sessions).isin(set(uniq[chosen].tolist())).to_numpy()
-        report["sessions_sampled"] = int(k)
-        report["dropped_by_session_sampling"] = int((keep & ~picked).sum())
-        keep &= picked
+        keep &= _session_mask(df["session_id"].to_numpy(dtype=object), sample_sessions, seed, keep, report)
     n_in = df["input_tokens"].to_numpy(dtype=np.int64).copy()
     n_out = df["output_tokens"].to_numpy(dtype=np.int64).copy()
     report["skipped_overlong"] = 0
     report["truncated_overlong"] = 0
     if max_context_tokens is not None:
-        if not (isinstance(max_context_tokens, int) and max_context_tokens >= 2):
-            raise input_error(
-                f"{where}: max_context_tokens", f"is {max_context_tokens!r}", "give an integer >= 2"
-            )
-        too_long = keep & (n_in + n_out > max_context_tokens)
-        if overlong == "skip":
-            keep &= ~too_long
-            report["skipped_overlong"] = int(too_long.sum())
-        else:
-            cut_in = np.maximum(1, max_context_tokens - n_out)
-            n_in = np.where(too_long, np.minimum(n_in, cut_in), n_in)
-            n_out = np.where(too_long, np.minimum(n_out, max_context_tokens - n_in), n_out)
-            report["truncated_overlong"] = int(too_long.sum())
-        if too_long.any():
-            log.warning(
-                "select: %d request(s) over %d tokens were %s",
-                int(too_long.sum()),
-                max_context_tokens,
-                "skipped" if overlong == "skip" else "truncated",
-            )
-    # re-attach to the nearest kept ancestor (parents precede children in arrival order)
+        keep, n_in, n_out = _context_limit(keep, n_in, n_out, max_context_tokens, overlong, report)
     rid = df["request_id"].to_numpy(dtype=np.int64)
-    ppos = pd.Index(rid).get_indexer(df["parent_request_id"].to_numpy(dtype=np.int64))
-    anc = np.full(n, -1, dtype=np.int64)  # nearest kept ancestor-or-self, as a position
-    new_parent = np.full(n, -1, dtype=np.int64)
-    keep_l, ppos_l, anc_l, new_l = keep.tolist(), ppos.tolist(), anc.tolist(), new_parent.tolist()
-    reparented = orphaned = 0
-    for i in range(n):
-        p = ppos_l[i]
-        up = anc_l[p] if p >= 0 else -1
-        if keep_l[i]:
-            new_l[i] = up
-            anc_l[i] = i
-            if p >= 0 and not keep_l[p]:
-                if up >= 0:
-                    reparented += 1
-                else:
-                    orphaned += 1
-        else:
-            anc_l[i] = up
-    new_parent = np.asarray(new_l, dtype=np.int64)
+    new_parent, reparented, orphaned = _reattach(keep, rid, df["parent_request_id"].to_numpy(dtype=np.int64))
     idx = np.flatnonzero(keep)
     if idx.size == 0:
         raise input_error(
@@ -162,3 +105,71 @@ def select(
     )
     new = replace(trace, requests=out, notes={**dict(trace.notes), "selection": report})
     return new, report
+
+
+def _window_mask(arrival: np.ndarray, window_s: tuple[float, float], report: dict[str, Any]) -> np.ndarray:
+    start, end = (float(window_s[0]), float(window_s[1]))
+    if not (math.isfinite(start) and math.isfinite(end) and start < end):
+        raise input_error("select: window_s", f"is {window_s!r}", "give (start, end) seconds with start < end")
+    in_window = (arrival >= start) & (arrival < end)
+    report["window_s"] = [start, end]
+    report["dropped_outside_window"] = int((~in_window).sum())
+    return in_window
+
+
+def _session_mask(sessions: np.ndarray, fraction: float, seed: int, keep: np.ndarray,
+                  report: dict[str, Any]) -> np.ndarray:
+    if not (isinstance(fraction, int | float) and 0 < fraction <= 1):
+        raise input_error("select: sample_sessions", f"is {fraction!r}", "give a fraction in (0, 1]")
+    uniq = pd.unique(pd.Series(sessions))  # order of first arrival: deterministic
+    k = max(1, round(fraction * len(uniq)))
+    chosen = np.random.default_rng(seed).permutation(len(uniq))[:k]
+    picked = pd.Series(sessions).isin(set(uniq[chosen].tolist())).to_numpy()
+    report["sessions_sampled"] = int(k)
+    report["dropped_by_session_sampling"] = int((keep & ~picked).sum())
+    return picked
+
+
+def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_tokens: int, overlong: str,
+                   report: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Skip or truncate requests with ``input + output > max_tokens`` (counted in ``report``)."""
+    if not (isinstance(max_tokens, int) and max_tokens >= 2):
+        raise input_error("select: max_context_tokens", f"is {max_tokens!r}", "give an integer >= 2")
+    too_long = keep & (n_in + n_out > max_tokens)
+    if overlong == "skip":
+        keep = keep & ~too_long
+        report["skipped_overlong"] = int(too_long.sum())
+    else:
+        cut_in = np.maximum(1, max_tokens - n_out)
+        n_in = np.where(too_long, np.minimum(n_in, cut_in), n_in)
+        n_out = np.where(too_long, np.minimum(n_out, max_tokens - n_in), n_out)
+        report["truncated_overlong"] = int(too_long.sum())
+    if too_long.any():
+        log.warning("select: %d request(s) over %d tokens were %s", int(too_long.sum()), max_tokens,
+                    "skipped" if overlong == "skip" else "truncated")
+    return keep, n_in, n_out
+
+
+def _reattach(keep: np.ndarray, rid: np.ndarray, parent_rid: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Each kept request's nearest kept ancestor (a position, -1 for none; parents precede children in
+    arrival order), and the counts of re-parented and orphaned requests."""
+    n = len(keep)
+    ppos = pd.Index(rid).get_indexer(parent_rid)
+    keep_l, ppos_l = keep.tolist(), ppos.tolist()
+    anc_l = [-1] * n  # nearest kept ancestor-or-self, as a position
+    new_l = [-1] * n
+    reparented = orphaned = 0
+    for i in range(n):
+        p = ppos_l[i]
+        up = anc_l[p] if p >= 0 else -1
+        if keep_l[i]:
+            new_l[i] = up
+            anc_l[i] = i
+            if p >= 0 and not keep_l[p]:
+                if up >= 0:
+                    reparented += 1
+                else:
+                    orphaned += 1
+        else:
+            anc_l[i] = up
+    return np.asarray(new_l, dtype=np.int64), reparented, orphaned

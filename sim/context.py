@@ -12,6 +12,7 @@ from kvplan.models.costs import CostModel
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
+from kvplan.sim.tp import rank_plan
 
 if TYPE_CHECKING:
     from kvplan.sim.decode import DecodeNode
@@ -122,8 +123,18 @@ class Ctx:
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
+    p_tp: int = 0  # prefill TP (0: ``tp``)
+    d_tp: int = 0  # decode TP (0: ``tp``)
+    d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)
+    roles: tuple[Any, ...] = ()  # (P's, D's) resolved scenario (engine.Resolved)
 
     def __post_init__(self) -> None:
+        self.p_tp = self.p_tp or self.tp
+        self.d_tp = self.d_tp or self.tp
+        if self.d_costs is None:
+            self.d_costs = self.costs
+        # the reader pulls: D reads P's ranks (P->D), P reads D's ranks (D->P); vLLM PR #27274 mapping
+        self.plans = {P2D: rank_plan(self.arch, self.d_tp, self.p_tp), D2P: rank_plan(self.arch, self.p_tp, self.d_tp)}
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
@@ -174,9 +185,13 @@ class Ctx:
         Returns (bytes summed over ranks, descriptors per rank). The reader pays a one-off handshake the
         first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
         """
-        tc = self.costs.transfer
-        desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
-        nbytes_rank = tokens * self.kv_bytes_rank
+        plan = self.plans[direction]
+        reader = self.d_costs if direction == P2D else self.costs
+        assert reader is not None
+        tc = reader.transfer
+        # descriptors per reader rank = regions x blocks for each source rank it reads from
+        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
+        nbytes_rank = tokens * plan.bottleneck_bytes_per_token  # through the busiest NIC of the read
         post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
         lat_x = tc.fixed_s + tc.per_descriptor_s * desc
         pre = post + lat_x
@@ -200,4 +215,8 @@ class Ctx:
 
         self.fabric.count(link, nbytes_rank)
         link.send(key, nbytes_rank, bw_done)
-        return float(nbytes_rank * self.tp), float(desc)
+        return float(tokens * plan.total_bytes_per_token), float(desc)
+
+    def xfer_bytes(self, direction: int, tokens: int) -> int:
+        """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
+        return tokens * self.plans[direction].total_bytes_per_token

@@ -54,12 +54,14 @@ class DecodeNode:
         self.ttl_s = sc.policy.decoder_kv_blocks_ttl_s
         self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
         self.chunk = sc.deployment.max_num_batched_tokens
+        assert ctx.d_costs is not None
+        self.costs = ctx.d_costs  # D's own cost model (its TP)
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self.retention = Retention(idx, sc.deployment.decode_nodes)
         self.batch = DecodeBatch(
-            self.env, ctx.log, idx, ctx.costs.decode, sc.deployment.max_num_seqs,
+            self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
@@ -287,13 +289,13 @@ class DecodeNode:
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
             ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
-            t = prefill_time_s(ctx.costs.prefill, tokens, hit, self.chunk)
+            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
             pnode.release_hold(r, HoldRelease.NOTIFIED)
-            t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
+            t = self.costs.prefill.fixed_s + self.costs.prefill.per_token_s * tokens
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
@@ -302,7 +304,7 @@ class DecodeNode:
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
         ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
@@ -314,7 +316,7 @@ class DecodeNode:
         r.d_hit = hit
         self.running[r] = None
         epoch = r.d_epoch
-        t = prefill_time_s(self.ctx.costs.prefill, tokens - hit, hit, self.chunk)
+        t = prefill_time_s(self.costs.prefill, tokens - hit, hit, self.chunk)
         env.timeout(t).callbacks.append(lambda _e: self._recomputed(r, epoch))
 
     def _recomputed(self, r: Request, epoch: int) -> None:

@@ -34,7 +34,7 @@ class Ev(IntEnum):
     SKIP = 17  # turn not sent (conversation ended by the context limit); a=prompt tokens
     D_PREEMPT = 30  # D preempted the running request (recompute); a=tokens sampled so far, b=KV tokens freed
     D_RECOMPUTE = 31  # preempted request readmitted on D, recomputing locally; a=tokens recomputed, b=D hit tokens
-    P_HOLD = 32  # P keeps the prompt's blocks under a lease for D's read; node=P; a=tokens (whole blocks)
+    P_HOLD = 32  # P keeps the prompt's blocks under a lease for D's read; node=P; a=tokens (whole blocks), b=bytes
     P_UNHOLD = 33  # P frees them; node=P; a=tokens (whole blocks), b=HoldRelease
     P2D_FAILED = 34  # D's read found P's lease lapsed: D recomputes locally; a=tokens recomputed, b=D hit tokens
 
@@ -108,7 +108,7 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.SKIP: ("prompt_tokens", ""),
     Ev.D_PREEMPT: ("sampled_tokens", "kv_tokens"),
     Ev.D_RECOMPUTE: ("tokens", "d_hit_tokens"),
-    Ev.P_HOLD: ("tokens", ""),
+    Ev.P_HOLD: ("tokens", "bytes"),
     Ev.P_UNHOLD: ("tokens", "hold_release"),
     Ev.P2D_FAILED: ("tokens", "d_hit_tokens"),
 }

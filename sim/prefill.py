@@ -32,6 +32,7 @@ from typing import Any
 
 import simpy
 
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import D2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
@@ -53,6 +54,7 @@ class PrefillNode:
         self.fail_on_decline = pol.kv_load_failure_policy == "fail"
         self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
         self.lease_s = pol.kv_lease_duration_s
+        self.bytes_per_token = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp)  # P's KV, all its ranks
         self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
         self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
         self._lease_seq = 0
@@ -188,7 +190,7 @@ class PrefillNode:
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.transfer(self.idx, d, D2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
@@ -231,7 +233,8 @@ class PrefillNode:
         r.p_lease_expiry = now + self.lease_s
         self._lease_seq += 1
         heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
-        log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, 0))
+        tokens = r.p_blocks * pool.block_size
+        log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, tokens, tokens * self.bytes_per_token))
         self.ctx.driver.p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------

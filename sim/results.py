@@ -162,13 +162,15 @@ def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
     Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
     equal times).
     """
-    hold = ev[ev["kind"] == int(Ev.P_HOLD)][["t_s", "a"]]
-    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "a"]]
+    hold = ev[ev["kind"] == int(Ev.P_HOLD)][["t_s", "conv", "turn", "a", "b"]]
+    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "conv", "turn"]]
+    unhold = unhold.merge(hold[["conv", "turn", "a", "b"]], on=["conv", "turn"], how="left")
     d = pd.concat(
-        [hold.assign(delta=hold["a"], order=1), unhold.assign(delta=-unhold["a"], order=0)], ignore_index=True
+        [hold.assign(dt=hold["a"], db=hold["b"], order=1), unhold.assign(dt=-unhold["a"], db=-unhold["b"], order=0)],
+        ignore_index=True,
     ).sort_values(["t_s", "order"], kind="stable")
-    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": d["delta"].cumsum().to_numpy()})
-    out["held_gib"] = out["held_tokens"] * bytes_per_token / GIB
+    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": d["dt"].cumsum().to_numpy()})
+    out["held_gib"] = d["db"].cumsum().to_numpy() / GIB  # bytes at P's TP, logged with each hold
     return out
 
 

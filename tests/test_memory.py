@@ -269,3 +269,55 @@ def test_two_decodes_share_one_prefill_nic_in_a_run() -> None:
     np.testing.assert_allclose(t2, 2 * t1, rtol=1e-9)
     util = two.summary["nic_utilization"]
     assert util["p0_egress"] > 0 and util["d0_ingress"] > 0 and util["d1_ingress"] > 0 and util["p0_ingress"] == 0
+
+
+def test_heterogeneous_tp_prefill_tp2_x4_decode_tp8() -> None:
+    """Acceptance 4: P TP2 x 4 nodes, D TP8 x 1 (vLLM PR #27274 rank mapping), hand-computed for Qwen3-32B:
+    64 layers x 8 KV heads x 128 x bf16 x (K, V) = 262,144 B/token; 131,072 per TP2 rank, 32,768 per TP8 rank;
+    128 regions (K and V per layer)."""
+    from kvplan.sim.context import D2P, P2D
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.scenario import with_overrides
+    from kvplan.sim.tp import source_ranks
+
+    dep = {"prefill_nodes": 4, "decode_nodes": 1, "tensor_parallel_size": 8, "prefill_tensor_parallel_size": 2,
+           "max_num_seqs": 64, "prefill_prefix_caching": False}
+    sc = small(deployment=dep)
+    ctx = _sim(sc)
+    p2d, d2p = ctx.plans[P2D], ctx.plans[D2P]
+    # D rank i reads its one head from P rank i // 4; each P rank serves 4 D ranks
+    assert [source_ranks(ctx.arch, i, 8, 2) for i in range(8)] == [[0]] * 4 + [[1]] * 4
+    assert (p2d.reader_bytes_per_token, p2d.source_bytes_per_token, p2d.sources_per_reader) == (32_768, 131_072, 1)
+    # P rank j reads heads 4j..4j+3 from D ranks 4j..4j+3
+    assert [source_ranks(ctx.arch, j, 2, 8) for j in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (d2p.reader_bytes_per_token, d2p.source_bytes_per_token, d2p.sources_per_reader) == (131_072, 32_768, 4)
+    assert p2d.total_bytes_per_token == d2p.total_bytes_per_token == 262_144
+    # each role's profile is the one resolved for its own TP
+    rs_p = resolve(with_overrides(scenario_from_dict(sc), {"deployment.tensor_parallel_size": 2}))
+    rs_d = resolve(with_overrides(scenario_from_dict(sc), {"deployment.tensor_parallel_size": 8}))
+    assert ctx.costs == rs_p.costs and ctx.d_costs == rs_d.costs
+    assert ctx.decode[0].pool.capacity == rs_d.decode_capacity_tokens // 16
+    assert ctx.prefill[0].pool.capacity == rs_p.prefill_capacity_tokens // 16
+    r = run(sc)
+    t = r.turns
+    assert sorted(t["p_node"].unique()) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(t["p2d_bytes"], t["p2d_tokens"] * 262_144)
+    assert r.summary["prefill_profile"] == rs_p.profile.name and r.summary["decode_profile"] == rs_d.profile.name
+    # one uncontended read: bandwidth through the busiest NIC (a P rank: 131,072 B/token) + descriptors
+    pb, per_desc = 1 / 50e9, 1e-7
+    one = {"conversations": 1, "turns": {"dist": "constant", "value": 1},
+           "prefix_tokens": {"dist": "constant", "value": 10_000}, "output_tokens": {"dist": "constant", "value": 3}}
+    r1 = run(small(deployment=dep, workload={**small()["workload"], **one},
+                   costs={"transfer": {"per_byte_s": pb, "per_descriptor_s": per_desc}}))
+    tok = int(r1.turns["p2d_tokens"].iloc[0])
+    want = tok * 131_072 * pb + 128 * -(-tok // 16) * per_desc
+    assert r1.turns["p2d_transfer_s"].iloc[0] == pytest.approx(want, rel=1e-9)
+
+
+def test_heterogeneous_tp_bad_sizes_are_input_errors() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="prefill_tensor_parallel_size"):
+        _sim(small(deployment={"tensor_parallel_size": 8, "prefill_tensor_parallel_size": 3}))
+    with pytest.raises(KvplanInputError, match="decode_tensor_parallel_size"):
+        _sim(small(deployment={"tensor_parallel_size": 8, "decode_tensor_parallel_size": 16}))

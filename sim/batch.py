@@ -154,7 +154,7 @@ class DecodeBatch:
 
     def recheck(self) -> None:
         """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
-        if not self._active or self.exact:
+        if not self._active or self.exact or self.fin_sum <= self.owner.room():
             return
         s0 = self.in_progress_step()
         end = self.step + self._plan_n

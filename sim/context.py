@@ -163,17 +163,23 @@ class Ctx:
                 nics = (self.nic("p", p, False), self.nic("d", d, True))
             else:
                 nics = (self.nic("d", d, False), self.nic("p", p, True))
-            lk = Link(self.env, self.per_byte_s, nics, self.fabric)
+            # with one P and one D no two links share a NIC (full duplex): no fabric bookkeeping needed
+            shared = len(self.prefill) > 1 or len(self.decode) > 1
+            lk = Link(self.env, self.per_byte_s, nics, self.fabric if shared else None)
             self.links[key] = lk
         return lk
 
     def nic_utilization(self, span_s: float) -> dict[str, float]:
         """Each node's egress and ingress: bytes moved per rank x seconds per byte, over ``span_s``."""
+        moved: dict[int, float] = {}
+        for lk in self.links.values():
+            for nic in lk.nics:
+                moved[nic] = moved.get(nic, 0.0) + lk.bytes_sent
         out: dict[str, float] = {}
         names = [("p", i) for i in range(len(self.prefill))] + [("d", i) for i in range(len(self.decode))]
         for role, i in names:
             for ingress, name in ((False, "egress"), (True, "ingress")):
-                b = self.fabric.bytes.get(self.nic(role, i, ingress), 0.0)
+                b = moved.get(self.nic(role, i, ingress), 0.0)
                 out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
         return out
 
@@ -213,7 +219,6 @@ class Ctx:
             else:
                 on_done(xfer, post)
 
-        self.fabric.count(link, nbytes_rank)
         link.send(key, nbytes_rank, bw_done)
         return float(tokens * plan.total_bytes_per_token), float(desc)
 

@@ -118,8 +118,8 @@ class DecodeNode:
     def _sync(self, step: int) -> None:
         """Bring the pool's held count to the batch's blocks at ``step``; evict cache the growth has taken."""
         pool = self.pool
-        pool.held = self.static + self.batch.alloc(step)
-        if pool.free() < 0:
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached < 0:
             pool.evict(0)
 
     def room(self) -> int:
@@ -142,11 +142,15 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        self._expire(self.env.now)
+        if self.retention.next_expiry_due(self.env.now):
+            self._expire(self.env.now)
         pool = self.pool
         if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
             return False  # even at their last step the members fit without evicting anything
         self._sync(step)
+        if pool.capacity - pool.held - pool.pinned - pool.cached >= 0:
+            pool.check()
+            return False
         preempted = False
         while pool.free() < 0 and self.running:
             self._preempt(next(reversed(self.running)))
@@ -211,7 +215,8 @@ class DecodeNode:
         if not q:
             return
         now = self.env.now
-        self._expire(now)
+        if self.retention.next_expiry_due(now):
+            self._expire(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting

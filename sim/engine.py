@@ -314,5 +314,5 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     for dn in ctx.decode:
         dn.expire_all()
     for pn in ctx.prefill:
-        pn.release_all()
+        pn.release_all([lease[2] for lease in pn._leases])
     return rs, plan, ctx

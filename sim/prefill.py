@@ -57,6 +57,9 @@ class PrefillNode:
         self.bytes_per_token = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp)  # P's KV, all its ranks
         self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
         self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
+        # D's first heartbeat comes at most one interval after the D leg reaches it: if that is always within
+        # the lease, no lease can lapse and the deadlines need no bookkeeping
+        self.can_lapse = ctx.costs.overhead.d_leg_s + self.heartbeat_s > self.lease_s
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
@@ -231,8 +234,9 @@ class PrefillNode:
         pool.pinned += r.p_blocks
         r.p_hold = True
         r.p_lease_expiry = now + self.lease_s
-        self._lease_seq += 1
-        heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
+        if self.can_lapse:
+            self._lease_seq += 1
+            heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
         tokens = r.p_blocks * pool.block_size
         log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, tokens, tokens * self.bytes_per_token))
         self.ctx.driver.p_done(r)
@@ -298,8 +302,8 @@ class PrefillNode:
             self._blocked = False
             self._kick()
 
-    def release_all(self) -> None:
-        """End of run: anything still held is freed (counted as END)."""
-        for _, _, r in sorted(self._leases, key=lambda x: x[1]):
+    def release_all(self, requests: list[Request]) -> None:
+        """End of run: anything still held is freed (counted as END; every turn reaches D, so none should be)."""
+        for r in requests:
             self.release_hold(r, HoldRelease.END, kick=False)
         self._leases.clear()

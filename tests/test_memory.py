@@ -321,3 +321,49 @@ def test_heterogeneous_tp_bad_sizes_are_input_errors() -> None:
         _sim(small(deployment={"tensor_parallel_size": 8, "prefill_tensor_parallel_size": 3}))
     with pytest.raises(KvplanInputError, match="decode_tensor_parallel_size"):
         _sim(small(deployment={"tensor_parallel_size": 8, "decode_tensor_parallel_size": 16}))
+
+
+def test_preemption_takes_the_newest_running_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM ``self.running.pop()``: the victim is always the request that entered running last (a batch join
+    of a fresh request, or the start of a preempted request's local recompute)."""
+    from kvplan.sim import decode as decode_mod
+    from kvplan.sim.batch import DecodeBatch
+
+    entered: dict[int, int] = {}
+    inside: set[int] = set()
+    clock = [0]
+    victims: list[bool] = []
+
+    def mark(r: Any) -> None:
+        key = id(r)
+        if key not in inside:
+            clock[0] += 1
+            entered[key] = clock[0]
+            inside.add(key)
+
+    orig_add, orig_rec, orig_pre, orig_fin = (
+        DecodeBatch._add, decode_mod.DecodeNode._recompute, decode_mod.DecodeNode._preempt, decode_mod.DecodeNode.finish)
+
+    def add(self: Any, r: Any, p: int, g0: int, rem: int) -> None:
+        mark(r)
+        orig_add(self, r, p, g0, rem)
+
+    def rec(self: Any, r: Any, tokens: int, hit: int) -> None:
+        mark(r)
+        orig_rec(self, r, tokens, hit)
+
+    def pre(self: Any, r: Any) -> None:
+        victims.append(entered[id(r)] == max(entered[k] for k in inside))
+        inside.discard(id(r))
+        orig_pre(self, r)
+
+    def fin(self: Any, r: Any) -> None:
+        inside.discard(id(r))
+        orig_fin(self, r)
+
+    monkeypatch.setattr(DecodeBatch, "_add", add)
+    monkeypatch.setattr(decode_mod.DecodeNode, "_recompute", rec)
+    monkeypatch.setattr(decode_mod.DecodeNode, "_preempt", pre)
+    monkeypatch.setattr(decode_mod.DecodeNode, "finish", fin)
+    _sim(_pressure(10 * 1024))
+    assert len(victims) > 10 and all(victims)

@@ -32,6 +32,7 @@ from typing import Any
 
 import simpy
 
+from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import D2P, Ctx, Request
@@ -73,6 +74,13 @@ class PrefillNode:
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
+        bs = self.pool.block_size
+        if -(-req.prompt // bs) > self.pool.capacity:
+            raise input_error(
+                "deployment.prefill_kv_capacity_tokens",
+                f"P's pool ({self.pool.capacity * bs} tokens) cannot hold one prompt of {req.prompt} tokens",
+                "raise it or shorten prompts",
+            )
         req.p_node = self.idx
         self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)

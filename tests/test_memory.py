@@ -367,3 +367,12 @@ def test_preemption_takes_the_newest_running_request(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(decode_mod.DecodeNode, "finish", fin)
     _sim(_pressure(10 * 1024))
     assert len(victims) > 10 and all(victims)
+
+
+def test_pools_too_small_for_one_request_are_input_errors() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="decode_kv_capacity_tokens"):
+        _sim(_pressure(4096))  # 1,024 + 4,096 - 1 tokens cannot fit
+    with pytest.raises(KvplanInputError, match="prefill_kv_capacity_tokens"):
+        _sim(small(deployment={"prefill_kv_capacity_tokens": 500}))

@@ -242,6 +242,9 @@ class DecodeBatch:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
             self._active = False
+            if self._join_q:  # every joiner was preempted but others still wait: the next (empty) step takes them
+                self._active = True
+                self._boundary()
             return
         self._plan_t0 = now
         self._plan_first = self._a + self._b * self.batch + self._c * self.ctx_sum

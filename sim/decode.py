@@ -59,6 +59,7 @@ class DecodeNode:
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
+        self._max_tokens = self.pool.capacity * ctx.block_size
         self.retention = Retention(idx, sc.deployment.decode_nodes)
         self.batch = DecodeBatch(
             self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
@@ -142,15 +143,17 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if self.retention.next_expiry_due(self.env.now):
+        heap = self.retention._heap
+        if heap and heap[0][0] <= self.env.now:
             self._expire(self.env.now)
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
+        free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
+        if free_at_end >= 0:
             return False  # even at their last step the members fit without evicting anything
-        self._sync(step)
-        if pool.capacity - pool.held - pool.pinned - pool.cached >= 0:
-            pool.check()
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached >= 0:
             return False
+        pool.evict(0)
         preempted = False
         while pool.free() < 0 and self.running:
             self._preempt(next(reversed(self.running)))
@@ -196,7 +199,7 @@ class DecodeNode:
     def submit(self, req: Request) -> None:
         """The D leg reaches this engine: wait for KV blocks, pull from P, then join the batch."""
         bs = self.ctx.block_size
-        if -(-(req.prompt + req.output - 1) // bs) > self.pool.capacity:
+        if req.prompt + req.output - 1 > self._max_tokens:
             raise input_error(
                 "deployment.decode_kv_capacity_tokens",
                 f"D's pool ({self.pool.capacity * bs} tokens) cannot hold one request of "

@@ -98,13 +98,16 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     """Acceptance 2 (unsaturated D): P holds each prompt from its prefill to D's read, no longer."""
     r = run(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
     ev, t = r.events, r.turns
-    hold = ev[ev["kind"] == int(Ev.P_HOLD)].set_index(["conv", "turn"])["t_s"]
+    hold = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])  # P holds from its prefill's end
     unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)].set_index(["conv", "turn"])
-    p_done = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"]
+    p_done = hold["t_s"]
     p2d = ev[ev["kind"] == int(Ev.P2D_DONE)].set_index(["conv", "turn"])["t_s"]
     ok = t[t["decision"] != "error"]
     assert len(hold) == len(unhold) == len(ok)
-    np.testing.assert_allclose(hold.sort_index(), p_done.sort_index())
+    # P_DONE carries the held bytes: whole blocks of the prompt at P's TP, all ranks
+    blocks = -(-ok.set_index(["conversation_id", "turn"])["prompt_tokens"] // 16)
+    np.testing.assert_array_equal(hold["b"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16 * 262_144)
+    np.testing.assert_array_equal(unhold["a"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16)
     admit = ev[ev["kind"] == int(Ev.D_ADMIT)].set_index(["conv", "turn"])["t_s"]
     read = unhold[unhold["b"] == int(HoldRelease.READ)]
     notified = unhold[unhold["b"] == int(HoldRelease.NOTIFIED)]  # D recomputed a tail below the threshold

@@ -12,6 +12,7 @@ from kvplan.models.costs import CostModel, post_time_s, prep_time_s, xfer_time_s
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
+from kvplan.sim.tp import rank_plan
 
 if TYPE_CHECKING:
     from kvplan.sim.decode import DecodeNode
@@ -122,8 +123,18 @@ class Ctx:
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
+    p_tp: int = 0  # prefill TP (0: ``tp``)
+    d_tp: int = 0  # decode TP (0: ``tp``)
+    d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)
+    roles: tuple[Any, ...] = ()  # (P's, D's) resolved scenario (engine.Resolved)
 
     def __post_init__(self) -> None:
+        self.p_tp = self.p_tp or self.tp
+        self.d_tp = self.d_tp or self.tp
+        if self.d_costs is None:
+            self.d_costs = self.costs
+        # the reader pulls: D reads P's ranks (P->D), P reads D's ranks (D->P); vLLM PR #27274 mapping
+        self.plans = {P2D: rank_plan(self.arch, self.d_tp, self.p_tp), D2P: rank_plan(self.arch, self.p_tp, self.d_tp)}
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
@@ -152,17 +163,23 @@ class Ctx:
                 nics = (self.nic("p", p, False), self.nic("d", d, True))
             else:
                 nics = (self.nic("d", d, False), self.nic("p", p, True))
-            lk = Link(self.env, self.per_byte_s, nics, self.fabric)
+            # with one P and one D no two links share a NIC (full duplex): no fabric bookkeeping needed
+            shared = len(self.prefill) > 1 or len(self.decode) > 1
+            lk = Link(self.env, self.per_byte_s, nics, self.fabric if shared else None)
             self.links[key] = lk
         return lk
 
     def nic_utilization(self, span_s: float) -> dict[str, float]:
         """Each node's egress and ingress: bytes moved per rank x seconds per byte, over ``span_s``."""
+        moved: dict[int, float] = {}
+        for lk in self.links.values():
+            for nic in lk.nics:
+                moved[nic] = moved.get(nic, 0.0) + lk.bytes_sent
         out: dict[str, float] = {}
         names = [("p", i) for i in range(len(self.prefill))] + [("d", i) for i in range(len(self.decode))]
         for role, i in names:
             for ingress, name in ((False, "egress"), (True, "ingress")):
-                b = self.fabric.bytes.get(self.nic(role, i, ingress), 0.0)
+                b = moved.get(self.nic(role, i, ingress), 0.0)
                 out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
         return out
 
@@ -174,9 +191,13 @@ class Ctx:
         Returns (bytes summed over ranks, descriptors per rank). The reader pays a one-off handshake the
         first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
         """
-        tc = self.costs.transfer
-        desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
-        nbytes_rank = tokens * self.kv_bytes_rank
+        plan = self.plans[direction]
+        reader = self.d_costs if direction == P2D else self.costs
+        assert reader is not None
+        tc = reader.transfer
+        # descriptors per reader rank = regions x blocks for each source rank it reads from
+        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
+        nbytes_rank = tokens * plan.bottleneck_bytes_per_token  # through the busiest NIC of the read
         post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
         lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
         pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
@@ -199,6 +220,9 @@ class Ctx:
             else:
                 on_done(xfer, post)
 
-        self.fabric.count(link, nbytes_rank)
         link.send(key, nbytes_rank, bw_done)
-        return float(nbytes_rank * self.tp), float(desc)
+        return float(tokens * plan.total_bytes_per_token), float(desc)
+
+    def xfer_bytes(self, direction: int, tokens: int) -> int:
+        """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
+        return tokens * self.plans[direction].total_bytes_per_token

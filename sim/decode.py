@@ -54,12 +54,15 @@ class DecodeNode:
         self.ttl_s = sc.policy.decoder_kv_blocks_ttl_s
         self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
         self.chunk = sc.deployment.max_num_batched_tokens
+        assert ctx.d_costs is not None
+        self.costs = ctx.d_costs  # D's own cost model (its TP)
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
+        self._max_tokens = self.pool.capacity * ctx.block_size
         self.retention = Retention(idx, sc.deployment.decode_nodes)
         self.batch = DecodeBatch(
-            self.env, ctx.log, idx, ctx.costs.decode, sc.deployment.max_num_seqs,
+            self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
@@ -116,8 +119,8 @@ class DecodeNode:
     def _sync(self, step: int) -> None:
         """Bring the pool's held count to the batch's blocks at ``step``; evict cache the growth has taken."""
         pool = self.pool
-        pool.held = self.static + self.batch.alloc(step)
-        if pool.free() < 0:
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached < 0:
             pool.evict(0)
 
     def room(self) -> int:
@@ -140,11 +143,17 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        self._expire(self.env.now)
+        heap = self.retention._heap
+        if heap and heap[0][0] <= self.env.now:
+            self._expire(self.env.now)
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
+        free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
+        if free_at_end >= 0:
             return False  # even at their last step the members fit without evicting anything
-        self._sync(step)
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached >= 0:
+            return False
+        pool.evict(0)
         preempted = False
         while pool.free() < 0 and self.running:
             self._preempt(next(reversed(self.running)))
@@ -190,7 +199,7 @@ class DecodeNode:
     def submit(self, req: Request) -> None:
         """The D leg reaches this engine: wait for KV blocks, pull from P, then join the batch."""
         bs = self.ctx.block_size
-        if -(-(req.prompt + req.output - 1) // bs) > self.pool.capacity:
+        if req.prompt + req.output - 1 > self._max_tokens:
             raise input_error(
                 "deployment.decode_kv_capacity_tokens",
                 f"D's pool ({self.pool.capacity * bs} tokens) cannot hold one request of "
@@ -203,13 +212,36 @@ class DecodeNode:
         self._admit_q.append(req)
         self._try_admit()
 
+    def _local_hit(self, r: Request, tokens: int) -> tuple[int | None, tuple[int, int] | None, int, int]:
+        """The conversation's KV still on this node: (pin id, cache entry taken out of the LRU, hit, owned blocks).
+
+        A pin of the conversation (retained for its next turn) wins over a prefix-cache entry; the hit is
+        capped below the last token (vLLM recomputes at least one token) and counted in full blocks.
+        """
+        if not self.caching:
+            return None, None, 0, 0
+        ret, pool, bs = self.retention, self.pool, self.ctx.block_size
+        pid = ret.of_conv.get(r.conv)
+        entry = pool.take(r.conv)  # out of the cache: eviction cannot take it
+        cap = ((tokens - 1) // bs) * bs
+        hit = owned = 0
+        if pid is not None:
+            pin = ret.pins[pid]
+            hit, owned = min(pin.tokens, cap), pin.blocks
+        elif entry is not None:
+            hit, owned = min(entry[0], cap), entry[1]
+        if hit <= 0:
+            hit = owned = 0
+        return pid, entry, hit, owned
+
     def _try_admit(self) -> None:
         """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first)."""
         q = self._admit_q
         if not q:
             return
         now = self.env.now
-        self._expire(now)
+        if self.retention.next_expiry_due(now):
+            self._expire(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting
@@ -218,24 +250,13 @@ class DecodeNode:
             self._sync(batch.in_progress_step())
         else:
             pool.held = self.static + batch.fin_sum
-        ret = self.retention
         bs = self.ctx.block_size
         admitted = False
         while q:
             r = q[0]
             tokens = r.prompt + r.d_generated if r.d_resume else r.prompt
             total = -(-tokens // bs)
-            hit = owned = 0
-            pid = ret.of_conv.get(r.conv) if self.caching else None
-            entry = pool.take(r.conv) if self.caching else None  # out of the cache: eviction cannot take it
-            cap = ((tokens - 1) // bs) * bs
-            if pid is not None:
-                pin = ret.pins[pid]
-                hit, owned = min(pin.tokens, cap), pin.blocks
-            elif entry is not None:
-                hit, owned = min(entry[0], cap), entry[1]
-            if hit <= 0:
-                hit = owned = 0
+            pid, entry, hit, owned = self._local_hit(r, tokens)
             need = max(total - owned, 0)
             # a taken cache entry's blocks left the cached count but stay in use: they are not free
             want = need + (self.watermark_blocks if batch.batch else 0) + (owned if pid is None else 0)
@@ -287,13 +308,13 @@ class DecodeNode:
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
             ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
-            t = prefill_time_s(ctx.costs.prefill, tokens, hit, self.chunk)
+            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
             pnode.release_hold(r, HoldRelease.NOTIFIED)
-            t = prefill_time_s(ctx.costs.prefill, tokens, hit, self.chunk)
+            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
@@ -302,7 +323,7 @@ class DecodeNode:
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
         ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
@@ -314,7 +335,7 @@ class DecodeNode:
         r.d_hit = hit
         self.running[r] = None
         epoch = r.d_epoch
-        t = prefill_time_s(self.ctx.costs.prefill, tokens - hit, hit, self.chunk)
+        t = prefill_time_s(self.costs.prefill, tokens - hit, hit, self.chunk)
         env.timeout(t).callbacks.append(lambda _e: self._recomputed(r, epoch))
 
     def _recomputed(self, r: Request, epoch: int) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from kvplan.errors import input_error
+from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
 from kvplan.models.bounds import bound_violations
 from kvplan.models.costs import CostModel
@@ -23,7 +23,7 @@ from kvplan.sim.decode import DecodeNode
 from kvplan.sim.driver import Driver
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
-from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario
+from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario, with_overrides
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -96,9 +96,42 @@ def resolve(scenario: Scenario) -> Resolved:
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
 
 
+def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]:
+    """P's and D's resolution, each for its own TP (``deployment.prefill/decode_tensor_parallel_size``).
+
+    vLLM's NIXL connector reads between different TP sizes when one divides the other (heterogeneous
+    TP, PR #27274); each role's profile and KV pool follow its own TP.
+    """
+    dep = scenario.deployment
+    out = []
+    tps = {}
+    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
+        tp = getattr(dep, name) or dep.tensor_parallel_size
+        tps[name] = tp
+        if tp == dep.tensor_parallel_size:
+            out.append(rs)
+            continue
+        if tp > rs.node.gpus_per_node:
+            raise input_error(
+                f"deployment.{name}", f"{tp} exceeds the {rs.node.gpus_per_node} GPUs of a {rs.node.name} node"
+            )
+        try:
+            out.append(resolve(with_overrides(scenario, {"deployment.tensor_parallel_size": tp})))
+        except KvplanInputError as exc:  # name the role's field, not the shared one
+            raise KvplanInputError(str(exc).replace("deployment.tensor_parallel_size", f"deployment.{name}")) from None
+    a, b = tps.values()
+    if max(a, b) % min(a, b):
+        raise input_error(
+            "deployment.prefill_tensor_parallel_size", f"TP {a} (prefill) and {b} (decode) do not divide one another",
+            "vLLM's heterogeneous TP needs one TP size to be a multiple of the other",
+        )
+    return out[0], out[1]
+
+
 def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
     """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state."""
     rs = resolve(scenario)
+    rs_p, rs_d = _resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
     env = simpy.Environment()
@@ -108,13 +141,17 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
         env=env,
         scenario=scenario,
         arch=rs.arch,
-        costs=rs.costs,
+        costs=rs_p.costs,
         tp=dep.tensor_parallel_size,
-        per_byte_s=rs.per_byte_s,
-        decode_capacity_blocks=rs.decode_capacity_tokens // rs.arch.block_size_tokens,
-        prefill_cache_tokens=rs.prefill_capacity_tokens,
+        per_byte_s=rs_d.per_byte_s,
+        decode_capacity_blocks=rs_d.decode_capacity_tokens // rs.arch.block_size_tokens,
+        prefill_cache_tokens=rs_p.prefill_capacity_tokens,
         router=router,
+        p_tp=dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
+        d_tp=dep.decode_tensor_parallel_size or dep.tensor_parallel_size,
+        d_costs=rs_d.costs,
     )
+    ctx.roles = (rs_p, rs_d)
     ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
     ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
     arrival = scenario.workload.arrival
@@ -124,5 +161,5 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     for dn in ctx.decode:
         dn.expire_all()
     for pn in ctx.prefill:
-        pn.release_all()
+        pn.release_all([lease[2] for lease in pn._leases])
     return rs, plan, ctx

@@ -32,7 +32,7 @@ class Link:
     crosses its NICs); the :class:`Fabric` lowers it when other links share a NIC.
     """
 
-    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "frac", "nics", "fabric")
+    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "frac", "nics", "fabric", "bytes_sent")
 
     def __init__(
         self, env: simpy.Environment, per_byte_s: float, nics: tuple[int, int] = (0, 1), fabric: Fabric | None = None
@@ -46,6 +46,7 @@ class Link:
         self.frac = 1.0
         self.nics = nics  # (source egress, destination ingress)
         self.fabric = fabric
+        self.bytes_sent = 0.0  # per rank, through the busiest NIC
 
     @property
     def flows(self) -> int:
@@ -54,6 +55,7 @@ class Link:
 
     def send(self, key: int, nbytes: float, on_done: Callable[[float], None]) -> None:
         """Move ``nbytes``; call ``on_done(duration_s)`` when the last byte lands."""
+        self.bytes_sent += nbytes
         if self.per_byte_s <= 0 or nbytes <= 0:
             on_done(0.0)
             return
@@ -113,12 +115,6 @@ class Fabric:
 
     def __init__(self) -> None:
         self.active: dict[int, set[Link]] = {}  # NIC -> links with flows in flight through it
-        self.bytes: dict[int, float] = {}  # NIC -> bytes (per rank) sent through it
-
-    def count(self, link: Link, nbytes: float) -> None:
-        """Account ``nbytes`` (per rank) against the link's two NICs."""
-        for nic in link.nics:
-            self.bytes[nic] = self.bytes.get(nic, 0.0) + nbytes
 
     def reshare(self, link: Link) -> bool:
         """Update the NICs' active links after ``link`` changed; re-share if another link is involved."""

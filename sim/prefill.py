@@ -32,6 +32,8 @@ from typing import Any
 
 import simpy
 
+from kvplan.errors import input_error
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import D2P, Ctx, Request
@@ -54,8 +56,12 @@ class PrefillNode:
         self.fail_on_decline = pol.kv_load_failure_policy == "fail"
         self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
         self.lease_s = pol.kv_lease_duration_s
+        self.bytes_per_block = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp) * ctx.block_size  # all P's ranks
         self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
         self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
+        # D's first heartbeat comes at most one interval after the D leg reaches it: if that is always within
+        # the lease, no lease can lapse and the deadlines need no bookkeeping
+        self.can_lapse = ctx.costs.overhead.d_leg_s + self.heartbeat_s > self.lease_s
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
@@ -68,6 +74,13 @@ class PrefillNode:
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
+        bs = self.pool.block_size
+        if -(-req.prompt // bs) > self.pool.capacity:
+            raise input_error(
+                "deployment.prefill_kv_capacity_tokens",
+                f"P's pool ({self.pool.capacity * bs} tokens) cannot hold one prompt of {req.prompt} tokens",
+                "raise it or shorten prompts",
+            )
         req.p_node = self.idx
         self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
@@ -191,7 +204,7 @@ class PrefillNode:
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.transfer(self.idx, d, D2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
@@ -224,17 +237,18 @@ class PrefillNode:
     def _finish(self, r: Request) -> None:
         env = self.env
         now = env.now
-        log = self.ctx.log
-        log.append((now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, 0))
-        # the prompt's blocks stay for D's read under a lease (delay_free_blocks)
+        # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
+        self.ctx.log.append(
+            (now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, r.p_blocks * self.bytes_per_block)
+        )
         pool.held -= r.p_blocks
         pool.pinned += r.p_blocks
         r.p_hold = True
         r.p_lease_expiry = now + self.lease_s
-        self._lease_seq += 1
-        heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
-        log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, 0))
+        if self.can_lapse:
+            self._lease_seq += 1
+            heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
         self.ctx.driver.p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------
@@ -298,8 +312,8 @@ class PrefillNode:
             self._blocked = False
             self._kick()
 
-    def release_all(self) -> None:
-        """End of run: anything still held is freed (counted as END)."""
-        for _, _, r in sorted(self._leases, key=lambda x: x[1]):
+    def release_all(self, requests: list[Request]) -> None:
+        """End of run: anything still held is freed (counted as END; every turn reaches D, so none should be)."""
+        for r in requests:
             self.release_hold(r, HoldRelease.END, kick=False)
         self._leases.clear()

@@ -98,6 +98,12 @@ class Deployment(_Frozen):
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
     tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance.")
+    prefill_tensor_parallel_size: int | None = Field(
+        default=None, gt=0, le=64, description="TP of the prefill instances (default: tensor_parallel_size)."
+    )
+    decode_tensor_parallel_size: int | None = Field(
+        default=None, gt=0, le=64, description="TP of the decode instances (default: tensor_parallel_size)."
+    )
     max_num_seqs: int = Field(default=1024, gt=0, description="vLLM --max-num-seqs (P and D).")
     max_num_batched_tokens: int = Field(default=8192, gt=0, description="vLLM --max-num-batched-tokens.")
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")

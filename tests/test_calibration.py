@@ -210,7 +210,8 @@ def test_proxy_join_subtracts_the_visible_pull_without_the_post(tmp_path: Path) 
     The pull that ``calibrate`` subtracts from a proxy P leg is built from the engine log's xferDuration
     fit; adding the fitted postDuration on top (the old double count) would be ~40 ms too much at 24k.
     """
-    from kvplan.calibration.calibrate import _pull_fn, _values
+    from kvplan.calibration.calibrate import _values
+    from kvplan.calibration.observations import pull_fn as _pull_fn
 
     rng = np.random.default_rng(19)
     engine = tmp_path / "engine.log"

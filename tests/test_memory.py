@@ -98,13 +98,16 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     """Acceptance 2 (unsaturated D): P holds each prompt from its prefill to D's read, no longer."""
     r = run(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
     ev, t = r.events, r.turns
-    hold = ev[ev["kind"] == int(Ev.P_HOLD)].set_index(["conv", "turn"])["t_s"]
+    hold = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])  # P holds from its prefill's end
     unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)].set_index(["conv", "turn"])
-    p_done = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"]
+    p_done = hold["t_s"]
     p2d = ev[ev["kind"] == int(Ev.P2D_DONE)].set_index(["conv", "turn"])["t_s"]
     ok = t[t["decision"] != "error"]
     assert len(hold) == len(unhold) == len(ok)
-    np.testing.assert_allclose(hold.sort_index(), p_done.sort_index())
+    # P_DONE carries the held bytes: whole blocks of the prompt at P's TP, all ranks
+    blocks = -(-ok.set_index(["conversation_id", "turn"])["prompt_tokens"] // 16)
+    np.testing.assert_array_equal(hold["b"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16 * 262_144)
+    np.testing.assert_array_equal(unhold["a"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16)
     admit = ev[ev["kind"] == int(Ev.D_ADMIT)].set_index(["conv", "turn"])["t_s"]
     read = unhold[unhold["b"] == int(HoldRelease.READ)]
     notified = unhold[unhold["b"] == int(HoldRelease.NOTIFIED)]  # D recomputed a tail below the threshold
@@ -273,3 +276,110 @@ def test_two_decodes_share_one_prefill_nic_in_a_run() -> None:
     np.testing.assert_allclose(t2, 2 * t1, rtol=1e-9)
     util = two.summary["nic_utilization"]
     assert util["p0_egress"] > 0 and util["d0_ingress"] > 0 and util["d1_ingress"] > 0 and util["p0_ingress"] == 0
+
+
+def test_heterogeneous_tp_prefill_tp2_x4_decode_tp8() -> None:
+    """Acceptance 4: P TP2 x 4 nodes, D TP8 x 1 (vLLM PR #27274 rank mapping), hand-computed for Qwen3-32B:
+    64 layers x 8 KV heads x 128 x bf16 x (K, V) = 262,144 B/token; 131,072 per TP2 rank, 32,768 per TP8 rank;
+    128 regions (K and V per layer)."""
+    from kvplan.sim.context import D2P, P2D
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.scenario import with_overrides
+    from kvplan.sim.tp import source_ranks
+
+    dep = {"prefill_nodes": 4, "decode_nodes": 1, "tensor_parallel_size": 8, "prefill_tensor_parallel_size": 2,
+           "max_num_seqs": 64, "prefill_prefix_caching": False}
+    sc = small(deployment=dep)
+    ctx = _sim(sc)
+    p2d, d2p = ctx.plans[P2D], ctx.plans[D2P]
+    # D rank i reads its one head from P rank i // 4; each P rank serves 4 D ranks
+    assert [source_ranks(ctx.arch, i, 8, 2) for i in range(8)] == [[0]] * 4 + [[1]] * 4
+    assert (p2d.reader_bytes_per_token, p2d.source_bytes_per_token, p2d.sources_per_reader) == (32_768, 131_072, 1)
+    # P rank j reads heads 4j..4j+3 from D ranks 4j..4j+3
+    assert [source_ranks(ctx.arch, j, 2, 8) for j in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (d2p.reader_bytes_per_token, d2p.source_bytes_per_token, d2p.sources_per_reader) == (131_072, 32_768, 4)
+    assert p2d.total_bytes_per_token == d2p.total_bytes_per_token == 262_144
+    # each role's profile is the one resolved for its own TP
+    rs_p = resolve(with_overrides(scenario_from_dict(sc), {"deployment.tensor_parallel_size": 2}))
+    rs_d = resolve(with_overrides(scenario_from_dict(sc), {"deployment.tensor_parallel_size": 8}))
+    assert ctx.costs == rs_p.costs and ctx.d_costs == rs_d.costs
+    assert ctx.decode[0].pool.capacity == rs_d.decode_capacity_tokens // 16
+    assert ctx.prefill[0].pool.capacity == rs_p.prefill_capacity_tokens // 16
+    r = run(sc)
+    t = r.turns
+    assert sorted(t["p_node"].unique()) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(t["p2d_bytes"], t["p2d_tokens"] * 262_144)
+    assert r.summary["prefill_profile"] == rs_p.profile.name and r.summary["decode_profile"] == rs_d.profile.name
+    # one uncontended read: bandwidth through the busiest NIC (a P rank: 131,072 B/token) + descriptors
+    pb, per_desc = 1 / 50e9, 1e-7
+    one = {"conversations": 1, "turns": {"dist": "constant", "value": 1},
+           "prefix_tokens": {"dist": "constant", "value": 10_000}, "output_tokens": {"dist": "constant", "value": 3}}
+    r1 = run(small(deployment=dep, workload={**small()["workload"], **one},
+                   costs=full_costs(transfer={"per_byte_s": pb, "per_descriptor_s": per_desc})))
+    tok = int(r1.turns["p2d_tokens"].iloc[0])
+    want = tok * 131_072 * pb + 128 * -(-tok // 16) * per_desc
+    assert r1.turns["p2d_transfer_s"].iloc[0] == pytest.approx(want, rel=1e-9)
+
+
+def test_heterogeneous_tp_bad_sizes_are_input_errors() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="prefill_tensor_parallel_size"):
+        _sim(small(deployment={"tensor_parallel_size": 8, "prefill_tensor_parallel_size": 3}))
+    with pytest.raises(KvplanInputError, match="decode_tensor_parallel_size"):
+        _sim(small(deployment={"tensor_parallel_size": 8, "decode_tensor_parallel_size": 16}))
+
+
+def test_preemption_takes_the_newest_running_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM ``self.running.pop()``: the victim is always the request that entered running last (a batch join
+    of a fresh request, or the start of a preempted request's local recompute)."""
+    from kvplan.sim import decode as decode_mod
+    from kvplan.sim.batch import DecodeBatch
+
+    entered: dict[int, int] = {}
+    inside: set[int] = set()
+    clock = [0]
+    victims: list[bool] = []
+
+    def mark(r: Any) -> None:
+        key = id(r)
+        if key not in inside:
+            clock[0] += 1
+            entered[key] = clock[0]
+            inside.add(key)
+
+    orig_add, orig_rec, orig_pre, orig_fin = (
+        DecodeBatch._add, decode_mod.DecodeNode._recompute, decode_mod.DecodeNode._preempt, decode_mod.DecodeNode.finish)
+
+    def add(self: Any, r: Any, p: int, g0: int, rem: int) -> None:
+        mark(r)
+        orig_add(self, r, p, g0, rem)
+
+    def rec(self: Any, r: Any, tokens: int, hit: int) -> None:
+        mark(r)
+        orig_rec(self, r, tokens, hit)
+
+    def pre(self: Any, r: Any) -> None:
+        victims.append(entered[id(r)] == max(entered[k] for k in inside))
+        inside.discard(id(r))
+        orig_pre(self, r)
+
+    def fin(self: Any, r: Any) -> None:
+        inside.discard(id(r))
+        orig_fin(self, r)
+
+    monkeypatch.setattr(DecodeBatch, "_add", add)
+    monkeypatch.setattr(decode_mod.DecodeNode, "_recompute", rec)
+    monkeypatch.setattr(decode_mod.DecodeNode, "_preempt", pre)
+    monkeypatch.setattr(decode_mod.DecodeNode, "finish", fin)
+    _sim(_pressure(10 * 1024))
+    assert len(victims) > 10 and all(victims)
+
+
+def test_pools_too_small_for_one_request_are_input_errors() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="decode_kv_capacity_tokens"):
+        _sim(_pressure(4096))  # 1,024 + 4,096 - 1 tokens cannot fit
+    with pytest.raises(KvplanInputError, match="prefill_kv_capacity_tokens"):
+        _sim(small(deployment={"prefill_kv_capacity_tokens": 500}))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
-from kvplan.models.costs import CostModel
+from kvplan.models.costs import CostModel, post_time_s, xfer_time_s
 from kvplan.sim.link import Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
@@ -110,8 +110,8 @@ class Ctx:
         tc = self.costs.transfer
         desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
         nbytes_rank = tokens * self.kv_bytes_rank
-        post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
-        lat_x = tc.fixed_s + tc.per_descriptor_s * desc
+        post = post_time_s(tc, desc)
+        lat_x = xfer_time_s(tc, 0.0, desc)  # the bytes term is the shared-bandwidth phase of the link
         pre = post + lat_x
         if (p, d, direction) not in self.handshaken:
             self.handshaken.add((p, d, direction))

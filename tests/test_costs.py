@@ -207,6 +207,22 @@ def test_resolution_rules_and_component_status() -> None:
     assert decode_step_time_s(h100.costs.decode, 1, 8192) > 1.1 * decode_step_time_s(h200.costs.decode, 1, 8192)
 
 
+def test_a_requested_prior_is_the_compute_part(tmp_path: Path) -> None:
+    from kvplan.models.profile import save_profile
+
+    prior = load_prior("qwen3-32b", "h100-sxm", 8)
+    assert prior is not None
+    slower = prior.model_copy(update={"costs": prior.costs.model_copy(update={
+        "decode": prior.costs.decode.model_copy(update={"per_context_token_s": 2 * prior.costs.decode.per_context_token_s})
+    })})
+    path = tmp_path / "mine.json"
+    save_profile(slower, path)
+    prof, _ = resolve_profile(QWEN3_32B, get_hardware("p5"), 8, str(path))
+    assert prof.costs.decode.per_context_token_s == slower.costs.decode.per_context_token_s
+    assert prof.component_status["decode.gpu"] == "kernel-derived (requested prior qwen3-32b-h100-sxm-tp8)"
+    assert prof.costs.overhead.p_leg_s > 0  # residuals from a calibration
+
+
 def test_inline_costs_override_only_the_named_parameters() -> None:
     from kvplan.sim.engine import resolve
     from kvplan.sim.scenario import scenario_from_dict

@@ -11,11 +11,16 @@ them cached) and ``mode="static_gen"`` with ``osl=2`` (one decode step of ``batc
 context ``isl``).
 
 Grid: prefill over batch {1, 2, 4} x prompt {128 .. 32k} x cached share {0, 50 %, 75 %}; decode over
-batch {1 .. 128} x context {512 .. 32k}, each capped at the model's context limit. The fit
-(``scipy.optimize.least_squares``, relative residuals, bounded below by :mod:`kvplan.models.bounds`)
-targets :func:`kvplan.models.costs.prefill_gpu_step_s` and the GPU part of
-:func:`kvplan.models.costs.decode_step_time_s`; the engine's CPU overhead is not in kernel data and
-stays 0 in a prior (calibrated as a residual on real measurements).
+batch {1 .. 128} x context {512 .. 32k}, each capped at the model's context limit (the fitted range:
+longer steps extrapolate with the last knot's per-token slope). The fit (``scipy.optimize.lsq_linear``,
+relative residuals, every parameter bounded below by :mod:`kvplan.models.bounds`) targets the knotted forms
+of :func:`kvplan.models.costs.prefill_gpu_step_s` (linear-layer time at :data:`PREFILL_KNOTS` step sizes,
+causal and cached attention per pair) and of the GPU part of :func:`kvplan.models.costs.decode_step_time_s`
+(context-free step time at :data:`DECODE_KNOTS` batch sizes, KV read per context token); linear
+interpolation between knots is exactly what the cost functions evaluate, so the fit is linear. The
+engine's CPU overhead is not in kernel data and stays 0 in a prior (calibrated as a residual on real
+measurements). MoE models are queried with the experts sharded by TP (``moe_tp_size = tp``,
+``moe_ep_size = 1``: vLLM without ``--enable-expert-parallel``), an assumption recorded in ``mode``.
 
 Nothing here runs at simulation time or in CI: only this module imports aiconfigurator, lazily.
 """

@@ -291,6 +291,46 @@ def test_regenerate_a_shipped_prior_matches(tmp_path: Path, capsys: pytest.Captu
     assert "wrote" in capsys.readouterr().out
 
 
+QWEN3_8B_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36,
+                   "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                   "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000}
+
+
+def test_architecture_from_a_config_json() -> None:
+    from kvplan.calibration.derive import arch_from_hf_config
+
+    a = arch_from_hf_config("qwen3-8b", QWEN3_8B_CONFIG)
+    # Qwen3-8B: 36 x (attention 4096 x (4096 + 2 x 1024) + 4096 x 4096, MLP 3 x 4096 x 12288) = 6.95 B active
+    assert a.params_active == pytest.approx(6.95e9, rel=0.01) and a.max_model_len == 40960
+    assert a.params_total == pytest.approx(a.params_active + 2 * 151936 * 4096)
+    with pytest.raises(KvplanInputError, match="n_routed_experts"):
+        arch_from_hf_config("moe", {**QWEN3_8B_CONFIG, "n_routed_experts": 64})
+
+
+@pytest.mark.skipif(not HAS_AIC, reason="needs the optional extra kvplan[aic] (aiconfigurator-core==0.12.0)")
+def test_derive_a_model_from_its_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "qwen3-8b"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
+    out = tmp_path / "q8.json"
+    assert main(["profile", "derive", "--model", "qwen3-8b", "--gpu", "h200", "--tp", "1", "--model-config", str(cfg),
+                 "--out", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.fit_report["prefill_max_abs_rel_error"] < 0.08 and prof.provenance["architecture"]["num_layers"] == 36
+    capsys.readouterr()
+    res = _cost_json(capsys, ["--profile", str(out), "--hardware", "p5en", "--tp", "1", "--tokens", "8000"])
+    assert res["model"] == "qwen3-8b" and res["components"]["prefill.gpu"].startswith("kernel-derived (requested prior")
+    # the 8B model on one H200 is faster than the 32B one
+    assert res["prefill_s"] < _cost(capsys, "--tp", "1", "--tokens", "8000")["prefill_s"] / 3
+
+
+def _cost_json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:
+    assert main(["cost", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_hardware_presets_all_resolve_a_profile() -> None:
     for name, node in HARDWARE_PRESETS.items():
         assert isinstance(node, Node)

@@ -52,7 +52,13 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.resolve import resolve_profile
 
         base = load_profile(profile) if profile is not None else None
-        arch = get_model(model or (base.model if base is not None else "qwen3-32b"))
+        spec = base.provenance.get("architecture") if base is not None and model is None else None
+        arch = get_model(spec if isinstance(spec, dict) else model or (base.model if base is not None else "qwen3-32b"))
+        if hardware is None and base is not None and base.status == "prior":
+            from kvplan.errors import input_error
+
+            raise input_error("--hardware", f"profile {base.name} is a compute prior for a GPU ({base.hardware}), "
+                              "not an instance", "give --hardware (e.g. p5en for H200, p5 for H100)")
         hw = hardware or (base.hardware if base is not None else "p5en")
         node = get_hardware(hw)
         n_tp = tp if tp is not None else (base.tensor_parallel_size if base is not None else 8)

@@ -16,7 +16,10 @@ def register(app: typer.Typer) -> None:
 
     @group.command("derive", help=DERIVE_HELP)
     def derive_cmd(
-        model: str = typer.Option(..., "--model", help="Model preset (qwen3-32b, llama-3.3-70b, llama-3.1-8b, glm-5-fp8)."),
+        model: str = typer.Option(
+            ..., "--model", help="Model preset (qwen3-32b, llama-3.3-70b, llama-3.1-8b, glm-5-fp8), or with --model-config"
+            " a new name for a dense model whose architecture is read from config.json."
+        ),
         gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100-sxm, h200, b200, a100-sxm-80gb, l40s)."),
         tp: int = typer.Option(..., "--tp", help="Tensor-parallel size."),
         out: str = typer.Option(..., "--out", help="Output profile JSON."),
@@ -25,16 +28,18 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         from kvplan.atomic import check_output_file
-        from kvplan.calibration.derive import check_model_config, check_tp, derive_prior, require_aic
-        from kvplan.models.arch import get_model
+        from kvplan.calibration.derive import arch_from_hf_config, check_model_config, check_tp, derive_prior, require_aic
+        from kvplan.models.arch import MODEL_PRESETS, get_model
         from kvplan.models.hardware import get_gpu
         from kvplan.models.profile import save_profile
 
-        arch = get_model(model)
+        cfg = check_model_config(model_config) if model_config is not None else None
+        if cfg is not None and model not in MODEL_PRESETS:
+            arch = arch_from_hf_config(model, cfg)  # a model kvplan has no preset for: its architecture from config.json
+        else:
+            arch = get_model(model)
         g = get_gpu(gpu)
         check_tp(arch, tp)
-        if model_config is not None:
-            check_model_config(model_config)
         check_output_file(out, "--out")
         require_aic()
         d = derive_prior(arch, g, tp, model_path=model_config)

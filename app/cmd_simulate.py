@@ -19,7 +19,7 @@ Distributions: {{dist: constant, value}} | {{dist: exponential, mean}} | {{dist:
 {{dist: uniform, low, high}} | {{dist: empirical, values: [...] | path: FILE}}. Token and turn counts are
 rounded to integers (turns >= 1, outputs >= 1). Arrival: {{kind: poisson, rate_per_s}} or
 {{kind: closed_loop, clients, max_active_conversations}}. costs.<prefill|transfer|decode|overhead> given
-inline replace the profile's component; parameters omitted there are 0.
+inline replace only the parameters they name; the rest stay the resolved profile's.
 
 \b
 Scenario fields (dotted path = default: meaning):

@@ -50,7 +50,8 @@ def main() -> None:
                    "d_preemptions": s["d_preemptions"], "p_lease_expiries": s["p_lease_expiries"]}
             rows.append(row)
             print(f"{row['deployment']} bidirectional={'on ' if bidir else 'off'}: {wall:5.1f} s wall, "
-                  f"{s['turns']} turns ({row['skipped_overlong']} over 32k skipped), TTFT p50 {s['ttft_p50_s']:.2f} s "
+                  f"{s['turns']} turns ({row['skipped_overlong']} over the context limit skipped), "
+                  f"TTFT p50 {s['ttft_p50_s']:.2f} s "
                   f"p90 {s['ttft_p90_s']:.2f} s, hit rate {s['hit_rate']:.1%}, pinned mean/peak "
                   f"{s['pinned_kv_gib_mean']:.0f}/{s['pinned_kv_gib_peak']:.0f} GiB of {s['decode_kv_capacity_gib']:.0f}")
     (HERE / "results").mkdir(exist_ok=True)

@@ -11,11 +11,16 @@ them cached) and ``mode="static_gen"`` with ``osl=2`` (one decode step of ``batc
 context ``isl``).
 
 Grid: prefill over batch {1, 2, 4} x prompt {128 .. 32k} x cached share {0, 50 %, 75 %}; decode over
-batch {1 .. 128} x context {512 .. 32k}, each capped at the model's context limit. The fit
-(``scipy.optimize.least_squares``, relative residuals, bounded below by :mod:`kvplan.models.bounds`)
-targets :func:`kvplan.models.costs.prefill_gpu_step_s` and the GPU part of
-:func:`kvplan.models.costs.decode_step_time_s`; the engine's CPU overhead is not in kernel data and
-stays 0 in a prior (calibrated as a residual on real measurements).
+batch {1 .. 128} x context {512 .. 32k}, each capped at the model's context limit (the fitted range:
+longer steps extrapolate with the last knot's per-token slope). The fit (``scipy.optimize.lsq_linear``,
+relative residuals, every parameter bounded below by :mod:`kvplan.models.bounds`) targets the knotted forms
+of :func:`kvplan.models.costs.prefill_gpu_step_s` (linear-layer time at :data:`PREFILL_KNOTS` step sizes,
+causal and cached attention per pair) and of the GPU part of :func:`kvplan.models.costs.decode_step_time_s`
+(context-free step time at :data:`DECODE_KNOTS` batch sizes, KV read per context token); linear
+interpolation between knots is exactly what the cost functions evaluate, so the fit is linear. The
+engine's CPU overhead is not in kernel data and stays 0 in a prior (calibrated as a residual on real
+measurements). MoE models are queried with the experts sharded by TP (``moe_tp_size = tp``,
+``moe_ep_size = 1``: vLLM without ``--enable-expert-parallel``), an assumption recorded in ``mode``.
 
 Nothing here runs at simulation time or in CI: only this module imports aiconfigurator, lazily.
 """
@@ -105,6 +110,36 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
         if not isinstance(data[key], int) or data[key] <= 0:
             raise input_error(f"--model-config: field '{key}'", f"must be a positive integer, got {data[key]!r}")
     return data
+
+
+#: Config keys of mixture-of-experts or latent-attention models (their kvplan architecture needs a preset).
+_NOT_DENSE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "kv_lora_rank", "q_lora_rank")
+
+
+def arch_from_hf_config(name: str, data: dict[str, Any]) -> ModelArch:
+    """A dense GQA :class:`ModelArch` from a Hugging Face ``config.json`` (bf16 weights, untied LM head unless
+    ``tie_word_embeddings``); context limit = ``max_position_embeddings`` (vLLM's default)."""
+    for key in _NOT_DENSE_KEYS:
+        if data.get(key):
+            raise input_error(f"--model-config: field '{key}'", "MoE / latent-attention configs are not derived from "
+                              "config.json alone", "use a kvplan model preset (--model) with --model-config")
+    try:
+        layers, hidden, heads = int(data["num_hidden_layers"]), int(data["hidden_size"]), int(data["num_attention_heads"])
+        kv = int(data.get("num_key_value_heads") or heads)
+        hd = int(data.get("head_dim") or hidden // heads)
+        inter = int(data["intermediate_size"])
+        vocab = int(data["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise input_error("--model-config", f"config.json lacks a usable {exc}", "give a complete config.json") from None
+    attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
+    active = layers * (attn + 3 * hidden * inter)
+    total = active + vocab * hidden * (1 if data.get("tie_word_embeddings") else 2)
+    return ModelArch(
+        name=name, hf_id=str(data.get("_name_or_path", "")), attention="gqa", num_layers=layers, hidden_size=hidden,
+        num_q_heads=heads, num_kv_heads=kv, head_dim=hd, intermediate_size=inter, vocab_size=vocab,
+        params_total=float(total), params_active=float(active), weight_bytes_total=2.0 * total,
+        max_model_len=int(data.get("max_position_embeddings") or 32768),
+    )
 
 
 def check_tp(arch: ModelArch, tp: int, node_gpus: int | None = None) -> None:
@@ -308,7 +343,7 @@ def derive_prior(arch: ModelArch, gpu: GPU, tp: int, model_path: str | None = No
     if not gpu.aic_system:
         raise input_error("--gpu", f"no aiconfigurator kernel data for {gpu.name}",
                           f"use one of {', '.join(sorted(AIC_VLLM_VERSION))}")
-    sess = AicSession(gpu.aic_system, path, tp, moe=arch.params_active < 0.8 * arch.params_total)
+    sess = AicSession(gpu.aic_system, path, tp, moe=arch.params_active < 0.5 * arch.params_total)
     pre = [PrefillPoint(b, p, c, sess.prefill_ms(b, p, c)) for b, p, c in prefill_grid(arch.max_model_len)]
     dec = [DecodePoint(b, x, sess.decode_ms(b, x)) for b, x in decode_grid(arch.max_model_len)]
     pc = fit_prefill(pre, arch, gpu, tp)
@@ -338,6 +373,10 @@ def derive_prior(arch: ModelArch, gpu: GPU, tp: int, model_path: str | None = No
         "silicon_share_8k_prefill": round(sess.silicon_share(), 4),
         "queries": "static_ctx (batch, isl=prompt, prefix=cached, osl=1); static_gen (batch, isl=context, osl=2)",
     }
+    from kvplan.models.arch import MODEL_PRESETS
+
+    if arch.name not in MODEL_PRESETS:  # an architecture read from --model-config: keep it with the prior
+        provenance["architecture"] = arch.model_dump(mode="json")
     prof = Profile(
         name=prior_name(arch.name, key, tp),
         model=arch.name,

@@ -160,7 +160,10 @@ def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None)
             prof = load_profile(name)
             if prof.tensor_parallel_size == tp:
                 return prof, [*prof.notes]
-    compute, compute_status = compute_prior(arch, node.gpu, tp)
+    if base is not None and base.status == "prior" and base.model == arch.name and base.tensor_parallel_size == tp:
+        compute, compute_status = base.costs, f"kernel-derived (requested prior {base.name})"
+    else:
+        compute, compute_status = compute_prior(arch, node.gpu, tp)
     residual = base if base is not None and base.status != "prior" else residual_source(arch, node)
     costs = compose(compute, residual, node, arch, tp)
     check_bounds(costs, arch, node, tp, f"resolved costs of {arch.name} on {node.name} TP{tp}")

@@ -207,6 +207,22 @@ def test_resolution_rules_and_component_status() -> None:
     assert decode_step_time_s(h100.costs.decode, 1, 8192) > 1.1 * decode_step_time_s(h200.costs.decode, 1, 8192)
 
 
+def test_a_requested_prior_is_the_compute_part(tmp_path: Path) -> None:
+    from kvplan.models.profile import save_profile
+
+    prior = load_prior("qwen3-32b", "h100-sxm", 8)
+    assert prior is not None
+    slower = prior.model_copy(update={"costs": prior.costs.model_copy(update={
+        "decode": prior.costs.decode.model_copy(update={"per_context_token_s": 2 * prior.costs.decode.per_context_token_s})
+    })})
+    path = tmp_path / "mine.json"
+    save_profile(slower, path)
+    prof, _ = resolve_profile(QWEN3_32B, get_hardware("p5"), 8, str(path))
+    assert prof.costs.decode.per_context_token_s == slower.costs.decode.per_context_token_s
+    assert prof.component_status["decode.gpu"] == "kernel-derived (requested prior qwen3-32b-h100-sxm-tp8)"
+    assert prof.costs.overhead.p_leg_s > 0  # residuals from a calibration
+
+
 def test_inline_costs_override_only_the_named_parameters() -> None:
     from kvplan.sim.engine import resolve
     from kvplan.sim.scenario import scenario_from_dict
@@ -273,6 +289,46 @@ def test_regenerate_a_shipped_prior_matches(tmp_path: Path, capsys: pytest.Captu
     shipped = Path(str(resources.files("kvplan.models").joinpath("priors", "qwen3-32b-h200-tp8.json")))
     assert json.loads(out.read_text()) == json.loads(shipped.read_text())
     assert "wrote" in capsys.readouterr().out
+
+
+QWEN3_8B_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36,
+                   "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                   "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000}
+
+
+def test_architecture_from_a_config_json() -> None:
+    from kvplan.calibration.derive import arch_from_hf_config
+
+    a = arch_from_hf_config("qwen3-8b", QWEN3_8B_CONFIG)
+    # Qwen3-8B: 36 x (attention 4096 x (4096 + 2 x 1024) + 4096 x 4096, MLP 3 x 4096 x 12288) = 6.95 B active
+    assert a.params_active == pytest.approx(6.95e9, rel=0.01) and a.max_model_len == 40960
+    assert a.params_total == pytest.approx(a.params_active + 2 * 151936 * 4096)
+    with pytest.raises(KvplanInputError, match="n_routed_experts"):
+        arch_from_hf_config("moe", {**QWEN3_8B_CONFIG, "n_routed_experts": 64})
+
+
+@pytest.mark.skipif(not HAS_AIC, reason="needs the optional extra kvplan[aic] (aiconfigurator-core==0.12.0)")
+def test_derive_a_model_from_its_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "qwen3-8b"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
+    out = tmp_path / "q8.json"
+    assert main(["profile", "derive", "--model", "qwen3-8b", "--gpu", "h200", "--tp", "1", "--model-config", str(cfg),
+                 "--out", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.fit_report["prefill_max_abs_rel_error"] < 0.08 and prof.provenance["architecture"]["num_layers"] == 36
+    capsys.readouterr()
+    res = _cost_json(capsys, ["--profile", str(out), "--hardware", "p5en", "--tp", "1", "--tokens", "8000"])
+    assert res["model"] == "qwen3-8b" and res["components"]["prefill.gpu"].startswith("kernel-derived (requested prior")
+    # the 8B model on one H200 is faster than the 32B one
+    assert res["prefill_s"] < _cost(capsys, "--tp", "1", "--tokens", "8000")["prefill_s"] / 3
+
+
+def _cost_json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:
+    assert main(["cost", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def test_hardware_presets_all_resolve_a_profile() -> None:

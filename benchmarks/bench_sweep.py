@@ -47,22 +47,31 @@ def profile_one() -> dict[str, object]:
     discrete-event phase grouped by component."""
     from kvplan.models.arch import kv_bytes_per_token_all_ranks
     from kvplan.sim.api import run
-    from kvplan.sim.engine import simulate
+    from kvplan.sim.engine import ChunkSink, simulate
     from kvplan.sim.executor import run_extras
     from kvplan.sim.results import build_result
     from kvplan.sim.scenario import load_scenario
+    from kvplan.sim.stream import RunStream
+    from kvplan.sim.workload import ConversationPlan
 
     sc = load_scenario(REF)
     run(sc)  # warm-up
     t0 = time.perf_counter()
-    rs, _plan, ctx = simulate(sc, sc.seed)
+    streams: list[RunStream] = []
+
+    def consumer(plan: ConversationPlan) -> ChunkSink:
+        streams.append(RunStream(plan.offsets, plan.turns))
+        return streams[0].consume
+
+    rs, _plan, ctx = simulate(sc, sc.seed, consumer=consumer)  # turns are derived as the log is flushed
     t1 = time.perf_counter()
-    res = build_result(sc, sc.seed, ctx.log, kv_bytes_per_token_all_ranks(rs.arch, 8), {}, [])
+    streams[0].finish()
+    res = build_result(sc, sc.seed, streams[0], ctx.log.chunk(), kv_bytes_per_token_all_ranks(rs.arch, 8), {}, [])
     t2 = time.perf_counter()
     run_extras(res)
     t3 = time.perf_counter()
-    phases = {"simulate_s (SimPy model)": t1 - t0, "build_result_s (turns + summary from the log)": t2 - t1,
-              "sweep_extras_s (run_extras)": t3 - t2, "log_records": len(ctx.log)}
+    phases = {"simulate_s (SimPy model + streamed turns)": t1 - t0, "build_result_s (summary)": t2 - t1,
+              "sweep_extras_s (run_extras)": t3 - t2, "log_records": ctx.log.total}
     prof = cProfile.Profile()
     prof.enable()
     simulate(sc, sc.seed)

@@ -7,37 +7,59 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
-from kvplan.sim.engine import simulate
-from kvplan.sim.events import Ev
+from kvplan.sim.engine import ChunkSink, ProgressHook, simulate
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Scenario, as_scenario
+from kvplan.sim.stream import RunStream, TurnSink
+from kvplan.sim.workload import ConversationPlan
 
 GIB = 1024**3
 
 
-def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = None) -> Result:
-    """Simulate ``scenario`` (object, mapping or YAML path) with ``seed`` (default: the scenario's)."""
+def run(
+    scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = None, *, keep: bool = True,
+    sink: TurnSink | None = None, progress: ProgressHook | None = None,
+) -> Result:
+    """Simulate ``scenario`` (object, mapping or YAML path) with ``seed`` (default: the scenario's).
+
+    ``keep`` (default) keeps the event log and the turns in the result; ``keep=False`` streams: finished
+    turns go to ``sink`` in (conversation, turn) order as the run goes and memory stays bounded (the result's
+    ``events`` and ``turns`` are then empty; its summary and pinned series are complete).
+    ``progress(now_s, horizon_s)`` is called between slices of simulated time.
+    """
     scenario = as_scenario(scenario)
     seed = scenario.seed if seed is None else seed
-    # The event log is millions of small tuples: the cyclic GC would rescan them again and again for
+    # The run's objects form one large reference graph the cyclic GC would rescan again and again for
     # nothing (the model makes no reference cycles worth collecting mid-run). Pause it for the run.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        rs, plan, ctx = simulate(scenario, seed)
-        result = _derive(scenario, seed, rs, plan, ctx)
+        result = _run(scenario, seed, keep, sink, progress)
     finally:
         if was_enabled:
             gc.enable()
     return result
 
 
-def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Result:
+def _run(scenario: Scenario, seed: int, keep: bool, sink: TurnSink | None, progress: ProgressHook | None) -> Result:
+    streams: list[RunStream] = []
+
+    def consumer(plan: ConversationPlan) -> ChunkSink:
+        streams.append(RunStream(plan.offsets, plan.turns, sink=sink, keep_turns=keep))
+        return streams[0].consume
+
+    rs, plan, ctx = simulate(scenario, seed, consumer=consumer, progress=progress, keep=keep)
+    stream = streams[0]
+    stream.finish()
+    return _derive(scenario, seed, rs, plan, ctx, stream)
+
+
+def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream: RunStream) -> Result:
     """Summary extras and the derived frames of a finished run."""
     bytes_all = kv_bytes_per_token_all_ranks(rs.arch, ctx.d_tp)  # D's KV (pins) at D's TP
     rs_p, rs_d = ctx.roles or (rs, rs)
     # utilisation over the active span (retention expiries after the last response do not count)
-    end = max((e[0] for e in ctx.log if e[1] != Ev.UNPIN), default=0.0)
+    end = max(stream.t_max_active, 0.0)
     busy = sum(p.busy_s for p in ctx.prefill)
     extra: dict[str, Any] = {
         "seed": seed,
@@ -60,4 +82,5 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
-    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    events = ctx.log.chunk() if ctx.log.keep else None
+    return build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes))

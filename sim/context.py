@@ -9,6 +9,7 @@ import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel, post_time_s, prep_time_s, xfer_time_s
+from kvplan.sim.events import EventLog
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
@@ -113,7 +114,7 @@ class Ctx:
     decode_capacity_blocks: int
     prefill_cache_tokens: int
     router: Router
-    log: list[tuple[Any, ...]] = field(default_factory=list)
+    log: EventLog = field(default_factory=EventLog)
     prefill: list[PrefillNode] = field(default_factory=list)
     decode: list[DecodeNode] = field(default_factory=list)
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)

@@ -7,8 +7,10 @@ strictly first, then the D leg; when turns arrive is its arrival source's job) a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from kvplan.errors import KvplanInputError, input_error
@@ -21,6 +23,7 @@ from kvplan.models.resolve import resolve_profile
 from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
 from kvplan.sim.driver import Driver
+from kvplan.sim.events import EventChunk, EventLog
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario, with_overrides
@@ -128,12 +131,28 @@ def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved
     return out[0], out[1]
 
 
-def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
-    """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state."""
+ChunkSink = Callable[[EventChunk], None]
+ProgressHook = Callable[[float, float], None]
+SLICE_EVENTS = 131_072  # events per flushed slice of simulated time (the slice length adapts to reach it)
+
+
+def simulate(
+    scenario: Scenario, seed: int | None = None, consumer: Callable[[ConversationPlan], ChunkSink] | None = None,
+    progress: ProgressHook | None = None, keep: bool = True,
+) -> tuple[Resolved, ConversationPlan, Ctx]:
+    """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state.
+
+    The event log is flushed into typed chunks between slices of simulated time and each chunk handed to
+    ``on_chunk`` (``keep`` also keeps them in ``ctx.log``); ``progress(now_s, horizon_s)`` is called after
+    each slice, the horizon being the plan's last planned arrival (an estimate for closed loops).
+    Slicing ``env.run`` does not change the run: SimPy processes events in (time, priority, id) order and
+    the stop event of a slice only interleaves with them.
+    """
     rs = resolve(scenario)
     rs_p, rs_d = _resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    on_chunk = consumer(plan) if consumer is not None else None
     env = simpy.Environment()
     dep = scenario.deployment
     router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
@@ -150,6 +169,7 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
         p_tp=dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
         d_tp=dep.decode_tensor_parallel_size or dep.tensor_parallel_size,
         d_costs=rs_d.costs,
+        log=EventLog(keep=keep),
     )
     ctx.roles = (rs_p, rs_d)
     ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
@@ -157,9 +177,47 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     arrival = scenario.workload.arrival
     ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
     ctx.driver.start()
-    env.run()
+    _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan))
     for dn in ctx.decode:
         dn.expire_all()
     for pn in ctx.prefill:
         pn.release_all([lease[2] for lease in pn._leases])
+    chunk = ctx.log.flush()
+    if on_chunk is not None:
+        on_chunk(chunk)
     return rs, plan, ctx
+
+
+def _horizon_s(plan: ConversationPlan) -> float:
+    """Simulated time of the last planned arrival (progress estimate; NaN-free)."""
+    if plan.arrival_s is not None and len(plan.arrival_s):
+        return float(np.nanmax(plan.arrival_s))
+    start = plan.start_s[np.isfinite(plan.start_s)]
+    if not len(start):
+        return 0.0
+    conv_span = float(np.mean(plan.turns)) * (float(np.mean(plan.gap_s)) if len(plan.gap_s) else 0.0)
+    return float(start.max()) + conv_span
+
+
+def _run_sliced(
+    env: simpy.Environment, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float
+) -> None:
+    """``env.run()`` in slices of simulated time, flushing the log after each (deterministic slice lengths)."""
+    dt = max(horizon / 1000.0, 1.0)
+    while True:
+        nxt = env.peek()
+        if nxt == float("inf"):
+            break
+        before = log.total
+        env.run(until=nxt + dt)
+        n = log.total - before
+        if len(log) >= SLICE_EVENTS or env.peek() == float("inf"):
+            chunk = log.flush()
+            if on_chunk is not None:
+                on_chunk(chunk)
+        if progress is not None:
+            progress(env.now, horizon)
+        if n > SLICE_EVENTS // 4:
+            dt /= 2.0
+        elif n < SLICE_EVENTS // 16:
+            dt *= 2.0

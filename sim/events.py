@@ -1,14 +1,20 @@
 """The append-only event log: the single source of truth of a run.
 
-Every record is a plain tuple ``(t_s, kind, conv, turn, node, a, b)`` appended in simulation order
-(except lazily expired retention, whose release is logged with its true expiry time when noticed).
-Per-turn records, the summary and every time series are pure functions of this log (``results.py``).
-The meaning of ``a`` and ``b`` per kind is in :data:`FIELDS`.
+Every record is a tuple ``(t_s, kind, conv, turn, node, a, b)`` appended in simulation order (except
+lazily expired retention, whose release is logged with its true expiry time when noticed) through
+``ctx.log.append(...)``. :class:`EventLog` keeps the tuples of the current slice of simulated time only and
+turns them into typed columnar chunks (:class:`EventChunk`, NumPy arrays) when the engine flushes it, so a
+run never holds millions of Python tuples. Per-turn records, the summary and every time series are
+functions of this log (``results.py``, streamed by ``stream.py``). The meaning of ``a`` and ``b`` per kind
+is in :data:`SCHEMA` (one :class:`EventSpec` per kind, named fields); readers name fields through it.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any, NamedTuple
+
+import numpy as np
 
 
 class Ev(IntEnum):
@@ -112,3 +118,110 @@ FIELDS: dict[Ev, tuple[str, str]] = {
 }
 
 COLUMNS = ("t_s", "kind", "conv", "turn", "node", "a", "b")
+
+
+class EventSpec(NamedTuple):
+    """The typed schema of one event kind: what its ``a`` and ``b`` columns hold ("" when unused)."""
+
+    kind: Ev
+    a: str
+    b: str
+
+    def column(self, name: str) -> str:
+        """The raw column (``"a"`` or ``"b"``) holding the named field of this kind."""
+        if name and name == self.a:
+            return "a"
+        if name and name == self.b:
+            return "b"
+        raise KeyError(f"{self.kind.name} has no field {name!r} (fields: {self.a!r}, {self.b!r})")
+
+
+SCHEMA: dict[Ev, EventSpec] = {k: EventSpec(k, a, b) for k, (a, b) in FIELDS.items()}
+
+
+def col(kind: Ev, name: str) -> str:
+    """The raw column of field ``name`` of ``kind`` events, e.g. ``col(Ev.P_DONE, "held_bytes") == "b"``."""
+    return SCHEMA[kind].column(name)
+
+
+_ROW = np.dtype([("t_s", "f8"), ("kind", "i8"), ("conv", "i8"), ("turn", "i8"), ("node", "i8"), ("a", "f8"), ("b", "f8")])
+
+
+class EventChunk(NamedTuple):
+    """A slice of the log as typed columns (one array per field of ``COLUMNS``)."""
+
+    t_s: np.ndarray  # float64
+    kind: np.ndarray  # int16
+    conv: np.ndarray  # int64
+    turn: np.ndarray  # int32 (-1 for UNPIN, which belongs to a retention entry, not a turn)
+    node: np.ndarray  # int16
+    a: np.ndarray  # float64
+    b: np.ndarray  # float64
+
+    @staticmethod
+    def empty() -> EventChunk:
+        """A chunk with no events."""
+        return EventChunk.from_tuples([])
+
+    @staticmethod
+    def from_tuples(rows: list[tuple[Any, ...]]) -> EventChunk:
+        """Typed columns from a list of ``(t_s, kind, conv, turn, node, a, b)`` tuples."""
+        arr = np.fromiter(rows, dtype=_ROW, count=len(rows))
+        return EventChunk(
+            arr["t_s"].copy(), arr["kind"].astype(np.int16), arr["conv"].copy(), arr["turn"].astype(np.int32),
+            arr["node"].astype(np.int16), arr["a"].copy(), arr["b"].copy(),
+        )
+
+    def take(self, idx: np.ndarray) -> EventChunk:
+        """The events at ``idx`` (an index or boolean mask), in that order."""
+        return EventChunk(*(c[idx] for c in self))
+
+    @staticmethod
+    def concat(chunks: list[EventChunk]) -> EventChunk:
+        """The events of ``chunks`` one after the other."""
+        if not chunks:
+            return EventChunk.empty()
+        if len(chunks) == 1:
+            return chunks[0]
+        return EventChunk(*(np.concatenate(cols) for cols in zip(*chunks, strict=True)))
+
+    def __len__(self) -> int:
+        """Number of events."""
+        return len(self.t_s)
+
+
+class EventLog(list[tuple[Any, ...]]):
+    """The run's event log: emit sites call ``append((t, kind, conv, turn, node, a, b))`` as on a list.
+
+    The list part holds only the tuples appended since the last :meth:`flush`, which hands them on as one
+    typed :class:`EventChunk` (the engine flushes between slices of simulated time). With ``keep`` the
+    chunks are kept and :meth:`chunk` returns the whole log (small runs, sweeps, tests); otherwise a
+    streaming consumer derives everything chunk by chunk and memory stays bounded.
+    """
+
+    def __init__(self, keep: bool = True) -> None:
+        super().__init__()
+        self.keep = keep
+        self.kept: list[EventChunk] = []
+        self.flushed = 0
+
+    def flush(self) -> EventChunk:
+        """The events appended since the last flush as typed columns (and forget the tuples)."""
+        chunk = EventChunk.from_tuples(self)
+        self.clear()
+        self.flushed += len(chunk)
+        if self.keep and len(chunk):
+            self.kept.append(chunk)
+        return chunk
+
+    def chunk(self) -> EventChunk:
+        """The whole kept log (every flushed chunk and the unflushed tail) as one chunk."""
+        if len(self):
+            self.flush()
+        self.kept = [EventChunk.concat(self.kept)] if self.kept else []
+        return self.kept[0] if self.kept else EventChunk.empty()
+
+    @property
+    def total(self) -> int:
+        """Events logged so far (flushed and not)."""
+        return self.flushed + len(self)

@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from kvplan.atomic import check_result_dir, write_result_dir_files
-from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, HoldRelease, Release, RouterResult
+from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, EventChunk, Release, RouterResult, col
 from kvplan.sim.scenario import Scenario
+from kvplan.sim.stream import RunStream
 
 GIB = 1024**3
 ROUTER_NAMES = {int(v): v.name.lower() for v in RouterResult}
@@ -59,21 +60,12 @@ TURN_COLUMNS = [
 ]
 
 
-def events_frame(log: list[tuple[Any, ...]]) -> pd.DataFrame:
-    """The event log as a frame with columns ``t_s, kind, conv, turn, node, a, b`` (kind as int)."""
-    if not log:
-        return pd.DataFrame({c: pd.Series(dtype=float) for c in COLUMNS})
-    arr = np.array(log, dtype=float)
-    df = pd.DataFrame(arr, columns=list(COLUMNS))
+def events_frame(ev: EventChunk) -> pd.DataFrame:
+    """The event log as a frame with columns ``t_s, kind, conv, turn, node, a, b`` (integer columns as int64)."""
+    df = pd.DataFrame({c: np.asarray(v) for c, v in zip(COLUMNS, ev, strict=True)})
     for c in ("kind", "conv", "turn", "node"):
         df[c] = df[c].astype(np.int64)
     return df
-
-
-def _by_turn(ev: pd.DataFrame, kind: Ev, cols: dict[str, str]) -> pd.DataFrame:
-    sub = ev[ev["kind"] == int(kind)]
-    out = sub[["conv", "turn", *cols.keys()]].rename(columns=cols)
-    return out.set_index(["conv", "turn"])
 
 
 def tpot_series(first_s: pd.Series, last_s: pd.Series, output_tokens: pd.Series) -> pd.Series:
@@ -86,39 +78,75 @@ def tpot_series(first_s: pd.Series, last_s: pd.Series, output_tokens: pd.Series)
     return ((last_s - first_s) / steps.where(steps > 0)).astype(float)
 
 
-def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
-    """Per-turn records (``turns.csv``), one row per turn that arrived, sorted by (conversation, turn).
+# raw per-turn columns gathered from one event kind each: name -> (kind, field of that kind or "t_s"/"node")
+_GATHER: dict[str, tuple[Ev, str]] = {
+    "arrival_s": (Ev.ARRIVE, "t_s"),
+    "prompt_tokens": (Ev.ARRIVE, "prompt_tokens"),
+    "output_tokens": (Ev.ARRIVE, "output_tokens"),
+    "router_code": (Ev.ROUTER, "router_result"),
+    "p_enq": (Ev.P_ENQUEUE, "t_s"),
+    "p_node": (Ev.P_ENQUEUE, "node"),
+    "decision_code": (Ev.P_DECISION, "decision"),
+    "local_hit_tokens": (Ev.P_DECISION, "local_hit_tokens"),
+    "pull_t0": (Ev.PULL_START, "t_s"),
+    "pulled_tokens": (Ev.PULL_START, "tokens"),
+    "d2p_bytes": (Ev.PULL_START, "bytes"),
+    "pull_t1": (Ev.PULL_DONE, "t_s"),
+    "d2p_xfer_s": (Ev.PULL_DONE, "xfer_s"),
+    "p_comp": (Ev.P_COMPUTE, "t_s"),
+    "p_done": (Ev.P_DONE, "t_s"),
+    "prefill_s": (Ev.P_DONE, "prefill_s"),
+    "d_enq": (Ev.D_ENQUEUE, "t_s"),
+    "d_node": (Ev.D_ENQUEUE, "node"),
+    "d_admit": (Ev.D_ADMIT, "t_s"),
+    "d_hit_tokens": (Ev.D_ADMIT, "d_hit_tokens"),
+    "p2d_t0": (Ev.P2D_START, "t_s"),
+    "p2d_tokens": (Ev.P2D_START, "tokens"),
+    "p2d_bytes": (Ev.P2D_START, "bytes"),
+    "p2d_t1": (Ev.P2D_DONE, "t_s"),
+    "d_first": (Ev.D_FIRST, "t_s"),
+    "finish_s": (Ev.D_FINISH, "t_s"),
+    "hold_t1": (Ev.P_UNHOLD, "t_s"),
+}
 
+
+def _gather(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
+    """One row per arrived turn (sorted by conversation, turn) with the raw columns of :data:`_GATHER`."""
+    key = np.asarray(offsets, dtype=np.int64)[ev.conv] + ev.turn.astype(np.int64) - 1
+    arrive = ev.kind == int(Ev.ARRIVE)
+    rows = np.unique(key[arrive])
+    n = len(rows)
+    pos = np.searchsorted(rows, key)
+    inside = pos < n
+    inside[inside] = rows[pos[inside]] == key[inside]
+    out: dict[str, np.ndarray] = {"conversation_id": ev.conv[arrive][np.argsort(key[arrive], kind="stable")]}
+    out["turn"] = ev.turn[arrive][np.argsort(key[arrive], kind="stable")].astype(np.int64)
+    columns = {"t_s": ev.t_s, "node": ev.node.astype(np.float64), "a": ev.a, "b": ev.b}
+    masks: dict[Ev, np.ndarray] = {}
+    for name, (kind, fname) in _GATHER.items():
+        m = masks.get(kind)
+        if m is None:
+            m = masks[kind] = inside & (ev.kind == int(kind))
+        raw = fname if fname in ("t_s", "node") else col(kind, fname)
+        v = np.full(n, np.nan)
+        v[pos[m]] = columns[raw][m]
+        out[name] = v
+    pre = inside & (ev.kind == int(Ev.D_PREEMPT))
+    out["d_preemptions"] = np.bincount(pos[pre], minlength=n).astype(np.float64) if n else np.zeros(0)
+    return pd.DataFrame(out)
+
+
+def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
+    """Per-turn records (``turns.csv``) of the turns arriving in ``ev``, sorted by (conversation, turn).
+
+    ``offsets`` are the plan's flat turn offsets per conversation (the key that orders the rows).
     TTFT identity: ``ttft_s = overhead_s + prefill_queue_s + kv_pull_s + prefill_s + d_queue_s +
     p2d_transfer_s + first_decode_s``. ``prefill_queue_s`` is arrival at P's engine to the start of this
     turn's prefill compute minus the D->P pull wait (vLLM's queue metric would include the pull).
     Token identity: ``prompt = local_hit + pulled + recomputed + failed`` (failed > 0 only on errors).
     ``tpot_s`` = (finish - first token) / (output - 1), empty for 1-token outputs (:func:`tpot_series`).
     """
-    base = _by_turn(ev, Ev.ARRIVE, {"t_s": "arrival_s", "a": "prompt_tokens", "b": "output_tokens"})
-    parts = [
-        _by_turn(ev, Ev.ROUTER, {"a": "router_code"}),
-        _by_turn(ev, Ev.P_ENQUEUE, {"t_s": "p_enq", "node": "p_node"}),
-        _by_turn(ev, Ev.P_DECISION, {"a": "decision_code", "b": "local_hit_tokens"}),
-        _by_turn(ev, Ev.PULL_START, {"t_s": "pull_t0", "a": "pulled_tokens", "b": "d2p_bytes"}),
-        _by_turn(ev, Ev.PULL_DONE, {"t_s": "pull_t1", "a": "d2p_xfer_s"}),
-        _by_turn(ev, Ev.P_COMPUTE, {"t_s": "p_comp"}),
-        _by_turn(ev, Ev.P_DONE, {"t_s": "p_done", "a": "prefill_s"}),
-        _by_turn(ev, Ev.D_ENQUEUE, {"t_s": "d_enq", "node": "d_node"}),
-        _by_turn(ev, Ev.D_ADMIT, {"t_s": "d_admit", "a": "d_hit_tokens"}),
-        _by_turn(ev, Ev.P2D_START, {"t_s": "p2d_t0", "a": "p2d_tokens", "b": "p2d_bytes"}),
-        _by_turn(ev, Ev.P2D_DONE, {"t_s": "p2d_t1"}),
-        _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
-        _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
-        _by_turn(ev, Ev.P_UNHOLD, {"t_s": "hold_t1"}),
-    ]
-    pre_ev = ev[ev["kind"] == int(Ev.D_PREEMPT)]
-    if len(pre_ev):
-        parts.append(pre_ev.groupby(["conv", "turn"]).size().rename("d_preemptions").to_frame())
-    df = base.join(list[pd.DataFrame | pd.Series](parts), how="left").sort_index().reset_index()
-    df = df.rename(columns={"conv": "conversation_id"})
-    if "d_preemptions" not in df:
-        df["d_preemptions"] = 0.0
+    df = _gather(ev, offsets)
     err = df["decision_code"] == int(Decision.ERROR)
     for c in (
         "pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens", "d_preemptions",
@@ -148,42 +176,29 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         df[c] = df[c].astype(np.int64)
     df["d_node"] = df["d_node"].fillna(-1).astype(np.int64)
     df["p_node"] = df["p_node"].fillna(-1).astype(np.int64)
+    df["conversation_id"] = df["conversation_id"].astype(np.int64)
     return df[TURN_COLUMNS]
 
 
-def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+def pinned_frame(t: np.ndarray, tokens: np.ndarray, bytes_per_token: int) -> pd.DataFrame:
     """Retained (pinned) decode KV over time, summed over every decode node and GPU.
 
-    Returns step-function samples ``t_s, pinned_tokens, pinned_gib`` after each change (releases before
-    pins at equal times).
+    Step-function samples ``t_s, pinned_tokens, pinned_gib`` after each change (releases before pins at
+    equal times), from the change points :class:`~kvplan.sim.stream.RunStream` accumulates.
     """
-    pin = ev[ev["kind"] == int(Ev.PIN)][["t_s", "a"]]
-    unpin = ev[ev["kind"] == int(Ev.UNPIN)][["t_s", "a"]]
-    d = pd.concat(
-        [pin.assign(delta=pin["a"], order=1), unpin.assign(delta=-unpin["a"], order=0)], ignore_index=True
-    ).sort_values(["t_s", "order"], kind="stable")
-    tokens = d["delta"].cumsum().to_numpy()
-    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "pinned_tokens": tokens})
+    out = pd.DataFrame({"t_s": t, "pinned_tokens": tokens})
     out["pinned_gib"] = out["pinned_tokens"] * bytes_per_token / GIB
     return out
 
 
-def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+def held_frame(t: np.ndarray, held_bytes: np.ndarray, tokens_per_byte: float) -> pd.DataFrame:
     """KV P holds for D's reads (under lease) over time, summed over prefill nodes and GPUs.
 
     Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
-    equal times).
+    equal times); tokens from bytes at the run's mean tokens per held byte.
     """
-    hold = ev[ev["kind"] == int(Ev.P_DONE)][["t_s", "conv", "turn", "b"]]  # P_DONE's b: bytes now held
-    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "conv", "turn", "a"]]
-    unhold = unhold.merge(hold[["conv", "turn", "b"]], on=["conv", "turn"], how="left")
-    tokens_per_byte = float(unhold["a"].sum() / unhold["b"].sum()) if len(unhold) and unhold["b"].sum() > 0 else 0.0
-    d = pd.concat(
-        [hold.assign(db=hold["b"], order=1), unhold.assign(db=-unhold["b"], order=0)], ignore_index=True
-    ).sort_values(["t_s", "order"], kind="stable")
-    held = d["db"].cumsum().to_numpy()  # bytes at P's TP, logged with each P_DONE
-    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": np.rint(held * tokens_per_byte)})
-    out["held_gib"] = held / GIB
+    out = pd.DataFrame({"t_s": t, "held_tokens": np.rint(held_bytes * tokens_per_byte)})
+    out["held_gib"] = held_bytes / GIB
     return out
 
 
@@ -200,58 +215,55 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
-def summarize(
-    ev: pd.DataFrame, turns: pd.DataFrame, scenario: Scenario, bytes_per_token_all_ranks: int, extra: dict[str, Any]
-) -> dict[str, Any]:
-    """Headline metrics (``summary.json``). See the README for each definition."""
-    ok = turns[turns["decision"] != "error"]
-    ttft = ok["ttft_s"].dropna().to_numpy()
-    follow = turns[turns["turn"] >= 2]
-    reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold"])
-    t_end = float(ev["t_s"].max()) if len(ev) else 0.0
-    series = pinned_series(ev, bytes_per_token_all_ranks)
-    held = held_series(ev, bytes_per_token_all_ranks)
-    unpin = ev[ev["kind"] == int(Ev.UNPIN)]
-    releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
-    pull = turns[turns["decision"] == "pull"]
-    decisions = {name: int((turns["decision"] == name).sum()) for name in DECISION_NAMES.values()}
+def _mean(x: np.ndarray, empty: float) -> float:
+    return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
+
+
+def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
+
+    Counts and token sums are exact; means and percentiles are computed over the kept columns in the
+    rows' order, so they equal the one-shot computation over ``turns.csv``.
+    """
+    agg = stream.agg
+    ttft = agg.column("ttft")
+    t_end = stream.t_max if np.isfinite(stream.t_max) else 0.0
+    series = stream_pinned(stream, bytes_per_token_all_ranks)
+    held = stream_held(stream)
+    n_turns = stream.counts["turns"]
+    decisions = {name: int(agg.decisions.get(name, 0)) for name in DECISION_NAMES.values()}
+    c = stream.counts
     summary: dict[str, Any] = {
-        "turns": int(len(turns)),
-        "conversations": int(turns["conversation_id"].nunique()),
+        "turns": int(n_turns),
+        "conversations": int(c["conversations"]),
         "errors": int(decisions["error"]),
         "ttft_mean_s": float(ttft.mean()) if len(ttft) else float("nan"),
         "ttft_p50_s": _pct(ttft, 50),
         "ttft_p90_s": _pct(ttft, 90),
         "ttft_p99_s": _pct(ttft, 99),
-        "hit_rate": float(reused.mean()) if len(follow) else 0.0,
-        "pull_rate": float(len(pull) / len(turns)) if len(turns) else 0.0,
-        "follow_up_turns": int(len(follow)),
+        "hit_rate": float(agg.reused / agg.follow_up) if agg.follow_up else 0.0,
+        "pull_rate": float(decisions["pull"] / n_turns) if n_turns else 0.0,
+        "follow_up_turns": int(agg.follow_up),
         "decisions": decisions,
-        "pulled_tokens": int(turns["pulled_tokens"].sum()),
-        "recomputed_tokens": int(turns["recomputed_tokens"].sum()),
-        "local_hit_tokens": int(turns["local_hit_tokens"].sum()),
-        "failed_tokens": int(turns["failed_tokens"].sum()),
-        "prompt_tokens": int(turns["prompt_tokens"].sum()),
-        "d2p_bytes": int(turns["d2p_bytes"].sum()),
-        "p2d_bytes": int(turns["p2d_bytes"].sum()),
-        "kv_pull_mean_s": float(pull["kv_pull_s"].mean()) if len(pull) else 0.0,
-        "d2p_xfer_mean_s": float(pull["d2p_xfer_s"].mean()) if len(pull) else 0.0,
-        "p_leg_mean_s": float(ok["p_leg_s"].mean()) if len(ok) else float("nan"),
-        "prefill_queue_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else float("nan"),
+        **{k: int(agg.sums.get(k, 0)) for k in agg.SUM_COLS},
+        "kv_pull_mean_s": _mean(agg.column("kv_pull"), 0.0),
+        "d2p_xfer_mean_s": _mean(agg.column("d2p_xfer"), 0.0),
+        "p_leg_mean_s": _mean(agg.column("p_leg"), float("nan")),
+        "prefill_queue_mean_s": _mean(agg.column("prefill_queue"), float("nan")),
         "pinned_kv_gib_mean": _time_weighted_mean(series, t_end, "pinned_gib"),
         "pinned_kv_gib_peak": float(series["pinned_gib"].max()) if len(series) else 0.0,
-        "pins": int((ev["kind"] == int(Ev.PIN)).sum()),
-        "releases": releases,
-        "pins_outstanding": int((ev["kind"] == int(Ev.PIN)).sum() - len(unpin)),
+        "pins": int(c["pins"]),
+        "releases": {RELEASE_NAMES[k]: int(n) for k, n in stream.releases.items()},
+        "pins_outstanding": int(c["pins"] - c["unpins"]),
         "sim_end_s": t_end,
-        "d_preemptions": int((ev["kind"] == int(Ev.D_PREEMPT)).sum()),
-        "d_preempted_recompute_tokens": int(ev.loc[ev["kind"] == int(Ev.D_RECOMPUTE), "a"].sum()),
+        "d_preemptions": int(c["d_preemptions"]),
+        "d_preempted_recompute_tokens": int(stream.d_recompute_tokens),
         "p_held_kv_gib_mean": _time_weighted_mean(held, t_end, "held_gib"),
         "p_held_kv_gib_peak": float(held["held_gib"].max()) if len(held) else 0.0,
-        "p_lease_expiries": int(((ev["kind"] == int(Ev.P_UNHOLD)) & (ev["b"] == int(HoldRelease.LAPSED))).sum()),
-        "p2d_failed_reads": int((ev["kind"] == int(Ev.P2D_FAILED)).sum()),
+        "p_lease_expiries": int(c["p_lease_expiries"]),
+        "p2d_failed_reads": int(c["p2d_failed_reads"]),
     }
-    tpot = ok["tpot_s"].dropna().to_numpy()
+    tpot = agg.column("tpot")
     summary["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
     summary["tpot_p50_s"] = _pct(tpot, 50)
     summary["tpot_p90_s"] = _pct(tpot, 90)
@@ -259,9 +271,26 @@ def summarize(
     return summary
 
 
+def stream_pinned(stream: RunStream, bytes_per_token: int) -> pd.DataFrame:
+    """The pinned series of a finished stream."""
+    t, tokens = stream.pinned.steps()
+    return pinned_frame(t, tokens, bytes_per_token)
+
+
+def stream_held(stream: RunStream) -> pd.DataFrame:
+    """The held series of a finished stream."""
+    t, held = stream.held.steps()
+    ratio = stream.unhold_tokens / stream.unhold_bytes if stream.unhold_bytes > 0 else 0.0
+    return held_frame(t, held, ratio)
+
+
 @dataclass
 class Result:
-    """What ``run`` returns: the scenario, the event log and everything derived from it."""
+    """What ``run`` returns: the scenario, the event log (kept runs) and everything derived from it.
+
+    ``events`` and ``turns`` are empty frames for a streamed run (``run(..., keep=False)``), whose turns
+    went to the sink as the run went.
+    """
 
     scenario: Scenario
     seed: int
@@ -270,22 +299,22 @@ class Result:
     summary: dict[str, Any]
     bytes_per_token_all_ranks: int
     notes: list[str] = field(default_factory=list)
+    pinned: pd.DataFrame | None = None
 
     def pinned_series(self) -> pd.DataFrame:
         """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
-        return pinned_series(self.events, self.bytes_per_token_all_ranks)
+        return self.pinned if self.pinned is not None else pinned_frame(np.zeros(0), np.zeros(0), 1)
 
 
 def build_result(
-    scenario: Scenario, seed: int, log: list[tuple[Any, ...]], bytes_all_ranks: int, extra: dict[str, Any],
-    notes: list[str],
+    scenario: Scenario, seed: int, stream: RunStream, events: EventChunk | None, bytes_all_ranks: int,
+    extra: dict[str, Any], notes: list[str],
 ) -> Result:
-    """Derive turns and summary from a finished run's log."""
-    ev = events_frame(log)
-    turns = turns_frame(ev)
-    summary = summarize(ev, turns, scenario, bytes_all_ranks, extra)
-    return Result(scenario, seed, ev, turns, summary, bytes_all_ranks, notes)
-
+    """Turns, summary and pinned series of a finished (streamed) run."""
+    summary = summarize(stream, bytes_all_ranks, extra)
+    ev = events_frame(events if events is not None else EventChunk.empty())
+    turns = stream.turns()
+    return Result(scenario, seed, ev, turns, summary, bytes_all_ranks, notes, stream_pinned(stream, bytes_all_ranks))
 
 
 # --- writers ---------------------------------------------------------------------------------------------

@@ -108,8 +108,14 @@ def check_result_dir(out: str | Path, names: list[str] | tuple[str, ...], overwr
     return p
 
 
-def write_result_dir_files(out: str | Path, files: dict[str, bytes], overwrite: bool, flag: str = "--out") -> Path:
+def write_result_dir_files(
+    out: str | Path, files: dict[str, bytes], overwrite: bool, flag: str = "--out", staged: dict[str, Path] | None = None
+) -> Path:
     """Write ``files`` (name -> bytes) into the directory ``out`` so that nothing foreign is ever lost.
+
+    ``staged`` (name -> path) are files already written in full elsewhere on the same file system (streamed
+    while a run went, under temporary names): they are moved in by rename like the others and listed in
+    the manifest; ``files`` go in after them, in their order (put the one whose presence means "complete" last).
 
     - ``out`` missing: files go to a temporary sibling directory that is renamed to ``out`` when complete.
     - ``out`` existing: checked by :func:`check_result_dir`; the old manifest goes first (the directory then no
@@ -120,9 +126,10 @@ def write_result_dir_files(out: str | Path, files: dict[str, bytes], overwrite: 
     import shutil
     import tempfile
 
-    names = [*files, RESULT_MANIFEST]
+    staged = dict(staged or {})
+    names = [*staged, *files, RESULT_MANIFEST]
     p = check_result_dir(out, names, overwrite, flag)
-    manifest = (json.dumps({"writer": "kvplan", "files": sorted(files)}, indent=2) + "\n").encode()
+    manifest = (json.dumps({"writer": "kvplan", "files": sorted([*staged, *files])}, indent=2) + "\n").encode()
     umask = os.umask(0)
     os.umask(umask)
     try:
@@ -131,6 +138,9 @@ def write_result_dir_files(out: str | Path, files: dict[str, bytes], overwrite: 
             tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
             try:
                 os.chmod(tmp, 0o777 & ~umask)
+                for name, src in staged.items():
+                    os.chmod(src, 0o666 & ~umask)
+                    os.replace(src, tmp / name)
                 for name, data in files.items():
                     (tmp / name).write_bytes(data)
                 (tmp / RESULT_MANIFEST).write_bytes(manifest)
@@ -141,9 +151,12 @@ def write_result_dir_files(out: str | Path, files: dict[str, bytes], overwrite: 
             return p
         old_own = _manifest_files(p) or set()
         (p / RESULT_MANIFEST).unlink(missing_ok=True)
-        for name in sorted(old_own - set(files)):
+        for name in sorted(old_own - set(files) - set(staged)):
             if "/" not in name and name != RESULT_MANIFEST:
                 (p / name).unlink(missing_ok=True)  # a kvplan file of an earlier run that this run does not write
+        for name, src in staged.items():
+            os.chmod(src, 0o666 & ~umask)
+            os.replace(src, p / name)
         for name, data in [*files.items(), (RESULT_MANIFEST, manifest)]:
             tmp_file = p / f".{name}.tmp"
             try:

@@ -1,19 +1,25 @@
-"""``kvplan simulate``: run one scenario and write ``turns.csv`` and ``summary.json``."""
+"""``kvplan simulate``: run one scenario and stream ``turns.parquet`` (or ``turns.csv``) and ``summary.json``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from kvplan.sim.scenario import field_help
 
+if TYPE_CHECKING:
+    from kvplan.sim.engine import ProgressHook
+
 _HELP_FIELDS = "\n".join(f"  {path} = {default}: {desc}" for path, default, desc in field_help())
 
-SIMULATE_HELP = f"""Simulate SCENARIO.yaml (or the embedded P5en default when omitted) and write DIR/turns.csv,
-DIR/summary.json, DIR/pinned.csv and DIR/scenario.yaml (a new DIR
-appears only when complete; a non-empty DIR is refused unless --overwrite, which replaces only kvplan's own
-files there).
+SIMULATE_HELP = f"""Simulate SCENARIO.yaml (or the embedded P5en default when omitted) and write DIR/turns.parquet
+(--format csv: turns.csv, both: both), DIR/summary.json, DIR/pinned.parquet (pinned.csv) and DIR/scenario.yaml.
+Turns are streamed as the run goes (memory stays bounded); DIR appears or is updated only when the run is
+complete; a non-empty DIR is refused unless --overwrite, which replaces only kvplan's own files there.
 
 Distributions: {{dist: constant, value}} | {{dist: exponential, mean}} | {{dist: lognormal, median, sigma}} |
 {{dist: uniform, low, high}} | {{dist: empirical, values: [...] | path: FILE}}. Token and turn counts are
@@ -40,18 +46,60 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Reuse a non-empty DIR: replace kvplan's own result files, keep all others."
         ),
+        fmt: str = typer.Option("parquet", "--format", help="turns/pinned file format: parquet (zstd), csv or both."),
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.atomic import check_result_dir
         from kvplan.sim.api import run
         from kvplan.sim.defaults import default_scenario
-        from kvplan.sim.results import result_file_names, write_result_dir
+        from kvplan.sim.results import ResultDirWriter, result_file_names
         from kvplan.sim.scenario import load_scenario, with_overrides
 
-        check_result_dir(out, result_file_names(), overwrite)  # before any work: never lose a user's files
+        names = result_file_names(None, fmt)
+        check_result_dir(out, names, overwrite)  # before any work: never lose a user's files
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
-        result = run(sc, seed)
-        write_result_dir(result, out, overwrite=overwrite)
-        print_summary(result, out, as_json=json_out)
+        writer = ResultDirWriter(out, fmt, overwrite)
+        try:
+            with sim_progress(enabled=not json_out) as hook:
+                result = run(sc, seed, keep=False, sink=writer.write_turns, progress=hook)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit(result)
+        print_summary(result, out, as_json=json_out, files=names)
+
+
+@contextmanager
+def sim_progress(enabled: bool, after_s: float = 2.0) -> Iterator[ProgressHook | None]:
+    """A rich progress bar over simulated time (ETA from it) for runs that last more than ``after_s`` wall
+    seconds; nothing when disabled or when stderr is not a terminal."""
+    import sys
+    import time
+
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[now]:>10,.0f} / {task.total:,.0f} s simulated"),
+        TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
+    )
+    state: dict[str, Any] = {"task": None}
+    t0 = time.perf_counter()
+
+    def hook(now: float, horizon: float) -> None:
+        if state["task"] is None:
+            if time.perf_counter() - t0 < after_s:
+                return
+            bar.start()
+            state["task"] = bar.add_task("sim", total=max(horizon, 1.0), now=0.0)
+        bar.update(state["task"], completed=min(now, horizon), now=now)
+
+    try:
+        yield hook
+    finally:
+        if state["task"] is not None:
+            bar.stop()

@@ -30,7 +30,7 @@ def fmt_s(x: Any) -> str:
 TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 
 
-def print_summary(result: Result, out: Path | None, as_json: bool = False) -> None:
+def print_summary(result: Result, out: Path | None, as_json: bool = False, files: list[str] | None = None) -> None:
     """Headline metrics with the assumptions they rest on."""
     s = result.summary
     if as_json:
@@ -64,7 +64,8 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False) -> No
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
     if out is not None:
-        c.print(f"wrote {out}/turns.csv, summary.json, pinned.csv, scenario.yaml")
+        names = files or ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml"]
+        c.print(f"wrote {out}/{names[0]}, {', '.join(names[1:])}")
 
 
 def print_json(obj: Any) -> None:

@@ -353,29 +353,177 @@ def summary_json_bytes(summary: dict[str, Any]) -> bytes:
     return (json.dumps(json_safe(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
 
 
-def result_file_names(extra_files: dict[str, bytes] | None = None) -> list[str]:
-    """The files :func:`write_result_dir` writes into a result directory."""
-    return ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml", *(extra_files or {})]
+FORMATS = ("parquet", "csv", "both")
+ROW_GROUP_ROWS = 65_536  # turns per parquet row group (streamed runs write one as soon as it is full)
+INT_COLUMNS = (
+    "conversation_id", "turn", "prompt_tokens", "output_tokens", "p_node", "d_node", "local_hit_tokens",
+    "pulled_tokens", "recomputed_tokens", "failed_tokens", "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes",
+    "d_preemptions",
+)
+STR_COLUMNS = ("router", "decision")
+
+
+def _formats(fmt: str) -> tuple[str, ...]:
+    if fmt not in FORMATS:
+        from kvplan.errors import input_error
+
+        raise input_error("--format", f"unknown format '{fmt}'", "use csv, parquet or both")
+    return ("parquet", "csv") if fmt == "both" else (fmt,)
+
+
+def result_file_names(extra_files: dict[str, bytes] | None = None, fmt: str = "csv") -> list[str]:
+    """The files :func:`write_result_dir` / :class:`ResultDirWriter` write into a result directory."""
+    names = [f"turns.{f}" for f in _formats(fmt)] + [f"pinned.{f}" for f in _formats(fmt)]
+    return [*names, "summary.json", "scenario.yaml", *(extra_files or {})]
+
+
+def turns_arrow_schema() -> Any:
+    """The fixed Arrow schema of ``turns.parquet`` (int64 counts, float64 times, string labels)."""
+    import pyarrow as pa
+
+    def typ(c: str) -> Any:
+        return pa.int64() if c in INT_COLUMNS else pa.string() if c in STR_COLUMNS else pa.float64()
+
+    return pa.schema([pa.field(c, typ(c)) for c in TURN_COLUMNS])
+
+
+def pinned_change_points(series: pd.DataFrame) -> pd.DataFrame:
+    """The pinned series downsampled to its change points: one row per instant, the level after it."""
+    if series.empty:
+        return series.reset_index(drop=True)
+    last = np.append(series["t_s"].to_numpy()[1:] != series["t_s"].to_numpy()[:-1], True)
+    return series[last].reset_index(drop=True)
+
+
+class ResultDirWriter:
+    """Writes a result directory while a run goes: ``turns.parquet`` (zstd, row groups) and/or ``turns.csv``
+    are streamed into a hidden staging directory next to ``out`` and moved into ``out`` only by
+    :meth:`commit`, together with ``pinned.*``, ``scenario.yaml`` and ``summary.json``, through
+    :func:`kvplan.atomic.write_result_dir_files` (manifest last). A run killed midway leaves only the hidden
+    staging directory, never anything at ``out`` that looks complete; :meth:`abort` removes it.
+    """
+
+    def __init__(self, out: str | Path, fmt: str = "parquet", overwrite: bool = False) -> None:
+        import tempfile
+
+        self.out = Path(out)
+        self.formats = _formats(fmt)
+        self.fmt = fmt
+        self.overwrite = overwrite
+        check_result_dir(out, result_file_names(None, fmt), overwrite)
+        parent = self.out.resolve().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".stream", dir=parent))
+        self._pq: Any = None
+        self._csv: Any = None
+        self._pending: list[pd.DataFrame] = []
+        self._pending_rows = 0
+        self._rows = 0
+
+    def write_turns(self, turns: pd.DataFrame) -> None:
+        """Append finished turns (in order); parquet row groups are written as they fill."""
+        if "csv" in self.formats:
+            if self._csv is None:
+                self._csv = open(self.stage / "turns.csv", "wb")  # noqa: SIM115 - closed in commit/abort
+                self._csv.write(turns_csv_bytes(turns))
+            elif len(turns):
+                body = turns.to_csv(index=False, header=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+                self._csv.write(body.encode())
+        self._rows += len(turns)
+        if "parquet" in self.formats:
+            self._pending.append(turns)
+            self._pending_rows += len(turns)
+            while self._pending_rows >= ROW_GROUP_ROWS:
+                self._flush_parquet(ROW_GROUP_ROWS)
+
+    def _flush_parquet(self, n: int | None) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._pq is None:
+            self._pq = pq.ParquetWriter(self.stage / "turns.parquet", turns_arrow_schema(), compression="zstd")
+        if not self._pending:
+            return
+        rows = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
+        n = len(rows) if n is None else n
+        head, rest = rows.iloc[:n], rows.iloc[n:]
+        if len(head):
+            table = pa.Table.from_pandas(head, schema=turns_arrow_schema(), preserve_index=False).replace_schema_metadata()
+            self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self._pending = [rest.reset_index(drop=True)] if len(rest) else []
+        self._pending_rows = len(rest)
+
+    def _close_turns(self) -> None:
+        if "csv" in self.formats:
+            if self._csv is None:
+                self.write_turns(pd.DataFrame({c: pd.Series(dtype=float) for c in TURN_COLUMNS}))
+            self._csv.close()
+        if "parquet" in self.formats:
+            self._flush_parquet(None)
+            self._pq.close()
+
+    def commit(self, result: Result, extra_files: dict[str, bytes] | None = None) -> Path:
+        """Close the streams and move the complete result into ``out`` (summary and manifest last)."""
+        import shutil
+
+        import yaml
+
+        try:
+            self._close_turns()
+            staged = {f"turns.{f}": self.stage / f"turns.{f}" for f in self.formats}
+            series = result.pinned_series()
+            files: dict[str, bytes] = {}
+            if "parquet" in self.formats:
+                buf = _parquet_bytes(pinned_change_points(series))
+                files["pinned.parquet"] = buf
+            if "csv" in self.formats:
+                files["pinned.csv"] = series.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode()
+            files["scenario.yaml"] = yaml.safe_dump(
+                result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
+            ).encode()
+            files.update(extra_files or {})
+            files["summary.json"] = summary_json_bytes(result.summary)  # last: its presence means the rest is there
+            return write_result_dir_files(self.out, files, self.overwrite, staged=staged)
+        finally:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop the staged files (a failed or interrupted run)."""
+        import shutil
+
+        for fh in (self._csv,):
+            if fh is not None and not fh.closed:
+                fh.close()
+        if self._pq is not None:
+            try:
+                self._pq.close()
+            except Exception:  # noqa: BLE001 - best effort: the staging directory goes anyway
+                pass
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(), sink, compression="zstd")
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def write_result_dir(
-    result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False
+    result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False,
+    fmt: str = "csv",
 ) -> Path:
-    """Write ``turns.csv``, ``summary.json``, ``pinned.csv`` and ``scenario.yaml`` into ``out``.
+    """Write a kept run's ``turns.*``, ``summary.json``, ``pinned.*`` and ``scenario.yaml`` into ``out``.
 
     A new directory appears only when complete; an existing non-empty one is refused unless ``overwrite``,
     which replaces only kvplan's own files there and keeps every other file (:mod:`kvplan.atomic`).
     """
-    import yaml
-
-    check_result_dir(out, result_file_names(extra_files), overwrite)
-    files = {
-        "turns.csv": turns_csv_bytes(result.turns),
-        "pinned.csv": result.pinned_series().to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode(),
-        "scenario.yaml": yaml.safe_dump(
-            result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
-        ).encode(),
-        **(extra_files or {}),
-        "summary.json": summary_json_bytes(result.summary),  # last: its presence means the rest is there
-    }
-    return write_result_dir_files(out, files, overwrite)
+    w = ResultDirWriter(out, fmt, overwrite)
+    try:
+        w.write_turns(result.turns)
+    except BaseException:
+        w.abort()
+        raise
+    return w.commit(result, extra_files)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import small
@@ -23,9 +24,10 @@ def _write(tmp_path: Path, data: object | str) -> Path:
 def test_simulate_writes_outputs(tmp_path: Path) -> None:
     sc = _write(tmp_path, GOOD)
     out = tmp_path / "out"
-    assert main(["simulate", str(sc), "--out", str(out), "--seed", "5"]) == 0
+    assert main(["simulate", str(sc), "--out", str(out), "--seed", "5", "--format", "both"]) == 0
     turns = (out / "turns.csv").read_text().splitlines()
     header = turns[0].split(",")
+    assert list(pd.read_parquet(out / "turns.parquet").columns) == header
     for col in ("conversation_id", "turn", "arrival_s", "prompt_tokens", "local_hit_tokens", "pulled_tokens",
                 "recomputed_tokens", "decision", "prefill_queue_s", "kv_pull_s", "prefill_s", "p2d_transfer_s", "ttft_s"):
         assert col in header
@@ -35,9 +37,14 @@ def test_simulate_writes_outputs(tmp_path: Path) -> None:
         assert key in summary
     assert summary["turns"] == len(turns) - 1 and summary["seed"] == 5
     out2 = tmp_path / "out2"
-    assert main(["simulate", str(sc), "--out", str(out2), "--seed", "5"]) == 0
-    assert (out / "turns.csv").read_bytes() == (out2 / "turns.csv").read_bytes()
-    assert (out / "summary.json").read_bytes() == (out2 / "summary.json").read_bytes()
+    assert main(["simulate", str(sc), "--out", str(out2), "--seed", "5", "--format", "both"]) == 0
+    for name in ("turns.csv", "turns.parquet", "summary.json", "pinned.csv", "pinned.parquet"):
+        assert (out / name).read_bytes() == (out2 / name).read_bytes(), name
+    out3 = tmp_path / "out3"  # the default format: parquet only
+    assert main(["simulate", str(sc), "--out", str(out3), "--seed", "5"]) == 0
+    assert {p.name for p in out3.iterdir()} == {"turns.parquet", "pinned.parquet", "summary.json", "scenario.yaml",
+                                                 ".kvplan-result.json"}
+    assert (out3 / "turns.parquet").read_bytes() == (out / "turns.parquet").read_bytes()
 
 
 def test_simulate_default_scenario(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from kvplan.app.cli import main
 from kvplan.atomic import RESULT_MANIFEST
 
-OWN = {"turns.csv", "summary.json", "pinned.csv", "scenario.yaml", RESULT_MANIFEST}
+OWN = {"turns.parquet", "summary.json", "pinned.parquet", "scenario.yaml", RESULT_MANIFEST}
 
 
 def _err(capsys: pytest.CaptureFixture[str]) -> str:

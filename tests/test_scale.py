@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from kvplan.sim.api import run
-from kvplan.sim.events import SCHEMA, EventChunk, EventLog, Ev, col
+from kvplan.sim.events import SCHEMA, Ev, EventChunk, EventLog, col
 from kvplan.sim.results import TURN_COLUMNS, ResultDirWriter, summary_json_bytes, tpot_series
 from kvplan.sim.scenario import load_scenario
 

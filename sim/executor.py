@@ -33,6 +33,7 @@ import numpy as np
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.sim.events import Ev
 from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
+from kvplan.sim.summary import flatten
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +49,8 @@ _BASE_CACHE: dict[str, Scenario] = {}
 
 
 def flatten_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """Scalar summary metrics as a flat dict: dicts flattened as ``decisions.pull``, bools as 0/1, strings dropped."""
-    out: dict[str, Any] = {}
-
-    def put(key: str, v: Any) -> None:
-        if isinstance(v, dict):
-            for k, x in v.items():
-                put(f"{key}.{k}", x)
-        elif isinstance(v, bool | np.bool_):
-            out[key] = int(v)
-        elif isinstance(v, int | np.integer):
-            out[key] = int(v)
-        elif isinstance(v, float | np.floating):
-            out[key] = float(v)
-        elif v is None:
-            out[key] = float("nan")
-
-    for k, v in summary.items():
-        put(k, v)
-    return out
+    """Scalar summary metrics as a flat dict (:func:`kvplan.sim.summary.flatten`)."""
+    return flatten(summary)
 
 
 def _window_mean(t: np.ndarray, v: np.ndarray, t_a: float, t_b: float) -> float:
@@ -139,7 +123,7 @@ def run_row(scenario: Scenario, seed: int) -> dict[str, Any]:
         if was_enabled:
             gc.enable()
     row: dict[str, Any] = {"error": None}
-    row.update(flatten_summary(result.summary))
+    row.update(result.stats.to_row() if result.stats is not None else flatten_summary(result.summary))
     row.update(run_extras(result))
     del result
     gc.collect()

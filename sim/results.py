@@ -20,6 +20,7 @@ from kvplan.atomic import check_result_dir, write_result_dir_files
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, EventChunk, Release, RouterResult, col
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.stream import RunStream
+from kvplan.sim.summary import Summary
 
 GIB = 1024**3
 ROUTER_NAMES = {int(v): v.name.lower() for v in RouterResult}
@@ -219,7 +220,7 @@ def _mean(x: np.ndarray, empty: float) -> float:
     return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
 
 
-def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str, Any]) -> dict[str, Any]:
+def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str, Any]) -> Summary:
     """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
 
     Counts and token sums are exact; means and percentiles are computed over the kept columns in the
@@ -233,7 +234,7 @@ def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str
     n_turns = stream.counts["turns"]
     decisions = {name: int(agg.decisions.get(name, 0)) for name in DECISION_NAMES.values()}
     c = stream.counts
-    summary: dict[str, Any] = {
+    metrics: dict[str, Any] = {
         "turns": int(n_turns),
         "conversations": int(c["conversations"]),
         "errors": int(decisions["error"]),
@@ -264,11 +265,10 @@ def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str
         "p2d_failed_reads": int(c["p2d_failed_reads"]),
     }
     tpot = agg.column("tpot")
-    summary["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
-    summary["tpot_p50_s"] = _pct(tpot, 50)
-    summary["tpot_p90_s"] = _pct(tpot, 90)
-    summary.update(extra)
-    return summary
+    metrics["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
+    metrics["tpot_p50_s"] = _pct(tpot, 50)
+    metrics["tpot_p90_s"] = _pct(tpot, 90)
+    return Summary(**metrics, run=dict(extra))
 
 
 def stream_pinned(stream: RunStream, bytes_per_token: int) -> pd.DataFrame:
@@ -300,6 +300,7 @@ class Result:
     bytes_per_token_all_ranks: int
     notes: list[str] = field(default_factory=list)
     pinned: pd.DataFrame | None = None
+    stats: Summary | None = None  # the typed summary (``summary`` is its ``to_dict()``, the summary.json content)
 
     def pinned_series(self) -> pd.DataFrame:
         """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
@@ -311,10 +312,11 @@ def build_result(
     extra: dict[str, Any], notes: list[str],
 ) -> Result:
     """Turns, summary and pinned series of a finished (streamed) run."""
-    summary = summarize(stream, bytes_all_ranks, extra)
+    stats = summarize(stream, bytes_all_ranks, extra)
     ev = events_frame(events if events is not None else EventChunk.empty())
     turns = stream.turns()
-    return Result(scenario, seed, ev, turns, summary, bytes_all_ranks, notes, stream_pinned(stream, bytes_all_ranks))
+    pinned = stream_pinned(stream, bytes_all_ranks)
+    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats)
 
 
 # --- writers ---------------------------------------------------------------------------------------------

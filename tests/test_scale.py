@@ -177,3 +177,16 @@ def test_event_log_flushes_typed_chunks() -> None:
     with pytest.raises(KeyError):
         col(Ev.PIN, "bytes")
     assert len(EventChunk.concat([first, EventChunk.empty()])) == 2
+
+
+def test_typed_summary_is_the_summary_json(reference: dict) -> None:
+    from kvplan.sim.executor import flatten_summary
+    from kvplan.sim.summary import Summary
+
+    res = reference["kept"]
+    assert res.stats is not None and res.stats.to_dict() == res.summary
+    assert Summary.from_dict(res.summary) == res.stats
+    row = res.stats.to_row()
+    assert row == flatten_summary(res.summary)
+    assert row["decisions.pull"] == res.summary["decisions"]["pull"] and "model" not in row
+    assert res.stats.ttft_p90_s == res.summary["ttft_p90_s"] and res.stats.run["seed"] == res.seed

@@ -30,10 +30,16 @@ def register(app: typer.Typer) -> None:
         """Find the smallest xPyD meeting the SLO at the load, with and without bidirectional KV transfer;
         the maximum sustainable load of each and the cost per million turns."""
         from kvplan.app.cmd_sweep import _progress_bar
+        from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.app.output import console
         from kvplan.sim.capacity import plan_capacity
         from kvplan.sim.presets import preset_scenario
 
+        common_run_flags(replications, workers, conversations)
+        positive_finite("--rate", rate, upper=1e6)
+        positive_finite("--slo-ttft-p90-ms", slo_ttft_p90_ms, upper=1e10)
+        positive_finite("--usd-per-node-hour", usd, upper=1e6, allow_zero=True)
+        int_range("--max-nodes", max_nodes, 2, 64)
         sc = preset_scenario(workload, model, hardware, rate_per_s=rate, conversations=conversations)
         bar, cb = _progress_bar()
         with bar:

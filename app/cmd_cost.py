@@ -42,7 +42,9 @@ def register(app: typer.Typer) -> None:
             xfer_time_s,
         )
         from kvplan.models.profile import extrapolate_profile, load_profile
+        from kvplan.sim.validity import check_cost_request, check_tensor_parallel
 
+        check_cost_request(tokens, cached_tokens, chunk_tokens, model, tp)
         prof = load_profile(profile)
         arch = MODEL_PRESETS.get(prof.model)
         if arch is None:
@@ -51,6 +53,7 @@ def register(app: typer.Typer) -> None:
             )
         if model is not None and (model != prof.model or (tp is not None and tp != prof.tensor_parallel_size)):
             target = get_model(model)
+            check_tensor_parallel(target, tp or prof.tensor_parallel_size)
             prof = extrapolate_profile(prof, arch, target, tp or prof.tensor_parallel_size)
             arch = target
         tp = prof.tensor_parallel_size

@@ -33,6 +33,10 @@ def register(app: typer.Typer) -> None:
 
         if html is not None and not html.parent.is_dir():
             raise input_error(f"--html {html}", "the directory does not exist", "create it first")
+        if html is not None:
+            from kvplan.atomic import check_output_file
+
+            check_output_file(html, "--html")
         rows = reproduce_rows(model=model, profile=profile, include_first_turn=include_first_turn)
         published = [{k: r[k] for k in ROW_KEYS} for r in rows if r["published_ms"] is not None]
         if html is not None:

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        seed: int | None = typer.Option(None, "--seed", min=0, help="Override the scenario's seed."),
+        seed: int | None = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
@@ -43,6 +43,11 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.scenario import load_scenario, with_overrides
 
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
+        if trace is not None and sc.workload.trace is not None:
+            from kvplan.errors import input_error
+
+            raise input_error("--trace", f"the scenario already replays workload.trace '{sc.workload.trace.path}'",
+                              "remove one of them")
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         result = run(sc, seed)

@@ -24,14 +24,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
+        from kvplan.app.flags import seconds_list
         from kvplan.app.output import console
         from kvplan.calibration.traces import json_ready, load_trace, stats_figure, stats_table, workload_stats
-        from kvplan.errors import input_error
 
-        try:
-            ttl_list = tuple(float(x) for x in ttls.split(",") if x.strip())
-        except ValueError:
-            raise input_error("--ttls", f"'{ttls}' is not a comma-separated list of seconds") from None
+        ttl_list = seconds_list("--ttls", ttls)
         tr = load_trace(trace, fmt)
         stats = workload_stats(tr, ttl_list, threshold)
         if json_out:
@@ -73,10 +70,13 @@ def register(app: typer.Typer) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.calibration.traces import json_ready, load_trace
         from kvplan.calibration.workload_fit import fit_workload, workload_section
+        from kvplan.errors import input_error
         from kvplan.sim.scenario import Scenario, load_scenario
         from kvplan.sim.service import unloaded_service_time_fn
 
         check_output_file(out)
+        if gap_model not in ("empirical", "fit"):
+            raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
         sc = load_scenario(scenario) if scenario is not None else Scenario()
         result = fit_workload(tr, unloaded_service_time_fn(sc), gap_model=gap_model)

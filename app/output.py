@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,27 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
-def fmt_s(x: Any) -> str:
-    """Seconds as milliseconds text."""
+def human_s(x: Any) -> str:
+    """Seconds scaled for a human: ms below 1 s, s below 2 min, min below 2 h, then h (files keep exact SI)."""
     try:
-        return f"{float(x) * 1000:.1f} ms"
+        v = float(x)
     except (TypeError, ValueError):
         return "n/a"
+    if not math.isfinite(v):
+        return "n/a"
+    a = abs(v)
+    if a < 1.0:
+        return f"{v * 1000:.1f} ms"
+    if a < 120.0:
+        return f"{v:.2f} s"
+    if a < 7200.0:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
+
+
+def fmt_s(x: Any) -> str:
+    """Seconds as text scaled for humans (see :func:`human_s`)."""
+    return human_s(x)
 
 
 TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")

@@ -246,6 +246,9 @@ def _number(value: Any, name: str, where: str, *, allow_string: bool = False) ->
     return out
 
 
+MAX_COUNT = 1e9  # tokens or turns of one request: far above any context limit, and int64-safe
+
+
 def _count(value: Any, name: str, where: str, *, minimum: int = 0, allow_string: bool = False) -> int:
     """A whole, finite count of at least ``minimum`` (token counts, turns)."""
     out = _number(value, name, where, allow_string=allow_string)
@@ -255,6 +258,8 @@ def _count(value: Any, name: str, where: str, *, minimum: int = 0, allow_string:
         raise input_error(where, f"field '{name}' is {out:g}, not a whole number")
     if out < minimum:
         raise input_error(where, f"field '{name}' is {out:g}, must be at least {minimum}")
+    if out > MAX_COUNT:
+        raise input_error(where, f"field '{name}' is {out:g}, more than {MAX_COUNT:g}", "check the column's units")
     return int(out)
 
 
@@ -678,8 +683,10 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         return "csv"
     raise input_error(
         label,
-        "cannot tell the trace format from the first record",
-        f"pass format= one of {', '.join(TRACE_FORMATS)}",
+        f"cannot tell the trace format from the first record {first[:60]!r}",
+        "expected a CSV with the header " + ",".join(CSV_HEADER) + ", Mooncake JSONL (timestamp, input_length, "
+        "output_length, hash_ids), RAGPulse JSONL (with session_id) or a multi-turn stats JSON array; or set "
+        "the format (workload.trace.format, --format)",
     )
 
 

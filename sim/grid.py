@@ -25,13 +25,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario import MAX_SCENARIO_BYTES, Scenario, load_scenario, scenario_from_dict, with_overrides
 
-MAX_POINTS = 1_000_000
+MAX_POINTS = 10_000  # above it (or MAX_RUNS runs) only with --yes: validating 10,000 points takes ~1 s
+MAX_RUNS = 100_000  # points x replications (each run is a full simulation)
+MAX_REPLICATIONS = 1_000
 GRID_KEYS = ("base", "axes", "replications", "seed")
 FORMAT_VERSION = 1  # bump when the row schema or the seeding rule changes (invalidates resumable parts)
 
@@ -94,8 +96,11 @@ class Grid:
 
     def with_replications(self, replications: int) -> Grid:
         """The same grid with another replication count (validated)."""
-        if not isinstance(replications, int) or isinstance(replications, bool) or replications < 1:
-            raise input_error(f"{self.source}: replications", f"must be an integer >= 1, got {replications!r}")
+        ok = isinstance(replications, int) and not isinstance(replications, bool)
+        if not ok or not 1 <= replications <= MAX_REPLICATIONS:
+            raise input_error(
+                f"{self.source}: replications", f"must be an integer in 1..{MAX_REPLICATIONS}, got {replications!r}"
+            )
         return replace(self, replications=replications)
 
 
@@ -195,6 +200,7 @@ def _load_base(base: Any, where: str, base_dir: Path | None) -> Scenario:
 def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
     """Validate point ``i``: pydantic, then preset/profile resolution and empirical files (cached by key)."""
     from kvplan.sim.engine import resolve
+    from kvplan.sim.validity import check_tensor_parallel
     from kvplan.sim.workload import load_empirical_values
 
     ov = grid.point_overrides(i)
@@ -208,6 +214,7 @@ def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
         )
         if key not in resolved:
             resolved[key] = resolve(sc)
+            check_tensor_parallel(resolved[key].arch, sc.deployment.tensor_parallel_size)
         for name in ("turns", "prefix_tokens", "user_tokens", "output_tokens", "turn_gap_s"):
             dist = getattr(sc.workload, name)
             if getattr(dist, "path", None):
@@ -220,6 +227,15 @@ def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
         if len(shown) > 200:
             shown = shown[:197] + "..."
         raise KvplanInputError(f"{grid.source}: point {i} {shown}: {msg}") from None
+
+
+def check_runs(n_points: int, replications: int, where: str, yes: bool) -> None:
+    """Refuse more than :data:`MAX_RUNS` simulations (points x replications) unless ``yes``."""
+    if n_points * replications > MAX_RUNS and not yes:
+        raise input_error(
+            where, f"{n_points:,} points x {replications:,} replications = {n_points * replications:,} runs "
+            f"(more than {MAX_RUNS:,})", "pass --yes to run it anyway",
+        )
 
 
 def grid_from_dict(
@@ -256,8 +272,9 @@ def grid_from_dict(
             where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
         )
     reps = data.get("replications", 1)
-    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
-        raise input_error(f"{where}: replications", f"must be an integer >= 1, got {reps!r}")
+    if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPLICATIONS:
+        raise input_error(f"{where}: replications", f"must be an integer in 1..{MAX_REPLICATIONS}, got {reps!r}")
+    check_runs(n_points, reps, where, yes)
     for name, _ in axes:
         if name == "seed" or name.startswith("seed."):
             raise input_error(f"{where}: axis 'seed'", "seeds are set by the grid", "use replications and 'seed:'")
@@ -284,12 +301,7 @@ def load_grid(path: str | Path, yes: bool = False) -> Grid:
         raise input_error(str(p), "no such grid file")
     if p.stat().st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), "grid file larger than 4 MiB", "put large samples in empirical 'path' files")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise input_error(f"{p}{line}", f"YAML error: {getattr(exc, 'problem', None) or 'invalid YAML'}") from None
+    data = load_yaml_text(p.read_text(encoding="utf-8", errors="replace"), str(p))
     if data is None:
         raise input_error(str(p), "empty grid file", "give 'base:' and 'axes:'")
     return grid_from_dict(data, where=str(p), base_dir=p.parent, yes=yes)

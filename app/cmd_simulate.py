@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         seed: int | None = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        verbose: bool = typer.Option(False, "--verbose", help="Also list the modelling assumptions of the run."),
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.sim.api import run
@@ -52,4 +53,4 @@ def register(app: typer.Typer) -> None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         result = run(sc, seed)
         write_result_dir(result, out)
-        print_summary(result, out, as_json=json_out)
+        print_summary(result, out, as_json=json_out, verbose=verbose)

@@ -47,6 +47,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
 #: Workload choice that is always available: the embedded published P5en benchmark (~50 turns, ~50 ms a run).
 PUBLISHED = "published P5en benchmark"
 CUSTOM = "custom distributions"
+TRACE = "replay a trace file"
 #: ``sim.presets``' name of the same published benchmark (listed once, as :data:`PUBLISHED`).
 PRESET_PUBLISHED = "p5en-benchmark"
 #: Profile choice meaning "the shipped profile of the model on the hardware, or one extrapolated from it".
@@ -176,6 +177,7 @@ class ScenarioInputs:
     preset_rate_per_s: float | None = None
     preset_conversations: int | None = None
     custom: CustomWorkload | None = None
+    trace_path: str | None = None
     seed: int = 0
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -207,7 +209,7 @@ def preset_names() -> list[str]:
     listing = optional_attr(["sim.presets"], "preset_names")
     if listing is not None:
         names.extend(str(n) for n in listing() if str(n) not in names and str(n) != PRESET_PUBLISHED)
-    names.append(CUSTOM)
+    names.extend([CUSTOM, TRACE])
     return names
 
 
@@ -228,6 +230,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PUBLISHED_BENCHMARK.items()}
         data["workload"] = inputs.custom.to_dict()
         base = scenario_from_dict(data, where="custom workload")
+    elif inputs.workload == TRACE:
+        if not inputs.trace_path:
+            raise input_error("trace file", "no path given", "type the path of a trace file on this server")
+        base = scenario_from_dict({"workload": {"trace": {"path": inputs.trace_path}}}, where="trace replay")
     elif inputs.workload == PUBLISHED:
         base = published_benchmark(model=inputs.model)
     else:
@@ -529,8 +535,13 @@ def scenario_sidebar() -> Scenario | None:
     rate: float | None = None
     conversations: int | None = None
     custom = None
+    trace_path: str | None = None
     if workload == CUSTOM:
         custom = _custom_workload_widgets()
+    elif workload == TRACE:
+        trace_path = str(_w(sb.text_input, "trace file (path on this server)", "trace_path", value="",
+                            help="Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, Azure or generic CSV "
+                                 "(`kvplan simulate --help`); replayed on its own clock.")).strip() or None
     elif workload != PUBLISHED:
         r = _w(sb.number_input, "new conversations per s (0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
                step=0.05)
@@ -545,7 +556,7 @@ def scenario_sidebar() -> Scenario | None:
         decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_prefix_caching=bool(p_cache),
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
-        preset_conversations=conversations, custom=custom, seed=int(seed),
+        preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),
     )
     try:
         return build_scenario(inputs)
@@ -571,6 +582,16 @@ def page_guard() -> None:
         PagesManager.uses_pages_directory = False
         if not config.get_option("global.appTest"):
             st.rerun()
+
+
+def health_warnings(summary: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The run's health findings for the page: (warnings to show as ``st.warning``, plain notes)."""
+    from kvplan.sim.health import health_lines
+    from kvplan.units import human_s
+
+    lines = health_lines(dict(summary.get("health") or {}), human_s)
+    warn = [ln for ln in lines if not ln.startswith("health: ")]
+    return warn, [ln for ln in lines if ln.startswith("health: ")]
 
 
 def show_error(exc: BaseException) -> None:

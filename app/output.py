@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,30 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kvplan.sim.results import Result, summary_json_bytes
+from kvplan.units import human_s
 
 
 def console() -> Console:
     """A console on stdout that does not wrap or colour when piped."""
     # piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-
-
-def human_s(x: Any) -> str:
-    """Seconds scaled for a human: ms below 1 s, s below 2 min, min below 2 h, then h (files keep exact SI)."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "n/a"
-    if not math.isfinite(v):
-        return "n/a"
-    a = abs(v)
-    if a < 1.0:
-        return f"{v * 1000:.1f} ms"
-    if a < 120.0:
-        return f"{v:.2f} s"
-    if a < 7200.0:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.1f} h"
 
 
 def fmt_s(x: Any) -> str:
@@ -46,8 +28,8 @@ def fmt_s(x: Any) -> str:
 TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 
 
-def print_summary(result: Result, out: Path | None, as_json: bool = False) -> None:
-    """Headline metrics with the assumptions they rest on."""
+def print_summary(result: Result, out: Path | None, as_json: bool = False, verbose: bool = False) -> None:
+    """Headline metrics, the health findings (saturation, failures) and, with ``verbose``, the assumptions."""
     s = result.summary
     if as_json:
         sys.stdout.write(summary_json_bytes(s).decode())
@@ -57,7 +39,7 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False) -> No
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
-        ("turns (errors)", f"{s['turns']} ({s['errors']})"),
+        ("turns (failed)", f"{s['turns']} ({s['errors']})"),
         ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in TTFT_KEYS)),
         ("hit rate (follow-up turns reusing retained KV)", f"{s['hit_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
@@ -73,8 +55,15 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False) -> No
     c.print(t)
     if s.get("extrapolated"):
         c.print("[bold]EXTRAPOLATED profile[/bold]: costs scaled from another model's calibration.")
-    for note in result.notes:
-        c.print(f"assumption: {note}")
+    from kvplan.sim.health import health_lines
+
+    for line in health_lines(s.get("health", {}), human_s):
+        c.print(line, markup=False)
+    if verbose:
+        for note in result.notes:
+            c.print(f"assumption: {note}", markup=False)
+    elif result.notes:
+        c.print(f"{len(result.notes)} modelling assumptions behind the profile and costs: --verbose lists them")
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
     if out is not None:

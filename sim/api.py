@@ -9,6 +9,7 @@ from typing import Any
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import simulate
 from kvplan.sim.events import Ev
+from kvplan.sim.health import compute_health
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Scenario, load_scenario, scenario_from_dict
 
@@ -57,4 +58,6 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
-    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    result = build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    result.summary["health"] = compute_health(result.summary, result.turns, scenario, rs.per_byte_s)
+    return result

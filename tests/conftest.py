@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+# ../shared relative to the repository root; KVPLAN_SHARED points elsewhere (e.g. from a git worktree)
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 
 
 @pytest.fixture

@@ -144,7 +144,7 @@ def test_whatif_preset_workload() -> None:
     presets = ds.preset_names()
     if "chat" not in presets:
         pytest.skip("kvplan.sim.presets is not in this build")
-    assert presets[0] == ds.PUBLISHED and presets[-1] == ds.CUSTOM and ds.PRESET_PUBLISHED not in presets
+    assert presets[0] == ds.PUBLISHED and presets[-2:] == [ds.CUSTOM, ds.TRACE] and ds.PRESET_PUBLISHED not in presets
     at = _app()
     at.selectbox(key="sc_workload").select("chat").run()
     at.number_input(key="sc_preset_conversations").set_value(200).run()

@@ -27,6 +27,11 @@ st.caption(
     f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at "
     f"{ds.defaults_text()}."
 )
+warnings, notes = ds.health_warnings(s)
+for line in warnings:
+    st.warning(line)
+for line in notes:
+    st.caption(line)
 if s.get("extrapolated"):
     st.warning("EXTRAPOLATED profile: costs scaled from another model's calibration, not measured on this model.")
 for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaults.summary), strict=False):

@@ -104,7 +104,7 @@ from kvplan.errors import input_error
 
 log = logging.getLogger(__name__)
 
-TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv"]
+TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
 
 #: Tokens per Mooncake hash block (FAST'25 traces).
@@ -113,6 +113,13 @@ MOONCAKE_BLOCK_TOKENS = 512
 DEFAULT_MIN_BLOCKS = 2
 #: Exact header of the generic CSV format.
 CSV_HEADER: tuple[str, ...] = ("session_id", "timestamp_s", "input_tokens", "output_tokens")
+#: Header of the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_*.csv).
+AZURE_HEADER: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+#: Header of LMCache's LMBench multi-round QA per-request output (LMCache/LMBenchmark multi-round-qa.py).
+LMBENCH_HEADER: tuple[str, ...] = (
+    "prompt_tokens", "generation_tokens", "ttft", "generation_time", "user_id", "question_id", "launch_time",
+    "finish_time",
+)
 #: Columns of :attr:`Trace.requests`, in order.
 COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -659,6 +666,78 @@ def _read_csv(text: str, label: str) -> pd.DataFrame:
     return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
 
 
+def _csv_records(text: str, label: str, header: tuple[str, ...]) -> Iterator[tuple[str, list[str]]]:
+    """``(where, fields)`` of every data row of a CSV whose first line must be exactly ``header``."""
+    reader = csv.reader(io.StringIO(text))
+    seen = False
+    try:
+        for row in reader:
+            if not row or all(not c.strip() for c in row):
+                continue
+            where = f"{label}: line {reader.line_num}"
+            if not seen:
+                if tuple(c.strip() for c in row) != header:
+                    raise input_error(where, f"header is {','.join(row)[:80]!r}",
+                                      f"the first line must be exactly {','.join(header)}")
+                seen = True
+                continue
+            if len(row) != len(header):
+                raise input_error(where, f"has {len(row)} fields, expected {len(header)} ({','.join(header)})")
+            yield where, [c.strip() for c in row]
+    except csv.Error as exc:
+        raise input_error(f"{label}: line {reader.line_num}", f"malformed CSV ({exc})") from None
+
+
+def _azure_time_s(text: str, where: str) -> float:
+    """``2023-11-16 18:17:03.9799600`` (UTC, 7 fractional digits) as POSIX seconds."""
+    import datetime as _dt
+
+    head, _, frac = text.partition(".")
+    try:
+        t = _dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.UTC)
+        f = float("0." + frac) if frac else 0.0
+    except ValueError:
+        raise input_error(where, f"field 'TIMESTAMP' is {_short(text)}, not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+    return t.timestamp() + f
+
+
+def _read_azure(text: str, label: str) -> pd.DataFrame:
+    """Azure LLM inference trace 2023: one request per row, no conversations (every request is its own session)."""
+    ts: list[float] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    for where, row in _csv_records(text, label, AZURE_HEADER):
+        ts.append(_azure_time_s(row[0], where))
+        n_in.append(_count(row[1], "ContextTokens", where, allow_string=True))
+        n_out.append(_count(row[2], "GeneratedTokens", where, allow_string=True))
+    if not ts:
+        raise _no_records(label)
+    return _link_sessions([str(i) for i in range(len(ts))], np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
+
+
+def _read_lmbench(text: str, label: str) -> pd.DataFrame:
+    """LMBench multi-round QA output: sessions by ``user_id``, arrival ``launch_time`` (epoch s), service
+    ``finish_time - launch_time`` (measured)."""
+    ts: list[float] = []
+    sess: list[str] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    svc: list[float] = []
+    for where, row in _csv_records(text, label, LMBENCH_HEADER):
+        n_in.append(_count(row[0], "prompt_tokens", where, allow_string=True))
+        n_out.append(_count(row[1], "generation_tokens", where, allow_string=True))
+        if not row[4]:
+            raise input_error(where, "field 'user_id' is empty")
+        sess.append(row[4])
+        t0 = _number(row[6], "launch_time", where, allow_string=True)
+        t1 = _number(row[7], "finish_time", where, allow_string=True)
+        ts.append(t0)
+        svc.append(t1 - t0 if t1 >= t0 else math.nan)
+    if not ts:
+        raise _no_records(label)
+    return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out), np.asarray(svc))
+
+
 def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> TraceFormat:
     """Guess the format of a trace file from its first record (see the module docstring)."""
     label = os.fspath(path)
@@ -681,10 +760,15 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
                 return "mooncake"
     elif tuple(c.strip() for c in first.split(",")) == CSV_HEADER:
         return "csv"
+    elif tuple(c.strip() for c in first.split(",")) == AZURE_HEADER:
+        return "azure"
+    elif tuple(c.strip() for c in first.split(",")) == LMBENCH_HEADER:
+        return "lmbench"
     raise input_error(
         label,
         f"cannot tell the trace format from the first record {first[:60]!r}",
-        "expected a CSV with the header " + ",".join(CSV_HEADER) + ", Mooncake JSONL (timestamp, input_length, "
+        "expected a CSV with the header " + ",".join(CSV_HEADER) + " (or Azure's " + ",".join(AZURE_HEADER)
+        + ", or LMBench's " + ",".join(LMBENCH_HEADER[:2]) + ",...), Mooncake JSONL (timestamp, input_length, "
         "output_length, hash_ids), RAGPulse JSONL (with session_id) or a multi-turn stats JSON array; or set "
         "the format (workload.trace.format, --format)",
     )
@@ -719,6 +803,10 @@ def load_trace(
         df, notes = _read_ragpulse(text, label, on_clock_restart)
     elif fmt == "multiturn":
         df = _read_multiturn(text, label)
+    elif fmt == "azure":
+        df = _read_azure(text, label)
+    elif fmt == "lmbench":
+        df = _read_lmbench(text, label)
     else:
         df = _read_csv(text, label)
     return Trace(requests=df, source=label, format=fmt, sha256=digest, linking=linking, notes=notes)

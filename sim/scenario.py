@@ -226,7 +226,7 @@ class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
     path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL or CSV).")
-    format: Literal["mooncake", "multiturn", "ragpulse", "csv"] | None = Field(
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"] | None = Field(
         default=None, description="Trace format (default: detected from the content)."
     )
     time_scale: float = Field(

@@ -100,3 +100,14 @@ def test_real_azure_and_lmbench_files(shared_dir: Path) -> None:
 def test_dashboard_hides_the_deploy_button_and_refuses_a_busy_port() -> None:
     cmd = streamlit_command(8501, "localhost")
     assert cmd[cmd.index("--client.toolbarMode") + 1] == "minimal"
+
+
+def test_capacity_names_the_closest_deployment_when_nothing_meets_the_slo(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["capacity", "--rate", "0.5", "--slo-ttft-p90-ms", "1", "--max-nodes", "3", "--replications", "1",
+            "--workers", "1", "--conversations", "60", "--json"]
+    assert main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    on = plan["with_bidirectional"]
+    assert on["meets_slo"] is False and on["closest_xpyd"] in ("1P1D", "1P2D", "2P1D")
+    assert on["closest_ttft_p90_ms"] > 1 and "closest tried" in on["note"]
+    assert plan["turns_per_conversation"] > 1  # never NaN

@@ -135,9 +135,9 @@ def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float,
     while total <= max_nodes:
         splits = _best_at(total, slack, loose=False)
         res = ev.many([(x, y, rate) for x, y in splits])
-        for r, s in zip(res, splits, strict=True):
-            if closest is None or r["ttft_p90_s"] < closest[0]:
-                closest = (r["ttft_p90_s"], s, r)
+        for row, split in zip(res, splits, strict=True):
+            if closest is None or row["ttft_p90_s"] < closest[0]:
+                closest = (row["ttft_p90_s"], split, row)
         ok = [(r["ttft_p90_s"], s) for r, s in zip(res, splits, strict=True) if r["ttft_p90_s"] <= slo_s]
         if ok:
             found = min(ok)[1]

@@ -84,10 +84,13 @@ def render_text(rec: Recommendation) -> list[str]:
         ci = d.get(f"{k}_ci95", math.nan)
         return f"{d[k] * 1000:.0f}" + (f" ±{ci * 1000:.0f}" if math.isfinite(ci) else "")
 
+    knobs = (f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
+             f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s")
+    head = (f"{knobs}, bidirectional_kv_xfer = true" if rec.bidirectional else
+            f"bidirectional_kv_xfer = false: retention does not pay for this workload (see why:); only if you keep it "
+            f"on: {knobs}")
     lines = [
-        f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
-        f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s, bidirectional_kv_xfer = "
-        f"{str(rec.bidirectional).lower()}",
+        head,
         "",
         f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
     ]

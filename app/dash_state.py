@@ -594,6 +594,19 @@ def health_warnings(summary: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return warn, [ln for ln in lines if ln.startswith("health: ")]
 
 
+def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
+    """The what-if's answer in one line: bidirectional transfer ON against OFF for the same scenario."""
+    from kvplan.units import human_s
+
+    def pct(a: float, b: float) -> str:
+        return f" ({(a - b) / b:+.0%})" if b and math.isfinite(a) and math.isfinite(b) else ""
+
+    parts = [f"{name} {human_s(on[k])} vs {human_s(off[k])}{pct(float(on[k]), float(off[k]))}"
+             for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"))]
+    return (f"Bidirectional KV transfer ON vs OFF (same scenario and seed): {', '.join(parts)}; hit rate "
+            f"{float(on['hit_rate']):.1%} vs {float(off['hit_rate']):.1%}.")
+
+
 def show_error(exc: BaseException) -> None:
     """One-line ``st.error`` for a user error (never a traceback)."""
     st.error(" ".join(str(exc).split()))

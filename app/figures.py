@@ -278,9 +278,10 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
                                  name="pinned decode KV mean (GiB)", line={"color": "#ff7f0e", "dash": "dot"},
                                  hovertemplate="TTL %{x:g} s: %{y:.1f} GiB<extra></extra>"), secondary_y=True)
     if chosen_ttl_s is not None and chosen_ttl_s > 0:
-        # shapes on a log axis take log10 coordinates
-        fig.add_vline(x=math.log10(chosen_ttl_s), line={"color": "#2ca02c", "dash": "dash"},
-                      annotation_text=f"recommended {chosen_ttl_s:g} s", annotation_position="top left")
+        # plotly.js places shapes on a log axis by data value, but annotations by log10 of it
+        fig.add_vline(x=chosen_ttl_s, line={"color": "#2ca02c", "dash": "dash"})
+        fig.add_annotation(x=math.log10(chosen_ttl_s), y=1.0, xref="x", yref="paper", text=f"recommended {chosen_ttl_s:g} s",
+                           showarrow=False, xanchor="right", yanchor="top")
     if baseline_ttft_mean_s is not None and math.isfinite(baseline_ttft_mean_s):
         fig.add_hline(y=baseline_ttft_mean_s * MS_PER_S, line={"color": "#d62728", "dash": "dot"},
                       annotation_text="bidirectional off", annotation_position="bottom right")

@@ -74,8 +74,8 @@ ASSUMPTIONS = (
     "last conversation starts); peak is over the whole run, averaged over replications.",
     "Decode batch capacity = min(max_num_seqs, (KV pool - pinned KV) / mean request KV (prompt + output)).",
     "Pull cost excludes the one-off handshake; P-side queueing and link sharing are in the simulation, not in n*.",
-    "Every recommended configuration uses kv_load_failure_policy 'recompute' (VLLM_BEHAVIOUR.md 1.5: with 'fail' a "
-    "declined read errors the request).",
+    "Every recommended configuration uses kv_load_failure_policy 'recompute' (vLLM's KV-transfer config, PR #47021: "
+    "with 'fail' a declined read errors the request).",
 )
 
 
@@ -210,7 +210,8 @@ def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
 
 
 def _router_ttl(ttl: float, margin: float, allowance: float) -> int:
-    return int(max(math.floor(ttl - margin - allowance), 0))
+    # the rule's floor of 1 s (RULES): a router TTL of 0 would forget every conversation at once
+    return int(max(math.floor(ttl - margin - allowance), 1))
 
 
 # --- recommend -------------------------------------------------------------------------------------------------

@@ -111,3 +111,29 @@ def test_capacity_names_the_closest_deployment_when_nothing_meets_the_slo(capsys
     assert on["meets_slo"] is False and on["closest_xpyd"] in ("1P1D", "1P2D", "2P1D")
     assert on["closest_ttft_p90_ms"] > 1 and "closest tried" in on["note"]
     assert plan["turns_per_conversation"] > 1  # never NaN
+
+
+def test_reproduce_prints_the_tolerance(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "--model", "qwen3-32b"]) == 0
+    text = capsys.readouterr().out
+    assert "tolerance" in text and "±7%" in text
+
+
+def test_whatif_answers_on_vs_off_in_one_line() -> None:
+    from kvplan.app import dash_state as ds
+
+    on = {"ttft_p50_s": 0.122, "ttft_p90_s": 0.2, "hit_rate": 0.8}
+    off = {"ttft_p50_s": 0.158, "ttft_p90_s": 0.25, "hit_rate": 0.0}
+    text = ds.on_off_text(on, off)
+    assert "TTFT p50 122.0 ms vs 158.0 ms (-23%)" in text and "hit rate 80.0% vs 0.0%" in text
+
+
+def test_advice_marker_sits_at_the_recommended_ttl() -> None:
+    from kvplan.app import figures
+
+    fig = figures.ttl_curve([{"ttl_s": 1, "ttft_mean_s": 0.3, "pinned_kv_gib_mean": 1},
+                             {"ttl_s": 300, "ttft_mean_s": 0.2, "pinned_kv_gib_mean": 9}], chosen_ttl_s=30)
+    line = [s for s in fig.layout.shapes if s.x0 == s.x1][0]
+    assert line.x0 == 30  # shapes: data value on a log axis
+    note = [a for a in fig.layout.annotations if "recommended" in a.text][0]
+    assert note.x == pytest.approx(1.4771, abs=1e-3)  # annotations: log10 of it

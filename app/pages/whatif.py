@@ -38,6 +38,8 @@ for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaul
     col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
                delta_arrow="auto" if m.delta else "off")
 
+on_s, off_s = w.on.summary, w.off.summary
+st.info(ds.on_off_text(on_s, off_s))
 left, right = st.columns(2)
 left.plotly_chart(figures.ttft_distribution({"ON": w.on.turns, "OFF": w.off.turns}), key="ttft_cdf")
 right.plotly_chart(figures.ttft_split(w.current.turns), key="ttft_split")

@@ -59,15 +59,23 @@ def resolve(scenario: Scenario) -> Resolved:
             "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
         )
     notes: list[str] = []
+    link_only = _link_variant_of(node)
+    if link_only is not None and scenario.profile is None:
+        # a link variant of a calibrated node (p5en-tcp): that node's compute profile, this node's link
+        notes.append(f"hardware {node.name}: the {link_only.name} calibration with the {node.link.name} link "
+                     f"({node.link.bandwidth_bytes_per_s_per_rank / 1e9:.2g} GB/s per rank)")
+        node_for_profile = link_only
+    else:
+        node_for_profile = node
     if scenario.profile is not None:
         profile = load_profile(scenario.profile)
     else:
-        name = default_profile_name(arch.name, node.name)
+        name = default_profile_name(arch.name, node_for_profile.name)
         if name in shipped_profiles():
             profile = load_profile(name)
         else:
-            same_hw = [p for p in shipped_profiles() if p.startswith(node.name + "-")]
-            base_name = default_profile_name("qwen3-32b", node.name)
+            same_hw = [p for p in shipped_profiles() if p.startswith(node_for_profile.name + "-")]
+            base_name = default_profile_name("qwen3-32b", node_for_profile.name)
             if base_name not in same_hw:
                 if not same_hw:
                     raise input_error(
@@ -93,6 +101,8 @@ def resolve(scenario: Scenario) -> Resolved:
         if getattr(o, comp) is not None:
             notes.append(f"costs.{comp} given inline (replaces the profile's; omitted parameters are 0)")
     per_byte_s = costs.transfer.per_byte_s
+    if link_only is not None and scenario.profile is None:
+        per_byte_s = 1.0 / node.link.bandwidth_bytes_per_s_per_rank
     if scenario.deployment.link is not None:
         link = LINK_PRESETS.get(scenario.deployment.link)
         if link is None:
@@ -113,6 +123,20 @@ def resolve(scenario: Scenario) -> Resolved:
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
+
+
+def _link_variant_of(node: Node) -> Node | None:
+    """The calibrated preset ``node`` differs from only by its link (same GPU and GPU count), if ``node`` has
+    no calibrated profile of its own; else ``None``."""
+    from kvplan.models.hardware import HARDWARE_PRESETS
+
+    if any(p.startswith(node.name + "-") for p in shipped_profiles()):
+        return None
+    for other in HARDWARE_PRESETS.values():
+        if (other.name != node.name and other.gpu == node.gpu and other.gpus_per_node == node.gpus_per_node
+                and any(p.startswith(other.name + "-") for p in shipped_profiles())):
+            return other
+    return None
 
 
 class Driver:

@@ -137,3 +137,14 @@ def test_advice_marker_sits_at_the_recommended_ttl() -> None:
     assert line.x0 == 30  # shapes: data value on a log axis
     note = [a for a in fig.layout.annotations if "recommended" in a.text][0]
     assert note.x == pytest.approx(1.4771, abs=1e-3)  # annotations: log10 of it
+
+
+def test_p5en_tcp_is_usable_and_pulls_slower() -> None:
+    from kvplan.sim.api import run
+
+    data = {**SMALL, "deployment": {"max_num_seqs": 64, "prefill_prefix_caching": False}}
+    efa = run({**data, "hardware": "p5en"}).summary
+    tcp = run({**data, "hardware": "p5en-tcp"})
+    assert tcp.summary["profile"] == "p5en-qwen3-32b"
+    assert any("tcp link" in n for n in tcp.notes)
+    assert tcp.summary["kv_pull_mean_s"] > 3 * efa["kv_pull_mean_s"] > 0  # 0.3 GB/s vs ~50 GB/s per rank + fixed costs

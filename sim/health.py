@@ -15,6 +15,7 @@ Definitions (ASSUMPTIONS of this report, not of the model):
   link: bytes x seconds per byte over (links x span), a lower bound of the busiest link).
 * The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
   to D, waiting for KV blocks or a batch slot), ``kv_pull_s`` + ``p2d_transfer_s`` (links).
+* A resource at least :data:`NEAR_FRACTION` busy that requests did not (yet) wait on is a warning.
 * Decode saturation is **by retention** when pinned (retained) KV holds at least half of the pool on
   average: the pool is full of finished conversations' KV, not of running requests.
 
@@ -35,6 +36,7 @@ from kvplan.units import si_s
 
 WAIT_S = 1.0
 BUSY_FRACTION = 0.9
+NEAR_FRACTION = 0.95  # a resource this busy warns even before requests wait on it
 RETENTION_SHARE = 0.5
 
 
@@ -98,6 +100,12 @@ def compute_health(summary: dict[str, Any], turns: pd.DataFrame, scenario: Scena
             "the router hands out entries whose KV D has already released (misses, or declined reads)"
         )
     saturated = [k for k, v in resources.items() if v["saturated"]]
+    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool pinned at peak",
+              "link": "P<->D links busy"}
+    for k, v in resources.items():
+        if not v["saturated"] and v["utilization"] >= NEAR_FRACTION:
+            warnings.append(f"{labels[k]} {v['utilization']:.1%}: close to saturation (a little more load and "
+                            "requests queue)")
     status = "saturated" if saturated else ("warning" if errors or warnings else "ok")
     return {
         "status": status,
@@ -106,7 +114,8 @@ def compute_health(summary: dict[str, Any], turns: pd.DataFrame, scenario: Scena
         "resources": resources,
         "errors": err,
         "warnings": warnings,
-        "thresholds": {"wait_p90_s": WAIT_S, "busy_fraction": BUSY_FRACTION, "retention_share": RETENTION_SHARE},
+        "thresholds": {"wait_p90_s": WAIT_S, "busy_fraction": BUSY_FRACTION, "retention_share": RETENTION_SHARE,
+                       "near_fraction": NEAR_FRACTION},
     }
 
 

@@ -82,3 +82,14 @@ def test_mooncake_replay_at_vllm_defaults_names_decode_saturation(
     assert not at.exception, at.exception
     warnings = [w.value for w in at.warning]
     assert any(w.startswith("SATURATED decode HBM") and "by retention" in w for w in warnings), warnings
+
+
+def test_near_capacity_warns_before_saturation() -> None:
+    from kvplan.sim.health import compute_health
+
+    r = run(small())
+    s = dict(r.summary)
+    s["pinned_kv_gib_peak"] = 0.998 * s["decode_kv_capacity_gib"]
+    h = compute_health(s, r.turns, r.scenario, 1e-9)
+    assert "decode_kv" not in h["saturated"]
+    assert any("decode KV pool pinned at peak 99.8%: close to saturation" in w for w in h["warnings"])

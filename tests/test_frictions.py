@@ -148,3 +148,18 @@ def test_p5en_tcp_is_usable_and_pulls_slower() -> None:
     assert tcp.summary["profile"] == "p5en-qwen3-32b"
     assert any("tcp link" in n for n in tcp.notes)
     assert tcp.summary["kv_pull_mean_s"] > 3 * efa["kv_pull_mean_s"] > 0  # 0.3 GB/s vs ~50 GB/s per rank + fixed costs
+
+
+def test_heatmap_does_not_paint_noise() -> None:
+    from kvplan.app import figures
+
+    grid = pd.DataFrame({"ttl_s": [30, 60, 30, 60], "threshold_tokens": [64, 64, 128, 128],
+                         "v": [1.0902, 1.0905, 1.0908, 1.0910], "v_ci95": [0.004] * 4})
+    fig = figures.grid_heatmap(grid, "v", "p90", "ms", scale=1000)
+    hm = fig.data[0]
+    noise = 0.01 * 1090.625  # 1% of the level exceeds the 4 ms CI here
+    assert hm.zmin == pytest.approx(1090.625 - noise) and hm.zmax == pytest.approx(1090.625 + noise)
+    assert "within noise" in fig.layout.title.text
+    grid["v"] = [1.0, 1.5, 2.0, 2.5]
+    fig = figures.grid_heatmap(grid, "v", "p90", "ms", scale=1000)
+    assert fig.data[0].zmin is None  # real differences keep the automatic colour range

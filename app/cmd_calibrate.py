@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         if foreign:
             note = (f"PROXY: fitted to measurements of {', '.join(sorted(set(foreign)))}, not {arch.name} "
                     "(--allow-model-mismatch); not a calibration of this model")
-            prof = result.profile.model_copy(update={"status": "proxy", "notes": (*result.profile.notes, note)})
+            prof = result.profile.model_copy(update={"status": "proxy", "notes": [*result.profile.notes, note]})
             result = dataclasses.replace(result, profile=prof)
             result.report.setdefault("notes", []).append(note)
         save_profile(result.profile, out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from kvplan.models.costs import (
 from kvplan.models.profile import load_profile
 from kvplan.sim.api import run
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 LLMD = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"

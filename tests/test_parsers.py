@@ -34,7 +34,7 @@ from kvplan.calibration.parsers import (
 )
 from kvplan.errors import KvplanInputError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 LLMD_DIR = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
 PUBLISHED = SHARED / "data" / "p5en_published.csv"
 DATA = Path(__file__).resolve().parent / "data"

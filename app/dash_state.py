@@ -383,7 +383,16 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             value = "n/a"
         else:
             value = f"{cur * scale:,.{digits}f} {unit}".rstrip()
-        out.append(Metric(label, value, _delta(cur, base, unit, scale, digits), colour, help_text))
+        delta = _delta(cur, base, unit, scale, digits)
+        if unit == "ms":
+            # times of a second and more scaled for people (s, min, h), like the CLI
+            from kvplan.units import human_s
+
+            if math.isfinite(cur) and cur >= 1.0:
+                value = human_s(cur)
+            if delta is not None and abs(cur - base) >= 1.0:
+                delta = ("+" if cur > base else "") + human_s(cur - base)
+        out.append(Metric(label, value, delta, colour, help_text))
     return out
 
 

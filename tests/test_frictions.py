@@ -163,3 +163,13 @@ def test_heatmap_does_not_paint_noise() -> None:
     grid["v"] = [1.0, 1.5, 2.0, 2.5]
     fig = figures.grid_heatmap(grid, "v", "p90", "ms", scale=1000)
     assert fig.data[0].zmin is None  # real differences keep the automatic colour range
+
+
+def test_dashboard_headline_scales_long_times() -> None:
+    from kvplan.app import dash_state as ds
+
+    cur = {"ttft_p50_s": 4385.95, "ttft_p90_s": 0.25, "ttft_mean_s": 0.9, "hit_rate": 0.1, "errors": 0}
+    base = {"ttft_p50_s": 1.31, "ttft_p90_s": 0.25, "ttft_mean_s": 0.8, "hit_rate": 0.1, "errors": 0}
+    m = {x.label: x for x in ds.headline_metrics(cur, base)}
+    assert m["TTFT p50"].value == "73.1 min" and m["TTFT p50"].delta == "+73.1 min"
+    assert m["TTFT mean"].value == "900.0 ms" and m["TTFT mean"].delta == "+100.0 ms"

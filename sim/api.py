@@ -59,5 +59,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
     result = build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
-    result.summary["health"] = compute_health(result.summary, result.turns, scenario, rs.per_byte_s)
+    caches = [p.cache for p in ctx.prefill if getattr(p, "cache", None) is not None]
+    held = (sum(c.total for c in caches), sum(c.capacity_tokens for c in caches)) if caches else None
+    result.summary["health"] = compute_health(result.summary, result.turns, scenario, rs.per_byte_s, held)
     return result

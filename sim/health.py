@@ -45,8 +45,15 @@ def _p90(x: pd.Series) -> float:
     return float(np.percentile(v, 90)) if len(v) else 0.0
 
 
-def compute_health(summary: dict[str, Any], turns: pd.DataFrame, scenario: Scenario, per_byte_s: float) -> dict[str, Any]:
-    """The health section of one run (see the module docstring for every definition)."""
+def compute_health(
+    summary: dict[str, Any], turns: pd.DataFrame, scenario: Scenario, per_byte_s: float,
+    prefill_held: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The health section of one run (see the module docstring for every definition).
+
+    ``prefill_held`` is (tokens P's prefix caches hold at the end, their capacity), summed over P nodes,
+    when prefix caching is on: reported, never saturated (vLLM evicts it LRU; it only limits local hits).
+    """
     ok = turns[turns["decision"] != "error"]
     dep, pol = scenario.deployment, scenario.policy
     span = float(ok["finish_s"].max() - ok["arrival_s"].min()) if len(ok) else 0.0
@@ -79,6 +86,12 @@ def compute_health(summary: dict[str, Any], turns: pd.DataFrame, scenario: Scena
             "wait_mean_s": float((ok["kv_pull_s"] + ok["p2d_transfer_s"]).mean()) if len(ok) else 0.0,
         },
     }
+    # always the same keys (sweep rows need the same columns whether P caches or not)
+    held, capacity = prefill_held if prefill_held is not None else (0, 0)
+    extra: dict[str, Any] = {"prefill_kv": {
+        "caching": prefill_held is not None, "held_tokens_end": int(held), "capacity_tokens": int(capacity),
+        "held_fraction_end": held / capacity if capacity > 0 else float("nan"), "evictable": True,
+    }}
     for name, r in resources.items():
         r["saturated"] = bool(r["wait_p90_s"] > WAIT_S and r["utilization"] >= BUSY_FRACTION)
         if name == "decode_kv":
@@ -112,6 +125,7 @@ def compute_health(summary: dict[str, Any], turns: pd.DataFrame, scenario: Scena
         "binding_resource": binding,
         "saturated": saturated,
         "resources": resources,
+        **extra,
         "errors": err,
         "warnings": warnings,
         "thresholds": {"wait_p90_s": WAIT_S, "busy_fraction": BUSY_FRACTION, "retention_share": RETENTION_SHARE,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,13 @@ def test_near_capacity_warns_before_saturation() -> None:
     h = compute_health(s, r.turns, r.scenario, 1e-9)
     assert "decode_kv" not in h["saturated"]
     assert any("decode KV pool pinned at peak 99.8%: close to saturation" in w for w in h["warnings"])
+
+
+def test_prefill_held_kv_is_reported_when_caching() -> None:
+    d = small()
+    d["deployment"] = {**d["deployment"], "prefill_prefix_caching": True}
+    h = run(d).summary["health"]
+    pk = h["prefill_kv"]
+    assert 0 < pk["held_tokens_end"] <= pk["capacity_tokens"] and pk["evictable"]
+    off = run(small()).summary["health"]["prefill_kv"]  # small() turns P's cache off
+    assert not off["caching"] and off["held_tokens_end"] == 0 and math.isnan(off["held_fraction_end"])

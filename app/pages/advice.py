@@ -25,7 +25,7 @@ except KvplanInputError as exc:
 if not available:
     st.info("Not available yet: kvplan.sim.advice (the advisor) is not in this build.")
     st.stop()
-st.caption("kvplan.sim.advice.recommend simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
+st.caption("The advisor (`kvplan recommend`) simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
            "at threshold candidates and over a TTL grid (seeded replications, common random numbers).")
 c1, c2, c3 = st.columns(3)
 slo = c1.number_input("SLO: TTFT p90 (ms), 0 = none", min_value=0.0, value=0.0, step=50.0, key="advice_slo")

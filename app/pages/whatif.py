@@ -55,5 +55,5 @@ with st.expander("Assumptions"):
 # the per-turn table is heavy for the browser: drawn only on request, so widget changes re-render fast
 if st.toggle("show the per-turn records", key="whatif_turns"):
     st.dataframe(w.current.turns, hide_index=True)
-st.caption(f"Four kvplan.sim.api.run results (this scenario, ON, OFF, vLLM defaults), each cached on its scenario: "
+st.caption(f"Four simulations (this scenario, ON, OFF, vLLM defaults), each cached on its scenario: "
            f"{w.elapsed_s * 1000:.0f} ms for this render.")

@@ -77,3 +77,15 @@ def test_whatif_trace_replay_never_tracebacks(tmp_path: Path, name: str, data: b
     at.text_input(key="sc_trace_path").input(str(path)).run()
     _no_traceback(at)
     assert at.error or at.metric  # an error naming the problem, or a result
+
+
+def test_calibration_uploads_can_be_cleared() -> None:
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=120)
+    at.run()
+    at.switch_page("pages/calibration.py").run()
+    at.file_uploader(key="calib_traces").set_value(
+        [("multiturn_small.json", (TRACES / "multiturn_small.json").read_bytes(), "application/json")]).run()
+    assert at.dataframe and not at.exception
+    at.button(key="calib_clear").click().run()
+    assert not at.exception and not at.dataframe  # nothing listed any more
+    assert at.session_state["calib_upload_gen"] == 1

@@ -34,12 +34,13 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        seed: int | None = typer.Option(None, "--seed", min=0, help="Override the scenario's seed."),
+        seed: int | None = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Reuse a non-empty DIR: replace kvplan's own result files, keep all others."
         ),
+        verbose: bool = typer.Option(False, "--verbose", help="Also list the modelling assumptions of the run."),
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.atomic import check_result_dir
@@ -50,8 +51,13 @@ def register(app: typer.Typer) -> None:
 
         check_result_dir(out, result_file_names(), overwrite)  # before any work: never lose a user's files
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
+        if trace is not None and sc.workload.trace is not None:
+            from kvplan.errors import input_error
+
+            raise input_error("--trace", f"the scenario already replays workload.trace '{sc.workload.trace.path}'",
+                              "remove one of them")
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         result = run(sc, seed)
         write_result_dir(result, out, overwrite=overwrite)
-        print_summary(result, out, as_json=json_out)
+        print_summary(result, out, as_json=json_out, verbose=verbose)

@@ -110,12 +110,19 @@ def fit_gap_distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]
         "exponential": {"mean": float(x.mean())},
     }
     with np.errstate(all="ignore"):
-        a, _, scale = sps.gamma.fit(x, floc=0)
-        frozen["gamma"] = sps.gamma(a, scale=scale)
-        params["gamma"] = {"shape": float(a), "scale": float(scale)}
-        c, _, wscale = sps.weibull_min.fit(x, floc=0)
-        frozen["weibull"] = sps.weibull_min(c, scale=wscale)
-        params["weibull"] = {"shape": float(c), "scale": float(wscale)}
+        # identical gaps (no spread) have no gamma/Weibull maximum-likelihood fit: those candidates are left out
+        try:
+            a, _, scale = sps.gamma.fit(x, floc=0)
+            frozen["gamma"] = sps.gamma(a, scale=scale)
+            params["gamma"] = {"shape": float(a), "scale": float(scale)}
+        except (ValueError, RuntimeError, FloatingPointError):
+            pass
+        try:
+            c, _, wscale = sps.weibull_min.fit(x, floc=0)
+            frozen["weibull"] = sps.weibull_min(c, scale=wscale)
+            params["weibull"] = {"shape": float(c), "scale": float(wscale)}
+        except (ValueError, RuntimeError, FloatingPointError):
+            pass
     candidates: dict[str, dict[str, Any]] = {}
     for name, dist in frozen.items():
         d, p = _ks(x, dist)
@@ -170,6 +177,9 @@ def fit_workload(
     n = len(df)
     if n == 0:
         raise input_error(f"trace {trace.source}", "has no requests")
+    if not (df["input_tokens"] > 0).any():
+        raise input_error(f"trace {trace.source}", "every request has input_tokens 0: nothing to fit",
+                          "check the token columns of the trace")
     duration = trace.duration_s
     sessions = df.groupby("session_id", sort=False)
     n_sessions = int(sessions.ngroups)

@@ -9,6 +9,7 @@ from typing import Any
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import simulate
 from kvplan.sim.events import Ev
+from kvplan.sim.health import compute_health
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Scenario, as_scenario
 
@@ -60,4 +61,10 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
-    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    result = build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    # P's prefix cache at the end of the run (tokens, capacity), summed over P nodes, when caching is on
+    pools = [p.pool for p in ctx.prefill if p.pool.caching]
+    held = (sum(pl.cached * pl.block_size for pl in pools), sum(pl.capacity * pl.block_size for pl in pools)) \
+        if pools else None
+    result.summary["health"] = compute_health(result.summary, result.turns, scenario, rs.per_byte_s, held)
+    return result

@@ -126,16 +126,37 @@ def _best_at(total: int, slack: list[tuple[int, int, float]], loose: bool) -> li
     return [(x, y) for _, x, y in at[:SPLITS_PER_TOTAL]]
 
 
+def _not_meeting(closest: tuple[float, tuple[int, int], dict[str, float]] | None, max_nodes: int,
+                 slo_s: float) -> dict[str, Any]:
+    """The answer when no deployment up to ``max_nodes`` meets the SLO: the closest one tried and its p90."""
+    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {max_nodes} nodes meets the SLO"}
+    if closest is not None:
+        p90, (cx, cy), best = closest
+        out.update({
+            "closest_xpyd": f"{cx}P{cy}D", "closest_ttft_p90_ms": p90 * 1000, "hit_rate": best["hit_rate"],
+            "turns_per_conversation": best["turns_per_conversation"],
+            "prefill_utilization": best["prefill_utilization"],
+        })
+        achieved = f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else "runs failed"
+        out["note"] += (f"; closest tried: {cx}P{cy}D with {achieved} (SLO {slo_s * 1000:g} ms): raise "
+                        "--max-nodes, relax the SLO or lower the load")
+    return out
+
+
 def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float, notes: list[str],
                disagreements: list[str]) -> dict[str, Any]:
     slack = _screen_slack(ev.base, ev.bidir, rate, max_nodes)
     plausible = [x + y for x, y, s in slack if s < PLAUSIBLE_SLACK]
     start = min(plausible) if plausible else 2
     found: tuple[int, int] | None = None
+    closest: tuple[float, tuple[int, int], dict[str, float]] | None = None
     total = start
     while total <= max_nodes:
         splits = _best_at(total, slack, loose=False)
         res = ev.many([(x, y, rate) for x, y in splits])
+        for row, split in zip(res, splits, strict=True):
+            if closest is None or row["ttft_p90_s"] < closest[0]:
+                closest = (row["ttft_p90_s"], split, row)
         ok = [(r["ttft_p90_s"], s) for r, s in zip(res, splits, strict=True) if r["ttft_p90_s"] <= slo_s]
         if ok:
             found = min(ok)[1]
@@ -152,7 +173,7 @@ def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float,
                                  f"{min(ok)[1][0]}P{min(ok)[1][1]}D, the simulator meets the SLO there")
             found = min(ok)[1]
     if found is None:
-        return {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {max_nodes} nodes meets the SLO"}
+        return _not_meeting(closest, max_nodes, slo_s)
     x, y = found
     at = ev.many([(x, y, rate)])[0]
     lo, hi = rate, math.inf
@@ -242,7 +263,7 @@ def plan_capacity(
     for bidir in (True, False):
         ev = _Eval(base, bidir, replications, workers, backend, progress, counter)
         modes[bidir] = _plan_mode(ev, float(rate_per_s), slo_ttft_p90_ms / 1000, max_nodes, usd, notes, dis)
-    tpc = next((m.get("turns_per_conversation") for m in modes.values() if m.get("meets_slo")), None)
+    tpc = next((m.get("turns_per_conversation") for m in modes.values() if m.get("turns_per_conversation")), None)
     if tpc is None:
         tpc = float("nan")
     return CapacityPlan(

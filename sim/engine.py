@@ -24,6 +24,7 @@ from kvplan.sim.driver import Driver
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario, with_overrides
+from kvplan.sim.validity import check_pools_hold_largest_request, check_tensor_parallel
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -62,9 +63,7 @@ def resolve(scenario: Scenario) -> Resolved:
         raise input_error(
             "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
         )
-    if arch.num_q_heads % tp:
-        raise input_error("deployment.tensor_parallel_size", f"{tp} does not divide the {arch.num_q_heads} attention "
-                          f"heads of {arch.name}", "use a TP size that divides the head count")
+    check_tensor_parallel(arch, tp)
     profile, notes = resolve_profile(arch, node, tp, scenario.profile)
     costs = apply_overrides(profile.costs, scenario.costs)
     for comp in ("prefill", "transfer", "decode", "overhead"):
@@ -128,12 +127,26 @@ def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved
     return out[0], out[1]
 
 
+CLOCK_LIMIT_S = float(2**24)  # beyond it float64 spacing (3.7e-9 s) exceeds sim/link.py's 1 ns slack: livelock
+
+
+def _refuse_if_unfinished(env: simpy.Environment) -> None:
+    """The sentinel at :data:`CLOCK_LIMIT_S`: nothing may still be pending there (overload plus a long TTL)."""
+    if env.peek() != float("inf"):
+        raise input_error(
+            "simulation", f"the simulated clock reached {CLOCK_LIMIT_S:.3g} s with work still queued (the deployment "
+            "never drains: overloaded, or retention holding the decode pool); lower the load, the TTL, or add nodes",
+        )
+
+
 def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
     """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state."""
     rs = resolve(scenario)
     rs_p, rs_d = _resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
+    check_tensor_parallel(rs.arch, scenario.deployment.tensor_parallel_size)
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     env = simpy.Environment()
     dep = scenario.deployment
     router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
@@ -157,6 +170,7 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     arrival = scenario.workload.arrival
     ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
     ctx.driver.start()
+    env.timeout(CLOCK_LIMIT_S).callbacks.append(lambda _e: _refuse_if_unfinished(env))
     env.run()
     for dn in ctx.decode:
         dn.expire_all()

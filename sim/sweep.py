@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
 from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
-from kvplan.sim.grid import Grid, as_grid, grid_from_dict, load_grid
+from kvplan.sim.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
 from kvplan.sim.screen import analytic_screen, compare_screen, simulator_saturated
 
 __all__ = [
@@ -319,6 +319,7 @@ def run_grid(
     g = as_grid(grid, yes=yes)
     if replications is not None:
         g = g.with_replications(replications)
+        check_runs(g.n_points, g.replications, g.source, yes)
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     fp = g.fingerprint()

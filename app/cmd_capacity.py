@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
             # the default run must outlast retention (2 x TTL of arrivals), or decode pressure is underestimated
             import math
 
-            from kvplan.sim.scenario import MAX_CONVERSATIONS, with_overrides
+            from kvplan.sim.capacity import MAX_CONVERSATIONS
+            from kvplan.sim.scenario import with_overrides
 
             need = math.ceil(rate * 2 * sc.policy.decoder_kv_blocks_ttl_s)
             if sc.workload.conversations < need:

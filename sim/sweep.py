@@ -189,10 +189,11 @@ def assemble(grid: Grid, keys: list[tuple[int, int]], rows: list[dict[str, Any]]
     Metric columns appear in first-seen order; a metric column is int64 when every run has an integer,
     float64 otherwise (NaN where a run failed).
     """
+    seeds = grid.seeds  # computed once: a property that spawns the seed sequence
     data: dict[str, Any] = {
         "point": np.array([p for p, _ in keys], dtype=np.int64),
         "replication": np.array([k for _, k in keys], dtype=np.int64),
-        "seed": np.array([grid.seeds[k] for _, k in keys], dtype=np.int64),
+        "seed": np.array([seeds[k] for _, k in keys], dtype=np.int64),
     }
     for j, name in enumerate(grid.axis_names):
         data[name] = _axis_column([grid.point_values(p)[j] for p, _ in keys]).to_numpy()

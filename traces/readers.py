@@ -48,26 +48,7 @@ def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame
     n_out: list[int] = []
     hashes: list[list[int]] = []
     for lineno, obj in _json_lines(text, label):
-        where = f"{label}: line {lineno}"
-        t = _number(_get(obj, "timestamp", where), "timestamp", where)
-        if t < 0:
-            raise input_error(where, f"field 'timestamp' is negative ({t:g} ms)")
-        i_len = _count(_get(obj, "input_length", where), "input_length", where)
-        o_len = _count(_get(obj, "output_length", where), "output_length", where)
-        ids = _get(obj, "hash_ids", where)
-        if not isinstance(ids, list):
-            raise input_error(where, f"field 'hash_ids' is {_short(ids)}, not a list of block ids")
-        expected = -(-i_len // MOONCAKE_BLOCK_TOKENS)
-        if len(ids) != expected:
-            raise input_error(
-                where,
-                f"field 'hash_ids' has {len(ids)} ids but input_length {i_len} needs "
-                f"ceil({i_len}/512) = {expected}",
-                "one id per 512-token block, the partial last block included",
-            )
-        for k, v in enumerate(ids):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise input_error(where, f"field 'hash_ids' entry {k} is {_short(v)}, not an integer id")
+        t, i_len, o_len, ids = _mooncake_record(obj, f"{label}: line {lineno}")
         ts.append(t)
         lines.append(lineno)
         n_in.append(i_len)
@@ -92,24 +73,54 @@ def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame
         np.full(len(ts), np.nan),
         linkable,
     )
-    children = np.bincount(parents[parents >= 0], minlength=len(ts))
+    return df, _linking_report(parents, root, turn, linkable, min_blocks)
+
+
+def _mooncake_record(obj: dict[str, Any], where: str) -> tuple[float, int, int, list[int]]:
+    """One checked Mooncake line: timestamp (ms), input and output lengths, one block id per 512 tokens."""
+    t = _number(_get(obj, "timestamp", where), "timestamp", where)
+    if t < 0:
+        raise input_error(where, f"field 'timestamp' is negative ({t:g} ms)")
+    i_len = _count(_get(obj, "input_length", where), "input_length", where)
+    o_len = _count(_get(obj, "output_length", where), "output_length", where)
+    ids = _get(obj, "hash_ids", where)
+    if not isinstance(ids, list):
+        raise input_error(where, f"field 'hash_ids' is {_short(ids)}, not a list of block ids")
+    expected = -(-i_len // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != expected:
+        raise input_error(
+            where,
+            f"field 'hash_ids' has {len(ids)} ids but input_length {i_len} needs "
+            f"ceil({i_len}/512) = {expected}",
+            "one id per 512-token block, the partial last block included",
+        )
+    for k, v in enumerate(ids):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise input_error(where, f"field 'hash_ids' entry {k} is {_short(v)}, not an integer id")
+    return t, i_len, o_len, ids
+
+
+def _linking_report(parents: np.ndarray, root: np.ndarray, turn: np.ndarray, linkable: np.ndarray,
+                    min_blocks: int) -> dict[str, Any]:
+    """The Mooncake reconstruction statistics kept in ``Trace.linking``."""
+    n = len(parents)
+    children = np.bincount(parents[parents >= 0], minlength=n)
     sizes = np.bincount(np.unique(root, return_inverse=True)[1])
-    linking = {
+    return {
         "method": "hash-prefix chains: parent's full 512-token blocks are a prefix of the child's hash_ids; "
         "deepest match, then latest parent",
         "block_tokens": MOONCAKE_BLOCK_TOKENS,
         "min_blocks": min_blocks,
-        "requests": len(ts),
+        "requests": n,
         "linked_requests": int((parents >= 0).sum()),
         "sessions": int(sizes.size),
         "sessions_with_2plus_requests": int((sizes >= 2).sum()),
-        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / len(ts)),
+        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / n),
         "parents": int((children > 0).sum()),
         "parents_with_2plus_children": int((children > 1).sum()),
         "unlinkable_as_parent": int((~linkable).sum()),
         "max_turn": int(turn.max()),
     }
-    return df, linking
 
 
 def _read_ragpulse(text: str, label: str, on_clock_restart: str) -> tuple[pd.DataFrame, dict[str, Any]]:

@@ -77,7 +77,7 @@ def test_binding_constraint_thresholds() -> None:
 
 
 def test_router_ttl_and_significance() -> None:
-    assert router_ttl(480, 5.0, 25.0) == 450 and router_ttl(3, 5.0, 1.0) == 0
+    assert router_ttl(480, 5.0, 25.0) == 450 and router_ttl(3, 5.0, 1.0) == 1  # floor of 1 s (the rule)
     assert significant_gain((0.02, 0.01), 1.0) and not significant_gain((0.02, 0.03), 1.0)
     assert not significant_gain((0.005, 0.001), 1.0)  # below 1% of the scale
     assert not significant_gain((math.nan, 0.0), 1.0)

@@ -119,6 +119,9 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     per_token = r.summary["kv_bytes_per_token_all_ranks"] / 2**30
     assert 0 < r.summary["p_held_kv_gib_peak"] <= 3 * t["prompt_tokens"].max() * per_token
     assert r.summary["p_held_kv_gib_mean"] < t["prompt_tokens"].mean() * per_token
+    series = r.held_series()
+    assert series["held_gib"].max() == pytest.approx(r.summary["p_held_kv_gib_peak"])
+    assert series["held_gib"].iloc[-1] == pytest.approx(0.0, abs=1e-9) and series["held_tokens"].iloc[-1] == 0
     end = pd.concat([p2d, admit.loc[notified.index]]).sort_index()
     np.testing.assert_allclose(t.loc[ok.index, "p_hold_s"], (end - p_done.sort_index()).to_numpy())
     ctx = _sim(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))

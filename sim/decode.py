@@ -248,7 +248,9 @@ class DecodeNode:
                 hit = owned = 0
             need = max(total - owned, 0)
             # a taken cache entry's blocks left the cached count but stay in use: they are not free
-            want = need + (self.watermark_blocks if batch.batch else 0) + (owned if pid is None else 0)
+            # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
+            wm = self.watermark_blocks if (batch.batch or self.static) else 0
+            want = need + wm + (owned if pid is None else 0)
             if pool.free() < want and not synced:
                 synced = True
                 self._sync(batch.in_progress_step())

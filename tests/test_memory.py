@@ -34,7 +34,7 @@ def test_block_pool_never_negative_and_drains() -> None:
             assert not dn.retention.pins
 
 
-def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, Any]:
+def _pressure(pool_tokens: int, mode: str = "fast", watermark: float = 0.0, **over: Any) -> dict[str, Any]:
     """Acceptance 1's workload: 1,024-token prompts, outputs of 4 x the prompt, D pool of ``pool_tokens``."""
     wl = {
         "conversations": 40, "arrival": {"kind": "closed_loop", "clients": 40, "max_active_conversations": 40},
@@ -44,7 +44,7 @@ def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, An
     }
     dep = {
         "decode_kv_capacity_tokens": pool_tokens, "max_num_seqs": 64, "prefill_prefix_caching": False,
-        "max_num_batched_tokens": 65536,
+        "max_num_batched_tokens": 65536, "kv_watermark": watermark,
     }
     return small(workload=wl, deployment=dep, policy={"bidirectional": False}, simulation={"decode_mode": mode}, **over)
 
@@ -382,3 +382,14 @@ def test_pools_too_small_for_one_request_are_input_errors() -> None:
         _sim(_pressure(4096))  # 1,024 + 4,096 - 1 tokens cannot fit
     with pytest.raises(KvplanInputError, match="prefill_kv_capacity_tokens"):
         _sim(small(deployment={"prefill_kv_capacity_tokens": 500}))
+
+
+def test_watermark_keeps_blocks_free_at_admission() -> None:
+    """SchedulerConfig.watermark: waiting requests are admitted only with that share of the pool left free."""
+    base = run(_pressure(10 * 1024))
+    wm = run(_pressure(10 * 1024, watermark=0.25))
+    assert _max_concurrent(base.events, Ev.D_ADMIT, Ev.D_FINISH) == 10
+    # the first admission has nothing scheduled (no watermark); each later one must leave 160 of the 640
+    # blocks free after taking its 64: 640 - 64 k >= 64 + 160 for k = 1..6, so 7 at once
+    assert _max_concurrent(wm.events, Ev.D_ADMIT, Ev.D_FINISH) == 7
+    assert wm.summary["d_preemptions"] < base.summary["d_preemptions"]

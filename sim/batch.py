@@ -88,6 +88,8 @@ class DecodeBatch:
         self._plan_n = 0
         self._plan_first = 0.0
         self._plan_inc = 0.0
+        self._ips_key: tuple[float, int] = (-1.0, -1)  # (time, plan) of the cached in-progress step
+        self._ips = 0
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -102,7 +104,12 @@ class DecodeBatch:
         """Index of the step running now (its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        return self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+        key = (self.env.now, self._gen)
+        if key == self._ips_key:
+            return self._ips
+        self._ips_key = key
+        self._ips = self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+        return self._ips
 
     def _add(self, r: Request, p: int, g0: int, rem: int) -> None:
         """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""

@@ -251,10 +251,10 @@ class DecodeNode:
             # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
             wm = self.watermark_blocks if (batch.batch or self.static) else 0
             want = need + wm + (owned if pid is None else 0)
-            if pool.free() < want and not synced:
+            if pool.capacity - pool.held - pool.pinned - pool.cached < want and not synced:
                 synced = True
                 self._sync(batch.in_progress_step())
-            if pool.free() < want:
+            if pool.capacity - pool.held - pool.pinned - pool.cached < want:
                 pool.evict(want)
                 if pool.free() < want:
                     if entry is not None:

@@ -97,6 +97,10 @@ class DecodeNode:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
+        pool = self.pool
+        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+            # the growth before ``t`` took its blocks (evicting cache) before this release frees any
+            self._sync(self.batch.step_at(t))
         self.pool.pinned -= pin.blocks
         self.ctx.log.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
         if why != Release.REUSED:

@@ -197,13 +197,20 @@ def test_eviction_is_tail_first() -> None:
     assert not pool.cache and pool.cached == 0 and pool.free() == 6
 
 
-def test_fast_and_exact_agree_with_retention_and_preemption() -> None:
+@pytest.mark.parametrize("dep,ttl", [
+    ({"decode_kv_capacity_tokens": 20_000, "max_num_seqs": 32, "prefill_prefix_caching": True}, 60),
+    # pins expiring while the batch grows into a full cache; a small P pool; P TP4 reads
+    ({"decode_kv_capacity_tokens": 30_000, "max_num_seqs": 8, "prefill_tensor_parallel_size": 4,
+      "prefill_kv_capacity_tokens": 20_000}, 100),
+    ({"decode_kv_capacity_tokens": 25_000, "max_num_seqs": 16, "prefill_nodes": 2, "decode_nodes": 2,
+      "prefill_prefix_caching": True}, 40),
+])
+def test_fast_and_exact_agree_with_retention_and_preemption(dep: dict[str, Any], ttl: float) -> None:
     """Acceptance 5 with pins, prefix cache (tail-first eviction), P leases and multi-turn pulls together."""
-    sc = small(deployment={"decode_kv_capacity_tokens": 20_000, "max_num_seqs": 32, "prefill_prefix_caching": True},
-               policy={"decoder_kv_blocks_ttl_s": 60})
+    sc = small(deployment=dep, policy={"decoder_kv_blocks_ttl_s": ttl}, seed=1)
     fast, exact = run(sc), run({**sc, "simulation": {"decode_mode": "exact"}})
     assert fast.summary["d_preemptions"] == exact.summary["d_preemptions"] > 0
-    for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s"):
+    for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s", "d_hit_tokens"):
         np.testing.assert_allclose(fast.turns[col], exact.turns[col], rtol=0, atol=1e-7)
     assert (fast.turns["decision"] == exact.turns["decision"]).all()
 

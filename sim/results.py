@@ -168,7 +168,7 @@ def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
     return out
 
 
-def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+def held_series(ev: pd.DataFrame) -> pd.DataFrame:
     """KV P holds for D's reads (under lease) over time, summed over prefill nodes and GPUs.
 
     Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
@@ -210,7 +210,7 @@ def summarize(
     reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold"])
     t_end = float(ev["t_s"].max()) if len(ev) else 0.0
     series = pinned_series(ev, bytes_per_token_all_ranks)
-    held = held_series(ev, bytes_per_token_all_ranks)
+    held = held_series(ev)
     unpin = ev[ev["kind"] == int(Ev.UNPIN)]
     releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
     pull = turns[turns["decision"] == "pull"]
@@ -274,6 +274,10 @@ class Result:
     def pinned_series(self) -> pd.DataFrame:
         """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
         return pinned_series(self.events, self.bytes_per_token_all_ranks)
+
+    def held_series(self) -> pd.DataFrame:
+        """KV P holds under lease for D's reads over time (GiB summed over prefill nodes and GPUs)."""
+        return held_series(self.events)
 
 
 def build_result(

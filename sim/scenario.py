@@ -146,7 +146,7 @@ class Deployment(_Frozen):
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
-    tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance.")
+    tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance (unless per role).")
     prefill_tensor_parallel_size: int | None = Field(
         default=None, gt=0, le=64, description="TP of the prefill instances (default: tensor_parallel_size)."
     )

@@ -80,7 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         # click usage errors (typer vendors click, so match by behaviour rather than by class)
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if callable(show) and isinstance(code, int):
-            show()
+            fmt = getattr(exc, "format_message", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" or not callable(fmt):
+                show()
+                return code
+            ctx = getattr(exc, "ctx", None)
+            cmd = " ".join(["kvplan", *(ctx.command_path.split()[1:] if ctx is not None else [])])
+            if ctx is not None and ctx.command_path.startswith("python"):
+                cmd = " ".join(["kvplan", *ctx.command_path.split()[3:]])
+            typer.echo(f"error: {cmd}: {' '.join(str(fmt()).split())}; see `{cmd} --help`", err=True)
             return code
         if type(exc).__name__ == "Abort":
             return 1

@@ -10,6 +10,7 @@ Regenerate the shipped profiles (deterministic, ~10 s each; ``benchmarks/bench_c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -53,6 +54,10 @@ def register(app: typer.Typer) -> None:
             False, "--include-first-turn", help="--published: average every turn (default: turns 2..5, warm-up off)."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the fit report as JSON."),
+        allow_model_mismatch: bool = typer.Option(
+            False, "--allow-model-mismatch",
+            help="Fit --bench files of another model_id anyway; the profile is labelled status 'proxy', not calibrated.",
+        ),
     ) -> None:
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
@@ -70,7 +75,11 @@ def register(app: typer.Typer) -> None:
             _published(published, arch.name, node.name, tp, out, include_first_turn, json_out)
             return
         from kvplan.calibration.calibrate import calibrate
+        from kvplan.calibration.checks import check_bench_model
+        from kvplan.sim.validity import check_tensor_parallel
 
+        check_tensor_parallel(arch, tp, "--tp")
+        foreign = [m for m in (check_bench_model(b, arch, allow=allow_model_mismatch) for b in bench or []) if m]
         result = calibrate(
             arch.name,
             node.name,
@@ -83,6 +92,12 @@ def register(app: typer.Typer) -> None:
             chunk_tokens=chunk_tokens,
             vllm_version=vllm_version,
         )
+        if foreign:
+            note = (f"PROXY: fitted to measurements of {', '.join(sorted(set(foreign)))}, not {arch.name} "
+                    "(--allow-model-mismatch); not a calibration of this model")
+            prof = result.profile.model_copy(update={"status": "proxy", "notes": [*result.profile.notes, note]})
+            result = dataclasses.replace(result, profile=prof)
+            result.report.setdefault("notes", []).append(note)
         save_profile(result.profile, out)
         if json_out:
             typer.echo(json.dumps(_clean(result.report), indent=2, sort_keys=True))

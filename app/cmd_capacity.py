@@ -30,11 +30,27 @@ def register(app: typer.Typer) -> None:
         """Find the smallest xPyD meeting the SLO at the load, with and without bidirectional KV transfer;
         the maximum sustainable load of each and the cost per million turns."""
         from kvplan.app.cmd_sweep import _progress_bar
+        from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.app.output import console
         from kvplan.sim.capacity import plan_capacity
         from kvplan.sim.presets import preset_scenario
 
+        common_run_flags(replications, workers, conversations)
+        positive_finite("--rate", rate, upper=1e6)
+        positive_finite("--slo-ttft-p90-ms", slo_ttft_p90_ms, upper=1e10)
+        positive_finite("--usd-per-node-hour", usd, upper=1e6, allow_zero=True)
+        int_range("--max-nodes", max_nodes, 2, 64)
         sc = preset_scenario(workload, model, hardware, rate_per_s=rate, conversations=conversations)
+        if conversations is None:
+            # the default run must outlast retention (2 x TTL of arrivals), or decode pressure is underestimated
+            import math
+
+            from kvplan.sim.capacity import MAX_CONVERSATIONS
+            from kvplan.sim.scenario import with_overrides
+
+            need = math.ceil(rate * 2 * sc.policy.decoder_kv_blocks_ttl_s)
+            if sc.workload.conversations < need:
+                sc = with_overrides(sc, {"workload.conversations": min(need, MAX_CONVERSATIONS)})
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,
@@ -45,7 +61,8 @@ def register(app: typer.Typer) -> None:
             return
         c = console()
         c.print(f"{workload} at {rate:g} conversations/s, TTFT p90 SLO {slo_ttft_p90_ms:g} ms, "
-                f"${plan.usd_per_node_hour:g}/node-hour, {plan.turns_per_conversation:.2f} turns/conversation")
+                f"${plan.usd_per_node_hour:g}/node-hour"
+                + (f", {plan.turns_per_conversation:.2f} turns/conversation" if plan.turns_per_conversation > 0 else ""))
         for name, m in (("bidirectional on", plan.with_bidirectional), ("bidirectional off", plan.without_bidirectional)):
             if not m.get("meets_slo"):
                 c.print(f"{name}: {m.get('note')}")

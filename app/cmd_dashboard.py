@@ -34,6 +34,7 @@ def streamlit_command(port: int, address: str) -> list[str]:
         "--server.address", address,
         "--server.maxUploadSize", str(MAX_UPLOAD_MB),
         "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "minimal",  # no Deploy button or developer menu for an operator's tool
     ]
 
 
@@ -41,6 +42,26 @@ def dashboard_url(port: int, address: str) -> str:
     """The URL a browser on this machine opens (``localhost`` for the wildcard addresses)."""
     host = "localhost" if address in ("0.0.0.0", "::", "") else address
     return f"http://{host}:{port}"
+
+
+def check_listen(port: int, address: str) -> None:
+    """Refuse, before launching Streamlit, an address that does not resolve or a port that cannot be bound
+    (in use, or privileged): Streamlit itself only logs it and exits 0."""
+    from kvplan.errors import input_error
+
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise input_error(f"--address {address}", "is not a host name or IP address of this machine",
+                          "use localhost, 127.0.0.1 or 0.0.0.0") from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(sockaddr)
+        except OSError as exc:
+            raise input_error(f"--port {port}", f"cannot listen on {address}:{port} ({exc.strerror or exc})",
+                              "choose another --port (e.g. 8502) or stop what holds it") from None
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -105,6 +126,7 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--address", help="Interface to listen on (0.0.0.0 serves other machines too).")
         ] = "localhost",
     ) -> None:
+        check_listen(port, address)
         cmd = streamlit_command(port, address)
         typer.echo(f"kvplan dashboard: {dashboard_url(port, address)}  (Ctrl-C stops it)")
         # launching the server is this command's whole job, so a subprocess is right here

@@ -38,12 +38,17 @@ def register(app: typer.Typer) -> None:
         their assumptions, and the --kv-transfer-config JSON for the prefill and decode servers.
         """
         from kvplan.app.cmd_sweep import _progress_bar
+        from kvplan.app.flags import common_run_flags, positive_finite, seconds_list
         from kvplan.app.output import console
         from kvplan.errors import input_error
         from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommend
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import ClosedLoopArrival, load_scenario, with_overrides
 
+        common_run_flags(replications, workers, conversations)
+        positive_finite("--rate", rate, upper=1e6)
+        positive_finite("--slo-ttft-p90-ms", slo_ttft_p90_ms, upper=1e10)
+        positive_finite("--decode-hbm-budget-gib", budget, upper=1e9)
         if scenario is not None and workload is not None:
             raise input_error("recommend", "give SCENARIO.yaml or --workload, not both")
         if scenario is not None:
@@ -58,10 +63,7 @@ def register(app: typer.Typer) -> None:
             sc = preset_scenario(workload or "chat", model, hardware, rate_per_s=rate, conversations=conversations)
         grid = DEFAULT_TTL_GRID_S
         if ttl_grid is not None:
-            try:
-                grid = tuple(float(x) for x in ttl_grid.replace(" ", "").split(",") if x)
-            except ValueError:
-                raise input_error("--ttl-grid", f"'{ttl_grid}' is not a comma-separated list of seconds") from None
+            grid = seconds_list("--ttl-grid", ttl_grid)
         bar, cb = _progress_bar()
         with bar:
             rec = recommend(sc, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=budget, replications=replications,
@@ -82,10 +84,13 @@ def render_text(rec: Recommendation) -> list[str]:
         ci = d.get(f"{k}_ci95", math.nan)
         return f"{d[k] * 1000:.0f}" + (f" ±{ci * 1000:.0f}" if math.isfinite(ci) else "")
 
+    knobs = (f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
+             f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s")
+    head = (f"{knobs}, bidirectional_kv_xfer = true" if rec.bidirectional else
+            f"bidirectional_kv_xfer = false: retention does not pay for this workload (see why:); only if you keep it "
+            f"on: {knobs}")
     lines = [
-        f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
-        f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s, bidirectional_kv_xfer = "
-        f"{str(rec.bidirectional).lower()}",
+        head,
         "",
         f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
     ]

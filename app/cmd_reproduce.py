@@ -28,11 +28,15 @@ def register(app: typer.Typer) -> None:
             False, "--include-first-turn", help="Average every turn (default: turns 2..5, as --warmup-step measures)."
         ),
     ) -> None:
-        from kvplan.calibration.reproduce import ROW_KEYS, ratio_checks, reproduce_rows, within_tolerance
+        from kvplan.calibration.reproduce import ROW_KEYS, TOLERANCE, ratio_checks, reproduce_rows, within_tolerance
         from kvplan.errors import input_error
 
         if html is not None and not html.parent.is_dir():
             raise input_error(f"--html {html}", "the directory does not exist", "create it first")
+        if html is not None:
+            from kvplan.atomic import check_output_file
+
+            check_output_file(html, "--html")
         rows = reproduce_rows(model=model, profile=profile, include_first_turn=include_first_turn)
         published = [{k: r[k] for k in ROW_KEYS} for r in rows if r["published_ms"] is not None]
         if html is not None:
@@ -51,11 +55,13 @@ def register(app: typer.Typer) -> None:
         t = Table(title="kvplan reproduce: published P5en points vs the simulated benchmark")
         for col in ROW_KEYS:
             t.add_column(col, justify="left" if col in ("model", "series") else "right")
+        t.add_column("tolerance")
         t.add_column("within tolerance")
         for r in published:
             ok = within_tolerance(r)
             t.add_row(r["model"], r["series"], str(r["prompt_tokens"]), f"{r['published_ms']:.0f}",
-                      f"{r['simulated_ms']:.1f}", f"{r['rel_error']:+.1%}", "yes" if ok else "NO")
+                      f"{r['simulated_ms']:.1f}", f"{r['rel_error']:+.1%}", f"±{TOLERANCE[r['series']]:.0%}",
+                      "yes" if ok else "NO")
         c.print(t)
         for ratio in ratio_checks(rows):
             c.print(f"{ratio['model']}: TTFT ON/OFF at {ratio['prompt_tokens']} tokens: published {ratio['published']:.3f}, "

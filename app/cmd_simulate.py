@@ -40,13 +40,14 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        seed: int | None = typer.Option(None, "--seed", min=0, help="Override the scenario's seed."),
+        seed: int | None = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Reuse a non-empty DIR: replace kvplan's own result files, keep all others."
         ),
         fmt: str = typer.Option("parquet", "--format", help="turns/pinned file format: parquet (zstd), csv or both."),
+        verbose: bool = typer.Option(False, "--verbose", help="Also list the modelling assumptions of the run."),
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.atomic import check_result_dir
@@ -58,6 +59,11 @@ def register(app: typer.Typer) -> None:
         names = result_file_names(None, fmt)
         check_result_dir(out, names, overwrite)  # before any work: never lose a user's files
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
+        if trace is not None and sc.workload.trace is not None:
+            from kvplan.errors import input_error
+
+            raise input_error("--trace", f"the scenario already replays workload.trace '{sc.workload.trace.path}'",
+                              "remove one of them")
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         writer = ResultDirWriter(out, fmt, overwrite)
@@ -68,7 +74,7 @@ def register(app: typer.Typer) -> None:
             writer.abort()
             raise
         writer.commit(result)
-        print_summary(result, out, as_json=json_out, files=names)
+        print_summary(result, out, as_json=json_out, verbose=verbose, files=names)
 
 
 @contextmanager

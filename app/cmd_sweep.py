@@ -17,13 +17,41 @@ GRID.yaml:
   base: scenario.yaml            # or an inline scenario mapping
   axes:                          # dotted scenario path -> list of values (cartesian product)
     policy.decoder_kv_blocks_ttl_s: [30, 60, 120, 300, 480, 900]
-    workload.turn_gap_s.median: [5, 30, 120]
+    workload.turn_gap_s.mean: [5, 30, 120]   # a parameter of the base's distribution (exponential: mean)
   replications: 3                # optional (--replications overrides); replication k: seed k of SeedSequence(seed).spawn
   seed: 0                        # optional base seed (default: the base scenario's)
 
 Every point is validated before any run. Each finished run is committed atomically, so a sweep killed at any
 moment continues with --resume, recomputes nothing finished and ends with a byte-identical file.
 """
+
+
+MAX_WORKERS = 256
+SUMMARY_COLUMNS = (("ttft_p50_s_mean", "TTFT p50"), ("ttft_p90_s_mean", "TTFT p90"), ("hit_rate_mean", "hit rate"),
+                   ("pinned_kv_gib_peak_mean", "pinned peak GiB"), ("errors_mean", "errors"))
+MAX_TABLE_ROWS = 40
+
+
+def print_summary_table(summ: Any, axes: list[str]) -> None:
+    """Per-point means (axes, TTFT p50/p90 scaled for humans, hit rate, pinned peak) as a terminal table."""
+    from rich.table import Table
+
+    from kvplan.app.output import console, human_s
+
+    t = Table(title=f"per-point means ({len(summ)} points" + (f", first {MAX_TABLE_ROWS}" if len(summ) > MAX_TABLE_ROWS
+                                                           else "") + ")")
+    for a in axes:
+        t.add_column(a, justify="right")
+    cols = [(k, name) for k, name in SUMMARY_COLUMNS if k in summ.columns]
+    for _, name in cols:
+        t.add_column(name, justify="right")
+    for _, r in summ.head(MAX_TABLE_ROWS).iterrows():
+        cells = [str(r[a]) for a in axes]
+        for k, _ in cols:
+            v = r[k]
+            cells.append(human_s(v) if k.startswith("ttft") else f"{v:.1%}" if k == "hit_rate_mean" else f"{v:.4g}")
+        t.add_row(*cells)
+    console().print(t)
 
 
 def _progress_bar() -> tuple[Any, Any]:
@@ -58,15 +86,31 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (default: local Ray)."),
         replications: int | None = typer.Option(None, "--replications", help="Seeded replications per point."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same grid."),
-        yes: bool = typer.Option(False, "--yes", help="Allow grids of more than 1,000,000 points."),
+        yes: bool = typer.Option(False, "--yes", help="Allow grids of more than 10,000 points or 100,000 runs."),
         prune: bool = typer.Option(False, "--prune", help="One replication for points the screen deems saturated."),
+        csv_out: Path | None = typer.Option(None, "--csv", help="Also write the per-point summary as CSV."),
+        show_disagreements: bool = typer.Option(
+            False, "--show-disagreements", help="List every point where the analytic screen disagrees."
+        ),
     ) -> None:
         from kvplan.app.output import console
         from kvplan.atomic import check_output_file
-        from kvplan.sim.grid import load_grid
+        from kvplan.errors import input_error
+        from kvplan.sim.grid import MAX_REPLICATIONS, load_grid
         from kvplan.sim.sweep import run_grid, screen_path, summary_path
 
+        if out.suffix != ".parquet":
+            raise input_error(f"--out {out}", "results are Parquet files", f"give a path ending in .parquet "
+                              f"(e.g. {out.with_suffix('.parquet')}); --csv {out.with_suffix('.csv')} writes a CSV too")
         check_output_file(out)
+        if csv_out is not None:
+            check_output_file(csv_out, "--csv")
+        if backend not in ("local", "ray"):
+            raise input_error("--backend", f"'{backend}' is not a backend", "use local or ray")
+        if workers > MAX_WORKERS:
+            raise input_error("--workers", f"{workers} is more than {MAX_WORKERS}", "give at most the CPUs you have")
+        if replications is not None and not 1 <= replications <= MAX_REPLICATIONS:
+            raise input_error("--replications", f"{replications} is not in 1..{MAX_REPLICATIONS}")
         g = load_grid(grid, yes=yes)
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
         bar, cb = _progress_bar()
@@ -82,11 +126,20 @@ def register(app: typer.Typer) -> None:
         if errors:
             first = df.loc[df["error"].notna()].iloc[0]
             c.print(f"first failure: point {int(first['point'])}: {first['error']}")
+        summ = pd.read_parquet(summary_path(out))
+        print_summary_table(summ, g.axis_names)
+        if csv_out is not None:
+            from kvplan.atomic import atomic_write_bytes
+
+            atomic_write_bytes(csv_out, summ.to_csv(index=False, float_format="%.9g", lineterminator="\n").encode(), "--csv")
+            c.print(f"wrote {csv_out}")
         scr = pd.read_parquet(screen_path(out))
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
-            c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins):")
-            for _, r in dis.head(20).iterrows():
-                c.print(f"  point {int(r['point'])}: {r['disagreements']}")
+            c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "
+                    f"details in {screen_path(out)}" + (")" if show_disagreements else ", or --show-disagreements)"))
+            if show_disagreements:
+                for _, r in dis.iterrows():
+                    c.print(f"  point {int(r['point'])}: {r['disagreements']}")
         else:
             c.print("analytic screen and simulator agree on every point")

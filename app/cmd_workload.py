@@ -17,22 +17,19 @@ def register(app: typer.Typer) -> None:
     @wl.command("show")
     def show(
         trace: Path = typer.Argument(..., help="Trace file (mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV)."),
-        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv (default: detect)."),
+        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench (detected)."),
         ttls: str = typer.Option("30,60,120,300,480,600,900", "--ttls", help="TTLs (s) for follow-up probabilities."),
         threshold: int = typer.Option(64, "--threshold", min=0, help="kv_recompute_threshold for the output share."),
         html: Path | None = typer.Option(None, "--html", help="Also write a plotly HTML figure."),
         json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
+        from kvplan.app.flags import seconds_list
         from kvplan.app.output import console
-        from kvplan.errors import input_error
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
-        try:
-            ttl_list = tuple(float(x) for x in ttls.split(",") if x.strip())
-        except ValueError:
-            raise input_error("--ttls", f"'{ttls}' is not a comma-separated list of seconds") from None
+        ttl_list = seconds_list("--ttls", ttls)
         tr = load_trace(trace, fmt)
         stats = workload_stats(tr, ttl_list, threshold)
         if json_out:
@@ -61,36 +58,67 @@ def register(app: typer.Typer) -> None:
     def fit(
         trace: Path = typer.Argument(..., help="Trace file."),
         out: Path = typer.Option(..., "--out", help="Workload YAML to write (a scenario 'workload:' section)."),
-        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv (default: detect)."),
+        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench (detected)."),
         gap_model: str = typer.Option(
             "empirical", "--gap-model", help="empirical (measured idle gaps, default) or fit (best parametric family)."
         ),
         scenario: Path | None = typer.Option(
             None, "--scenario", help="Scenario whose model/hardware/profile estimate service times (default p5en qwen3-32b)."
         ),
+        json_out: bool = typer.Option(False, "--json", help="Print the fit report (goodness of fit) as JSON."),
     ) -> None:
         """Fit turns per conversation, turn gaps (idle, with goodness of fit), new tokens and outputs."""
         from kvplan.app.output import console
         from kvplan.atomic import check_output_file
         from kvplan.calibration.workload_fit import fit_workload, workload_section
+        from kvplan.errors import input_error
         from kvplan.sim.scenario import Scenario, load_scenario
         from kvplan.sim.service import unloaded_service_time_fn
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready
 
         check_output_file(out)
+        if gap_model not in ("empirical", "fit"):
+            raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
         sc = load_scenario(scenario) if scenario is not None else Scenario()
-        result = fit_workload(tr, unloaded_service_time_fn(sc), gap_model=gap_model)
+        fn = unloaded_service_time_fn(sc)
+        fn.__name__ = f"unloaded service time on {sc.hardware} {sc.model} (kvplan.sim.service)"
+        result = fit_workload(tr, fn, gap_model=gap_model)
         section = json_ready(workload_section(result))
-        doc = {"workload": section, "fit_report": json_ready(result.get("report", {}))}
+        report = json_ready(result.get("report", {}))
         from kvplan.atomic import atomic_write_bytes
 
+        report_path = out.with_name(out.stem + ".fit.json")
+        check_output_file(report_path, "--out (report)")
+        # the YAML is a scenario (only its workload section): `kvplan simulate OUT` runs it as it is
         text = (
-            "# Fitted by `kvplan workload fit` from " + f"{trace.name}; use the 'workload' section in a scenario.\n"
-            + yaml.safe_dump(doc, sort_keys=False)
+            f"# Fitted by `kvplan workload fit` from {trace.name}; a scenario with only its workload section\n"
+            f"# (`kvplan simulate {out.name} --out DIR`, or paste the section into a scenario).\n"
+            f"# Goodness of fit and the fitting method: {report_path.name}\n"
+            + yaml.safe_dump({"workload": section}, sort_keys=False, default_flow_style=None, width=120)
         )
         atomic_write_bytes(out, text.encode())
-        rep = result.get("report", {})
-        console().print(json.dumps(json_ready(rep.get("turn_gap_s", rep)), indent=2)[:3000])
-        console().print(f"wrote {out}")
+        atomic_write_bytes(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode(), "--out")
+        if json_out:
+            typer.echo(json.dumps(report, indent=2, sort_keys=True))
+            return
+        c = console()
+        arr = section.get("arrival", {})
+        c.print(f"{section.get('conversations')} conversations at {float(arr.get('rate_per_s', 0)):.4g} new per s; "
+                f"turns per conversation: {_dist_text(section.get('turns'))}", markup=False)
+        gap = rep.get("turn_gap_s", {}) if isinstance(rep := result.get("report", {}), dict) else {}
+        chosen = gap.get("chosen_family") if isinstance(gap, dict) else None
+        c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"
+                + (f" (best parametric family: {chosen})" if chosen else ""), markup=False)
+        c.print(f"wrote {out} (simulate it as it is) and {report_path} (goodness of fit)", markup=False)
+
+
+def _dist_text(d: object) -> str:
+    """A distribution section in a few words."""
+    if not isinstance(d, dict):
+        return "n/a"
+    if d.get("dist") == "empirical":
+        vals = d.get("values") or []
+        return f"empirical, {len(vals):,} measured values" if vals else "empirical"
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())

@@ -45,6 +45,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
 #: Workload choice that is always available: the embedded published P5en benchmark (~50 turns, ~50 ms a run).
 PUBLISHED = "published P5en benchmark"
 CUSTOM = "custom distributions"
+TRACE = "replay a trace file"
 #: ``sim.presets``' name of the same published benchmark (listed once, as :data:`PUBLISHED`).
 PRESET_PUBLISHED = "p5en-benchmark"
 #: Profile choice meaning "the shipped profile of the model on the hardware, or its prior plus calibrated residuals".
@@ -139,6 +140,7 @@ class ScenarioInputs:
     preset_rate_per_s: float | None = None
     preset_conversations: int | None = None
     custom: CustomWorkload | None = None
+    trace_path: str | None = None
     seed: int = 0
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -168,7 +170,7 @@ def preset_names() -> list[str]:
     """Workload choices: the published benchmark, the presets of ``sim.presets`` when present, custom."""
     names = [PUBLISHED]
     names.extend(str(n) for n in presets.preset_names() if str(n) not in names and str(n) != PRESET_PUBLISHED)
-    names.append(CUSTOM)
+    names.extend([CUSTOM, TRACE])
     return names
 
 
@@ -189,6 +191,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PUBLISHED_BENCHMARK.items()}
         data["workload"] = inputs.custom.to_dict()
         base = scenario_from_dict(data, where="custom workload")
+    elif inputs.workload == TRACE:
+        if not inputs.trace_path:
+            raise input_error("trace file", "no path given", "type the path of a trace file on this server")
+        base = scenario_from_dict({"workload": {"trace": {"path": inputs.trace_path}}}, where="trace replay")
     elif inputs.workload == PUBLISHED:
         base = published_benchmark(model=inputs.model)
     else:
@@ -338,7 +344,16 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             value = "n/a"
         else:
             value = f"{cur * scale:,.{digits}f} {unit}".rstrip()
-        out.append(Metric(label, value, _delta(cur, base, unit, scale, digits), colour, help_text))
+        delta = _delta(cur, base, unit, scale, digits)
+        if unit == "ms":
+            # times of a second and more scaled for people (s, min, h), like the CLI
+            from kvplan.units import human_s
+
+            if math.isfinite(cur) and cur >= 1.0:
+                value = human_s(cur)
+            if delta is not None and abs(cur - base) >= 1.0:
+                delta = ("+" if cur > base else "") + human_s(cur - base)
+        out.append(Metric(label, value, delta, colour, help_text))
     return out
 
 
@@ -438,8 +453,13 @@ def scenario_sidebar() -> Scenario | None:
     rate: float | None = None
     conversations: int | None = None
     custom = None
+    trace_path: str | None = None
     if workload == CUSTOM:
         custom = _custom_workload_widgets()
+    elif workload == TRACE:
+        trace_path = str(_w(sb.text_input, "trace file (path on this server)", "trace_path", value="",
+                            help="Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, Azure or generic CSV "
+                                 "(`kvplan simulate --help`); replayed on its own clock.")).strip() or None
     elif workload != PUBLISHED:
         r = _w(sb.number_input, "new conversations per s (0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
                step=0.05)
@@ -454,7 +474,7 @@ def scenario_sidebar() -> Scenario | None:
         decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_prefix_caching=bool(p_cache),
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
-        preset_conversations=conversations, custom=custom, seed=int(seed),
+        preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),
     )
     try:
         return build_scenario(inputs)
@@ -480,6 +500,29 @@ def page_guard() -> None:
         PagesManager.uses_pages_directory = False
         if not config.get_option("global.appTest"):
             st.rerun()
+
+
+def health_warnings(summary: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The run's health findings for the page: (warnings to show as ``st.warning``, plain notes)."""
+    from kvplan.sim.health import health_lines
+    from kvplan.units import human_s
+
+    lines = health_lines(dict(summary.get("health") or {}), human_s)
+    warn = [ln for ln in lines if not ln.startswith("health: ")]
+    return warn, [ln for ln in lines if ln.startswith("health: ")]
+
+
+def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
+    """The what-if's answer in one line: bidirectional transfer ON against OFF for the same scenario."""
+    from kvplan.units import human_s
+
+    def pct(a: float, b: float) -> str:
+        return f" ({(a - b) / b:+.0%})" if b and math.isfinite(a) and math.isfinite(b) else ""
+
+    parts = [f"{name} {human_s(on[k])} vs {human_s(off[k])}{pct(float(on[k]), float(off[k]))}"
+             for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"))]
+    return (f"Bidirectional KV transfer ON vs OFF (same scenario and seed): {', '.join(parts)}; hit rate "
+            f"{float(on['hit_rate']):.1%} vs {float(off['hit_rate']):.1%}.")
 
 
 def show_error(exc: BaseException) -> None:

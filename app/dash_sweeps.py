@@ -219,6 +219,14 @@ def _lines(value: Any) -> list[str]:
     return [str(value)]
 
 
+METRIC_LABELS = {
+    "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99", "ttft_mean_s": "TTFT mean",
+    "hit_rate": "hit rate", "errors": "failed turns", "pinned_kv_gib_mean": "pinned decode KV mean",
+    "pinned_kv_gib_peak": "pinned decode KV peak", "prefill_utilization": "prefill utilisation",
+    "decode_batch_capacity": "decode batch capacity",
+}
+
+
 def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     """A metric as text with its unit from its name (``_s`` -> ms, rates -> %, ``gib`` -> GiB) and 95% CI."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -267,7 +275,8 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
     for key, title in ADVICE_COLUMNS.items():
         metrics = rec.get(key)
         if isinstance(metrics, Mapping):
-            table[title] = {m: format_metric(m, v, metrics.get(f"{m}_ci95"))
+            # rows named for people (the values carry their units: ms, %, GiB), not by summary keys
+            table[title] = {METRIC_LABELS.get(str(m), str(m)): format_metric(m, v, metrics.get(f"{m}_ci95"))
                             for m, v in metrics.items() if not m.endswith("_ci95")}
     rationale = _lines(rec.get("rationale"))
     if rec.get("binding_constraint"):

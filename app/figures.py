@@ -197,6 +197,7 @@ def grid_heatmap(
     ths = sorted(grid["threshold_tokens"].astype(float).unique())
     z = np.full((len(ths), len(ttls)), np.nan)
     text = np.full((len(ths), len(ttls)), "", dtype=object)
+    cis: list[float] = []
     for _, row in grid.iterrows():
         i, j = ths.index(float(row["threshold_tokens"])), ttls.index(float(row["ttl_s"]))
         z[i, j] = float(row[value]) * scale
@@ -204,14 +205,24 @@ def grid_heatmap(
         ci = float(row.get(f"{value}_ci95", math.nan)) * scale
         if math.isfinite(ci):
             extra.append(f"95% CI +/- {ci:.1f}")
+            cis.append(abs(ci))
         if "hit_rate" in row:
             extra.append(f"hit rate {float(row['hit_rate']):.0%}")
         if "errors" in row:
             extra.append(f"errors {float(row['errors']):g}")
         text[i, j] = ", ".join(extra)
+    # differences within the noise (the replications' CI, or 1% of the level) are not drawn as colour
+    zrange: dict[str, float] = {}
+    finite = z[np.isfinite(z)]
+    if finite.size:
+        mid = float(finite.mean())
+        noise = max(max(cis, default=0.0), 0.01 * abs(mid))
+        if noise > 0 and float(finite.max() - finite.min()) < noise:
+            zrange = {"zmin": mid - noise, "zmax": mid + noise}
+            title = f"{title} (every point within noise: +/- {noise:.3g})"
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=list(range(len(ttls))), y=list(range(len(ths))), text=text,
+            z=z, x=list(range(len(ttls))), y=list(range(len(ths))), text=text, **zrange,
             colorscale="Viridis", reversescale=reverse, colorbar={"title": colorbar_title},
             customdata=np.dstack(np.meshgrid(ttls, ths)),
             hovertemplate="TTL %{customdata[0]:g} s, threshold %{customdata[1]:g} tokens: %{z:.1f}"
@@ -278,9 +289,10 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
                                  name="pinned decode KV mean (GiB)", line={"color": "#ff7f0e", "dash": "dot"},
                                  hovertemplate="TTL %{x:g} s: %{y:.1f} GiB<extra></extra>"), secondary_y=True)
     if chosen_ttl_s is not None and chosen_ttl_s > 0:
-        # shapes on a log axis take log10 coordinates
-        fig.add_vline(x=math.log10(chosen_ttl_s), line={"color": "#2ca02c", "dash": "dash"},
-                      annotation_text=f"recommended {chosen_ttl_s:g} s", annotation_position="top left")
+        # plotly.js places shapes on a log axis by data value, but annotations by log10 of it
+        fig.add_vline(x=chosen_ttl_s, line={"color": "#2ca02c", "dash": "dash"})
+        fig.add_annotation(x=math.log10(chosen_ttl_s), y=1.0, xref="x", yref="paper", text=f"recommended {chosen_ttl_s:g} s",
+                           showarrow=False, xanchor="right", yanchor="top")
     if baseline_ttft_mean_s is not None and math.isfinite(baseline_ttft_mean_s):
         fig.add_hline(y=baseline_ttft_mean_s * MS_PER_S, line={"color": "#d62728", "dash": "dot"},
                       annotation_text="bidirectional off", annotation_position="bottom right")

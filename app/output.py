@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvplan.sim.results import Result, summary_json_bytes
+from kvplan.units import human_s
 
 
 def console() -> Console:
@@ -20,18 +21,17 @@ def console() -> Console:
 
 
 def fmt_s(x: Any) -> str:
-    """Seconds as milliseconds text."""
-    try:
-        return f"{float(x) * 1000:.1f} ms"
-    except (TypeError, ValueError):
-        return "n/a"
+    """Seconds as text scaled for humans (see :func:`human_s`)."""
+    return human_s(x)
 
 
 TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 
 
-def print_summary(result: Result, out: Path | None, as_json: bool = False, files: list[str] | None = None) -> None:
-    """Headline metrics with the assumptions they rest on."""
+def print_summary(
+    result: Result, out: Path | None, as_json: bool = False, verbose: bool = False, files: list[str] | None = None
+) -> None:
+    """Headline metrics, the health findings (saturation, failures) and, with ``verbose``, the assumptions."""
     s = result.summary
     if as_json:
         sys.stdout.write(summary_json_bytes(s).decode())
@@ -41,7 +41,7 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False, files
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
-        ("turns (errors)", f"{s['turns']} ({s['errors']})"),
+        ("turns (failed)", f"{s['turns']} ({s['errors']})"),
         ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in TTFT_KEYS)),
         ("hit rate (follow-up turns reusing retained KV)", f"{s['hit_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
@@ -52,15 +52,31 @@ def print_summary(result: Result, out: Path | None, as_json: bool = False, files
         ("decode KV capacity (all D nodes)", f"{s['decode_kv_capacity_gib']:.0f} GiB"),
         ("prefill utilisation", f"{s['prefill_utilization']:.1%}"),
     ]
+    if s.get("tpot_mean_s") is not None:
+        tpot = " / ".join(fmt_s(s.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s"))
+        rows.insert(2, ("TPOT mean / p50 / p90", tpot))
+    if "d_preemptions" in s:
+        rows.append(("D preemptions (recomputed tokens)",
+                     f"{s['d_preemptions']:,} ({s.get('d_preempted_recompute_tokens', 0):,})"))
+    if "p_held_kv_gib_mean" in s:
+        rows.append(("P held KV mean / peak (lease expiries)",
+                     f"{s['p_held_kv_gib_mean']:.2f} / {s['p_held_kv_gib_peak']:.2f} GiB ({s.get('p_lease_expiries', 0)})"))
     for k, v in rows:
         t.add_row(k, v)
     c.print(t)
     if s.get("extrapolated"):
         c.print("[bold]Profile not calibrated on this deployment[/bold]; its parts:")
         for k, v in sorted((s.get("profile_components") or {}).items()):
-            c.print(f"  {k}: {v}")
-    for note in result.notes:
-        c.print(f"assumption: {note}")
+            c.print(f"  {k}: {v}", markup=False)
+    from kvplan.sim.health import health_lines
+
+    for line in health_lines(s.get("health", {}), human_s):
+        c.print(line, markup=False)
+    if verbose:
+        for note in result.notes:
+            c.print(f"assumption: {note}", markup=False)
+    elif result.notes:
+        c.print(f"{len(result.notes)} modelling assumptions behind the profile and costs: --verbose lists them")
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
     if out is not None:

@@ -160,34 +160,14 @@ def parse_bench_serve(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> 
             f"top-level JSON value is {short_repr(raw)}, not an object",
             "pass the file written by 'vllm bench serve --save-result' (a multi-turn stats file is a list)",
         )
-    data: dict[str, Any] = {}
-    for key, value in raw.items():
-        data[KEY_ALIASES.get(key, key)] = value
-    if not any(k in data for k in ("duration", "completed", "ttfts", "mean_ttft_ms", "request_throughput")):
-        raise input_error(
-            where,
-            "no vllm bench serve fields found (expected 'duration', 'completed', 'mean_ttft_ms', ...)",
-            "pass the JSON written by 'vllm bench serve --save-result'",
-        )
-    for key in _REQUIRED:
-        if key not in data:
-            raise input_error(
-                where, f"missing required field '{key}'", "pass the unmodified --save-result file"
-            )
-
+    data = _fields(where, raw)
     completed = integer(where, "completed", data["completed"])
     if completed == 0:
         raise input_error(
             where, "field 'completed' is 0: no request succeeded, there is nothing to calibrate on"
         )
     if has_non_finite:
-        for key, value in data.items():
-            if key == "request_rate":
-                continue
-            found = find_non_finite(value, key)
-            if found is not None:
-                raise input_error(where, f"field '{found}' is NaN/Infinity, not a valid measurement")
-
+        _refuse_non_finite(where, data)
     duration_s = number(where, "duration", data["duration"])
     if duration_s <= 0:
         raise input_error(where, f"field 'duration' is {duration_s:g}, must be positive (seconds)")
@@ -197,18 +177,7 @@ def parse_bench_serve(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> 
     if requests is not None and "ttft_s" in requests and "ttft" in summary.index:
         _cross_check_ttft(where, requests, summary)
 
-    known = set(_HEADER_STR) | set(_AGG_FLOAT) | set(_AGG_INT) | set(_PER_REQUEST_FLOAT)
-    known |= set(_PER_REQUEST_OTHER) | {
-        "num_prompts",
-        "request_rate",
-        "burstiness",
-        "max_concurrency",
-        "duration",
-    }
-    extra = {
-        k: v for k, v in data.items() if k not in known and k not in _DROPPED and not _SUMMARY_KEY.match(k)
-    }
-
+    extra = _extra_fields(data)
     return BenchServeResult(
         source=where,
         date=_opt_str(where, data, "date"),
@@ -237,6 +206,40 @@ def parse_bench_serve(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> 
         itls_s=itls,
         extra=MappingProxyType(extra),
     )
+
+
+def _fields(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The file's fields under their current names (:data:`KEY_ALIASES`), the required ones checked."""
+    data = {KEY_ALIASES.get(key, key): value for key, value in raw.items()}
+    if not any(k in data for k in ("duration", "completed", "ttfts", "mean_ttft_ms", "request_throughput")):
+        raise input_error(
+            where,
+            "no vllm bench serve fields found (expected 'duration', 'completed', 'mean_ttft_ms', ...)",
+            "pass the JSON written by 'vllm bench serve --save-result'",
+        )
+    for key in _REQUIRED:
+        if key not in data:
+            raise input_error(
+                where, f"missing required field '{key}'", "pass the unmodified --save-result file"
+            )
+    return data
+
+
+def _refuse_non_finite(where: str, data: Mapping[str, Any]) -> None:
+    """NaN/Infinity anywhere but ``request_rate`` (where ``inf`` means "all at once") is an error."""
+    for key, value in data.items():
+        if key == "request_rate":
+            continue
+        found = find_non_finite(value, key)
+        if found is not None:
+            raise input_error(where, f"field '{found}' is NaN/Infinity, not a valid measurement")
+
+
+def _extra_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields kvplan does not read (kept in ``extra``), without the per-percentile summary keys."""
+    known = set(_HEADER_STR) | set(_AGG_FLOAT) | set(_AGG_INT) | set(_PER_REQUEST_FLOAT)
+    known |= set(_PER_REQUEST_OTHER) | {"num_prompts", "request_rate", "burstiness", "max_concurrency", "duration"}
+    return {k: v for k, v in data.items() if k not in known and k not in _DROPPED and not _SUMMARY_KEY.match(k)}
 
 
 def _opt_str(where: str, data: Mapping[str, Any], key: str) -> str | None:

@@ -30,6 +30,8 @@ POINT_KINDS = ("prefill", "kv_transfer")
 PUBLISHED_COLUMNS = ("model", "series", "prompt_tokens", "value_ms", "note")
 PUBLISHED_SERIES = ("ttft_off", "ttft_on", "prefill_off", "prefill_on", "kv_transfer_on")
 
+MAX_TOKENS = 10_000_000  # one request: far above any context limit
+MAX_VALUE_MS = 3.6e6  # one hour for one prefill or one transfer: anything above is a unit error
 # Computing >= 1024 new tokens in under 1 ms (median) is not possible on any GPU: the values are seconds.
 _PREFILL_MS_CHECK_MIN_TOKENS = 1024
 _PREFILL_MS_IMPLAUSIBLE = 1.0
@@ -85,6 +87,10 @@ def _number(where: str, lineno: int, column: str, text: str, *, whole: bool, pos
         raise input_error(
             where, f"line {lineno}: column '{column}' is {value:g}, not a whole number of tokens"
         )
+    limit = MAX_TOKENS if whole else MAX_VALUE_MS
+    if value > limit:
+        raise input_error(where, f"line {lineno}: column '{column}' is {value:g}, more than {limit:g}",
+                          "check the units (tokens; milliseconds)")
     return value
 
 

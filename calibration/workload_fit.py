@@ -110,12 +110,19 @@ def fit_gap_distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]
         "exponential": {"mean": float(x.mean())},
     }
     with np.errstate(all="ignore"):
-        a, _, scale = sps.gamma.fit(x, floc=0)
-        frozen["gamma"] = sps.gamma(a, scale=scale)
-        params["gamma"] = {"shape": float(a), "scale": float(scale)}
-        c, _, wscale = sps.weibull_min.fit(x, floc=0)
-        frozen["weibull"] = sps.weibull_min(c, scale=wscale)
-        params["weibull"] = {"shape": float(c), "scale": float(wscale)}
+        # identical gaps (no spread) have no gamma/Weibull maximum-likelihood fit: those candidates are left out
+        try:
+            a, _, scale = sps.gamma.fit(x, floc=0)
+            frozen["gamma"] = sps.gamma(a, scale=scale)
+            params["gamma"] = {"shape": float(a), "scale": float(scale)}
+        except (ValueError, RuntimeError, FloatingPointError):
+            pass
+        try:
+            c, _, wscale = sps.weibull_min.fit(x, floc=0)
+            frozen["weibull"] = sps.weibull_min(c, scale=wscale)
+            params["weibull"] = {"shape": float(c), "scale": float(wscale)}
+        except (ValueError, RuntimeError, FloatingPointError):
+            pass
     candidates: dict[str, dict[str, Any]] = {}
     for name, dist in frozen.items():
         d, p = _ks(x, dist)
@@ -170,6 +177,9 @@ def fit_workload(
     n = len(df)
     if n == 0:
         raise input_error(f"trace {trace.source}", "has no requests")
+    if not (df["input_tokens"] > 0).any():
+        raise input_error(f"trace {trace.source}", "every request has input_tokens 0: nothing to fit",
+                          "check the token columns of the trace")
     duration = trace.duration_s
     sessions = df.groupby("session_id", sort=False)
     n_sessions = int(sessions.ngroups)
@@ -197,27 +207,7 @@ def fit_workload(
         ),
         "output_tokens": empirical(outputs, max_empirical, integer=True),
     }
-    gap_fit: dict[str, Any] | None = None
-    if positive.size >= 2:
-        gap_fit = fit_gap_distribution(positive)
-        if gap_model == "empirical":
-            out["turn_gap_s"] = empirical(positive, max_empirical)
-        elif gap_model == "fit":
-            out["turn_gap_s"] = gap_fit["chosen"]
-        else:
-            raise input_error("gap_model", f"is {gap_model!r}", "use 'empirical' or 'fit'")
-    else:
-        out["turn_gap_s"] = {"dist": "constant", "value": 0.0}
-    measured_svc = np.isfinite(df["service_s"].to_numpy(dtype=float)).any()
-    service_desc = (
-        "measured service_s" + (" (service_time_fn where missing)" if service_time_fn is not None else "")
-        if measured_svc
-        else (
-            getattr(service_time_fn, "__name__", repr(service_time_fn))
-            if service_time_fn is not None
-            else "none: the arrival-to-arrival gap is used as the idle gap"
-        )
-    )
+    out["turn_gap_s"], gap_fit = _turn_gap(positive, gap_model, max_empirical)
     out["report"] = {
         "source": trace.source,
         "format": trace.format,
@@ -243,7 +233,7 @@ def fit_workload(
         "output_tokens": {"n": int(outputs.size)},
         "turn_gap": {
             "definition": "idle gap = arrival-to-arrival gap - parent service time",
-            "service_time": service_desc,
+            "service_time": _service_description(df, service_time_fn),
             "pairs": int(len(pairs)),
             "with_service_time": int(idle.size),
             "nonpositive_idle": int((idle <= 0).sum()),
@@ -253,6 +243,27 @@ def fit_workload(
         "empirical_max_values": max_empirical,
     }
     return cast(dict[str, Any], json_ready(out))
+
+
+def _turn_gap(positive: np.ndarray, gap_model: str, max_empirical: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The workload's ``turn_gap_s`` (measured quantiles or the best family) and the families' fit report."""
+    if positive.size < 2:
+        return {"dist": "constant", "value": 0.0}, None
+    gap_fit = fit_gap_distribution(positive)
+    if gap_model == "empirical":
+        return empirical(positive, max_empirical), gap_fit
+    if gap_model == "fit":
+        return gap_fit["chosen"], gap_fit
+    raise input_error("gap_model", f"is {gap_model!r}", "use 'empirical' or 'fit'")
+
+
+def _service_description(df: Any, service_time_fn: ServiceTimeFn | None) -> str:
+    """Where the parent service times subtracted from the gaps come from (for the report)."""
+    if np.isfinite(df["service_s"].to_numpy(dtype=float)).any():
+        return "measured service_s" + (" (service_time_fn where missing)" if service_time_fn is not None else "")
+    if service_time_fn is not None:
+        return getattr(service_time_fn, "__name__", repr(service_time_fn))
+    return "none: the arrival-to-arrival gap is used as the idle gap"
 
 
 def workload_section(fit: Mapping[str, Any]) -> dict[str, Any]:

@@ -98,8 +98,8 @@ ASSUMPTIONS = (
     "last conversation starts); peak is over the whole run, averaged over replications.",
     "Decode batch capacity = min(max_num_seqs, (KV pool - pinned KV) / mean request KV (prompt + output)).",
     "Pull cost excludes the one-off handshake; P-side queueing and link sharing are in the simulation, not in n*.",
-    "Every recommended configuration uses kv_load_failure_policy 'recompute' (VLLM_BEHAVIOUR.md 1.5: with 'fail' a "
-    "declined read errors the request).",
+    "Every recommended configuration uses kv_load_failure_policy 'recompute' (vLLM's KV-transfer config, PR #47021: "
+    "with 'fail' a declined read errors the request).",
 )
 
 

@@ -93,8 +93,9 @@ def metrics(rows: Rows, max_num_seqs: int, n_decode: int) -> dict[str, float]:
 
 
 def router_ttl(ttl: float, margin: float, allowance: float) -> int:
-    """The router rule: ``floor(TTL - margin - allowance)``, at least 0."""
-    return int(max(math.floor(ttl - margin - allowance), 0))
+    """The router rule: ``floor(TTL - margin - allowance)``, at least 1 s (a router TTL of 0 would forget every
+    conversation at once)."""
+    return int(max(math.floor(ttl - margin - allowance), 1))
 
 
 @dataclass(frozen=True)

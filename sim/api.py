@@ -8,6 +8,7 @@ from typing import Any
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import ChunkSink, ProgressHook, simulate
+from kvplan.sim.health import compute_health
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Scenario, as_scenario
 from kvplan.sim.stream import RunStream, TurnSink
@@ -83,4 +84,10 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
     events = ctx.log.chunk() if ctx.log.keep else None
-    return build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes))
+    # P's prefix cache at the end of the run (tokens, capacity), summed over P nodes, when caching is on
+    pools = [p.pool for p in ctx.prefill if p.pool.caching]
+    held = (sum(pl.cached * pl.block_size for pl in pools), sum(pl.capacity * pl.block_size for pl in pools)) \
+        if pools else None
+    result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes))
+    health = compute_health(result.summary, stream.agg.health_frame(), scenario, rs.per_byte_s, held)
+    return result.with_run_context({"health": health})

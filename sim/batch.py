@@ -88,6 +88,10 @@ class DecodeBatch:
         self._plan_n = 0
         self._plan_first = 0.0
         self._plan_inc = 0.0
+        self._ips_key: tuple[float, int] = (-1.0, -1)  # (time, plan) of the cached in-progress step
+        self._base = 0  # step at the start of the current (or just-ended) stretch
+        self._last_n = 0  # its length in steps
+        self._ips = 0
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -102,7 +106,31 @@ class DecodeBatch:
         """Index of the step running now (its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        return self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+        key = (self.env.now, self._gen)
+        if key == self._ips_key:
+            return self._ips
+        self._ips_key = key
+        self._ips = self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+        return self._ips
+
+    def step_at(self, t: float) -> int:
+        """Index of the step that was running at time ``t`` (at most now) in the current or just-ended stretch."""
+        n = self._last_n
+        if not n or t <= self._plan_t0:
+            return self._base
+        e = t - self._plan_t0
+        a, inc = self._plan_first, self._plan_inc
+        k = 0
+        if inc > 0:
+            k = int((-(a - inc / 2) + math.sqrt((a - inc / 2) ** 2 + 2 * inc * e)) / inc)
+        elif a > 0:
+            k = int(e / a)
+        k = max(k, 0)
+        while k > 0 and self._steps_time(k) > e:
+            k -= 1
+        while k + 1 < n and self._steps_time(k + 1) <= e:
+            k += 1
+        return self._base + min(k, n - 1)
 
     def _add(self, r: Request, p: int, g0: int, rem: int) -> None:
         """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""
@@ -213,6 +241,8 @@ class DecodeBatch:
         self._gen += 1
         gen = self._gen
         self._plan_n = n
+        self._base = self.step
+        self._last_n = n
         dt = self._plan_t0 + self._steps_time(n) - self.env.now
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_boundary(gen, n))
 
@@ -251,6 +281,8 @@ class DecodeBatch:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
             self._active = False
+            self._last_n = 0
+            self._base = self.step
             if self._join_q:  # every joiner was preempted but others still wait: the next (empty) step takes them
                 self._active = True
                 self._boundary()

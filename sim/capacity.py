@@ -126,52 +126,37 @@ def _best_at(total: int, slack: list[tuple[int, int, float]], loose: bool) -> li
     return [(x, y) for _, x, y in at[:SPLITS_PER_TOTAL]]
 
 
+#: (TTFT p90, (P nodes, D nodes), the run's metrics) of the best deployment tried
+Closest = tuple[float, tuple[int, int], dict[str, float]]
+
+
+def _not_meeting(closest: Closest | None, max_nodes: int,
+                 slo_s: float) -> dict[str, Any]:
+    """The answer when no deployment up to ``max_nodes`` meets the SLO: the closest one tried and its p90."""
+    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {max_nodes} nodes meets the SLO"}
+    if closest is not None:
+        p90, (cx, cy), best = closest
+        out.update({
+            "closest_xpyd": f"{cx}P{cy}D", "closest_ttft_p90_ms": p90 * 1000, "hit_rate": best["hit_rate"],
+            "turns_per_conversation": best["turns_per_conversation"],
+            "prefill_utilization": best["prefill_utilization"],
+        })
+        achieved = f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else "runs failed"
+        out["note"] += (f"; closest tried: {cx}P{cy}D with {achieved} (SLO {slo_s * 1000:g} ms): raise "
+                        "--max-nodes, relax the SLO or lower the load")
+    return out
+
+
 def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float, notes: list[str],
                disagreements: list[str]) -> dict[str, Any]:
     slack = _screen_slack(ev.base, ev.bidir, rate, max_nodes)
-    plausible = [x + y for x, y, s in slack if s < PLAUSIBLE_SLACK]
-    start = min(plausible) if plausible else 2
-    found: tuple[int, int] | None = None
-    total = start
-    while total <= max_nodes:
-        splits = _best_at(total, slack, loose=False)
-        res = ev.many([(x, y, rate) for x, y in splits])
-        ok = [(r["ttft_p90_s"], s) for r, s in zip(res, splits, strict=True) if r["ttft_p90_s"] <= slo_s]
-        if ok:
-            found = min(ok)[1]
-            break
-        total += 1
-    if found is not None:
-        while found[0] + found[1] > 2:  # the simulator wins: try one node fewer
-            smaller = _best_at(found[0] + found[1] - 1, slack, loose=False)
-            res = ev.many([(x, y, rate) for x, y in smaller])
-            ok = [(r["ttft_p90_s"], s) for r, s in zip(res, smaller, strict=True) if r["ttft_p90_s"] <= slo_s]
-            if not ok:
-                break
-            disagreements.append(f"bidirectional {'on' if ev.bidir else 'off'}: the screen ruled out "
-                                 f"{min(ok)[1][0]}P{min(ok)[1][1]}D, the simulator meets the SLO there")
-            found = min(ok)[1]
+    found, closest = _smallest_meeting(ev, slack, rate, slo_s, max_nodes, disagreements)
     if found is None:
-        return {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {max_nodes} nodes meets the SLO"}
+        return _not_meeting(closest, max_nodes, slo_s)
     x, y = found
     at = ev.many([(x, y, rate)])[0]
-    lo, hi = rate, math.inf
-    r = rate
-    for _ in range(MAX_DOUBLINGS):
-        r *= 2
-        if ev.many([(x, y, r)])[0]["ttft_p90_s"] <= slo_s:
-            lo = r
-        else:
-            hi = r
-            break
-    if math.isfinite(hi):
-        for _ in range(BISECTION_STEPS):
-            mid = (lo + hi) / 2
-            if ev.many([(x, y, mid)])[0]["ttft_p90_s"] <= slo_s:
-                lo = mid
-            else:
-                hi = mid
-    else:
+    lo, capped = _max_rate(ev, x, y, rate, slo_s)
+    if capped:
         notes.append(f"bidirectional {'on' if ev.bidir else 'off'}: the SLO still holds at {lo:g}/s (search capped)")
     tpc = at["turns_per_conversation"]
     nodes = x + y
@@ -192,10 +177,65 @@ def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float,
         "turns_per_conversation": tpc,
         "prefill_utilization": at["prefill_utilization"],
         "max_sustainable_rate_per_s": lo,
-        "max_rate_capped": not math.isfinite(hi),
+        "max_rate_capped": capped,
         "usd_per_million_turns_at_rate": per_m(rate),
         "usd_per_million_turns_at_max_rate": per_m(lo),
     }
+
+
+def _meeting(ev: _Eval, splits: list[tuple[int, int]], rate: float, slo_s: float,
+             closest: list[Closest]) -> tuple[int, int] | None:
+    """The split of ``splits`` with the lowest simulated TTFT p90 within the SLO, if any; ``closest`` keeps
+    the lowest p90 seen (for the answer when nothing meets the SLO)."""
+    res = ev.many([(x, y, rate) for x, y in splits])
+    for row, split in zip(res, splits, strict=True):
+        if not closest or row["ttft_p90_s"] < closest[0][0]:
+            closest[:] = [(row["ttft_p90_s"], split, row)]
+    ok = [(r["ttft_p90_s"], s) for r, s in zip(res, splits, strict=True) if r["ttft_p90_s"] <= slo_s]
+    return min(ok)[1] if ok else None
+
+
+def _smallest_meeting(ev: _Eval, slack: list[tuple[int, int, float]], rate: float, slo_s: float, max_nodes: int,
+                      disagreements: list[str]) -> tuple[tuple[int, int] | None, Closest | None]:
+    """Grow the node count from the screen's plausible minimum until a split meets the SLO, then shrink
+    while the simulator still meets it there (the simulator wins over the screen)."""
+    plausible = [x + y for x, y, s in slack if s < PLAUSIBLE_SLACK]
+    found: tuple[int, int] | None = None
+    closest: list[Closest] = []
+    total = min(plausible) if plausible else 2
+    while total <= max_nodes and found is None:
+        found = _meeting(ev, _best_at(total, slack, loose=False), rate, slo_s, closest)
+        total += 1
+    while found is not None and found[0] + found[1] > 2:
+        smaller = _meeting(ev, _best_at(found[0] + found[1] - 1, slack, loose=False), rate, slo_s, [])
+        if smaller is None:
+            break
+        disagreements.append(f"bidirectional {'on' if ev.bidir else 'off'}: the screen ruled out "
+                             f"{smaller[0]}P{smaller[1]}D, the simulator meets the SLO there")
+        found = smaller
+    return found, (closest[0] if closest else None)
+
+
+def _max_rate(ev: _Eval, x: int, y: int, rate: float, slo_s: float) -> tuple[float, bool]:
+    """The largest load ``xPyD`` sustains within the SLO: doublings, then bisection; (rate, search capped)."""
+    lo, hi = rate, math.inf
+    r = rate
+    for _ in range(MAX_DOUBLINGS):
+        r *= 2
+        if ev.many([(x, y, r)])[0]["ttft_p90_s"] <= slo_s:
+            lo = r
+        else:
+            hi = r
+            break
+    if not math.isfinite(hi):
+        return lo, True
+    for _ in range(BISECTION_STEPS):
+        mid = (lo + hi) / 2
+        if ev.many([(x, y, mid)])[0]["ttft_p90_s"] <= slo_s:
+            lo = mid
+        else:
+            hi = mid
+    return lo, False
 
 
 def plan_capacity(
@@ -242,7 +282,7 @@ def plan_capacity(
     for bidir in (True, False):
         ev = _Eval(base, bidir, replications, workers, backend, progress, counter)
         modes[bidir] = _plan_mode(ev, float(rate_per_s), slo_ttft_p90_ms / 1000, max_nodes, usd, notes, dis)
-    tpc = next((m.get("turns_per_conversation") for m in modes.values() if m.get("meets_slo")), None)
+    tpc = next((m.get("turns_per_conversation") for m in modes.values() if m.get("turns_per_conversation")), None)
     if tpc is None:
         tpc = float("nan")
     return CapacityPlan(

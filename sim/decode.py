@@ -97,6 +97,10 @@ class DecodeNode:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
+        pool = self.pool
+        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+            # the growth before ``t`` took its blocks (evicting cache) before this release frees any
+            self._sync(self.batch.step_at(t))
         self.pool.pinned -= pin.blocks
         self.ctx.log.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
         if why != Release.REUSED:
@@ -259,11 +263,13 @@ class DecodeNode:
             pid, entry, hit, owned = self._local_hit(r, tokens)
             need = max(total - owned, 0)
             # a taken cache entry's blocks left the cached count but stay in use: they are not free
-            want = need + (self.watermark_blocks if batch.batch else 0) + (owned if pid is None else 0)
-            if pool.free() < want and not synced:
+            # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
+            wm = self.watermark_blocks if (batch.batch or self.static) else 0
+            want = need + wm + (owned if pid is None else 0)
+            if pool.capacity - pool.held - pool.pinned - pool.cached < want and not synced:
                 synced = True
                 self._sync(batch.in_progress_step())
-            if pool.free() < want:
+            if pool.capacity - pool.held - pool.pinned - pool.cached < want:
                 pool.evict(want)
                 if pool.free() < want:
                     if entry is not None:

@@ -27,6 +27,7 @@ from kvplan.sim.events import EventChunk, EventLog
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario, with_overrides
+from kvplan.sim.validity import check_pools_hold_largest_request, check_tensor_parallel
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -65,9 +66,7 @@ def resolve(scenario: Scenario) -> Resolved:
         raise input_error(
             "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
         )
-    if arch.num_q_heads % tp:
-        raise input_error("deployment.tensor_parallel_size", f"{tp} does not divide the {arch.num_q_heads} attention "
-                          f"heads of {arch.name}", "use a TP size that divides the head count")
+    check_tensor_parallel(arch, tp)
     profile, notes = resolve_profile(arch, node, tp, scenario.profile)
     costs = apply_overrides(profile.costs, scenario.costs)
     for comp in ("prefill", "transfer", "decode", "overhead"):
@@ -131,6 +130,18 @@ def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved
     return out[0], out[1]
 
 
+CLOCK_LIMIT_S = float(2**24)  # beyond it float64 spacing (3.7e-9 s) exceeds sim/link.py's 1 ns slack: livelock
+
+
+def _refuse_if_unfinished(env: simpy.Environment) -> None:
+    """The sentinel at :data:`CLOCK_LIMIT_S`: nothing may still be pending there (overload plus a long TTL)."""
+    if env.peek() != float("inf"):
+        raise input_error(
+            "simulation", f"the simulated clock reached {CLOCK_LIMIT_S:.3g} s with work still queued (the deployment "
+            "never drains: overloaded, or retention holding the decode pool); lower the load, the TTL, or add nodes",
+        )
+
+
 ChunkSink = Callable[[EventChunk], None]
 ProgressHook = Callable[[float, float], None]
 SLICE_EVENTS = 131_072  # events per flushed slice of simulated time (the slice length adapts to reach it)
@@ -143,15 +154,17 @@ def simulate(
     """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state.
 
     The event log is flushed into typed chunks between slices of simulated time and each chunk handed to
-    ``on_chunk`` (``keep`` also keeps them in ``ctx.log``); ``progress(now_s, horizon_s)`` is called after
-    each slice, the horizon being the plan's last planned arrival (an estimate for closed loops).
-    Slicing ``env.run`` does not change the run: SimPy processes events in (time, priority, id) order and
-    the stop event of a slice only interleaves with them.
+    the sink ``consumer(plan)`` returns (``keep`` also keeps them in ``ctx.log``); ``progress(now_s,
+    horizon_s)`` is called after each slice, the horizon being the plan's last planned arrival (an estimate
+    for closed loops). Slicing ``env.run`` does not change the run: SimPy processes events in (time,
+    priority, id) order and the stop event of a slice only interleaves with them.
     """
     rs = resolve(scenario)
     rs_p, rs_d = _resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
+    check_tensor_parallel(rs.arch, scenario.deployment.tensor_parallel_size)
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     on_chunk = consumer(plan) if consumer is not None else None
     env = simpy.Environment()
     dep = scenario.deployment
@@ -202,16 +215,25 @@ def _horizon_s(plan: ConversationPlan) -> float:
 def _run_sliced(
     env: simpy.Environment, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float
 ) -> None:
-    """``env.run()`` in slices of simulated time, flushing the log after each (deterministic slice lengths)."""
+    """``env.run()`` in slices of simulated time, flushing the log between them (deterministic slice lengths).
+
+    Steps events itself (what ``env.run`` does) so that no stop event enters the queue; the clock limit's
+    sentinel (:data:`CLOCK_LIMIT_S`) is checked before each slice.
+    """
+    step, peek = env.step, env.peek
     dt = max(horizon / 1000.0, 1.0)
     while True:
-        nxt = env.peek()
+        nxt = peek()
         if nxt == float("inf"):
             break
+        if nxt >= CLOCK_LIMIT_S:
+            _refuse_if_unfinished(env)
         before = log.total
-        env.run(until=nxt + dt)
+        stop = min(nxt + dt, CLOCK_LIMIT_S)
+        while peek() < stop:
+            step()
         n = log.total - before
-        if len(log) >= SLICE_EVENTS or env.peek() == float("inf"):
+        if len(log) >= SLICE_EVENTS or peek() == float("inf"):
             chunk = log.flush()
             if on_chunk is not None:
                 on_chunk(chunk)
@@ -220,4 +242,4 @@ def _run_sliced(
         if n > SLICE_EVENTS // 4:
             dt /= 2.0
         elif n < SLICE_EVENTS // 16:
-            dt *= 2.0
+            dt = min(dt * 2.0, max(horizon / 20.0, 1.0))

@@ -38,7 +38,9 @@ from kvplan.sim.scenario import (
 )
 from kvplan.sim.seeds import replication_seeds
 
-MAX_POINTS = 1_000_000
+MAX_POINTS = 10_000  # above it (or MAX_RUNS runs) only with --yes: validating 10,000 points takes ~1 s
+MAX_RUNS = 100_000  # points x replications (each run is a full simulation)
+MAX_REPLICATIONS = 1_000
 GRID_KEYS = ("base", "axes", "replications", "seed")
 FORMAT_VERSION = 1  # bump when the row schema or the seeding rule changes (invalidates resumable parts)
 
@@ -113,8 +115,11 @@ class Grid:
 
     def with_replications(self, replications: int) -> Grid:
         """The same grid with another replication count (validated)."""
-        if not isinstance(replications, int) or isinstance(replications, bool) or replications < 1:
-            raise input_error(f"{self.source}: replications", f"must be an integer >= 1, got {replications!r}")
+        ok = isinstance(replications, int) and not isinstance(replications, bool)
+        if not ok or not 1 <= replications <= MAX_REPLICATIONS:
+            raise input_error(
+                f"{self.source}: replications", f"must be an integer in 1..{MAX_REPLICATIONS}, got {replications!r}"
+            )
         return replace(self, replications=replications)
 
 
@@ -238,6 +243,7 @@ def _load_base(base: Any, where: str, base_dir: Path | None) -> Scenario:
 def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
     """Validate point ``i``: pydantic, then preset/profile resolution and empirical files (cached by key)."""
     from kvplan.sim.engine import resolve
+    from kvplan.sim.validity import check_tensor_parallel
     from kvplan.sim.workload import load_empirical_values
 
     ov = grid.point_overrides(i)
@@ -251,6 +257,7 @@ def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
         )
         if key not in resolved:
             resolved[key] = resolve(sc)
+            check_tensor_parallel(resolved[key].arch, sc.deployment.tensor_parallel_size)
         for name in ("turns", "prefix_tokens", "user_tokens", "output_tokens", "turn_gap_s"):
             dist = getattr(sc.workload, name)
             if getattr(dist, "path", None):
@@ -263,6 +270,15 @@ def _validate_point(grid: Grid, i: int, resolved: dict[str, Any]) -> None:
         if len(shown) > 200:
             shown = shown[:197] + "..."
         raise KvplanInputError(f"{grid.source}: point {i} {shown}: {msg}") from None
+
+
+def check_runs(n_points: int, replications: int, where: str, yes: bool) -> None:
+    """Refuse more than :data:`MAX_RUNS` simulations (points x replications) unless ``yes``."""
+    if n_points * replications > MAX_RUNS and not yes:
+        raise input_error(
+            where, f"{n_points:,} points x {replications:,} replications = {n_points * replications:,} runs "
+            f"(more than {MAX_RUNS:,})", "pass --yes to run it anyway",
+        )
 
 
 def grid_from_dict(
@@ -288,8 +304,9 @@ def grid_from_dict(
             where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
         )
     reps = data.get("replications", 1)
-    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
-        raise input_error(f"{where}: replications", f"must be an integer >= 1, got {reps!r}")
+    if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= MAX_REPLICATIONS:
+        raise input_error(f"{where}: replications", f"must be an integer in 1..{MAX_REPLICATIONS}, got {reps!r}")
+    check_runs(n_points, reps, where, yes)
     base = _load_base(data["base"], where, base_dir)
     seed = data.get("seed", base.seed)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:

@@ -301,10 +301,24 @@ class Result:
     notes: list[str] = field(default_factory=list)
     pinned: pd.DataFrame | None = None
     stats: Summary | None = None  # the typed summary (``summary`` is its ``to_dict()``, the summary.json content)
+    held: pd.DataFrame | None = None
 
     def pinned_series(self) -> pd.DataFrame:
         """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
         return self.pinned if self.pinned is not None else pinned_frame(np.zeros(0), np.zeros(0), 1)
+
+    def held_series(self) -> pd.DataFrame:
+        """KV P holds under lease for D's reads over time (GiB summed over prefill nodes and GPUs)."""
+        return self.held if self.held is not None else held_frame(np.zeros(0), np.zeros(0), 0.0)
+
+    def with_run_context(self, more: dict[str, Any]) -> Result:
+        """The same result with more run-context keys in its summary (e.g. ``health``, computed from it)."""
+        import dataclasses
+
+        if self.stats is None:
+            return dataclasses.replace(self, summary={**self.summary, **more})
+        stats = dataclasses.replace(self.stats, run={**self.stats.run, **more})
+        return dataclasses.replace(self, summary=stats.to_dict(), stats=stats)
 
 
 def build_result(
@@ -316,7 +330,7 @@ def build_result(
     ev = events_frame(events if events is not None else EventChunk.empty())
     turns = stream.turns()
     pinned = stream_pinned(stream, bytes_all_ranks)
-    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats)
+    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats, stream_held(stream))
 
 
 # --- writers ---------------------------------------------------------------------------------------------

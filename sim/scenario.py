@@ -13,18 +13,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
+from kvplan.safe_yaml import load_yaml_text
 
 MAX_SCENARIO_BYTES = 4 * 1024**2
 MAX_EMPIRICAL_VALUES = 1_000_000
+MAX_INLINE_EMPIRICAL_VALUES = 100_000  # ~1 MiB of YAML; larger samples belong in an empirical 'path' file
+# Simulated time must stay where float64 still resolves the link's 1 ns completion slack (sim/link.py EPS_S):
+# the spacing of doubles is 1.9e-9 s below 2**24 s and 3.7e-9 s above, where a sub-nanosecond remainder
+# no longer advances the clock (livelock). Arrivals and turn gaps are bounded to 1e7 s (116 days) before
+# any work; the engine refuses a run whose clock still reaches 2**24 s (overload + long TTL).
+MAX_SIM_TIME_S = 1e7
+MAX_CONVERSATIONS = 1_000_000
+MAX_TOTAL_TURNS = 1_000_000  # ~4.4 KiB of event log per turn: about 4.4 GiB at the limit
+MAX_TURNS_PER_CONVERSATION = 100_000
+MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
+MAX_LOGNORMAL_SIGMA = 10.0
+MAX_TIME_SCALE = 1e6
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # finite numbers only: .inf/.nan in any float field is an error naming it (allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # --- distributions ---------------------------------------------------------------------------------------
@@ -49,7 +62,7 @@ class LogNormal(_Frozen):
 
     dist: Literal["lognormal"]
     median: float = Field(gt=0, description="Median = exp(mu).")
-    sigma: float = Field(ge=0, description="Standard deviation of log(value).")
+    sigma: float = Field(ge=0, le=MAX_LOGNORMAL_SIGMA, description="Standard deviation of log(value) (<= 10).")
 
 
 class Uniform(_Frozen):
@@ -81,12 +94,48 @@ class Empirical(_Frozen):
         if self.values is not None:
             if not self.values:
                 raise ValueError("'values' is empty")
+            if len(self.values) > MAX_INLINE_EMPIRICAL_VALUES:
+                raise ValueError(
+                    f"{len(self.values):,} inline values (more than {MAX_INLINE_EMPIRICAL_VALUES:,}); "
+                    "put them in a file and give 'path:'"
+                )
             if any((not math.isfinite(v)) or v < 0 for v in self.values):
                 raise ValueError("'values' must be finite and >= 0")
         return self
 
 
 Dist = Annotated[Constant | Exponential | LogNormal | Uniform | Empirical, Field(discriminator="dist")]
+
+
+def dist_upper(dist: Any) -> float | None:
+    """A scale no draw is expected to exceed by much (its value, mean, median, high or sample maximum);
+    ``None`` for a sample in a file (checked when read)."""
+    if isinstance(dist, Constant):
+        return dist.value
+    if isinstance(dist, Exponential):
+        return dist.mean
+    if isinstance(dist, LogNormal):
+        return dist.median
+    if isinstance(dist, Uniform):
+        return dist.high
+    if isinstance(dist, Empirical) and dist.values is not None:
+        return max(dist.values)
+    return None
+
+
+def dist_mean_inline(dist: Any) -> float | None:
+    """The mean of a distribution given inline (``None`` for a file sample)."""
+    if isinstance(dist, Constant):
+        return dist.value
+    if isinstance(dist, Exponential):
+        return dist.mean
+    if isinstance(dist, LogNormal):
+        return float(dist.median * math.exp(min(dist.sigma, 10.0) ** 2 / 2))
+    if isinstance(dist, Uniform):
+        return (dist.low + dist.high) / 2
+    if isinstance(dist, Empirical) and dist.values is not None:
+        return math.fsum(dist.values) / len(dist.values)
+    return None
 
 
 # --- sections ---------------------------------------------------------------------------------------------
@@ -97,15 +146,17 @@ class Deployment(_Frozen):
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
-    tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance.")
+    tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance (unless per role).")
     prefill_tensor_parallel_size: int | None = Field(
         default=None, gt=0, le=64, description="TP of the prefill instances (default: tensor_parallel_size)."
     )
     decode_tensor_parallel_size: int | None = Field(
         default=None, gt=0, le=64, description="TP of the decode instances (default: tensor_parallel_size)."
     )
-    max_num_seqs: int = Field(default=1024, gt=0, description="vLLM --max-num-seqs (P and D).")
-    max_num_batched_tokens: int = Field(default=8192, gt=0, description="vLLM --max-num-batched-tokens.")
+    max_num_seqs: int = Field(default=1024, gt=0, le=65_536, description="vLLM --max-num-seqs (P and D).")
+    max_num_batched_tokens: int = Field(
+        default=8192, gt=0, le=MAX_TOKENS, description="vLLM --max-num-batched-tokens (>= max_num_seqs)."
+    )
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
     decode_prefix_caching: bool = Field(default=True, description="Prefix caching on D (vLLM default on).")
     routing: Literal["round_robin", "sticky"] = Field(
@@ -113,10 +164,10 @@ class Deployment(_Frozen):
     )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     decode_kv_capacity_tokens: int | None = Field(
-        default=None, gt=0, description="Override D's KV pool (tokens); default from HBM and weights."
+        default=None, gt=0, le=10**12, description="Override D's KV pool (tokens); default from HBM and weights."
     )
     prefill_kv_capacity_tokens: int | None = Field(
-        default=None, gt=0, description="Override P's prefix-cache pool (tokens); default from HBM."
+        default=None, gt=0, le=10**12, description="Override P's prefix-cache pool (tokens); default from HBM."
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
@@ -125,19 +176,37 @@ class Deployment(_Frozen):
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
     )
 
+    @model_validator(mode="after")
+    def _vllm_scheduler_rules(self) -> Deployment:
+        # vLLM SchedulerConfig._verify_args (vllm/config/scheduler.py) refuses to start otherwise
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}),"
+                " as vLLM requires; raise max_num_batched_tokens or lower max_num_seqs"
+            )
+        return self
+
 
 class Policy(_Frozen):
     """The bidirectional-transfer knobs (``--kv-transfer-config``) and the router's."""
 
     bidirectional: bool = Field(default=True, description="bidirectional_kv_xfer: D retains, P pulls back.")
-    decoder_kv_blocks_ttl_s: float = Field(default=480.0, ge=0, description="D retention TTL from finish.")
-    kv_recompute_threshold_tokens: int = Field(default=64, ge=0, description="Pull only if >= this many.")
-    router_ttl_s: float = Field(default=450.0, ge=0, description="Router entry lifetime (proxy: 450 s).")
+    decoder_kv_blocks_ttl_s: float = Field(
+        default=480.0, ge=0, le=MAX_SIM_TIME_S, description="D retention TTL from finish (<= 1e7 s)."
+    )
+    kv_recompute_threshold_tokens: int = Field(default=64, ge=0, le=2**31 - 1, description="Pull only if >= this many.")
+    router_ttl_s: float = Field(
+        default=450.0, ge=0, le=MAX_SIM_TIME_S, description="Router entry lifetime (proxy: 450 s)."
+    )
     kv_load_failure_policy: Literal["fail", "recompute"] = Field(
         default="fail", description="Declined/failed read: fail the request or recompute locally."
     )
-    expiry_safety_margin_s: float = Field(default=5.0, ge=0, description="P declines if now+margin>=expiry.")
-    clock_skew_s: float = Field(default=0.0, description="P clock minus D clock error after offset estimation.")
+    expiry_safety_margin_s: float = Field(
+        default=5.0, ge=0, le=3600, description="P declines if now+margin>=expiry (<= 1 h)."
+    )
+    clock_skew_s: float = Field(
+        default=0.0, ge=-3600, le=3600, description="P clock minus D clock error after offset estimation (|x| <= 1 h)."
+    )
     threshold_applies_to_p2d: bool | None = Field(
         default=None,
         description="D recomputes P->D tails below the threshold (vLLM PR #55801); default: on when bidirectional.",
@@ -153,7 +222,7 @@ class PoissonArrival(_Frozen):
     """Open loop: new conversations arrive as a Poisson stream (or gamma gaps, vLLM ``get_request``'s burstiness)."""
 
     kind: Literal["poisson"]
-    rate_per_s: float = Field(gt=0, description="New conversations per second.")
+    rate_per_s: float = Field(gt=0, le=1e6, description="New conversations per second.")
     burstiness: float = Field(
         default=1.0, gt=0, le=1000,
         description="vLLM benchmark_serving --burstiness: gamma gaps of this shape at the same rate (1 = Poisson).",
@@ -164,8 +233,10 @@ class ClosedLoopArrival(_Frozen):
     """vLLM multi-turn benchmark: N clients cycle round-robin over their active conversations."""
 
     kind: Literal["closed_loop"]
-    clients: int = Field(gt=0, description="--num-clients.")
-    max_active_conversations: int = Field(gt=0, description="--max-active-conversations (split over clients).")
+    clients: int = Field(gt=0, le=100_000, description="--num-clients.")
+    max_active_conversations: int = Field(
+        gt=0, le=MAX_CONVERSATIONS, description="--max-active-conversations (split over clients)."
+    )
 
 
 Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kind")]
@@ -175,21 +246,29 @@ class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
     path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL or CSV).")
-    format: Literal["mooncake", "multiturn", "ragpulse", "csv"] | None = Field(
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"] | None = Field(
         default=None, description="Trace format (default: detected from the content)."
     )
-    time_scale: float = Field(default=1.0, gt=0, description="Speed-up of arrivals (2 = twice as fast).")
+    time_scale: float = Field(
+        default=1.0, ge=1e-6, le=MAX_TIME_SCALE, description="Speed-up of arrivals (2 = twice as fast)."
+    )
     window_s: tuple[float, float] | None = Field(default=None, description="Keep arrivals in [start, end) s.")
     sample_sessions: float | None = Field(default=None, gt=0, le=1, description="Fraction of sessions to keep.")
     overlong: Literal["skip", "truncate"] = Field(
         default="skip", description="Requests beyond the model's context limit: skip or truncate (counted)."
     )
 
+    @model_validator(mode="after")
+    def _window(self) -> TraceSource:
+        if self.window_s is not None and not (0 <= self.window_s[0] < self.window_s[1]):
+            raise ValueError("window_s must be [start, end) with 0 <= start < end (seconds)")
+        return self
+
 
 class Workload(_Frozen):
     """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
 
-    conversations: int = Field(default=100, gt=0, le=10_000_000, description="Conversations to simulate.")
+    conversations: int = Field(default=100, gt=0, le=MAX_CONVERSATIONS, description="Conversations to simulate.")
     arrival: Arrival = Field(
         default=PoissonArrival(kind="poisson", rate_per_s=0.1), description="poisson or closed_loop."
     )
@@ -203,6 +282,43 @@ class Workload(_Frozen):
     trace: TraceSource | None = Field(
         default=None, description="Replay a trace instead: replaces every synthetic field above."
     )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> Workload:
+        """Bound what the run may cost before any draw: per-draw ranges, total turns, simulated time span."""
+        for name, limit, unit in _DIST_LIMITS:
+            hi = dist_upper(getattr(self, name))
+            if hi is not None and hi > limit:
+                raise ValueError(f"{name}: {hi:.4g} {unit} is beyond the limit of {limit:.4g} {unit}")
+        if self.trace is not None:
+            return self
+        mean_turns = dist_mean_inline(self.turns)
+        if mean_turns is not None and self.conversations * max(1.0, mean_turns) > MAX_TOTAL_TURNS:
+            raise ValueError(
+                f"conversations x mean turns = {self.conversations * max(1.0, mean_turns):,.0f} turns (more than "
+                f"{MAX_TOTAL_TURNS:,}); lower conversations or turns, or split the run into a sweep's replications"
+            )
+        mean_gap = dist_mean_inline(self.turn_gap_s)
+        span = 0.0
+        if isinstance(self.arrival, PoissonArrival):
+            span = self.conversations / self.arrival.rate_per_s
+        if mean_gap is not None and mean_turns is not None:
+            span = max(span, mean_gap * max(mean_turns - 1.0, 0.0))
+        if span > MAX_SIM_TIME_S:
+            raise ValueError(
+                f"arrivals and turn gaps span about {span:.3g} s of simulated time (more than {MAX_SIM_TIME_S:.0e} s, "
+                "which float time cannot resolve to the nanosecond); raise arrival.rate_per_s or shorten turn_gap_s"
+            )
+        return self
+
+
+_DIST_LIMITS = (
+    ("turns", MAX_TURNS_PER_CONVERSATION, "turns"),
+    ("prefix_tokens", MAX_TOKENS, "tokens"),
+    ("user_tokens", MAX_TOKENS, "tokens"),
+    ("output_tokens", MAX_TOKENS, "tokens"),
+    ("turn_gap_s", MAX_SIM_TIME_S, "s"),
+)
 
 
 _COST_COMPONENTS: dict[str, type[BaseModel]] = {
@@ -232,6 +348,15 @@ class CostOverrides(_Frozen):
         model.model_validate(v)  # types and ranges of the named parameters
         return dict(v)
 
+    @model_validator(mode="after")
+    def _finite(self) -> CostOverrides:
+        for comp in ("prefill", "transfer", "decode", "overhead"):
+            block = getattr(self, comp)
+            for name, v in (dict(block) if block is not None else {}).items():
+                if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= 1e6):
+                    raise ValueError(f"{comp}.{name} = {v} must be a finite number of at most 1e6 (seconds or seconds/unit)")
+        return self
+
 
 class Simulation(_Frozen):
     """Engine options (not properties of the system)."""
@@ -252,7 +377,7 @@ class Scenario(_Frozen):
     workload: Workload = Field(default_factory=Workload, description="Workload.")
     costs: CostOverrides = Field(default_factory=CostOverrides, description="Inline cost overrides.")
     simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
-    seed: int = Field(default=0, ge=0, description="Root seed of every random stream.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Root seed of every random stream.")
 
 
 # --- loading ----------------------------------------------------------------------------------------------
@@ -262,7 +387,7 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     err = exc.errors()[0]
     # drop pydantic's union-member tags (e.g. 'constant') from the location
     loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
-    msg = err["msg"]
+    msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; `kvplan simulate --help` lists every field)"
     elif err["type"] == "union_tag_invalid":
@@ -294,13 +419,7 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
     text = p.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise input_error(str(p), f"empty {what} file", hint)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise input_error(f"{p}{line}", f"YAML error: {problem} (truncated or mis-indented file?)") from None
+    data = load_yaml_text(text, str(p))
     if data is None:
         raise input_error(str(p), f"empty {what} file", hint)
     return data

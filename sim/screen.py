@@ -158,22 +158,39 @@ _SCALARS = tuple(f.name for f in fields(ScreenPoint) if f.name not in ("turns_q"
 
 @dataclass(frozen=True)
 class ScreenInputs:
-    """The screen's inputs for many scenarios: ``points`` and each scalar field stacked as a float array."""
+    """The screen's inputs for many scenarios: ``points`` and each scalar field of :class:`ScreenPoint` as an
+    array over the points (same names, so the algebra reads like the per-scenario formulas)."""
 
     points: list[ScreenPoint]
-    arrays: dict[str, np.ndarray]
+    rate_per_s: np.ndarray
+    conversations: np.ndarray
+    mean_turns: np.ndarray
+    mean_turns_sq: np.ndarray
+    prefix_tokens: np.ndarray
+    user_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ttl_s: np.ndarray
+    router_ttl_s: np.ndarray
+    margin_s: np.ndarray
+    router_on: np.ndarray
+    threshold_tokens: np.ndarray
+    same_p_share: np.ndarray
+    p_prefix_caching: np.ndarray
+    prefill_nodes: np.ndarray
+    decode_nodes: np.ndarray
+    block_tokens: np.ndarray
+    kv_bytes_per_token_rank: np.ndarray
+    kv_bytes_per_token_all: np.ndarray
+    regions: np.ndarray
+    decode_capacity_tokens: np.ndarray
+    per_byte_s: np.ndarray
+    bidirectional: np.ndarray
+    fail_on_decline: np.ndarray
 
     @classmethod
     def of(cls, points: list[ScreenPoint]) -> ScreenInputs:
         """Stack ``points``."""
-        return cls(points, {k: np.array([getattr(p, k) for p in points], dtype=float) for k in _SCALARS})
-
-    def __getattr__(self, name: str) -> np.ndarray:
-        """The array of scalar field ``name`` over the points."""
-        arrays = self.__dict__.get("arrays")
-        if arrays is not None and name in arrays:
-            return arrays[name]
-        raise AttributeError(name)
+        return cls(points, **{k: np.array([getattr(p, k) for p in points], dtype=float) for k in _SCALARS})
 
     def costs(self, get: Callable[[CostModel], float]) -> np.ndarray:
         """One cost parameter over the points, e.g. ``costs(lambda c: c.prefill.fixed_s)``."""

@@ -233,6 +233,8 @@ class TurnAggregates:
     follow_up: int = 0
     reused: int = 0
     cols: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
+    ok_finish_max: float = float("nan")
 
     SUM_COLS = ("pulled_tokens", "recomputed_tokens", "local_hit_tokens", "failed_tokens", "prompt_tokens",
                 "d2p_bytes", "p2d_bytes")
@@ -255,9 +257,29 @@ class TurnAggregates:
         self._keep("tpot", ok["tpot_s"].dropna().to_numpy())
         self._keep("p_leg", ok["p_leg_s"].to_numpy())
         self._keep("prefill_queue", ok["prefill_queue_s"].to_numpy())
+        self._keep("d_queue", ok["d_queue_s"].to_numpy())
+        self._keep("link_wait", (ok["kv_pull_s"] + ok["p2d_transfer_s"]).to_numpy())
+        if len(ok):
+            self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, ok["arrival_s"].min()]))
+            self.ok_finish_max = float(np.nanmax([self.ok_finish_max, ok["finish_s"].max()]))
         pull = t[dec == "pull"]
         self._keep("kv_pull", pull["kv_pull_s"].to_numpy())
         self._keep("d2p_xfer", pull["d2p_xfer_s"].to_numpy())
+
+    def health_frame(self) -> pd.DataFrame:
+        """The columns :func:`kvplan.sim.health.compute_health` reads from the turns that did not fail, in row
+        order (``kv_pull_s`` holds the link wait kv_pull + p2d_transfer, ``p2d_transfer_s`` is 0; arrival and
+        finish carry only their min and max, which is all it takes of them)."""
+        pq = self.column("prefill_queue")
+        n = len(pq)
+        arrival = np.full(n, np.nan)
+        finish = np.full(n, np.nan)
+        if n:
+            arrival[0], finish[0] = self.ok_arrival_min, self.ok_finish_max
+        return pd.DataFrame({
+            "decision": np.full(n, "ok", dtype=object), "prefill_queue_s": pq, "d_queue_s": self.column("d_queue"),
+            "kv_pull_s": self.column("link_wait"), "p2d_transfer_s": np.zeros(n), "arrival_s": arrival, "finish_s": finish,
+        })
 
     def column(self, name: str) -> np.ndarray:
         """A kept column, concatenated."""

@@ -91,7 +91,9 @@ def flatten(summary: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = int(v)
         elif isinstance(v, float | np.floating):
             out[key] = float(v)
-        elif v is None:
+        elif v is None and not key.startswith("health."):
+            # health's optional texts (binding resource, error cause) are strings or None: both are dropped,
+            # so every row has the same columns whichever run comes first
             out[key] = float("nan")
 
     for k, v in summary.items():

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
 from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
-from kvplan.sim.grid import Grid, as_grid, grid_from_dict, load_grid
+from kvplan.sim.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
 from kvplan.sim.screen import analytic_screen, compare_screen, simulator_saturated
 
 __all__ = [
@@ -189,10 +189,11 @@ def assemble(grid: Grid, keys: list[tuple[int, int]], rows: list[dict[str, Any]]
     Metric columns appear in first-seen order; a metric column is int64 when every run has an integer,
     float64 otherwise (NaN where a run failed).
     """
+    seeds = grid.seeds  # computed once: a property that spawns the seed sequence
     data: dict[str, Any] = {
         "point": np.array([p for p, _ in keys], dtype=np.int64),
         "replication": np.array([k for _, k in keys], dtype=np.int64),
-        "seed": np.array([grid.seeds[k] for _, k in keys], dtype=np.int64),
+        "seed": np.array([seeds[k] for _, k in keys], dtype=np.int64),
     }
     for j, name in enumerate(grid.axis_names):
         data[name] = _axis_column([grid.point_values(p)[j] for p, _ in keys]).to_numpy()
@@ -319,6 +320,7 @@ def run_grid(
     g = as_grid(grid, yes=yes)
     if replications is not None:
         g = g.with_replications(replications)
+        check_runs(g.n_points, g.replications, g.source, yes)
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     fp = g.fingerprint()

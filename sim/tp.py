@@ -44,10 +44,12 @@ class RankPlan:
     source_bytes_per_token: int  # out of the busiest source rank
     total_bytes_per_token: int  # summed over reader ranks
 
-    @property
-    def bottleneck_bytes_per_token(self) -> int:
-        """Bytes per token through the busiest NIC of the read."""
-        return max(self.reader_bytes_per_token, self.source_bytes_per_token)
+    bottleneck_bytes_per_token: int = 0  # through the busiest NIC of the read (set from the two above)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "bottleneck_bytes_per_token", max(self.reader_bytes_per_token, self.source_bytes_per_token)
+        )
 
 
 def rank_plan(arch: ModelArch, reader_tp: int, source_tp: int) -> RankPlan:

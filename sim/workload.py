@@ -19,6 +19,10 @@ import pandas as pd
 from kvplan.errors import input_error
 from kvplan.sim.scenario import (
     MAX_EMPIRICAL_VALUES,
+    MAX_SIM_TIME_S,
+    MAX_TOKENS,
+    MAX_TOTAL_TURNS,
+    MAX_TURNS_PER_CONVERSATION,
     ClosedLoopArrival,
     Constant,
     Dist,
@@ -150,12 +154,20 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
             start = np.cumsum(rng["arrivals"].exponential(1.0 / a.rate_per_s, n))
         else:  # vLLM benchmarks get_request: gamma(shape=burstiness, scale=1 / (rate x burstiness))
             start = np.cumsum(rng["arrivals"].gamma(a.burstiness, 1.0 / (a.rate_per_s * a.burstiness), n))
-    turns = np.maximum(1, np.rint(sample(workload.turns, rng["turns"], n))).astype(np.int64)
-    prefix = np.maximum(0, np.rint(sample(workload.prefix_tokens, rng["prefix"], n))).astype(np.int64)
+    # draws are clipped into int64-safe ranges before rounding (a long lognormal tail would overflow to
+    # garbage); a token count at MAX_TOKENS is beyond every context limit and is cut like any overlong turn
+    turns = np.rint(np.clip(sample(workload.turns, rng["turns"], n), 1, MAX_TURNS_PER_CONVERSATION)).astype(np.int64)
     total = int(turns.sum())
-    user = np.maximum(0, np.rint(sample(workload.user_tokens, rng["user"], total))).astype(np.int64)
-    out = np.maximum(1, np.rint(sample(workload.output_tokens, rng["output"], total))).astype(np.int64)
-    gaps = np.maximum(0.0, sample(workload.turn_gap_s, rng["gaps"], total))
+    if total > MAX_TOTAL_TURNS:
+        raise input_error(
+            "workload.turns", f"the drawn conversations have {total:,} turns (more than {MAX_TOTAL_TURNS:,})",
+            "lower workload.conversations or workload.turns",
+        )
+    prefix = _tokens(sample(workload.prefix_tokens, rng["prefix"], n), 0)
+    user = _tokens(sample(workload.user_tokens, rng["user"], total), 0)
+    out = _tokens(sample(workload.output_tokens, rng["output"], total), 1)
+    gaps = np.clip(sample(workload.turn_gap_s, rng["gaps"], total), 0.0, 2 * MAX_SIM_TIME_S)
+    _check_span(start, gaps, turns, workload)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(turns, out=offsets[1:])
     # prompt_k = prefix + sum_{j<=k} user_j + sum_{j<k} out_j, per conversation (vectorised segment cumsum)
@@ -197,6 +209,26 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     )
 
 
+def _tokens(x: np.ndarray, low: int) -> np.ndarray:
+    return np.rint(np.clip(x, low, MAX_TOKENS)).astype(np.int64)
+
+
+def _check_span(start: np.ndarray, gaps: np.ndarray, turns: np.ndarray, workload: Workload) -> None:
+    """Refuse a plan whose arrivals alone outlast the resolvable simulated time (see ``MAX_SIM_TIME_S``)."""
+    conv = np.repeat(np.arange(len(turns)), turns)
+    per_conv = np.bincount(conv, weights=gaps, minlength=len(turns)) if len(gaps) else np.zeros(len(turns))
+    if isinstance(workload.arrival, ClosedLoopArrival):
+        span = float(per_conv.sum()) / workload.arrival.clients
+    else:
+        span = float(np.max(start + per_conv)) if len(turns) else 0.0
+    if span > MAX_SIM_TIME_S:
+        raise input_error(
+            "workload.turn_gap_s / workload.arrival",
+            f"the drawn arrivals span {span:.3g} s of simulated time (more than {MAX_SIM_TIME_S:.0e} s, which "
+            "float time cannot resolve to the nanosecond)", "raise the arrival rate or shorten the turn gaps",
+        )
+
+
 def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> ConversationPlan:
     """Turn a real trace into a plan: sessions are conversations, every request keeps its own arrival time.
 
@@ -228,6 +260,11 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(turns, out=offsets[1:])
     arrival = df["arrival_s"].to_numpy(dtype=float)[order]
+    if len(arrival) and not float(np.max(arrival)) <= MAX_SIM_TIME_S:
+        raise input_error(
+            f"workload.trace '{source.path}'", f"arrivals span {float(np.max(arrival)):.3g} s after time_scale "
+            f"(more than {MAX_SIM_TIME_S:.0e} s of simulated time)", "raise time_scale or set window_s",
+        )
     prompt = np.maximum(df["input_tokens"].to_numpy(dtype=np.int64)[order], 1)
     out = np.maximum(df["output_tokens"].to_numpy(dtype=np.int64)[order], 1)
     report = dict(report)

@@ -142,3 +142,29 @@ def test_malformed_upload_shows_error_and_app_keeps_working(server: str, page: P
     page.screenshot(path=str(tmp_path / "calibration_error.png"))
     page.get_by_test_id("stSidebarNav").get_by_text("What-if", exact=True).click()
     expect(_metric(page, "Hit rate")).to_have_text(_expected()["Hit rate"], timeout=RENDER_TIMEOUT_MS)
+
+
+def test_advice_recommended_ttl_marker_sits_at_its_ttl_on_the_log_axis(page: Page, tmp_path: Path) -> None:
+    """The dashed 'recommended' line of the Advice chart is drawn at the recommended TTL (30 s), not at
+    log10(30) ~ 1.5 s, and its label sits on it (plotly.js renders the chart in the browser)."""
+    from kvplan.app import figures
+
+    fig = figures.ttl_curve([{"ttl_s": t, "ttft_mean_s": 0.3 - t / 3000, "pinned_kv_gib_mean": t / 10}
+                             for t in (1, 10, 30, 120, 480, 900)], chosen_ttl_s=30, baseline_ttft_mean_s=0.35)
+    html = tmp_path / "advice.html"
+    html.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id="chart"))
+    page.goto(html.as_uri())
+    page.wait_for_function("() => document.querySelector('#chart .main-svg')", timeout=RENDER_TIMEOUT_MS)
+    got = page.evaluate("""() => {
+        const gd = document.getElementById('chart');
+        const xa = gd._fullLayout.xaxis;
+        const line = [...gd.querySelectorAll('.shapelayer path')].map(p => p.getBBox())
+            .find(b => b.width < 1 && b.height > 50);
+        const note = [...gd.querySelectorAll('.annotation')].find(a => a.textContent.includes('recommended'));
+        const nb = note.getBoundingClientRect(), svg = gd.querySelector('.main-svg').getBoundingClientRect();
+        return {line_x: line.x, want_x: xa._offset + xa.d2p(30), bad_x: xa._offset + xa.d2p(Math.log10(30)),
+                note_right: nb.right - svg.left};
+    }""")
+    assert abs(got["line_x"] - got["want_x"]) < 2, got
+    assert abs(got["line_x"] - got["bad_x"]) > 20, got
+    assert abs(got["note_right"] - got["want_x"]) < 12, got  # the label ends at the line (xanchor right)

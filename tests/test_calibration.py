@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from kvplan.models.costs import (
 from kvplan.models.profile import load_profile
 from kvplan.sim.api import run
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 LLMD = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
@@ -280,12 +281,16 @@ def test_unidentifiable_is_said_not_invented(tmp_path: Path) -> None:
 
 def test_bundled_real_bench_file_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "p.json"
-    rc = main(["calibrate", "--bench", str(BUNDLED_BENCH), "--model", "llama-3.3-70b", "--hardware", "p5",
-               "--out", str(out)])
+    args = ["calibrate", "--bench", str(BUNDLED_BENCH), "--model", "llama-3.3-70b", "--hardware", "p5", "--out", str(out)]
+    # the file measured Llama-3.1-8B: refused, or fitted only as a profile labelled 'proxy'
+    assert main(args) == 2
+    assert "model_id is 'meta-llama/Llama-3.1-8B-Instruct'" in capsys.readouterr().err
+    assert not out.exists()
+    rc = main([*args, "--allow-model-mismatch"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "prefill.per_token_s" in text and "summary only" in text
-    assert load_profile(out).status == "calibrated"
+    assert "prefill.per_token_s" in text and "summary only" in text and "PROXY" in text
+    assert load_profile(out).status == "proxy"
 
 
 @pytest.mark.shared_data
@@ -297,7 +302,7 @@ def test_real_external_bench_files_parse_and_fit(tmp_path: Path, capsys: pytest.
     for f in files:
         args += ["--bench", str(f)]
     out = tmp_path / "llmd.json"
-    rc = main([*args, "--model", "llama-3.3-70b", "--hardware", "p5", "--out", str(out)])
+    rc = main([*args, "--model", "llama-3.3-70b", "--hardware", "p5", "--out", str(out), "--allow-model-mismatch"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "MAPE prefill:bench_mean_ttft" in text and "wrote" in text

@@ -21,6 +21,7 @@ from kvplan.app.cmd_dashboard import DASHBOARD_SCRIPT
 from kvplan.sim.api import run
 from kvplan.sim.defaults import published_benchmark
 from kvplan.sim.scenario import with_overrides
+from kvplan.units import human_s
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "data" / "traces"
@@ -68,7 +69,7 @@ def test_whatif_default_matches_model(whatif_base: dict[str, Any]) -> None:
     at = _app()
     m = _metrics(at)
     assert m["Hit rate"].value == f"{whatif_base['hit_rate']:.1%}" == "100.0%"
-    assert m["TTFT mean"].value == f"{whatif_base['ttft_mean_s'] * 1000:,.1f} ms"
+    assert m["TTFT mean"].value == human_s(whatif_base['ttft_mean_s'])
     assert m["Errors"].value == "0"
     # the default scenario is the vLLM defaults: no deltas
     assert all(not x.delta for x in at.metric)
@@ -112,7 +113,7 @@ def test_whatif_threshold_above_pulls_recomputes(whatif_base: dict[str, Any]) ->
     assert expected["decisions"]["pull"] == 0 and expected["decisions"]["recompute_below_threshold"] == 40
     # recomputing ~24k tokens costs more than pulling them: TTFT goes up
     assert expected["ttft_mean_s"] > whatif_base["ttft_mean_s"]
-    assert m["TTFT mean"].value == f"{expected['ttft_mean_s'] * 1000:,.1f} ms"
+    assert m["TTFT mean"].value == human_s(expected['ttft_mean_s'])
     assert m["TTFT mean"].delta.startswith("+")
     # and no pinned KV is read any more, but it is still released by the notification
     assert m["Hit rate"].value == f"{expected['hit_rate']:.1%}"
@@ -122,7 +123,7 @@ def test_whatif_bidirectional_off_and_custom_gap() -> None:
     at = _app()
     at.toggle(key="sc_bidir").set_value(False).run()
     off = _model(**{"policy.bidirectional": False})
-    assert _metrics(at)["TTFT mean"].value == f"{off['ttft_mean_s'] * 1000:,.1f} ms"
+    assert _metrics(at)["TTFT mean"].value == human_s(off['ttft_mean_s'])
     at.toggle(key="sc_bidir").set_value(True).run()
     at.selectbox(key="sc_workload").select(ds.CUSTOM).run()
     assert not at.exception
@@ -138,7 +139,7 @@ def test_whatif_preset_workload() -> None:
     presets = ds.preset_names()
     if "chat" not in presets:
         pytest.skip("kvplan.sim.presets is not in this build")
-    assert presets[0] == ds.PUBLISHED and presets[-1] == ds.CUSTOM and ds.PRESET_PUBLISHED not in presets
+    assert presets[0] == ds.PUBLISHED and presets[-2:] == [ds.CUSTOM, ds.TRACE] and ds.PRESET_PUBLISHED not in presets
     at = _app()
     at.selectbox(key="sc_workload").select("chat").run()
     at.number_input(key="sc_preset_conversations").set_value(200).run()
@@ -154,7 +155,7 @@ def test_whatif_other_models(model: str) -> None:
     at.selectbox(key="sc_model").select(model).run()
     assert not at.exception and not at.error
     expected = run(published_benchmark(model=model)).summary
-    assert _metrics(at)["TTFT mean"].value == f"{expected['ttft_mean_s'] * 1000:,.1f} ms"
+    assert _metrics(at)["TTFT mean"].value == human_s(expected['ttft_mean_s'])
     # a profile extrapolated from another model says so
     assert bool(at.warning) == bool(expected["extrapolated"])
 
@@ -282,7 +283,7 @@ def test_calibration_fit_from_uploaded_points(tmp_path: Path) -> None:
     assert not at.exception and not at.error
     profile_path = du.session_profile_path(at.session_state[ds.SESSION_PROFILE])
     expected = run(with_overrides(published_benchmark(), {"profile": profile_path})).summary
-    assert _metrics(at)["TTFT mean"].value == f"{expected['ttft_mean_s'] * 1000:,.1f} ms"
+    assert _metrics(at)["TTFT mean"].value == human_s(expected['ttft_mean_s'])
 
 
 def test_calibration_bad_profile_upload() -> None:

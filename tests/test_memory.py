@@ -34,7 +34,7 @@ def test_block_pool_never_negative_and_drains() -> None:
             assert not dn.retention.pins
 
 
-def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, Any]:
+def _pressure(pool_tokens: int, mode: str = "fast", watermark: float = 0.0, **over: Any) -> dict[str, Any]:
     """Acceptance 1's workload: 1,024-token prompts, outputs of 4 x the prompt, D pool of ``pool_tokens``."""
     wl = {
         "conversations": 40, "arrival": {"kind": "closed_loop", "clients": 40, "max_active_conversations": 40},
@@ -44,7 +44,7 @@ def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, An
     }
     dep = {
         "decode_kv_capacity_tokens": pool_tokens, "max_num_seqs": 64, "prefill_prefix_caching": False,
-        "max_num_batched_tokens": 65536,
+        "max_num_batched_tokens": 65536, "kv_watermark": watermark,
     }
     return small(workload=wl, deployment=dep, policy={"bidirectional": False}, simulation={"decode_mode": mode}, **over)
 
@@ -119,6 +119,9 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     per_token = r.summary["kv_bytes_per_token_all_ranks"] / 2**30
     assert 0 < r.summary["p_held_kv_gib_peak"] <= 3 * t["prompt_tokens"].max() * per_token
     assert r.summary["p_held_kv_gib_mean"] < t["prompt_tokens"].mean() * per_token
+    series = r.held_series()
+    assert series["held_gib"].max() == pytest.approx(r.summary["p_held_kv_gib_peak"])
+    assert series["held_gib"].iloc[-1] == pytest.approx(0.0, abs=1e-9) and series["held_tokens"].iloc[-1] == 0
     end = pd.concat([p2d, admit.loc[notified.index]]).sort_index()
     np.testing.assert_allclose(t.loc[ok.index, "p_hold_s"], (end - p_done.sort_index()).to_numpy())
     ctx = _sim(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
@@ -194,13 +197,20 @@ def test_eviction_is_tail_first() -> None:
     assert not pool.cache and pool.cached == 0 and pool.free() == 6
 
 
-def test_fast_and_exact_agree_with_retention_and_preemption() -> None:
+@pytest.mark.parametrize("dep,ttl", [
+    ({"decode_kv_capacity_tokens": 20_000, "max_num_seqs": 32, "prefill_prefix_caching": True}, 60),
+    # pins expiring while the batch grows into a full cache; a small P pool; P TP4 reads
+    ({"decode_kv_capacity_tokens": 30_000, "max_num_seqs": 8, "prefill_tensor_parallel_size": 4,
+      "prefill_kv_capacity_tokens": 20_000}, 100),
+    ({"decode_kv_capacity_tokens": 25_000, "max_num_seqs": 16, "prefill_nodes": 2, "decode_nodes": 2,
+      "prefill_prefix_caching": True}, 40),
+])
+def test_fast_and_exact_agree_with_retention_and_preemption(dep: dict[str, Any], ttl: float) -> None:
     """Acceptance 5 with pins, prefix cache (tail-first eviction), P leases and multi-turn pulls together."""
-    sc = small(deployment={"decode_kv_capacity_tokens": 20_000, "max_num_seqs": 32, "prefill_prefix_caching": True},
-               policy={"decoder_kv_blocks_ttl_s": 60})
+    sc = small(deployment=dep, policy={"decoder_kv_blocks_ttl_s": ttl}, seed=1)
     fast, exact = run(sc), run({**sc, "simulation": {"decode_mode": "exact"}})
     assert fast.summary["d_preemptions"] == exact.summary["d_preemptions"] > 0
-    for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s"):
+    for col in ("ttft_s", "finish_s", "first_decode_s", "d_queue_s", "p_hold_s", "d_hit_tokens"):
         np.testing.assert_allclose(fast.turns[col], exact.turns[col], rtol=0, atol=1e-7)
     assert (fast.turns["decision"] == exact.turns["decision"]).all()
 
@@ -383,3 +393,14 @@ def test_pools_too_small_for_one_request_are_input_errors() -> None:
         _sim(_pressure(4096))  # 1,024 + 4,096 - 1 tokens cannot fit
     with pytest.raises(KvplanInputError, match="prefill_kv_capacity_tokens"):
         _sim(small(deployment={"prefill_kv_capacity_tokens": 500}))
+
+
+def test_watermark_keeps_blocks_free_at_admission() -> None:
+    """SchedulerConfig.watermark: waiting requests are admitted only with that share of the pool left free."""
+    base = run(_pressure(10 * 1024))
+    wm = run(_pressure(10 * 1024, watermark=0.25))
+    assert _max_concurrent(base.events, Ev.D_ADMIT, Ev.D_FINISH) == 10
+    # the first admission has nothing scheduled (no watermark); each later one must leave 160 of the 640
+    # blocks free after taking its 64: 640 - 64 k >= 64 + 160 for k = 1..6, so 7 at once
+    assert _max_concurrent(wm.events, Ev.D_ADMIT, Ev.D_FINISH) == 7
+    assert wm.summary["d_preemptions"] < base.summary["d_preemptions"]

@@ -10,7 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import synthetic_traces as st
-from conftest import need_shared
+from conftest import (
+    SHARED,  # noqa: E402 - ../shared (or KVPLAN_SHARED)
+    need_shared,
+)
 from parser_truth import BYTES_PER_TOKEN_PER_RANK, _rng, cached_prefill_s, decode_step_s, prefill_s, transfer_s
 
 from kvplan.calibration.parsers import (
@@ -31,7 +34,6 @@ from kvplan.calibration.parsers import (
 )
 from kvplan.errors import KvplanInputError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 LLMD_DIR = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
 PUBLISHED = SHARED / "data" / "p5en_published.csv"
 DATA = Path(__file__).resolve().parent / "data"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from kvplan.traces.stats import crude_service_time_s, stats_figure, stats_table,
 from kvplan.traces.trace import COLUMNS, Trace
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 MOONCAKE = SHARED / "external_traces" / "mooncake_fast25" / "conversation_trace.jsonl"
 MOONCAKE_PAIRS = SHARED / "external_traces" / "mooncake_fast25" / "derived_conversation_turn_pairs.csv"
 RAGPULSE = SHARED / "external_traces" / "ragpulse" / "0_trace.jsonl"

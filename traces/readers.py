@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -17,9 +18,11 @@ from kvplan.errors import input_error
 from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file
 from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
 from kvplan.traces.trace import (
+    AZURE_HEADER,
     CLOCK_RESTART_S,
     CSV_HEADER,
     DEFAULT_MIN_BLOCKS,
+    LMBENCH_HEADER,
     MOONCAKE_BLOCK_TOKENS,
     TRACE_FORMATS,
     Trace,
@@ -45,26 +48,7 @@ def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame
     n_out: list[int] = []
     hashes: list[list[int]] = []
     for lineno, obj in _json_lines(text, label):
-        where = f"{label}: line {lineno}"
-        t = _number(_get(obj, "timestamp", where), "timestamp", where)
-        if t < 0:
-            raise input_error(where, f"field 'timestamp' is negative ({t:g} ms)")
-        i_len = _count(_get(obj, "input_length", where), "input_length", where)
-        o_len = _count(_get(obj, "output_length", where), "output_length", where)
-        ids = _get(obj, "hash_ids", where)
-        if not isinstance(ids, list):
-            raise input_error(where, f"field 'hash_ids' is {_short(ids)}, not a list of block ids")
-        expected = -(-i_len // MOONCAKE_BLOCK_TOKENS)
-        if len(ids) != expected:
-            raise input_error(
-                where,
-                f"field 'hash_ids' has {len(ids)} ids but input_length {i_len} needs "
-                f"ceil({i_len}/512) = {expected}",
-                "one id per 512-token block, the partial last block included",
-            )
-        for k, v in enumerate(ids):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise input_error(where, f"field 'hash_ids' entry {k} is {_short(v)}, not an integer id")
+        t, i_len, o_len, ids = _mooncake_record(obj, f"{label}: line {lineno}")
         ts.append(t)
         lines.append(lineno)
         n_in.append(i_len)
@@ -89,24 +73,54 @@ def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame
         np.full(len(ts), np.nan),
         linkable,
     )
-    children = np.bincount(parents[parents >= 0], minlength=len(ts))
+    return df, _linking_report(parents, root, turn, linkable, min_blocks)
+
+
+def _mooncake_record(obj: dict[str, Any], where: str) -> tuple[float, int, int, list[int]]:
+    """One checked Mooncake line: timestamp (ms), input and output lengths, one block id per 512 tokens."""
+    t = _number(_get(obj, "timestamp", where), "timestamp", where)
+    if t < 0:
+        raise input_error(where, f"field 'timestamp' is negative ({t:g} ms)")
+    i_len = _count(_get(obj, "input_length", where), "input_length", where)
+    o_len = _count(_get(obj, "output_length", where), "output_length", where)
+    ids = _get(obj, "hash_ids", where)
+    if not isinstance(ids, list):
+        raise input_error(where, f"field 'hash_ids' is {_short(ids)}, not a list of block ids")
+    expected = -(-i_len // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != expected:
+        raise input_error(
+            where,
+            f"field 'hash_ids' has {len(ids)} ids but input_length {i_len} needs "
+            f"ceil({i_len}/512) = {expected}",
+            "one id per 512-token block, the partial last block included",
+        )
+    for k, v in enumerate(ids):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise input_error(where, f"field 'hash_ids' entry {k} is {_short(v)}, not an integer id")
+    return t, i_len, o_len, ids
+
+
+def _linking_report(parents: np.ndarray, root: np.ndarray, turn: np.ndarray, linkable: np.ndarray,
+                    min_blocks: int) -> dict[str, Any]:
+    """The Mooncake reconstruction statistics kept in ``Trace.linking``."""
+    n = len(parents)
+    children = np.bincount(parents[parents >= 0], minlength=n)
     sizes = np.bincount(np.unique(root, return_inverse=True)[1])
-    linking = {
+    return {
         "method": "hash-prefix chains: parent's full 512-token blocks are a prefix of the child's hash_ids; "
         "deepest match, then latest parent",
         "block_tokens": MOONCAKE_BLOCK_TOKENS,
         "min_blocks": min_blocks,
-        "requests": len(ts),
+        "requests": n,
         "linked_requests": int((parents >= 0).sum()),
         "sessions": int(sizes.size),
         "sessions_with_2plus_requests": int((sizes >= 2).sum()),
-        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / len(ts)),
+        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / n),
         "parents": int((children > 0).sum()),
         "parents_with_2plus_children": int((children > 1).sum()),
         "unlinkable_as_parent": int((~linkable).sum()),
         "max_turn": int(turn.max()),
     }
-    return df, linking
 
 
 def _read_ragpulse(text: str, label: str, on_clock_restart: str) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -231,6 +245,78 @@ def _read_csv(text: str, label: str) -> pd.DataFrame:
     return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
 
 
+def _csv_records(text: str, label: str, header: tuple[str, ...]) -> Iterator[tuple[str, list[str]]]:
+    """``(where, fields)`` of every data row of a CSV whose first line must be exactly ``header``."""
+    reader = csv.reader(io.StringIO(text))
+    seen = False
+    try:
+        for row in reader:
+            if not row or all(not c.strip() for c in row):
+                continue
+            where = f"{label}: line {reader.line_num}"
+            if not seen:
+                if tuple(c.strip() for c in row) != header:
+                    raise input_error(where, f"header is {','.join(row)[:80]!r}",
+                                      f"the first line must be exactly {','.join(header)}")
+                seen = True
+                continue
+            if len(row) != len(header):
+                raise input_error(where, f"has {len(row)} fields, expected {len(header)} ({','.join(header)})")
+            yield where, [c.strip() for c in row]
+    except csv.Error as exc:
+        raise input_error(f"{label}: line {reader.line_num}", f"malformed CSV ({exc})") from None
+
+
+def _azure_time_s(text: str, where: str) -> float:
+    """``2023-11-16 18:17:03.9799600`` (UTC, 7 fractional digits) as POSIX seconds."""
+    import datetime as _dt
+
+    head, _, frac = text.partition(".")
+    try:
+        t = _dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.UTC)
+        f = float("0." + frac) if frac else 0.0
+    except ValueError:
+        raise input_error(where, f"field 'TIMESTAMP' is {_short(text)}, not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+    return t.timestamp() + f
+
+
+def _read_azure(text: str, label: str) -> pd.DataFrame:
+    """Azure LLM inference trace 2023: one request per row, no conversations (every request is its own session)."""
+    ts: list[float] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    for where, row in _csv_records(text, label, AZURE_HEADER):
+        ts.append(_azure_time_s(row[0], where))
+        n_in.append(_count(row[1], "ContextTokens", where, allow_string=True))
+        n_out.append(_count(row[2], "GeneratedTokens", where, allow_string=True))
+    if not ts:
+        raise _no_records(label)
+    return _link_sessions([str(i) for i in range(len(ts))], np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
+
+
+def _read_lmbench(text: str, label: str) -> pd.DataFrame:
+    """LMBench multi-round QA output: sessions by ``user_id``, arrival ``launch_time`` (epoch s), service
+    ``finish_time - launch_time`` (measured)."""
+    ts: list[float] = []
+    sess: list[str] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    svc: list[float] = []
+    for where, row in _csv_records(text, label, LMBENCH_HEADER):
+        n_in.append(_count(row[0], "prompt_tokens", where, allow_string=True))
+        n_out.append(_count(row[1], "generation_tokens", where, allow_string=True))
+        if not row[4]:
+            raise input_error(where, "field 'user_id' is empty")
+        sess.append(row[4])
+        t0 = _number(row[6], "launch_time", where, allow_string=True)
+        t1 = _number(row[7], "finish_time", where, allow_string=True)
+        ts.append(t0)
+        svc.append(t1 - t0 if t1 >= t0 else math.nan)
+    if not ts:
+        raise _no_records(label)
+    return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out), np.asarray(svc))
+
+
 def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> TraceFormat:
     """Guess the format of a trace file from its first record (see the module docstring)."""
     label = os.fspath(path)
@@ -251,12 +337,18 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
                 return "ragpulse"
             if {"timestamp", "input_length", "hash_ids"} <= obj.keys():
                 return "mooncake"
-    elif tuple(c.strip() for c in first.split(",")) == CSV_HEADER:
-        return "csv"
+    else:
+        header = tuple(c.strip() for c in first.split(","))
+        known: dict[tuple[str, ...], TraceFormat] = {CSV_HEADER: "csv", AZURE_HEADER: "azure", LMBENCH_HEADER: "lmbench"}
+        if header in known:
+            return known[header]
     raise input_error(
         label,
-        "cannot tell the trace format from the first record",
-        f"pass format= one of {', '.join(TRACE_FORMATS)}",
+        f"cannot tell the trace format from the first record {first[:60]!r}",
+        "expected a CSV with the header " + ",".join(CSV_HEADER) + " (or Azure's " + ",".join(AZURE_HEADER)
+        + ", or LMBench's " + ",".join(LMBENCH_HEADER[:2]) + ",...), Mooncake JSONL (timestamp, input_length, "
+        "output_length, hash_ids), RAGPulse JSONL (with session_id) or a multi-turn stats JSON array; or set "
+        "the format (workload.trace.format, --format)",
     )
 
 
@@ -289,6 +381,10 @@ def load_trace(
         df, notes = _read_ragpulse(text, label, on_clock_restart)
     elif fmt == "multiturn":
         df = _read_multiturn(text, label)
+    elif fmt == "azure":
+        df = _read_azure(text, label)
+    elif fmt == "lmbench":
+        df = _read_lmbench(text, label)
     else:
         df = _read_csv(text, label)
     return Trace(requests=df, source=label, format=fmt, sha256=digest, linking=linking, notes=notes)

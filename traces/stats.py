@@ -148,32 +148,89 @@ def workload_stats(
     df = trace.requests
     n = len(df)
     pairs = turn_pairs(trace, service_time_fn)
-    arr = df["arrival_s"].to_numpy(dtype=float)
-    sessions = df.groupby("session_id", sort=False)
-    sizes = sessions.size().to_numpy()
-    depth = sessions["turn"].max().to_numpy()
+    sizes = df.groupby("session_id", sort=False).size().to_numpy()
+    n_in = df["input_tokens"].to_numpy(dtype=float)
+    outs = df["output_tokens"].to_numpy(dtype=float)
+    out_stats = percentile_summary(outs)
+    out_stats["threshold_tokens"] = int(threshold_tokens)
+    out_stats["share_under_threshold"] = float((outs < threshold_tokens).mean()) if n else None
+    new_tok = pairs["new_tokens"].to_numpy(dtype=float)
+    new_stats = percentile_summary(new_tok)
+    new_stats["negative_share"] = float((new_tok < 0).mean()) if new_tok.size else None
+    stats = {
+        "source": {"path": trace.source, "format": trace.format, "sha256": trace.sha256},
+        "requests": n,
+        "sessions": int(sizes.size),
+        "linked_requests": int(len(pairs)),
+        "duration_s": trace.duration_s,
+        "sessions_with_2plus_requests": int((sizes >= 2).sum()),
+        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / n) if n else None,
+        "turns_per_session": _session_stats(df, sizes),
+        "gap_s": _gap_stats(pairs, ttls),
+        "idle_gap_s": _idle_stats(df, pairs, ttls, service_time_fn),
+        "followup": _followup_stats(df, pairs, ttls, followup_horizon_s),
+        "context_by_turn": _context_stats(df),
+        "new_tokens_per_turn": new_stats,
+        "input_tokens": percentile_summary(n_in),
+        "output_tokens": out_stats,
+    }
+    return cast(dict[str, Any], json_ready(stats))
+
+
+def _session_stats(df: pd.DataFrame, sizes: np.ndarray) -> dict[str, Any]:
+    """Requests per session: mean, percentiles, single-request share, deepest chain, the histogram."""
+    depth = df.groupby("session_id", sort=False)["turn"].max().to_numpy()
+    counts = np.bincount(sizes) if sizes.size else np.zeros(1, dtype=np.int64)
+    return {
+        "definition": "requests per session",
+        "mean": float(sizes.mean()) if sizes.size else None,
+        "p50": float(np.percentile(sizes, 50)) if sizes.size else None,
+        "p90": float(np.percentile(sizes, 90)) if sizes.size else None,
+        "p99": float(np.percentile(sizes, 99)) if sizes.size else None,
+        "max": int(sizes.max()) if sizes.size else None,
+        "single_request_share": float((sizes == 1).mean()) if sizes.size else None,
+        "max_chain_depth": int(depth.max()) if depth.size else None,
+        "counts": {str(k): int(c) for k, c in enumerate(counts) if c},
+    }
+
+
+def _gap_stats(pairs: pd.DataFrame, ttls: list[float]) -> dict[str, Any]:
+    """Arrival-to-arrival gaps: percentiles and the CDF at each TTL."""
     gaps = pairs["gap_s"].to_numpy(dtype=float)
     gap = percentile_summary(gaps)
     gap["definition"] = "arrival to arrival (includes the parent's own service time and queueing)"
     gap["cdf_at_ttl"] = {_key(t): float((gaps <= t).mean()) if gaps.size else None for t in ttls}
+    return gap
+
+
+def _idle_stats(df: pd.DataFrame, pairs: pd.DataFrame, ttls: list[float],
+                service_time_fn: ServiceTimeFn | None) -> dict[str, Any] | None:
+    """Idle gaps (gap minus the parent's service time), None without any service time."""
     idle_vals = pairs["idle_s"].to_numpy(dtype=float)
+    if not np.isfinite(idle_vals).any():
+        return None
     _, svc_src = _service_s(df, pairs["parent_pos"].to_numpy(dtype=np.int64), service_time_fn)
-    idle: dict[str, Any] | None = None
-    if np.isfinite(idle_vals).any():
-        idle = percentile_summary(idle_vals)
-        idle["definition"] = "arrival-to-arrival gap minus the parent's service time"
-        idle["service_time"] = svc_src
-        idle["negative_share"] = float((idle_vals[np.isfinite(idle_vals)] < 0).mean())
-        idle["cdf_at_ttl"] = {_key(t): float((idle_vals <= t).mean()) for t in ttls}
-    # follow-up within T, censored: only requests that could have a visible child within the horizon
+    idle = percentile_summary(idle_vals)
+    idle["definition"] = "arrival-to-arrival gap minus the parent's service time"
+    idle["service_time"] = svc_src
+    idle["negative_share"] = float((idle_vals[np.isfinite(idle_vals)] < 0).mean())
+    idle["cdf_at_ttl"] = {_key(t): float((idle_vals <= t).mean()) for t in ttls}
+    return idle
+
+
+def _followup_stats(df: pd.DataFrame, pairs: pd.DataFrame, ttls: list[float],
+                    followup_horizon_s: float | None) -> dict[str, Any]:
+    """P(next turn within T), censored: only requests that could have a visible child within the horizon."""
+    n = len(df)
+    arr = df["arrival_s"].to_numpy(dtype=float)
     horizon = float(followup_horizon_s) if followup_horizon_s is not None else max(ttls)
     end = float(arr.max()) if n else 0.0
     first_gap = np.full(n, np.inf)
     if len(pairs):
-        np.minimum.at(first_gap, pairs["parent_pos"].to_numpy(dtype=np.int64), gaps)
+        np.minimum.at(first_gap, pairs["parent_pos"].to_numpy(dtype=np.int64), pairs["gap_s"].to_numpy(dtype=float))
     eligible = df["linkable"].to_numpy(dtype=bool) & (arr <= end - horizon)
     fg = first_gap[eligible]
-    followup: dict[str, Any] = {
+    return {
         "rule": f"linkable requests arriving at least the horizon ({horizon:g} s) before the last arrival "
         f"({end:g} s); next turn = the earliest child",
         "horizon_s": horizon,
@@ -182,6 +239,10 @@ def workload_stats(
         "any_visible": float(np.isfinite(fg).mean()) if fg.size else None,
         "within": {_key(t): (float((fg <= t).mean()) if fg.size else None) for t in ttls},
     }
+
+
+def _context_stats(df: pd.DataFrame) -> dict[str, Any]:
+    """Prompt size at each turn index of :data:`CONTEXT_TURNS`."""
     turn_col = df["turn"].to_numpy(dtype=np.int64)
     n_in = df["input_tokens"].to_numpy(dtype=float)
     context = {}
@@ -192,42 +253,7 @@ def workload_stats(
             "p50": float(np.percentile(vals, 50)) if vals.size else None,
             "p90": float(np.percentile(vals, 90)) if vals.size else None,
         }
-    new_tok = pairs["new_tokens"].to_numpy(dtype=float)
-    new_stats = percentile_summary(new_tok)
-    new_stats["negative_share"] = float((new_tok < 0).mean()) if new_tok.size else None
-    outs = df["output_tokens"].to_numpy(dtype=float)
-    out_stats = percentile_summary(outs)
-    out_stats["threshold_tokens"] = int(threshold_tokens)
-    out_stats["share_under_threshold"] = float((outs < threshold_tokens).mean()) if n else None
-    counts = np.bincount(sizes) if sizes.size else np.zeros(1, dtype=np.int64)
-    stats = {
-        "source": {"path": trace.source, "format": trace.format, "sha256": trace.sha256},
-        "requests": n,
-        "sessions": int(sizes.size),
-        "linked_requests": int(len(pairs)),
-        "duration_s": trace.duration_s,
-        "sessions_with_2plus_requests": int((sizes >= 2).sum()),
-        "share_requests_in_multi_request_sessions": float(sizes[sizes >= 2].sum() / n) if n else None,
-        "turns_per_session": {
-            "definition": "requests per session",
-            "mean": float(sizes.mean()) if sizes.size else None,
-            "p50": float(np.percentile(sizes, 50)) if sizes.size else None,
-            "p90": float(np.percentile(sizes, 90)) if sizes.size else None,
-            "p99": float(np.percentile(sizes, 99)) if sizes.size else None,
-            "max": int(sizes.max()) if sizes.size else None,
-            "single_request_share": float((sizes == 1).mean()) if sizes.size else None,
-            "max_chain_depth": int(depth.max()) if depth.size else None,
-            "counts": {str(k): int(c) for k, c in enumerate(counts) if c},
-        },
-        "gap_s": gap,
-        "idle_gap_s": idle,
-        "followup": followup,
-        "context_by_turn": context,
-        "new_tokens_per_turn": new_stats,
-        "input_tokens": percentile_summary(n_in),
-        "output_tokens": out_stats,
-    }
-    return cast(dict[str, Any], json_ready(stats))
+    return context
 
 
 def _fmt(x: Any, digits: int = 0) -> str:

@@ -17,7 +17,7 @@ import pandas as pd
 from kvplan.errors import input_error
 from kvplan.inputfile import _short, check_file
 
-TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv"]
+TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
 
 #: Tokens per Mooncake hash block (FAST'25 traces).
@@ -26,6 +26,15 @@ MOONCAKE_BLOCK_TOKENS = 512
 DEFAULT_MIN_BLOCKS = 2
 #: Exact header of the generic CSV format.
 CSV_HEADER: tuple[str, ...] = ("session_id", "timestamp_s", "input_tokens", "output_tokens")
+#: Header of the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_*.csv).
+AZURE_HEADER: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+#: Header of LMCache's LMBench multi-round QA per-request output (LMCache/LMBenchmark multi-round-qa.py).
+LMBENCH_HEADER: tuple[str, ...] = (
+    "prompt_tokens", "generation_tokens", "ttft", "generation_time", "user_id", "question_id", "launch_time",
+    "finish_time",
+)
+#: Tokens or turns of one request: far above any context limit, and int64-safe.
+MAX_COUNT = 1e9
 #: Columns of :attr:`Trace.requests`, in order.
 COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -142,6 +151,8 @@ def _count(value: Any, name: str, where: str, *, minimum: int = 0, allow_string:
         raise input_error(where, f"field '{name}' is {out:g}, not a whole number")
     if out < minimum:
         raise input_error(where, f"field '{name}' is {out:g}, must be at least {minimum}")
+    if out > MAX_COUNT:
+        raise input_error(where, f"field '{name}' is {out:g}, more than {MAX_COUNT:g}", "check the column's units")
     return int(out)
 
 

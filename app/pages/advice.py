@@ -17,7 +17,7 @@ scenario = ds.scenario_sidebar()
 st.title("Advice: decoder_kv_blocks_ttl and kv_recompute_threshold")
 if scenario is None:
     st.stop()
-st.caption("kvplan.sim.advice.recommend simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
+st.caption("The advisor (`kvplan recommend`) simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
            "at threshold candidates and over a TTL grid (seeded replications, common random numbers).")
 c1, c2, c3 = st.columns(3)
 slo = c1.number_input("SLO: TTFT p90 (ms), 0 = none", min_value=0.0, value=0.0, step=50.0, key="advice_slo")

@@ -17,8 +17,14 @@ ds.page_guard()
 st.title("Calibration")
 st.caption(f"Traces in the formats of `kvplan calibrate`: {', '.join(du.CALIBRATE_FORMATS)} "
            f"(format detected from the content; at most {du.MAX_UPLOAD_MB} MiB per file; nothing is evaluated).")
+# a new uploader key empties it: earlier uploads do not pile up across fits
+gen = int(st.session_state.get("calib_upload_gen", 0))
 uploads = st.file_uploader("vLLM traces", accept_multiple_files=True, max_upload_size=du.MAX_UPLOAD_MB,
-                           key="calib_traces")
+                           key="calib_traces" if gen == 0 else f"calib_traces_{gen}")
+if uploads and st.button("Remove all uploads", key="calib_clear"):
+    st.session_state["calib_upload_gen"] = gen + 1
+    st.session_state["kvplan_parsed_uploads"] = {}
+    st.rerun()
 cache = st.session_state.setdefault("kvplan_parsed_uploads", {})
 traces, errors = du.parse_uploads([(f.name, f.getvalue()) for f in uploads or []], cache)
 for message in errors:

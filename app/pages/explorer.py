@@ -17,7 +17,7 @@ scenario = ds.scenario_sidebar()
 st.title("TTL x threshold explorer")
 st.caption("Every grid point is the sidebar scenario with bidirectional on, that decoder_kv_blocks_ttl and "
            "kv_recompute_threshold, and a router TTL that expires before the blocks (TTL - 5 s margin - 1 s, as the "
-           "advisor sets it), simulated with kvplan.sim.sweep.run_grid when you press the button.")
+           "advisor sets it), simulated (as `kvplan sweep` does) when you press the button.")
 if scenario is None:
     st.stop()
 c1, c2 = st.columns(2)
@@ -28,7 +28,7 @@ reps = c1.number_input("replications per point", min_value=1, max_value=10, valu
 workers = c2.number_input("worker processes", min_value=1, max_value=os.cpu_count() or 1, value=1, key="grid_workers",
                           help="1 runs in this process (fastest for small scenarios).")
 with_advice = c3.checkbox("also compute the recommendation", value=True,
-                          key="grid_with_advice", help="kvplan.sim.advice.recommend on the sidebar scenario.")
+                          key="grid_with_advice", help="What `kvplan recommend` says for the sidebar scenario.")
 try:
     spec = sw.grid_spec(scenario, sw.parse_number_list(ttl_text, "TTL values"),
                         sw.parse_number_list(th_text, "threshold values", integer=True), int(reps))

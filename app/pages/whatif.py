@@ -27,6 +27,11 @@ st.caption(
     f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at "
     f"{ds.defaults_text()}."
 )
+warnings, notes = ds.health_warnings(s)
+for line in warnings:
+    st.warning(line)
+for line in notes:
+    st.caption(line)
 if s.get("extrapolated"):
     st.warning("Profile not calibrated on this deployment: " + "; ".join(
         f"{k}: {v}" for k, v in sorted((s.get("profile_components") or {}).items())))
@@ -34,6 +39,8 @@ for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaul
     col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
                delta_arrow="auto" if m.delta else "off")
 
+on_s, off_s = w.on.summary, w.off.summary
+st.info(ds.on_off_text(on_s, off_s))
 left, right = st.columns(2)
 left.plotly_chart(figures.ttft_distribution({"ON": w.on.turns, "OFF": w.off.turns}), key="ttft_cdf")
 right.plotly_chart(figures.ttft_split(w.current.turns), key="ttft_split")
@@ -49,5 +56,5 @@ with st.expander("Assumptions"):
 # the per-turn table is heavy for the browser: drawn only on request, so widget changes re-render fast
 if st.toggle("show the per-turn records", key="whatif_turns"):
     st.dataframe(w.current.turns, hide_index=True)
-st.caption(f"Four kvplan.sim.api.run results (this scenario, ON, OFF, vLLM defaults), each cached on its scenario: "
+st.caption(f"Four simulations (this scenario, ON, OFF, vLLM defaults), each cached on its scenario: "
            f"{w.elapsed_s * 1000:.0f} ms for this render.")

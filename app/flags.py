@@ -1,0 +1,54 @@
+"""Checks of numeric command-line flags, before any work: one-line errors that name the flag."""
+
+from __future__ import annotations
+
+import math
+
+from kvplan.errors import input_error
+from kvplan.sim.scenario import MAX_CONVERSATIONS, MAX_SIM_TIME_S
+
+MAX_WORKERS = 256
+MAX_REPLICATIONS = 1_000
+MAX_LIST_VALUES = 50
+
+
+def positive_finite(flag: str, value: float | None, upper: float = 1e12, allow_zero: bool = False) -> None:
+    """Refuse NaN, infinities, values <= 0 (or < 0 with ``allow_zero``) and values above ``upper``."""
+    if value is None:
+        return
+    ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0) and value <= upper
+    if not ok:
+        low = ">= 0" if allow_zero else "> 0"
+        raise input_error(flag, f"is {value!r}", f"give a finite number {low} and at most {upper:g}")
+
+
+def int_range(flag: str, value: int | None, low: int, high: int) -> None:
+    """Refuse an integer flag outside ``[low, high]``."""
+    if value is not None and not low <= value <= high:
+        raise input_error(flag, f"is {value:,}", f"give an integer in {low:,}..{high:,}")
+
+
+def seconds_list(
+    flag: str, text: str, upper: float = MAX_SIM_TIME_S, max_values: int = MAX_LIST_VALUES
+) -> tuple[float, ...]:
+    """Parse a comma-separated list of positive finite seconds (at most ``max_values`` of them)."""
+    parts = [x for x in text.replace(" ", "").split(",") if x]
+    if not parts:
+        raise input_error(flag, f"'{text}' is empty", "give comma-separated seconds, e.g. 30,60,120")
+    if len(parts) > max_values:
+        raise input_error(flag, f"{len(parts):,} values (more than {max_values})", "give fewer values")
+    try:
+        values = tuple(float(x) for x in parts)
+    except ValueError:
+        raise input_error(flag, f"'{text[:60]}' is not a comma-separated list of seconds") from None
+    bad = [v for v in values if not (math.isfinite(v) and 0 < v <= upper)]
+    if bad:
+        raise input_error(flag, f"{bad[0]!r} is not a positive finite number of seconds <= {upper:g}")
+    return values
+
+
+def common_run_flags(replications: int | None, workers: int | None, conversations: int | None) -> None:
+    """Bounds shared by recommend and capacity."""
+    int_range("--replications", replications, 1, MAX_REPLICATIONS)
+    int_range("--workers", workers, 0, MAX_WORKERS)
+    int_range("--conversations", conversations, 1, MAX_CONVERSATIONS)

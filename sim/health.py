@@ -1,0 +1,202 @@
+"""The health section of every result (``summary.json["health"]``): what saturated, what bound TTFT, what failed.
+
+A run can be "correct" and still useless to read: the Mooncake replay on 1P1D at vLLM's defaults reports
+a TTFT p50 of over an hour because every finished request pins its KV on D for 480 s and new requests
+wait for expiries. The health section names that: per resource (prefill compute, decode KV pool, the
+P<->D links, P's prefix cache) its utilisation and the waits it caused, the *binding* resource (the one
+requests waited on longest), and every failed turn with its cause. All of it is derived from the same
+turn records and summary as the rest of the result (no extra state).
+
+Definitions (ASSUMPTIONS of this report, not of the model):
+
+* A resource is **saturated** when requests waited on it for more than :data:`WAIT_S` at p90 *and* it
+  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the active span; decode: peak
+  of pinned + running KV over the pool, approximated by the pinned peak when that alone reaches it;
+  link: bytes x seconds per byte over (links x span), a lower bound of the busiest link).
+* The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
+  to D, waiting for KV blocks or a batch slot), ``kv_pull_s`` + ``p2d_transfer_s`` (links).
+* A resource at least :data:`NEAR_FRACTION` busy that requests did not (yet) wait on is a warning.
+* Decode saturation is **by retention** when pinned (retained) KV holds at least half of the pool on
+  average: the pool is full of finished conversations' KV, not of running requests.
+* P's KV pool (``prefill_held_kv``) holds each prompt from the end of its prefill until D has read it
+  (vLLM's ``kv_lease_duration``); it is **saturated** when P's queue waited more than :data:`WAIT_S` at
+  p90 and the held peak reached :data:`BUSY_FRACTION` of P's pool. P's queue is then charged to the held
+  KV, not to prefill compute, unless the engine itself was that busy. When D's pool is saturated too, the
+  held prompts are waiting for D (backpressure), and the binding resource is D's pool.
+
+Numbers in the section are exact SI (seconds, GiB, fractions); :func:`health_lines` renders them with
+any time formatter (the CLI and the dashboard pass one that scales to ms/s/min/h).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvplan.sim.scenario import Scenario
+from kvplan.units import si_s
+
+WAIT_S = 1.0
+BUSY_FRACTION = 0.9
+NEAR_FRACTION = 0.95  # a resource this busy warns even before requests wait on it
+RETENTION_SHARE = 0.5
+
+
+def _p90(x: pd.Series) -> float:
+    v = x.dropna().to_numpy(dtype=float)
+    return float(np.percentile(v, 90)) if len(v) else 0.0
+
+
+def _prefill_held(summary: dict[str, Any], ok: pd.DataFrame) -> dict[str, Any]:
+    """P's KV pool held for D's reads: peak and mean of the held series over P's capacity, and P's queue."""
+    cap = float(summary.get("prefill_kv_capacity_gib") or 0.0)
+    peak = float(summary.get("p_held_kv_gib_peak") or 0.0)
+    mean = float(summary.get("p_held_kv_gib_mean") or 0.0)
+    return {
+        "utilization": peak / cap if cap > 0 else 0.0,
+        "held_mean_fraction": mean / cap if cap > 0 else 0.0,
+        "capacity_gib": cap,
+        "lease_expiries": int(summary.get("p_lease_expiries") or 0),
+        "wait_p90_s": _p90(ok["prefill_queue_s"]),
+        "wait_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else 0.0,
+    }
+
+
+def compute_health(
+    summary: dict[str, Any], turns: pd.DataFrame, scenario: Scenario, per_byte_s: float,
+    prefill_held: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The health section of one run (see the module docstring for every definition).
+
+    ``prefill_held`` is (tokens P's prefix caches hold at the end, their capacity), summed over P nodes,
+    when prefix caching is on: reported, never saturated (vLLM evicts it LRU; it only limits local hits).
+    """
+    ok = turns[turns["decision"] != "error"]
+    dep, pol = scenario.deployment, scenario.policy
+    span = float(ok["finish_s"].max() - ok["arrival_s"].min()) if len(ok) else 0.0
+    cap = float(summary.get("decode_kv_capacity_gib") or 0.0)
+    pinned_peak = float(summary.get("pinned_kv_gib_peak", 0.0))
+    pinned_mean = float(summary.get("pinned_kv_gib_mean", 0.0))
+    tp = dep.tensor_parallel_size
+    links = dep.prefill_nodes * dep.decode_nodes
+    link_util = 0.0
+    if span > 0 and per_byte_s > 0:
+        per_rank = max(summary.get("d2p_bytes", 0), summary.get("p2d_bytes", 0)) / tp
+        link_util = per_rank * per_byte_s / (links * span)
+    resources: dict[str, dict[str, Any]] = {
+        "prefill_compute": {
+            "utilization": float(summary.get("prefill_utilization", 0.0)),
+            "wait_p90_s": _p90(ok["prefill_queue_s"]),
+            "wait_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else 0.0,
+        },
+        "decode_kv": {
+            "utilization": pinned_peak / cap if cap > 0 else 0.0,
+            "pinned_peak_fraction": pinned_peak / cap if cap > 0 else 0.0,
+            "pinned_mean_fraction": pinned_mean / cap if cap > 0 else 0.0,
+            "capacity_gib": cap,
+            "wait_p90_s": _p90(ok["d_queue_s"]),
+            "wait_mean_s": float(ok["d_queue_s"].mean()) if len(ok) else 0.0,
+        },
+        "prefill_held_kv": _prefill_held(summary, ok),
+        "link": {
+            "utilization": link_util,
+            "wait_p90_s": _p90(ok["kv_pull_s"] + ok["p2d_transfer_s"]),
+            "wait_mean_s": float((ok["kv_pull_s"] + ok["p2d_transfer_s"]).mean()) if len(ok) else 0.0,
+        },
+    }
+    # always the same keys (sweep rows need the same columns whether P caches or not)
+    held, capacity = prefill_held if prefill_held is not None else (0, 0)
+    extra: dict[str, Any] = {"prefill_kv": {
+        "caching": prefill_held is not None, "held_tokens_end": int(held), "capacity_tokens": int(capacity),
+        "held_fraction_end": held / capacity if capacity > 0 else float("nan"), "evictable": True,
+    }}
+    for name, r in resources.items():
+        r["saturated"] = bool(r["wait_p90_s"] > WAIT_S and r["utilization"] >= BUSY_FRACTION)
+        if name == "decode_kv":
+            r["by_retention"] = bool(r["saturated"] and r["pinned_mean_fraction"] >= RETENTION_SHARE)
+    if resources["prefill_held_kv"]["saturated"] and resources["prefill_compute"]["utilization"] < BUSY_FRACTION:
+        resources["prefill_compute"]["saturated"] = False  # P's queue waited on its pool, not on its engine
+    waited = {k: v["wait_mean_s"] for k, v in resources.items() if v["wait_p90_s"] > WAIT_S}
+    if resources["prefill_held_kv"]["saturated"] and resources["prefill_compute"]["utilization"] < BUSY_FRACTION:
+        waited.pop("prefill_compute", None)
+    binding = max(waited, key=lambda k: waited[k]) if waited else None
+    if binding == "prefill_held_kv" and resources["decode_kv"]["saturated"]:
+        binding = "decode_kv"  # P holds the prompts D cannot admit yet: backpressure from D's pool
+        resources["prefill_held_kv"]["backpressure_from_decode"] = True
+    errors = int(summary.get("errors", 0))
+    err: dict[str, Any] = {"count": errors, "cause": None}
+    if errors:
+        err["cause"] = (
+            f"read declined under kv_load_failure_policy: {pol.kv_load_failure_policy} (P's read of D's retained KV came "
+            f"within expiry_safety_margin_s = {pol.expiry_safety_margin_s:g} s of its expiry; vLLM fails the request; "
+            "with kv_load_failure_policy: recompute it would be recomputed). TTFT statistics exclude failed turns"
+        )
+    warnings: list[str] = []
+    if pol.bidirectional and pol.router_ttl_s > pol.decoder_kv_blocks_ttl_s:
+        warnings.append(
+            f"router_ttl_s ({pol.router_ttl_s:g} s) is above decoder_kv_blocks_ttl_s ({pol.decoder_kv_blocks_ttl_s:g} s): "
+            "the router hands out entries whose KV D has already released (misses, or declined reads)"
+        )
+    saturated = [k for k, v in resources.items() if v["saturated"]]
+    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool pinned at peak",
+              "prefill_held_kv": "P's KV pool held for D's reads at peak", "link": "P<->D links busy"}
+    for k, v in resources.items():
+        if not v["saturated"] and v["utilization"] >= NEAR_FRACTION:
+            warnings.append(f"{labels[k]} {v['utilization']:.1%}: close to saturation (a little more load and "
+                            "requests queue)")
+    status = "saturated" if saturated else ("warning" if errors or warnings else "ok")
+    return {
+        "status": status,
+        "binding_resource": binding,
+        "saturated": saturated,
+        "resources": resources,
+        **extra,
+        "errors": err,
+        "warnings": warnings,
+        "thresholds": {"wait_p90_s": WAIT_S, "busy_fraction": BUSY_FRACTION, "retention_share": RETENTION_SHARE,
+                       "near_fraction": NEAR_FRACTION},
+    }
+
+
+def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> list[str]:
+    """One line per finding: saturation (binding resource first), failures with their cause, warnings."""
+    if not health:
+        return []
+    res = health["resources"]
+    lines: list[str] = []
+    order = sorted(health["saturated"], key=lambda k: k != health["binding_resource"])
+    for name in order:
+        r = res[name]
+        bind = " (binding: requests waited longest here)" if name == health["binding_resource"] else ""
+        if name == "decode_kv":
+            why = ("by retention: pinned KV of finished conversations holds "
+                   f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak"
+                   if r.get("by_retention") else f"running requests fill it (pinned peak {r['pinned_peak_fraction']:.0%})")
+            lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB; admission to D waited "
+                         f"{fmt_s(r['wait_p90_s'])} at p90 (lower decoder_kv_blocks_ttl_s, see `kvplan recommend`, "
+                         "or add D)")
+        elif name == "prefill_held_kv":
+            why = (" (backpressure: D cannot admit them yet)" if r.get("backpressure_from_decode") else "")
+            lines.append(f"SATURATED prefill KV pool{bind}: prompts held for D's reads fill {r['utilization']:.0%} of "
+                         f"{r['capacity_gib']:.0f} GiB at peak{why}; P's queue waited {fmt_s(r['wait_p90_s'])} at p90 "
+                         f"({r['lease_expiries']} leases lapsed)")
+        elif name == "prefill_compute":
+            lines.append(f"SATURATED prefill compute{bind}: {r['utilization']:.0%} busy; P queue "
+                         f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
+        else:
+            lines.append(f"SATURATED P<->D link{bind}: {r['utilization']:.0%} busy on average; transfers took "
+                         f"{fmt_s(r['wait_p90_s'])} at p90")
+    if not health["saturated"]:
+        lines.append(f"health: nothing saturated (prefill {res['prefill_compute']['utilization']:.0%} busy, decode KV "
+                     f"pinned peak {res['decode_kv']['pinned_peak_fraction']:.0%} of the pool, links "
+                     f"{res['link']['utilization']:.0%} busy)")
+    b = health.get("binding_resource")
+    if b and b not in health["saturated"]:
+        lines.append(f"longest waits at {b.replace('_', ' ')}: {fmt_s(res[b]['wait_p90_s'])} at p90")
+    if health["errors"]["count"]:
+        lines.append(f"{health['errors']['count']} turns failed: {health['errors']['cause']}")
+    lines.extend(f"warning: {w}" for w in health["warnings"])
+    return lines

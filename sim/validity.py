@@ -1,0 +1,75 @@
+"""vLLM's own start-up validity rules, checked before a run (vLLM refuses to start a server that breaks them).
+
+* Tensor parallelism must split the attention heads evenly: ``num_attention_heads % tp == 0``
+  (``ModelConfig.verify_with_parallel_config``, vllm/config/model.py), and the KV heads must either split
+  evenly (``kv_heads % tp == 0``) or be replicated evenly (``tp % kv_heads == 0``; vLLM's
+  ``QKVParallelLinear``, vllm/model_executor/layers/linear.py). MLA models replicate their latent, so only
+  the query heads count.
+* The KV pool must hold the largest request it will serve (``check_enough_kv_cache_memory``,
+  vllm/v1/core/kv_cache_utils.py, checks one ``max_model_len`` request at start-up). The scenario sets
+  the pool, not ``max_model_len``, so the check here is against the largest prompt + output the drawn
+  workload sends (a request that can never be admitted would otherwise wait forever).
+* ``max_num_batched_tokens >= max_num_seqs`` is a field rule of :class:`~kvplan.sim.scenario.Deployment`
+  (``SchedulerConfig._verify_args``, vllm/config/scheduler.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvplan.errors import input_error
+from kvplan.models.arch import ModelArch
+
+
+def check_tensor_parallel(arch: ModelArch, tp: int, where: str = "deployment.tensor_parallel_size") -> None:
+    """Refuse a TP size vLLM would refuse for this architecture."""
+    if arch.num_q_heads % tp:
+        raise input_error(
+            where, f"{tp} does not divide {arch.name}'s {arch.num_q_heads} attention heads (vLLM refuses to start)",
+            "use a divisor such as 1, 2, 4 or 8",
+        )
+    if arch.attention == "gqa" and arch.num_kv_heads % tp and tp % arch.num_kv_heads:
+        raise input_error(
+            where, f"{tp} neither divides nor is a multiple of {arch.name}'s {arch.num_kv_heads} KV heads "
+            "(vLLM cannot shard or replicate them)", "use a divisor or a multiple of the KV heads",
+        )
+
+
+def check_pools_hold_largest_request(
+    plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int
+) -> None:
+    """Refuse a run whose largest request cannot fit D's KV pool (prompt + output) or P's (prompt)."""
+    if not len(plan.prompt_tokens):
+        return
+    need_d = int(np.max(plan.prompt_tokens + plan.output_tokens))
+    need_p = int(np.max(plan.prompt_tokens))
+    # whole blocks: a partly used block is held whole
+    if -(-need_d // block_size) * block_size > decode_capacity_tokens:
+        raise input_error(
+            "deployment.decode_kv_capacity_tokens",
+            f"D's KV pool of {decode_capacity_tokens:,} tokens cannot hold the largest request ({need_d:,} tokens);"
+            " vLLM refuses to start when the pool cannot hold one request", "raise it or shorten the workload",
+        )
+    if -(-need_p // block_size) * block_size > prefill_capacity_tokens:
+        raise input_error(
+            "deployment.prefill_kv_capacity_tokens",
+            f"P's KV pool of {prefill_capacity_tokens:,} tokens cannot hold the largest prompt ({need_p:,} tokens)",
+            "raise it or shorten the workload",
+        )
+
+
+MAX_COST_TOKENS = 10_000_000
+MAX_COST_CHUNKS = 100_000
+
+
+def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int) -> None:
+    """Bounds of ``kvplan cost`` (the prefill model walks the chunks one by one)."""
+    if tokens > MAX_COST_TOKENS:
+        raise input_error("--tokens", f"{tokens:,} is more than {MAX_COST_TOKENS:,}", "no context is that long")
+    if cached_tokens > MAX_COST_TOKENS:
+        raise input_error("--cached-tokens", f"{cached_tokens:,} is more than {MAX_COST_TOKENS:,}")
+    if -(-tokens // chunk_tokens) > MAX_COST_CHUNKS:
+        raise input_error("--chunk-tokens", f"{chunk_tokens} splits {tokens:,} tokens into more than "
+                          f"{MAX_COST_CHUNKS:,} chunks", "use vLLM's max_num_batched_tokens (e.g. 8192)")

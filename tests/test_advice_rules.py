@@ -1,0 +1,90 @@
+"""The pure TTL rules of kvplan.sim.advice_rules on hand-made candidates (no simulation)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kvplan.sim.advice_rules import (
+    BENEFIT_FRACTION,
+    DECODE_HBM,
+    LINK,
+    PREFILL_COMPUTE,
+    TURN_GAPS,
+    Evidence,
+    TtlCandidate,
+    apply_slo,
+    binding_constraint,
+    choose_ttl,
+    router_ttl,
+    significant_gain,
+)
+from kvplan.sim.seeds import replication_seeds
+
+UNLIMITED_S = 0.100  # unlimited-TTL benefit on mean TTFT (s)
+
+
+def cand(ttl: float, benefit: float, peak_gib: float = 1.0, p90: float = 0.5, budget: float | None = None,
+         ci: float = 0.001) -> TtlCandidate:
+    m = {"ttft_p90_s": p90, "ttft_mean_s": 0.4, "hit_rate": 0.5, "pinned_kv_gib_peak": peak_gib,
+         "pinned_kv_gib_mean": peak_gib / 2, "d_queue_mean_s": 0.0, "kv_pull_mean_s": 0.01,
+         "prefill_utilization": 0.3}
+    return TtlCandidate(ttl, router_ttl(ttl, 5.0, 1.0), m, (benefit, ci), UNLIMITED_S,
+                        budget is None or peak_gib <= budget, significant_gain((benefit, ci), 1.0))
+
+
+def evidence(curve: list[TtlCandidate], budget: float | None = None, unlimited: float = UNLIMITED_S) -> Evidence:
+    return Evidence(curve, 1.0, (unlimited, 0.001), 0.9, budget, "turn gaps p50 60 s", 1000)
+
+
+def test_shortest_ttl_reaching_the_benefit_fraction() -> None:
+    curve = [cand(30, 0.05), cand(60, BENEFIT_FRACTION * UNLIMITED_S + 1e-6), cand(120, 0.099)]
+    choice = choose_ttl(evidence(curve))
+    assert choice.chosen is curve[1] and not choice.retention_off and choice.binding == TURN_GAPS
+
+
+def test_budget_excludes_ttls_and_binds_decode_hbm() -> None:
+    curve = [cand(30, 0.05, peak_gib=1), cand(60, 0.097, peak_gib=50, budget=10), cand(120, 0.099, peak_gib=80, budget=10)]
+    choice = choose_ttl(evidence(curve, budget=10))
+    # nothing feasible reaches 95%: the best feasible (30 s) is chosen, and the budget is what binds
+    assert choice.chosen is curve[0] and choice.binding == DECODE_HBM
+
+
+def test_no_material_unlimited_gain_turns_retention_off() -> None:
+    choice = choose_ttl(evidence([cand(30, 0.0), cand(60, 0.0)], unlimited=0.001))
+    assert choice.chosen is None and choice.retention_off
+
+
+def test_slo_raises_the_ttl_to_the_shortest_meeting_it() -> None:
+    curve = [cand(30, 0.099, p90=0.30), cand(60, 0.099, p90=0.20), cand(120, 0.099, p90=0.10)]
+    choice = choose_ttl(evidence(curve))
+    assert choice.chosen is curve[0]
+    warnings: list[str] = []
+    slo = apply_slo(choice, curve, {"ttft_p90_s": 1.0}, 250.0, warnings)
+    assert choice.chosen is curve[1] and slo["met"] and warnings == []
+    slo = apply_slo(choice, curve, {"ttft_p90_s": 1.0}, 50.0, warnings)
+    assert not slo["met"] and len(warnings) == 1
+
+
+def test_binding_constraint_thresholds() -> None:
+    base = {"ttft_mean_s": 1.0, "d_queue_mean_s": 0.0, "kv_pull_mean_s": 0.1, "prefill_utilization": 0.3}
+    assert binding_constraint(TURN_GAPS, base, {}, True) == TURN_GAPS
+    assert binding_constraint(TURN_GAPS, {**base, "d_queue_mean_s": 0.06}, {}, True) == DECODE_HBM
+    assert binding_constraint(TURN_GAPS, {**base, "prefill_utilization": 0.8}, {}, True) == PREFILL_COMPUTE
+    assert binding_constraint(TURN_GAPS, {**base, "kv_pull_mean_s": 0.6}, {}, True) == LINK
+    assert binding_constraint(TURN_GAPS, {**base, "kv_pull_mean_s": 0.6}, {}, False) == TURN_GAPS
+
+
+def test_router_ttl_and_significance() -> None:
+    assert router_ttl(480, 5.0, 25.0) == 450 and router_ttl(3, 5.0, 1.0) == 1  # floor of 1 s (the rule)
+    assert significant_gain((0.02, 0.01), 1.0) and not significant_gain((0.02, 0.03), 1.0)
+    assert not significant_gain((0.005, 0.001), 1.0)  # below 1% of the scale
+    assert not significant_gain((math.nan, 0.0), 1.0)
+
+
+def test_replication_seeds_are_spawned_not_shifted() -> None:
+    a, b = replication_seeds(3, 50), replication_seeds(4, 50)
+    assert a == [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(3).spawn(50)]
+    assert len(set(a)) == 50 and not set(a) & set(b)  # seed + k would share 49 of 50 streams
+    assert replication_seeds(3, 2) == a[:2]  # replication k's seed does not depend on K

@@ -1,0 +1,110 @@
+"""The health section (issue 13, acceptance 4): saturation named, failures explained, units for humans."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from conftest import small
+from streamlit.testing.v1 import AppTest
+
+from kvplan.app.cli import main
+from kvplan.app.cmd_dashboard import DASHBOARD_SCRIPT
+from kvplan.sim.api import run
+from kvplan.sim.health import health_lines
+from kvplan.units import human_s
+
+MOONCAKE = Path("external_traces") / "mooncake_fast25" / "conversation_trace.jsonl"
+
+
+def test_human_units() -> None:
+    assert human_s(0.0123) == "12.3 ms"
+    assert human_s(4.5) == "4.50 s"
+    assert human_s(600) == "10.0 min"
+    assert human_s(4385.9546) == "73.1 min"
+    assert human_s(8014) == "2.2 h"
+    assert human_s(float("nan")) == "n/a"
+
+
+def test_healthy_run_names_nothing_saturated() -> None:
+    h = run(small()).summary["health"]
+    assert h["status"] == "ok" and h["saturated"] == [] and h["binding_resource"] is None
+    assert health_lines(h)[0].startswith("health: nothing saturated")
+
+
+def test_tiny_decode_pool_is_saturated_by_retention() -> None:
+    wl = {**small()["workload"], "conversations": 40, "turns": {"dist": "constant", "value": 1}}
+    r = run(small(workload=wl, deployment={"decode_kv_capacity_tokens": 12_000}, policy={"decoder_kv_blocks_ttl_s": 60}))
+    h = r.summary["health"]
+    assert h["binding_resource"] == "decode_kv" and "decode_kv" in h["saturated"]
+    assert h["resources"]["decode_kv"]["by_retention"]
+    assert h["resources"]["decode_kv"]["wait_p90_s"] == pytest.approx(float(r.turns["d_queue_s"].quantile(0.9)))
+    assert "SATURATED decode HBM" in health_lines(h)[0] and "by retention" in health_lines(h)[0]
+
+
+def test_failed_turns_are_explained() -> None:
+    # turn gaps right at the TTL: P's read comes within the 5 s safety margin of D's expiry and is declined
+    wl = {**small()["workload"], "turn_gap_s": {"dist": "uniform", "low": 20, "high": 40}}
+    r = run(small(workload=wl, policy={"decoder_kv_blocks_ttl_s": 30, "router_ttl_s": 29}))
+    h = r.summary["health"]
+    assert r.summary["errors"] > 0
+    assert h["errors"]["count"] == r.summary["errors"]
+    line = [ln for ln in health_lines(h) if "turns failed" in ln][0]
+    assert line.startswith(f"{r.summary['errors']} turns failed: read declined under kv_load_failure_policy: fail")
+
+
+def test_router_ttl_above_decode_ttl_is_warned() -> None:
+    h = run(small(policy={"decoder_kv_blocks_ttl_s": 30, "router_ttl_s": 60})).summary["health"]
+    assert any("router_ttl_s (60 s) is above decoder_kv_blocks_ttl_s (30 s)" in w for w in h["warnings"])
+
+
+def test_mooncake_replay_at_vllm_defaults_names_decode_saturation(
+    shared_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = shared_dir / MOONCAKE
+    if not trace.is_file():
+        pytest.skip("shared Mooncake trace not available")
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = [ln for ln in text.splitlines() if ln.startswith("SATURATED decode HBM")]
+    assert line and "by retention" in line[0] and "binding" in line[0], text
+    assert re.search(r"waited [0-9.]+ (min|h) at p90", line[0]), line[0]  # minutes or hours, not millions of ms
+    # P holds the prompts D cannot admit: its pool is saturated too, as backpressure from D
+    held = [ln for ln in text.splitlines() if ln.startswith("SATURATED prefill KV pool")]
+    assert held and "backpressure" in held[0], text
+    health = json.loads((out / "summary.json").read_text())["health"]
+    assert health["binding_resource"] == "decode_kv" and health["resources"]["decode_kv"]["by_retention"]
+    # the dashboard shows the same finding as a warning
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=240)
+    at.run()
+    at.selectbox(key="sc_workload").select("replay a trace file").run()
+    at.checkbox(key="sc_p_cache").check().run()
+    at.text_input(key="sc_trace_path").input(str(trace)).run()
+    assert not at.exception, at.exception
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("SATURATED decode HBM") and "by retention" in w for w in warnings), warnings
+
+
+def test_near_capacity_warns_before_saturation() -> None:
+    from kvplan.sim.health import compute_health
+
+    r = run(small())
+    s = dict(r.summary)
+    s["pinned_kv_gib_peak"] = 0.998 * s["decode_kv_capacity_gib"]
+    h = compute_health(s, r.turns, r.scenario, 1e-9)
+    assert "decode_kv" not in h["saturated"]
+    assert any("decode KV pool pinned at peak 99.8%: close to saturation" in w for w in h["warnings"])
+
+
+def test_prefill_held_kv_is_reported_when_caching() -> None:
+    d = small()
+    d["deployment"] = {**d["deployment"], "prefill_prefix_caching": True}
+    h = run(d).summary["health"]
+    pk = h["prefill_kv"]
+    assert 0 < pk["held_tokens_end"] <= pk["capacity_tokens"] and pk["evictable"]
+    off = run(small()).summary["health"]["prefill_kv"]  # small() turns P's cache off
+    assert not off["caching"] and off["held_tokens_end"] == 0 and math.isnan(off["held_fraction_end"])

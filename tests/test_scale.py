@@ -190,3 +190,27 @@ def test_typed_summary_is_the_summary_json(reference: dict) -> None:
     assert row == flatten_summary(res.summary)
     assert row["decisions.pull"] == res.summary["decisions"]["pull"] and "model" not in row
     assert res.stats.ttft_p90_s == res.summary["ttft_p90_s"] and res.stats.run["seed"] == res.seed
+
+
+def test_killed_cli_run_leaves_nothing_that_looks_complete(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    sc = yaml.safe_load(REF.read_text())
+    sc["workload"]["conversations"] = 20_000  # long enough to be killed mid-stream
+    (tmp_path / "sc.yaml").write_text(yaml.safe_dump(sc))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "kvplan.app.cli", "simulate", str(tmp_path / "sc.yaml"), "--out",
+                             str(out), "--format", "both"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any((p / "turns.csv").exists() for p in tmp_path.glob(".out.*")):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # streamed files only ever under the hidden staging name
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # it was killed mid-stream

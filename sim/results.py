@@ -220,7 +220,9 @@ def _mean(x: np.ndarray, empty: float) -> float:
     return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
 
 
-def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str, Any]) -> Summary:
+def summarize(
+    stream: RunStream, series: pd.DataFrame, held: pd.DataFrame, extra: dict[str, Any]
+) -> Summary:
     """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
 
     Counts and token sums are exact; means and percentiles are computed over the kept columns in the
@@ -229,8 +231,6 @@ def summarize(stream: RunStream, bytes_per_token_all_ranks: int, extra: dict[str
     agg = stream.agg
     ttft = agg.column("ttft")
     t_end = stream.t_max if np.isfinite(stream.t_max) else 0.0
-    series = stream_pinned(stream, bytes_per_token_all_ranks)
-    held = stream_held(stream)
     n_turns = stream.counts["turns"]
     decisions = {name: int(agg.decisions.get(name, 0)) for name in DECISION_NAMES.values()}
     c = stream.counts
@@ -326,11 +326,12 @@ def build_result(
     extra: dict[str, Any], notes: list[str],
 ) -> Result:
     """Turns, summary and pinned series of a finished (streamed) run."""
-    stats = summarize(stream, bytes_all_ranks, extra)
+    pinned = stream_pinned(stream, bytes_all_ranks)
+    held = stream_held(stream)
+    stats = summarize(stream, pinned, held, extra)
     ev = events_frame(events if events is not None else EventChunk.empty())
     turns = stream.turns()
-    pinned = stream_pinned(stream, bytes_all_ranks)
-    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats, stream_held(stream))
+    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats, held)
 
 
 # --- writers ---------------------------------------------------------------------------------------------

@@ -60,9 +60,13 @@ class SeriesBuffer:
         if not self.t:
             return np.zeros(0), np.zeros(0)
         t = np.concatenate(self.t)
+        self.t = [t]
         d = np.concatenate(self.delta)
+        self.delta = [d]
         o = np.concatenate(self.order)
+        self.order = [o]
         idx = np.lexsort((o, t))  # stable: log order within equal (t, order)
+        del o
         return t[idx], np.cumsum(d[idx])
 
 

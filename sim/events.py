@@ -11,6 +11,7 @@ is in :data:`SCHEMA` (one :class:`EventSpec` per kind, named fields); readers na
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -207,7 +208,7 @@ class EventLog(list[tuple[Any, ...]]):
 
     def flush(self) -> EventChunk:
         """The events appended since the last flush as typed columns (and forget the tuples)."""
-        chunk = EventChunk.from_tuples(self)
+        chunk = EventChunk.from_tuples(list(list.__iter__(self)))
         self.clear()
         self.flushed += len(chunk)
         if self.keep and len(chunk):
@@ -220,6 +221,16 @@ class EventLog(list[tuple[Any, ...]]):
             self.flush()
         self.kept = [EventChunk.concat(self.kept)] if self.kept else []
         return self.kept[0] if self.kept else EventChunk.empty()
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """Every kept event (flushed chunks, then the unflushed tail) as ``(t, kind, conv, turn, node, a, b)``."""
+        for ch in self.kept:
+            yield from zip(*(c.tolist() for c in ch), strict=True)
+        yield from list.__iter__(self)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """Iterating the log yields every kept event in log order, as iterating the old tuple list did."""
+        return self.rows()
 
     @property
     def total(self) -> int:

@@ -214,3 +214,21 @@ def test_killed_cli_run_leaves_nothing_that_looks_complete(tmp_path: Path) -> No
     proc.wait()
     assert not out.exists()  # streamed files only ever under the hidden staging name
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # it was killed mid-stream
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kvplan.app.cmd_simulate import sim_progress
+
+    calls: list[tuple[float, float]] = []
+    with sim_progress(enabled=True) as hook:  # pytest's stderr is not a terminal
+        assert hook is None
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with sim_progress(enabled=False) as hook:
+        assert hook is None
+    with sim_progress(enabled=True, after_s=0.0) as hook:
+        assert hook is not None
+        res = run(load_scenario(REF), progress=lambda now, h: (calls.append((now, h)), hook(now, h)))
+    assert len(calls) > 10 and calls[-1][0] >= res.summary["sim_end_s"] * 0.5
+    assert all(b[0] >= a[0] for a, b in zip(calls, calls[1:], strict=False))  # simulated time only advances

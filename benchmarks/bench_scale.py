@@ -59,10 +59,13 @@ def main(sizes: list[int]) -> None:
         print(f"{row['turns']:>10,} turns: {row['wall_s']:.1f} s wall, peak RSS {row['peak_rss_mib']:,.0f} MiB, "
               f"turns.parquet {row['output_bytes'].get('turns.parquet', 0) / 2**20:.0f} MiB "
               f"(load average before {load[0]:.1f}, after {row['load_avg_after'][0]:.1f} on {os.cpu_count()} cores)")
+    old = json.loads(OUT.read_text()).get("runs", []) if OUT.exists() else []
+    sizes_run = {r["conversations"] for r in rows}
+    rows = sorted([r for r in old if r["conversations"] not in sizes_run] + rows, key=lambda r: r["conversations"])
     result = {
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count()},
-        "runs": rows,
+        "runs": rows,  # earlier runs of other sizes are kept
         "targets": {"1M_turns_wall_s": 30, "1M_turns_peak_rss_mib": 1024, "10M_turns_peak_rss_mib": 4096},
     }
     OUT.parent.mkdir(exist_ok=True)

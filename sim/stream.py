@@ -11,10 +11,11 @@ typed chunk to :class:`RunStream`, which
   ``turns.parquet``/``turns.csv`` writers) and to the summary aggregates;
 * accumulates counters and the pinned/held change points as they happen.
 
-Memory: the in-flight events, the reorder buffer, and per finished turn the columns the summary keeps
-exact (TTFT, TPOT, P leg, prefill queue, and the pull times of pulled turns: at most 48 bytes) plus the
-pinned/held change points (4 per turn, 16 bytes each). So ~110 bytes per turn instead of ~5 KB; the
-percentiles stay exact (no sketch needed at this size: 10M turns keep ~1.1 GB).
+Memory: the in-flight events, the reorder buffer, and per finished turn the columns the summary and the
+health section keep exact (TTFT, TPOT, P leg, prefill queue, D queue, link wait, and the pull times of
+pulled turns: at most 64 bytes) plus the pinned/held change points (4 per turn, 17 bytes each): ~130 bytes
+per turn instead of ~5 KB. Means and percentiles therefore stay exact, bit for bit (no quantile sketch);
+the cost is linear, ~1.3 GB per 10M turns, so a run of ~100M turns would need one.
 """
 
 from __future__ import annotations

@@ -229,6 +229,12 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
         assert hook is None
     with sim_progress(enabled=True, after_s=0.0) as hook:
         assert hook is not None
-        res = run(load_scenario(REF), progress=lambda now, h: (calls.append((now, h)), hook(now, h)))
+        bar = hook
+
+        def progress(now: float, horizon: float) -> None:
+            calls.append((now, horizon))
+            bar(now, horizon)
+
+        res = run(load_scenario(REF), progress=progress)
     assert len(calls) > 10 and calls[-1][0] >= res.summary["sim_end_s"] * 0.5
     assert all(b[0] >= a[0] for a, b in zip(calls, calls[1:], strict=False))  # simulated time only advances

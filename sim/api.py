@@ -88,6 +88,9 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     pools = [p.pool for p in ctx.prefill if p.pool.caching]
     held = (sum(pl.cached * pl.block_size for pl in pools), sum(pl.capacity * pl.block_size for pl in pools)) \
         if pools else None
+    if not ctx.log.keep:  # a streamed run: the driver's per-turn lists go before the end-of-run derivation
+        del ctx.driver
+        gc.collect()
     result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes))
     health = compute_health(result.summary, stream.agg.health_frame(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})

@@ -9,6 +9,7 @@ result.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,11 +204,9 @@ def held_frame(t: np.ndarray, held_bytes: np.ndarray, tokens_per_byte: float) ->
     return out
 
 
-def _time_weighted_mean(series: pd.DataFrame, t_end: float, col: str) -> float:
-    if series.empty or t_end <= 0:
+def _time_weighted_mean(t: np.ndarray, v: np.ndarray, t_end: float) -> float:
+    if not len(t) or t_end <= 0:
         return 0.0
-    t = series["t_s"].to_numpy()
-    v = series[col].to_numpy()
     dt = np.diff(np.append(t, max(t_end, t[-1])))
     return float((v * dt).sum() / t_end)
 
@@ -220,13 +219,15 @@ def _mean(x: np.ndarray, empty: float) -> float:
     return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
 
 
-def summarize(
-    stream: RunStream, series: pd.DataFrame, held: pd.DataFrame, extra: dict[str, Any]
-) -> Summary:
+SeriesStats = Callable[[float], dict[str, float]]
+
+
+def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any]) -> Summary:
     """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
 
     Counts and token sums are exact; means and percentiles are computed over the kept columns in the
-    rows' order, so they equal the one-shot computation over ``turns.csv``.
+    rows' order, so they equal the one-shot computation over ``turns.csv``. ``series_stats(t_end)`` gives
+    the pinned/held metrics; it is called once the turn columns a streamed run no longer needs are freed.
     """
     agg = stream.agg
     ttft = agg.column("ttft")
@@ -251,16 +252,12 @@ def summarize(
         "d2p_xfer_mean_s": _mean(agg.column("d2p_xfer"), 0.0),
         "p_leg_mean_s": _mean(agg.column("p_leg"), float("nan")),
         "prefill_queue_mean_s": _mean(agg.column("prefill_queue"), float("nan")),
-        "pinned_kv_gib_mean": _time_weighted_mean(series, t_end, "pinned_gib"),
-        "pinned_kv_gib_peak": float(series["pinned_gib"].max()) if len(series) else 0.0,
         "pins": int(c["pins"]),
         "releases": {RELEASE_NAMES[k]: int(n) for k, n in stream.releases.items()},
         "pins_outstanding": int(c["pins"] - c["unpins"]),
         "sim_end_s": t_end,
         "d_preemptions": int(c["d_preemptions"]),
         "d_preempted_recompute_tokens": int(stream.d_recompute_tokens),
-        "p_held_kv_gib_mean": _time_weighted_mean(held, t_end, "held_gib"),
-        "p_held_kv_gib_peak": float(held["held_gib"].max()) if len(held) else 0.0,
         "p_lease_expiries": int(c["p_lease_expiries"]),
         "p2d_failed_reads": int(c["p2d_failed_reads"]),
     }
@@ -268,6 +265,10 @@ def summarize(
     metrics["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
     metrics["tpot_p50_s"] = _pct(tpot, 50)
     metrics["tpot_p90_s"] = _pct(tpot, 90)
+    del ttft, tpot
+    if not stream.keep_turns:
+        agg.drop_summary_columns()  # a streamed run's peak memory is here: free what is no longer needed
+    metrics.update(series_stats(t_end))
     return Summary(**metrics, run=dict(extra))
 
 
@@ -326,12 +327,30 @@ def build_result(
     extra: dict[str, Any], notes: list[str],
 ) -> Result:
     """Turns, summary and pinned series of a finished (streamed) run."""
-    pinned = stream_pinned(stream, bytes_all_ranks)
-    held = stream_held(stream)
-    stats = summarize(stream, pinned, held, extra)
+    frames: dict[str, pd.DataFrame] = {}
+
+    def series_stats(t_end: float) -> dict[str, float]:
+        pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
+        t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()
+        out = {"pinned_kv_gib_mean": _time_weighted_mean(t, gib, t_end),
+               "pinned_kv_gib_peak": float(gib.max()) if len(gib) else 0.0}
+        del t, gib
+        if stream.keep_turns:
+            held = frames["held"] = stream_held(stream)
+            ht, hg = held["t_s"].to_numpy(), held["held_gib"].to_numpy()
+        else:  # the held series itself is not kept for a streamed run: its statistics only
+            ht, hb = stream.held.steps()
+            hg = hb / GIB
+            del hb
+        out["p_held_kv_gib_mean"] = _time_weighted_mean(ht, hg, t_end)
+        out["p_held_kv_gib_peak"] = float(hg.max()) if len(hg) else 0.0
+        return out
+
+    stats = summarize(stream, series_stats, extra)
     ev = events_frame(events if events is not None else EventChunk.empty())
     turns = stream.turns()
-    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, pinned, stats, held)
+    return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, frames["pinned"], stats,
+                  frames.get("held"))
 
 
 # --- writers ---------------------------------------------------------------------------------------------

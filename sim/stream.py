@@ -62,13 +62,15 @@ class SeriesBuffer:
             return np.zeros(0), np.zeros(0)
         t = np.concatenate(self.t)
         self.t = [t]
-        d = np.concatenate(self.delta)
-        self.delta = [d]
         o = np.concatenate(self.order)
         self.order = [o]
         idx = np.lexsort((o, t))  # stable: log order within equal (t, order)
         del o
-        return t[idx], np.cumsum(d[idx])
+        d = np.concatenate(self.delta)
+        self.delta = [d]
+        level = d[idx]
+        np.cumsum(level, out=level)
+        return t[idx], level
 
 
 TurnSink = Callable[[pd.DataFrame], None]
@@ -270,6 +272,11 @@ class TurnAggregates:
         pull = t[dec == "pull"]
         self._keep("kv_pull", pull["kv_pull_s"].to_numpy())
         self._keep("d2p_xfer", pull["d2p_xfer_s"].to_numpy())
+
+    def drop_summary_columns(self) -> None:
+        """Free the kept columns only the summary's means and percentiles read (health's stay)."""
+        for name in ("ttft", "tpot", "p_leg", "kv_pull", "d2p_xfer"):
+            self.cols.pop(name, None)
 
     def health_frame(self) -> pd.DataFrame:
         """The columns :func:`kvplan.sim.health.compute_health` reads from the turns that did not fail, in row

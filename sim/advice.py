@@ -41,6 +41,7 @@ from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks, t_quantile_975
 from kvplan.sim.results import json_safe
+from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, load_scenario, scenario_from_dict
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 
@@ -204,7 +205,7 @@ def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
     out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
     km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0
     prev_prompt = prefix + user * km1 + out * (km1 - 1)
-    same_p = dep.prefill_nodes == 1 or dep.routing == "sticky"
+    same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
     local = int(prev_prompt) if (dep.prefill_prefix_caching and same_p) else 0
     return local, int(round(user)) + 1
 

@@ -41,7 +41,9 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     bytes_all = kv_bytes_per_token_all_ranks(rs.arch, tp)
     # utilisation over the active span (retention expiries after the last response do not count)
     end = max((e[0] for e in ctx.log if e[1] != Ev.UNPIN), default=0.0)
-    busy = sum(p.busy_s for p in ctx.prefill)
+    engines = ctx.replicas if scenario.deployment.mode == "aggregated" else ctx.prefill
+    busy = sum(p.busy_s for p in engines)
+    n_kv = len(ctx.replicas) if ctx.replicas else scenario.deployment.decode_nodes
     extra: dict[str, Any] = {
         "seed": seed,
         "model": rs.arch.name,
@@ -50,9 +52,9 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
         "profile_status": rs.profile.status,
         "extrapolated": rs.profile.extrapolated,
         "decode_kv_capacity_tokens": rs.decode_capacity_tokens,
-        "decode_kv_capacity_gib": rs.decode_capacity_tokens * bytes_all / GIB * scenario.deployment.decode_nodes,
+        "decode_kv_capacity_gib": rs.decode_capacity_tokens * bytes_all / GIB * n_kv,
         "kv_bytes_per_token_all_ranks": bytes_all,
-        "prefill_utilization": busy / (end * len(ctx.prefill)) if end > 0 else 0.0,
+        "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
         "truncated_conversations": plan.truncated_conversations,
     }
     if plan.trace_report is not None:

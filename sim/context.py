@@ -14,6 +14,7 @@ from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
 
 if TYPE_CHECKING:
+    from kvplan.sim.aggregated import AggregatedNode
     from kvplan.sim.decode import DecodeNode
     from kvplan.sim.engine import Driver
     from kvplan.sim.prefill import PrefillNode
@@ -77,6 +78,7 @@ class Ctx:
     log: list[tuple[Any, ...]] = field(default_factory=list)
     prefill: list[PrefillNode] = field(default_factory=list)
     decode: list[DecodeNode] = field(default_factory=list)
+    replicas: list[AggregatedNode] = field(default_factory=list)  # aggregated mode only
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
     driver: Driver = field(init=False)

@@ -146,6 +146,18 @@ class DecodeNode:
             _, (_, b) = self.cache.popitem(last=False)
             self.cache_blocks -= b
 
+    def cached_tokens(self, conv: int) -> int:
+        """Tokens of the conversation retained (pinned) or prefix-cached here (for ``prefix_aware`` routing)."""
+        pid = self.pin_of_conv.get(conv)
+        if pid is not None:
+            return self.pins[pid].tokens
+        entry = self.cache.get(conv)
+        return entry[0] if entry is not None else 0
+
+    def load(self) -> int:
+        """Requests waiting for admission, pulling or running on this D."""
+        return len(self._admit_q) + len(self._req_blocks)
+
     # ---- admission and P->D pull -------------------------------------------------------------------------
 
     def submit(self, req: Request) -> None:

@@ -205,9 +205,11 @@ class Driver:
         log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params)
-        p = ctx.router.pick_prefill(c)
-        ctx.prefill[p].submit(r)
+        self._submit(Request(c, turn, i, prompt, self.output[i], params))
+
+    def _submit(self, r: Request) -> None:
+        """The P leg reaches the chosen P's engine."""
+        self.ctx.prefill[self.ctx.router.pick_prefill(r.conv)].submit(r)
 
     def p_done(self, r: Request) -> None:
         """P leg finished (or failed): start the D leg after its overhead, or move on."""
@@ -259,7 +261,9 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
     env = simpy.Environment()
     dep = scenario.deployment
-    router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
+    aggregated = dep.mode == "aggregated"
+    n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
+    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d)
     ctx = Ctx(
         env=env,
         scenario=scenario,
@@ -271,10 +275,17 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
         prefill_cache_tokens=rs.prefill_capacity_tokens,
         router=router,
     )
-    ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
-    ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
     arrival = scenario.workload.arrival
-    ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
+    closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
+    if aggregated:
+        from kvplan.sim import aggregated as agg
+
+        agg.build(ctx, plan, closed)
+    else:
+        ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
+        ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
+        router.bind(ctx.prefill, ctx.decode)
+        ctx.driver = Driver(ctx, plan, closed)
     ctx.driver.start()
     env.run()
     for dn in ctx.decode:

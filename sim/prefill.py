@@ -46,6 +46,10 @@ class PrefixLRU:
         self._map.move_to_end(conv)
         return v
 
+    def peek(self, conv: int) -> int:
+        """Cached tokens of the conversation, without marking it used (for the router)."""
+        return self._map.get(conv, 0)
+
     def put(self, conv: int, tokens: int) -> None:
         """Record that the conversation's first ``tokens`` (full blocks) are cached."""
         old = self._map.pop(conv, 0)
@@ -79,6 +83,14 @@ class PrefillNode:
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.env.process(self._loop())
+
+    def cached_tokens(self, conv: int) -> int:
+        """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
+        return self.cache.peek(conv) if self.cache is not None else 0
+
+    def load(self) -> int:
+        """Requests waiting or running on this P."""
+        return len(self.waiting) + len(self.running)
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""

@@ -101,8 +101,17 @@ class Deployment(_Frozen):
     max_num_batched_tokens: int = Field(default=8192, gt=0, description="vLLM --max-num-batched-tokens.")
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
     decode_prefix_caching: bool = Field(default=True, description="Prefix caching on D (vLLM default on).")
-    routing: Literal["round_robin", "sticky"] = Field(
-        default="round_robin", description="P and D choice: independent round-robin (reference proxy) or sticky."
+    routing: Literal["round_robin", "sticky", "session_affinity", "prefix_aware"] = Field(
+        default="round_robin",
+        description="Instance choice: round_robin (reference proxy), sticky / session_affinity (per conversation), "
+        "prefix_aware (longest cached prefix, ties to the least loaded).",
+    )
+    mode: Literal["disaggregated", "aggregated"] = Field(
+        default="disaggregated",
+        description="disaggregated: P/D nodes; aggregated: `replicas` vLLM engines doing both phases (no transfer).",
+    )
+    replicas: int = Field(
+        default=1, gt=0, le=512, description="Aggregated mode: engines (one node of TP GPUs each); P/D counts unused."
     )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     decode_kv_capacity_tokens: int | None = Field(

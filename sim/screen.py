@@ -31,6 +31,7 @@ from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.sim.grid import Grid
+from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import ClosedLoopArrival, Constant, Dist, Empirical, Exponential, LogNormal, Scenario, Uniform
 from kvplan.sim.workload import load_empirical_values
 
@@ -133,7 +134,7 @@ def _point_params(sc: Scenario, cache: dict[str, Any]) -> dict[str, Any]:
         "margin": pol.expiry_safety_margin_s + pol.clock_skew_s,
         "on": float(pol.bidirectional and pol.send_conversation_id),
         "thr": pol.kv_recompute_threshold_tokens,
-        "same_p": 1.0 if (dep.prefill_nodes == 1 or dep.routing == "sticky") else 1.0 / dep.prefill_nodes,
+        "same_p": 1.0 if (dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING) else 1.0 / dep.prefill_nodes,
         "p_cache": float(dep.prefill_prefix_caching),
         "n_p": dep.prefill_nodes,
         "n_d": dep.decode_nodes,

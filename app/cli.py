@@ -14,7 +14,9 @@ import typer
 
 from kvplan.errors import KvplanInputError
 
-COMMANDS = ("simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "workload", "dashboard")
+COMMANDS = (
+    "simulate", "calibrate", "reproduce", "cost", "sweep", "recommend", "capacity", "compare", "workload", "dashboard",
+)
 
 app = typer.Typer(
     name="kvplan",

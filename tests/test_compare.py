@@ -1,0 +1,92 @@
+"""``kvplan compare``: one row per policy at equal GPUs, workload and seeds; reproducible; unmodelled policies refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import small
+
+from kvplan.app.cli import main
+from kvplan.errors import KvplanInputError
+from kvplan.sim.compare import compare, parse_policies
+from kvplan.sim.scenario import scenario_from_dict
+
+KEYS = ("policy", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate",
+        "pinned_kv_gib_mean", "pinned_kv_gib_peak", "errors", "gpus")
+
+
+def _scenario(tmp_path: Path) -> Path:
+    data = small(deployment={"max_num_seqs": 64, "prefill_nodes": 1, "decode_nodes": 1})
+    data["workload"]["conversations"] = 40
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_compare_json_keys_and_identical_seeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = _scenario(tmp_path)
+    args = ["compare", str(sc), "--policies", "off,ttl,aggregated", "--replications", "2", "--json"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first  # byte-identical
+    rows = json.loads(first)
+    assert [r["policy"] for r in rows] == ["off", "ttl", "aggregated"]
+    for r in rows:
+        assert all(k in r for k in KEYS)
+        assert r["gpus"] == 16 and r["ttft_p90_s"] >= r["ttft_p50_s"] > 0
+    off, ttl, agg = rows
+    assert off["pinned_kv_gib_mean"] == 0 and ttl["pinned_kv_gib_mean"] > 0 and agg["pinned_kv_gib_peak"] == 0
+    assert ttl["hit_rate"] > off["hit_rate"] == 0
+    assert agg["settings"]["deployment.replicas"] == 2
+
+
+def test_compare_tpot_from_turns() -> None:
+    rows = compare(scenario_from_dict(small()), ["off"], replications=1)
+    # per-turn (finish - first token) / (output - 1): the calibrated decode step at small batch is a few ms
+    assert 0.001 < rows[0]["tpot_mean_s"] < 0.05
+
+
+def test_compare_html_written_atomically(tmp_path: Path) -> None:
+    sc = _scenario(tmp_path)
+    out = tmp_path / "c.html"
+    assert main(["compare", str(sc), "--policies", "off,aggregated", "--replications", "1", "--html", str(out)]) == 0
+    text = out.read_text()
+    assert "plotly" in text and "aggregated" in text
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("policies,needle", [("nope", "unknown policy"), ("off,off", "twice"), ("ttl:prefix_aware", "suffix"),
+                                             ("aggregated:zigzag", "suffix"), ("", "empty")])
+def test_bad_policy_lists_refused(policies: str, needle: str) -> None:
+    with pytest.raises(KvplanInputError, match=needle):
+        parse_policies(policies)
+
+
+def test_unmodelled_policy_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                   tmp_path: Path) -> None:
+    import kvplan.sim.compare as cmp
+
+    monkeypatch.setattr(cmp, "implemented", lambda name: name != "lease")
+    assert "lease" not in cmp.parse_policies(None)
+    assert main(["compare", str(_scenario(tmp_path)), "--policies", "off,lease"]) == 2
+    assert "not modelled" in capsys.readouterr().err
+
+
+def test_compare_max_load_meeting_slo() -> None:
+    sc = scenario_from_dict(small())
+    rows = compare(sc, ["off"], replications=1, slo_ttft_p90_ms=2000)
+    r = rows[0]
+    best = r["max_rate_per_s_meeting_slo"]
+    assert r["ttft_p90_s"] < 2.0 and 0.5 <= best < 0.5 * 2**5  # met at the base rate, broken within 5 doublings
+    from kvplan.sim.capacity import conversations_for
+    from kvplan.sim.scenario import with_overrides
+
+    def p90(rate: float) -> float:
+        v = with_overrides(sc, {"workload.arrival.rate_per_s": rate, "workload.conversations": conversations_for(sc, rate)})
+        return float(compare(v, ["off"], replications=1)[0]["ttft_p90_s"])
+
+    assert p90(best) <= 2.0 < p90(best * 1.25)

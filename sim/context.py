@@ -41,6 +41,7 @@ class Request:
         "p_decided",
         "p_compute_start",
         "local_hit",
+        "d_blocks",
     )
 
     def __init__(
@@ -60,6 +61,7 @@ class Request:
         self.p_decided = False
         self.p_compute_start = -1.0
         self.local_hit = 0
+        self.d_blocks = 0  # KV blocks this request holds in its decode node's pool
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""D's retention of finished requests' KV blocks for a possible D->P read (bidirectional transfer).
+
+Sources (vLLM): ``nixl/pull_scheduler.py`` ``request_finished`` (with ``bidirectional_kv_xfer`` every
+request finishing as STOPPED or LENGTH_CAPPED returns ``delay_free_blocks=True`` with deadline
+``now + decoder_kv_blocks_ttl``, never renewed: ``docs/design/nixl_kv_cache_lease.md``), the worker's
+``get_finished`` (blocks freed by the reader's NIXL notification or once the deadline has passed).
+Pinned blocks belong to a finished request: neither evictable nor preemptable.
+
+This class only keeps the pins and their deadlines; the node moves the blocks between its pool's
+``pinned`` and ``cached`` counts. Deadlines are checked lazily (a heap), whenever blocks are needed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+
+class Pin:
+    """Blocks a finished request keeps for a possible D->P read."""
+
+    __slots__ = ("conv", "tokens", "blocks", "expiry_s", "reading")
+
+    def __init__(self, conv: int, tokens: int, blocks: int, expiry_s: float) -> None:
+        self.conv = conv
+        self.tokens = tokens
+        self.blocks = blocks
+        self.expiry_s = expiry_s
+        self.reading = False
+
+
+class Retention:
+    """The pins of one decode node, by id and by conversation, with an expiry heap."""
+
+    __slots__ = ("pins", "of_conv", "_heap", "_next_id", "_stride")
+
+    def __init__(self, first_id: int, stride: int) -> None:
+        self.pins: dict[int, Pin] = {}
+        self.of_conv: dict[int, int] = {}
+        self._heap: list[tuple[float, int]] = []
+        self._next_id = first_id  # unique across nodes: first_id + k * stride
+        self._stride = stride
+
+    def add(self, conv: int, tokens: int, blocks: int, expiry_s: float) -> tuple[int, int | None]:
+        """Pin blocks; returns (new pin id, the conversation's previous pin id if one was still held)."""
+        pid = self._next_id
+        self._next_id += self._stride
+        self.pins[pid] = Pin(conv, tokens, blocks, expiry_s)
+        old = self.of_conv.get(conv)
+        self.of_conv[conv] = pid
+        heapq.heappush(self._heap, (expiry_s, pid))
+        return pid, old
+
+    def alive(self, pid: int, now: float) -> bool:
+        """Whether the pinned blocks still exist at ``now`` (deadline not passed, not yet released)."""
+        pin = self.pins.get(pid)
+        return pin is not None and now < pin.expiry_s
+
+    def mark_reading(self, pid: int) -> None:
+        """A P worker posted a READ of these blocks: they stay until the read completes."""
+        pin = self.pins.get(pid)
+        if pin is not None:
+            pin.reading = True
+
+    def pop(self, pid: int) -> Pin | None:
+        """Remove a pin (released); None if it was already gone."""
+        pin = self.pins.pop(pid, None)
+        if pin is not None and self.of_conv.get(pin.conv) == pid:
+            del self.of_conv[pin.conv]
+        return pin
+
+    def due(self, now: float) -> Iterator[tuple[float, int]]:
+        """(deadline, pin id) of every pin whose deadline has passed and that no read holds."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            expiry, pid = heapq.heappop(heap)
+            pin = self.pins.get(pid)
+            if pin is not None and not pin.reading:
+                yield expiry, pid
+
+    def next_expiry(self) -> float | None:
+        """The earliest deadline still in the heap (may belong to a pin already released)."""
+        return self._heap[0][0] if self._heap else None
+
+    def all_by_expiry(self) -> list[int]:
+        """Every pin still held, by deadline (end of run)."""
+        return sorted(self.pins, key=lambda p: (self.pins[p].expiry_s, p))
+
+    def clear_heap(self) -> None:
+        """Forget pending deadlines (end of run)."""
+        self._heap.clear()

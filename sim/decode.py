@@ -46,6 +46,7 @@ class DecodeNode:
         )
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
+        self._inflight = 0  # admitted, not yet finished
 
     @property
     def capacity_blocks(self) -> int:
@@ -89,15 +90,15 @@ class DecodeNode:
 
     def cached_tokens(self, conv: int) -> int:
         """Tokens of the conversation retained (pinned) or prefix-cached here (for ``prefix_aware`` routing)."""
-        pid = self.pin_of_conv.get(conv)
+        pid = self.retention.of_conv.get(conv)
         if pid is not None:
-            return self.pins[pid].tokens
-        entry = self.cache.get(conv)
+            return self.retention.pins[pid].tokens
+        entry = self.pool.cache.get(conv)
         return entry[0] if entry is not None else 0
 
     def load(self) -> int:
         """Requests waiting for admission, pulling or running on this D."""
-        return len(self._admit_q) + len(self._req_blocks)
+        return len(self._admit_q) + self._inflight
 
     # ---- admission and P->D pull -------------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class DecodeNode:
                     self._wake_admission_at_next_expiry()
                     return
             q.popleft()
+            self._inflight += 1
             if pid is not None and hit > 0:
                 self._unpin(pid, Release.REUSED, now)  # its blocks now belong to the running request
             elif entry is not None and hit == 0:
@@ -189,6 +191,7 @@ class DecodeNode:
         ctx.log.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self.pool.held -= r.d_blocks
         r.d_blocks = 0
+        self._inflight -= 1
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.bidirectional:
             blocks = -(-kv_tokens // ctx.block_size)

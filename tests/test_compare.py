@@ -59,8 +59,10 @@ def test_compare_html_written_atomically(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("policies,needle", [("nope", "unknown policy"), ("off,off", "twice"), ("ttl:prefix_aware", "suffix"),
-                                             ("aggregated:zigzag", "suffix"), ("", "empty")])
+@pytest.mark.parametrize("policies,needle", [
+    ("nope", "unknown policy"), ("off,off", "twice"), ("ttl:prefix_aware", "suffix"), ("aggregated:zigzag", "suffix"),
+    ("", "empty"),
+])
 def test_bad_policy_lists_refused(policies: str, needle: str) -> None:
     with pytest.raises(KvplanInputError, match=needle):
         parse_policies(policies)

@@ -1,14 +1,23 @@
-"""D's continuous decode batch, advanced by event jumps between batch changes.
+"""D's continuous decode batch: per-step KV block growth, advanced by event jumps between batch changes.
 
-Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` (running requests are scheduled first, one token
-each per step; requests whose remote KV has arrived join at the next step while
-``len(running) < max_num_seqs``; ``_update_waiting_for_remote_kv`` backs a full-prompt hit off by one
-token, so the first token costs one forward step).
+Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``schedule`` (running requests first, one token each
+per step, each calling ``kv_cache_manager.allocate_slots`` for ``num_computed_tokens + 1`` slots, so a
+request takes a new block every ``block_size`` steps; when a running request cannot get its block the
+newest running request is preempted, ``self.running.pop()``, until it fits; waiting requests are only
+scheduled in a step without preemption and join while ``len(running) < max_num_seqs``;
+``_update_waiting_for_remote_kv`` backs a full-prompt hit off by one token, so the first token costs one
+forward step).
+
+Blocks are not counted per token: member ``i`` (virtual prompt ``p``, joined at step ``j``) holds
+``ceil((p + S - j) / block)`` blocks during step ``S``. With ``x = p - j + block - 1 = q * block + r`` that
+is ``q + S // block + [r + S % block >= block]``, so the batch total is ``sum(q) + n * (S // block)`` plus
+a count over a residue histogram (``block`` entries): O(block) per query, whatever the batch size.
 
 Speed: between batch changes the step times form an arithmetic series (each step adds one token per
-sequence), so the batch jumps to the next finish with one timeout and, when a request joins
-mid-stretch, cuts the stretch at the boundary of the step in progress. ``exact=True`` schedules every
-step instead; tests show both give the same per-turn times.
+sequence), so the batch jumps to the next finish, or to the first step at which the pool cannot hold the
+batch's growth (found by bisection on the closed form), with one timeout; a request joining mid-stretch
+cuts the stretch at the boundary of the step in progress. ``exact=True`` schedules every step instead;
+tests show both give the same per-turn times, preemptions included.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from typing import Protocol
 
 import simpy
 
@@ -25,30 +34,45 @@ from kvplan.sim.context import Request
 from kvplan.sim.events import Ev
 
 
+class BatchOwner(Protocol):
+    """What the batch needs from its node: finishing, fitting the pool, and the room left for growth."""
+
+    def finish(self, r: Request) -> None:
+        """The request sampled its last token."""
+
+    def fit(self, step: int) -> bool:
+        """Make the batch's blocks for ``step`` fit (evicting, then preempting the newest); True if it preempted."""
+
+    def room(self) -> int:
+        """Blocks the batch may hold at most without preemption (cache counts as free)."""
+
+    def joined(self, r: Request) -> None:
+        """The request's admitted blocks now grow with the batch."""
+
+
 class DecodeBatch:
-    """The running set of one decode engine and its step clock."""
+    """The running set of one decode engine, its step clock and its block growth."""
 
     def __init__(
-        self,
-        env: simpy.Environment,
-        log: list,
-        node: int,
-        cost: DecodeCost,
-        max_seqs: int,
-        exact: bool,
-        on_finish: Callable[[Request], None],
+        self, env: simpy.Environment, log: list, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
+        block_size: int, owner: BatchOwner,
     ) -> None:
         self.env = env
         self.log = log
         self.node = node
         self.max_seqs = max_seqs
         self.exact = exact
-        self.on_finish = on_finish
+        self.bs = block_size
+        self.owner = owner
         self._a, self._b, self._c = cost.fixed_s, cost.per_seq_s, cost.per_context_token_s
         self._join_q: deque[Request] = deque()
-        self.step = 0
+        self.running: dict[Request, None] = {}
+        self.step = 0  # steps completed
         self.batch = 0
         self.ctx_sum = 0.0
+        self._q_sum = 0
+        self._res = [0] * block_size
+        self.fin_sum = 0  # blocks the members will hold at their last step
         self._finish_heap: list[tuple[int, int, Request]] = []
         self._seq = 0
         self._active = False
@@ -58,8 +82,66 @@ class DecodeBatch:
         self._plan_first = 0.0
         self._plan_inc = 0.0
 
-    def ready(self, r: Request) -> None:
-        """The request's KV is in place: it joins at the next step boundary."""
+    # ---- block growth ------------------------------------------------------------------------------------
+
+    def alloc(self, s: int) -> int:
+        """Blocks the members hold during step ``s`` (closed form)."""
+        bs = self.bs
+        t = s % bs
+        extra = sum(self._res[bs - t:]) if t else 0
+        return self._q_sum + self.batch * (s // bs) + extra
+
+    def in_progress_step(self) -> int:
+        """Index of the step running now (its blocks are allocated); ``step`` when idle."""
+        if not self._active or self._plan_n <= 1:
+            return self.step
+        return self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+
+    def _add(self, r: Request, p: int, g0: int, rem: int) -> None:
+        """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""
+        bs = self.bs
+        r.d_p, r.d_j, r.d_g0 = p, self.step, g0
+        q, res = divmod(p - self.step + bs - 1, bs)
+        self._q_sum += q
+        self._res[res] += 1
+        self.fin_sum += -(-(p + rem - 1) // bs)
+        self.batch += 1
+        self.ctx_sum += p
+        self._seq += 1
+        r.d_seq = self._seq
+        r.d_rem = rem
+        self.running[r] = None
+        self.owner.joined(r)
+        heapq.heappush(self._finish_heap, (self.step + rem, self._seq, r))
+
+    def _remove(self, r: Request) -> int:
+        """Drop a member; returns the steps it completed in this stay."""
+        bs = self.bs
+        q, res = divmod(r.d_p - r.d_j + bs - 1, bs)
+        self._q_sum -= q
+        self._res[res] -= 1
+        self.fin_sum -= -(-(r.d_p + r.d_rem - 1) // bs)
+        self.batch -= 1
+        done = self.step - r.d_j
+        self.ctx_sum -= r.d_p + done
+        r.d_seq = -1  # its finish-heap entry is stale now
+        del self.running[r]
+        return done
+
+    def preempt(self, r: Request) -> int:
+        """Take a member out (preempted); returns the tokens it has sampled."""
+        done = self._remove(r)
+        return r.d_g0 + done
+
+    def drop_joiner(self, r: Request) -> None:
+        """A request waiting to join is preempted before it joined."""
+        self._join_q.remove(r)
+
+    # ---- stepping ----------------------------------------------------------------------------------------
+
+    def ready(self, r: Request, p: int, g0: int) -> None:
+        """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far)."""
+        r.d_p, r.d_g0 = p, g0
         self._join_q.append(r)
         if not self._active:
             self._active = True
@@ -67,11 +149,34 @@ class DecodeBatch:
         elif self._plan_n > 1:
             self._cut_at_next_boundary()
 
+    def recheck(self) -> None:
+        """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
+        if not self._active or self.exact:
+            return
+        s0 = self.in_progress_step()
+        end = self.step + self._plan_n
+        h = self._horizon(s0 + 1, end)
+        if h < end:
+            self._schedule(h - self.step)
+
+    def _horizon(self, lo: int, end: int) -> int:
+        """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``."""
+        room = self.owner.room()
+        if self.fin_sum <= room or lo >= end or self.alloc(end - 1) <= room:
+            return end
+        hi = end - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.alloc(mid) > room:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def _steps_time(self, k: int) -> float:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
-    def _cut_at_next_boundary(self) -> None:
-        """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""
+    def _completed_in_stretch(self) -> int:
         e = self.env.now - self._plan_t0
         a, inc = self._plan_first, self._plan_inc
         if inc > 0:
@@ -83,7 +188,11 @@ class DecodeBatch:
             k -= 1
         while self._steps_time(k + 1) <= e:
             k += 1
-        cut = k + 1  # the step in progress ends at boundary k + 1
+        return k
+
+    def _cut_at_next_boundary(self) -> None:
+        """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""
+        cut = self._completed_in_stretch() + 1  # the step in progress ends at boundary k + 1
         if cut >= self._plan_n:
             return
         self._schedule(cut)
@@ -99,39 +208,51 @@ class DecodeBatch:
         if gen != self._gen:
             return
         self.step += n
+        self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
         while heap and heap[0][0] <= step:
-            _, _, r = heapq.heappop(heap)
-            self.batch -= 1
-            self.ctx_sum -= r.prompt + r.output
-            self.on_finish(r)
+            _, seq, r = heapq.heappop(heap)
+            if r.d_seq != seq:
+                continue  # preempted since
+            self._remove(r)
+            self.owner.finish(r)
         self._boundary()
 
     def _boundary(self) -> None:
-        """At a step boundary: admit joiners, plan the next stretch."""
+        """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
         env = self.env
         now = env.now
-        jq = self._join_q
+        owner = self.owner
+        preempted = owner.fit(self.step) if self.batch else False
         joined: list[Request] = []
-        while jq and self.batch < self.max_seqs:
-            r = jq.popleft()
-            self.batch += 1
-            self.ctx_sum += r.prompt
-            self._seq += 1
-            heapq.heappush(self._finish_heap, (self.step + r.output, self._seq, r))
-            joined.append(r)
+        if not preempted or self.batch == 0:  # an empty step after a preemption costs nothing: join now
+            jq = self._join_q
+            while jq and self.batch < self.max_seqs:
+                r = jq.popleft()
+                self._add(r, r.d_p, r.d_g0, r.output - r.d_g0)
+                joined.append(r)
+            if joined:
+                owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
             self._active = False
             return
         self._plan_t0 = now
         self._plan_first = self._a + self._b * self.batch + self._c * self.ctx_sum
         self._plan_inc = self._c * self.batch
-        if joined:
-            t_first = now + self._plan_first  # the first step containing them ends here
-            log = self.log
-            for r in joined:
+        t_first = now + self._plan_first  # the first step containing them ends here
+        log = self.log
+        for r in joined:
+            if r.d_seq > 0 and not r.d_first_done:
+                r.d_first_done = True
                 log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
-        n = 1 if self.exact else self._finish_heap[0][0] - self.step
+        heap = self._finish_heap
+        while heap[0][2].d_seq != heap[0][1]:
+            heapq.heappop(heap)
+        end = heap[0][0]
+        if self.exact:
+            n = 1
+        else:
+            n = self._horizon(self.step + 1, end) - self.step
         self._schedule(n)

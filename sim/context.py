@@ -42,6 +42,18 @@ class Request:
         "p_compute_start",
         "local_hit",
         "d_blocks",
+        "d_p",
+        "d_j",
+        "d_g0",
+        "d_rem",
+        "d_seq",
+        "d_first_done",
+        "d_generated",
+        "d_resume",
+        "d_preemptions",
+        "d_state",
+        "d_hit",
+        "d_epoch",
     )
 
     def __init__(
@@ -61,7 +73,21 @@ class Request:
         self.p_decided = False
         self.p_compute_start = -1.0
         self.local_hit = 0
-        self.d_blocks = 0  # KV blocks this request holds in its decode node's pool
+        self.d_blocks = 0  # KV blocks this request holds in D's pool outside the batch (admitted, not joined)
+        # in D's batch: virtual prompt (tokens its next step attends), join step, tokens sampled at join,
+        # steps left at join, finish-heap sequence number (-1 once it left)
+        self.d_p = prompt
+        self.d_j = 0
+        self.d_g0 = 0
+        self.d_rem = output
+        self.d_seq = -1
+        self.d_first_done = False
+        self.d_generated = 0  # tokens sampled when last preempted
+        self.d_resume = False  # preempted: recompute locally on D when readmitted
+        self.d_preemptions = 0
+        self.d_state = 0  # 0 waiting/in batch, 1 recomputing on D, 2 recomputed and waiting to join
+        self.d_hit = 0  # D prefix-hit tokens at its last (re)admission
+        self.d_epoch = 0  # bumped when a recompute in progress is preempted (its completion is then ignored)
 
 
 @dataclass
@@ -93,6 +119,7 @@ class Ctx:
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
         self.regions = kv_regions_per_rank(self.arch, self.cross_layer)
+        self.threshold_applies_to_p2d = bool(self.scenario.policy.threshold_applies_to_p2d)
 
     def link(self, p: int, d: int, direction: int) -> Link:
         """The link of one (P, D) pair and direction, created on first use."""

@@ -1,16 +1,29 @@
-"""The decode node: admission into the KV block pool, the P->D pull, and TTL retention.
+"""The decode node: admission into the KV block pool, the P->D pull, preemption, and TTL retention.
 
 It wires three parts: the block pool (``sim/blocks.py``), retention of finished requests' blocks
-(``sim/retention.py``) and the continuous decode batch (``sim/batch.py``).
+(``sim/retention.py``) and the continuous decode batch with per-step block growth (``sim/batch.py``).
 
-Sources (vLLM): the D side of ``nixl/pull_scheduler.py`` (pull ``prompt - local hit`` from P; with
-``bidirectional_kv_xfer`` every finished request pins its blocks until ``now + decoder_kv_blocks_ttl``,
-freed by the reader's NIXL notification or at the deadline), ``vllm/v1/core/sched/scheduler.py``
-(pinned blocks are neither evictable nor preemptable; once freed, hashed blocks are LRU-evictable
-prefix cache). Retained blocks expire lazily: the deadline is checked whenever blocks are needed.
+Sources (vLLM):
+- ``vllm/v1/core/sched/scheduler.py`` and ``vllm/v1/core/kv_cache_manager.py`` ``allocate_slots``:
+  a waiting request is admitted when the blocks for its current tokens (``request.num_tokens``: the
+  prompt, or prompt + sampled tokens after a preemption; ``scheduler_reserve_full_isl`` /
+  ``full_sequence_must_fit``) minus its local prefix hit, plus the watermark (``SchedulerConfig.watermark``,
+  default 0, applied when requests are already running), are free after evicting prefix cache; FCFS, so
+  the head blocks the queue. Blocks then grow one per ``block_size`` tokens as the batch steps (``sim/batch.py``).
+- ``_preempt_request``: when a running request cannot get its next block the newest running request is
+  preempted: its blocks are freed (``kv_cache_manager.free``: hashed full blocks stay as prefix cache),
+  ``num_computed_tokens`` reset, and it is re-queued at the front. Its transfer params are used up, so
+  it is recomputed locally on D (prompt + sampled tokens, minus whatever of its prefix survives in D's
+  cache); the recompute's last chunk samples its next token. Counted (``D_PREEMPT``/``D_RECOMPUTE``).
+- the D side of ``nixl/pull_scheduler.py``: pull ``prompt - local hit`` from P; with
+  ``bidirectional_kv_xfer`` every finished request pins its blocks until ``now + decoder_kv_blocks_ttl``,
+  freed by the reader's NIXL notification or at the deadline; pinned blocks are neither evictable nor
+  preemptable. Retained blocks expire lazily: the deadline is checked whenever blocks are needed.
 
-Simplification (stated): D reserves ``prompt + output`` tokens of blocks at admission instead of
-growing per step, so vLLM's recompute-preemption under KV pressure is not modelled; admission waits.
+Simplifications (stated): admission is tried when a request arrives or blocks come back, not only at
+step boundaries; a preempted request's local recompute is one prefill-cost delay beside the batch (vLLM
+mixes its chunks into D's steps, lengthening them), and it is retried right after the step that
+preempted it.
 """
 
 from __future__ import annotations
@@ -18,6 +31,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from kvplan.errors import input_error
+from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import P2D, Ctx, Request
@@ -37,16 +52,24 @@ class DecodeNode:
         self.caching = sc.deployment.decode_prefix_caching
         self.bidirectional = sc.policy.bidirectional
         self.ttl_s = sc.policy.decoder_kv_blocks_ttl_s
-        self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if sc.policy.threshold_applies_to_p2d else 0
+        self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
+        self.chunk = sc.deployment.max_num_batched_tokens
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
+        self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
+        self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self.retention = Retention(idx, sc.deployment.decode_nodes)
         self.batch = DecodeBatch(
             self.env, ctx.log, idx, ctx.costs.decode, sc.deployment.max_num_seqs,
-            sc.simulation.decode_mode == "exact", self._finish,
+            sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
-        self._inflight = 0  # admitted, not yet finished
+        self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
+        self._retry_pending = False
+        self.preemptions = 0
+        # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
+        # last is the newest, preempted first
+        self.running: dict[Request, None] = {}
 
     @property
     def capacity_blocks(self) -> int:
@@ -87,6 +110,76 @@ class DecodeNode:
         for pid in self.retention.all_by_expiry():
             self._unpin(pid, Release.EXPIRED, self.retention.pins[pid].expiry_s)
         self.retention.clear_heap()
+        self._sync(self.batch.step)
+
+    # ---- the batch's view of the pool --------------------------------------------------------------------
+
+    def _sync(self, step: int) -> None:
+        """Bring the pool's held count to the batch's blocks at ``step``; evict cache the growth has taken."""
+        pool = self.pool
+        pool.held = self.static + self.batch.alloc(step)
+        if pool.free() < 0:
+            pool.evict(0)
+
+    def room(self) -> int:
+        """Blocks the batch may hold without preemption (prefix cache is evictable)."""
+        return self.pool.capacity - self.pool.pinned - self.static
+
+    def joined(self, r: Request) -> None:
+        """The request's admitted blocks now grow with the batch."""
+        self.static -= r.d_blocks
+        r.d_blocks = 0
+        r.d_state = 0
+        if r not in self.running:
+            self.running[r] = None
+
+    def fit(self, step: int) -> bool:
+        """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
+        self._expire(self.env.now)
+        pool = self.pool
+        if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
+            return False  # even at their last step the members fit without evicting anything
+        self._sync(step)
+        preempted = False
+        while pool.free() < 0 and self.running:
+            self._preempt(next(reversed(self.running)))
+            preempted = True
+            self._sync(step)
+        pool.check()
+        if preempted and not self._retry_pending:
+            # vLLM schedules no waiting request in a step that preempted: retry after it
+            self._retry_pending = True
+            self.env.timeout(0.0).callbacks.append(self._retry)
+        return preempted
+
+    def _retry(self, _e: object) -> None:
+        self._retry_pending = False
+        self._try_admit()
+
+    def _preempt(self, r: Request) -> None:
+        """Preempt one running request (``_preempt_request``): free its blocks, re-queue it at the front."""
+        del self.running[r]
+        if r.d_state == 1:  # still recomputing: what it had at readmission survives
+            sampled, kv_tokens = r.d_generated, r.d_hit
+            r.d_epoch += 1
+        else:
+            if r.d_state == 2:
+                self.batch.drop_joiner(r)
+                sampled = r.d_g0
+            else:
+                sampled = self.batch.preempt(r)
+            kv_tokens = r.prompt + sampled - 1  # the last sampled token has no KV yet
+        self.static -= r.d_blocks
+        r.d_blocks = 0
+        r.d_state = 0
+        self.preemptions += 1
+        r.d_preemptions += 1
+        r.d_generated = sampled
+        r.d_resume = True
+        self.ctx.log.append((self.env.now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        self.pool.to_cache(r.conv, kv_tokens)
+        self._inflight -= 1
+        self._admit_q.appendleft(r)
 
     def cached_tokens(self, conv: int) -> int:
         """Tokens of the conversation retained (pinned) or prefix-cached here (for ``prefix_aware`` routing)."""
@@ -104,28 +197,45 @@ class DecodeNode:
 
     def submit(self, req: Request) -> None:
         """The D leg reaches this engine: wait for KV blocks, pull from P, then join the batch."""
+        bs = self.ctx.block_size
+        if -(-(req.prompt + req.output - 1) // bs) > self.pool.capacity:
+            raise input_error(
+                "deployment.decode_kv_capacity_tokens",
+                f"D's pool ({self.pool.capacity * bs} tokens) cannot hold one request of "
+                f"{req.prompt + req.output - 1} tokens (vLLM refuses to start below max_model_len)",
+                "raise it or shorten prompts/outputs",
+            )
         req.d_node = self.idx
         self.ctx.log.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self._admit_q.append(req)
         self._try_admit()
 
     def _try_admit(self) -> None:
-        """Admit waiting requests in FCFS order while their blocks fit (expired pins freed first)."""
+        """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first)."""
         q = self._admit_q
         if not q:
             return
         now = self.env.now
         self._expire(now)
+        batch = self.batch
         pool = self.pool
+        # an upper bound of the batch's blocks is enough while nothing needs evicting
+        synced = self.static + batch.fin_sum + pool.pinned + pool.cached > pool.capacity
+        if synced:
+            self._sync(batch.in_progress_step())
+        else:
+            pool.held = self.static + batch.fin_sum
         ret = self.retention
         bs = self.ctx.block_size
+        admitted = False
         while q:
             r = q[0]
-            total = -(-(r.prompt + r.output) // bs)
+            tokens = r.prompt + r.d_generated if r.d_resume else r.prompt
+            total = -(-tokens // bs)
             hit = owned = 0
             pid = ret.of_conv.get(r.conv) if self.caching else None
             entry = pool.take(r.conv) if self.caching else None  # out of the cache: eviction cannot take it
-            cap = ((r.prompt - 1) // bs) * bs
+            cap = ((tokens - 1) // bs) * bs
             if pid is not None:
                 pin = ret.pins[pid]
                 hit, owned = min(pin.tokens, cap), pin.blocks
@@ -134,27 +244,39 @@ class DecodeNode:
             if hit <= 0:
                 hit = owned = 0
             need = max(total - owned, 0)
-            if pool.free() < need:
-                pool.evict(need)
-                if pool.free() < need:
+            # a taken cache entry's blocks left the cached count but stay in use: they are not free
+            want = need + (self.watermark_blocks if batch.batch else 0) + (owned if pid is None else 0)
+            if pool.free() < want and not synced:
+                synced = True
+                self._sync(batch.in_progress_step())
+            if pool.free() < want:
+                pool.evict(want)
+                if pool.free() < want:
                     if entry is not None:
                         pool.put_back(r.conv, entry)
-                    if pool.capacity < total:
-                        raise RuntimeError(f"request of {total} blocks exceeds D capacity {pool.capacity}")
                     self._wake_admission_at_next_expiry()
-                    return
+                    break
             q.popleft()
             self._inflight += 1
             if pid is not None and hit > 0:
                 self._unpin(pid, Release.REUSED, now)  # its blocks now belong to the running request
             elif entry is not None and hit == 0:
                 pool.to_cache(r.conv, entry[0])
-            held = need + owned
-            pool.held += held
-            r.d_blocks = held
+            # it holds the blocks of its current tokens; taken blocks past them go back to the free pool
+            self.static += total
+            pool.held += total
+            if not synced:
+                pool.held = self.static + batch.fin_sum
+            r.d_blocks = total
             pool.check()
-            self.ctx.log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
-            self._start_p2d(r, hit)
+            admitted = True
+            if r.d_resume:
+                self._recompute(r, tokens, hit)
+            else:
+                self.ctx.log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
+                self._start_p2d(r, hit)
+        if admitted:
+            batch.recheck()
 
     def _wake_admission_at_next_expiry(self) -> None:
         t = self.retention.next_expiry()
@@ -172,26 +294,54 @@ class DecodeNode:
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it
             t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
-            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r))
+            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
             ctx.log.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
-            self.batch.ready(r)
+            self.batch.ready(r, r.prompt, 0)
 
         ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
         ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
 
+    def _recompute(self, r: Request, tokens: int, hit: int) -> None:
+        """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
+        env = self.env
+        self.ctx.log.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+        r.d_resume = False
+        r.d_state = 1
+        r.d_hit = hit
+        self.running[r] = None
+        epoch = r.d_epoch
+        t = prefill_time_s(self.ctx.costs.prefill, tokens - hit, hit, self.chunk)
+        env.timeout(t).callbacks.append(lambda _e: self._recomputed(r, epoch))
+
+    def _recomputed(self, r: Request, epoch: int) -> None:
+        if epoch != r.d_epoch:
+            return  # preempted while recomputing
+        sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
+        if not r.d_first_done:
+            r.d_first_done = True
+            self.ctx.log.append((self.env.now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+        if sampled >= r.output:
+            self.finish(r)
+        else:
+            r.d_state = 2
+            self.batch.ready(r, r.prompt + sampled, sampled)
+
     # ---- finish and retention ----------------------------------------------------------------------------
 
-    def _finish(self, r: Request) -> None:
+    def finish(self, r: Request) -> None:
+        """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
         ctx = self.ctx
         now = env.now
         ctx.log.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
-        self.pool.held -= r.d_blocks
+        self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1
+        r.d_state = 0
+        self.running.pop(r, None)
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.bidirectional:
             blocks = -(-kv_tokens // ctx.block_size)

@@ -32,6 +32,8 @@ class Ev(IntEnum):
     UNPIN = 15  # retention ends; node=D; a=tokens, b=Release
     ERROR = 16  # request failed; a=error reason (Decision.ERROR cause)
     SKIP = 17  # turn not sent (conversation ended by the context limit); a=prompt tokens
+    D_PREEMPT = 30  # D preempted the running request (recompute); a=tokens sampled so far, b=KV tokens freed
+    D_RECOMPUTE = 31  # preempted request readmitted on D, recomputing locally; a=tokens recomputed, b=D hit tokens
 
 
 class Decision(IntEnum):
@@ -92,6 +94,8 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.UNPIN: ("tokens", "release"),
     Ev.ERROR: ("reason", ""),
     Ev.SKIP: ("prompt_tokens", ""),
+    Ev.D_PREEMPT: ("sampled_tokens", "kv_tokens"),
+    Ev.D_RECOMPUTE: ("tokens", "d_hit_tokens"),
 }
 
 COLUMNS = ("t_s", "kind", "conv", "turn", "node", "a", "b")

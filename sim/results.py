@@ -53,6 +53,7 @@ TURN_COLUMNS = [
     "finish_s",
     "d2p_bytes",
     "p2d_bytes",
+    "d_preemptions",
 ]
 
 
@@ -97,10 +98,14 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
         _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
     ]
+    pre = ev[ev["kind"] == int(Ev.D_PREEMPT)].groupby(["conv", "turn"]).size().rename("d_preemptions")
+    parts.append(pre.to_frame())
     df = base.join(list[pd.DataFrame | pd.Series](parts), how="left").sort_index().reset_index()
     df = df.rename(columns={"conv": "conversation_id"})
     err = df["decision_code"] == int(Decision.ERROR)
-    for c in ("pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens"):
+    for c in (
+        "pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens", "d_preemptions",
+    ):
         df[c] = df[c].fillna(0.0)
     df["kv_pull_s"] = (df["pull_t1"] - df["pull_t0"]).fillna(0.0)
     df["prefill_queue_s"] = df["p_comp"] - df["p_enq"] - df["kv_pull_s"]
@@ -119,7 +124,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["router"] = df["router_code"].map(ROUTER_NAMES)
     for c in (
         "prompt_tokens", "output_tokens", "local_hit_tokens", "pulled_tokens", "recomputed_tokens", "failed_tokens",
-        "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes",
+        "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes", "d_preemptions",
     ):
         df[c] = df[c].astype(np.int64)
     df["d_node"] = df["d_node"].fillna(-1).astype(np.int64)
@@ -200,6 +205,8 @@ def summarize(
         "releases": releases,
         "pins_outstanding": int((ev["kind"] == int(Ev.PIN)).sum() - len(unpin)),
         "sim_end_s": t_end,
+        "d_preemptions": int((ev["kind"] == int(Ev.D_PREEMPT)).sum()),
+        "d_preempted_recompute_tokens": int(ev.loc[ev["kind"] == int(Ev.D_RECOMPUTE), "a"].sum()),
     }
     summary.update(extra)
     return summary

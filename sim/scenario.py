@@ -122,6 +122,10 @@ class Deployment(_Frozen):
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+    kv_watermark: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
+    )
 
 
 class Policy(_Frozen):

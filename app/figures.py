@@ -30,12 +30,13 @@ TTFT_COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 #: Every decision of ``turns.decision``, in display order.
-DECISIONS: tuple[str, ...] = ("local", "pull", "recompute_below_threshold", "miss", "expired", "error")
+DECISIONS: tuple[str, ...] = ("local", "pull", "host_pull", "recompute_below_threshold", "miss", "expired", "error")
 
 _COMPONENT_COLOURS = ("#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d3d3d3")
 _DECISION_COLOURS = {
     "local": "#2ca02c",
     "pull": "#1f77b4",
+    "host_pull": "#17becf",
     "recompute_below_threshold": "#ff7f0e",
     "miss": "#7f7f7f",
     "expired": "#d62728",

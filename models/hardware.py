@@ -46,6 +46,11 @@ class Node(BaseModel):
     activation_reserve_bytes_per_gpu: float = Field(
         default=4 * GIB, ge=0, description="HBM kept for activations, CUDA graphs and NCCL buffers."
     )
+    host_memory_gib: float = Field(default=0.0, ge=0, description="Host DRAM of the instance (GiB).")
+    host_kv_gib: float = Field(default=0.0, ge=0, description="Host DRAM an offload tier may use for KV (GiB).")
+    host_to_nic_gbps: float = Field(
+        default=0.0, ge=0, description="Host DRAM -> network bandwidth of the instance for KV reads (Gb/s)."
+    )
 
 
 H200 = GPU(
@@ -82,9 +87,25 @@ TCP_FALLBACK = Link(
     description="plain TCP / UCX fallback, ~0.3 GB/s per rank, for comparison",
 )
 
-P5EN = Node(name="p5en", gpu=H200, gpus_per_node=8, link=EFA_P5EN, usd_per_hour=63.30)
-P5 = Node(name="p5", gpu=H100, gpus_per_node=8, link=EFA_P5, usd_per_hour=55.04)
-P5EN_TCP = Node(name="p5en-tcp", gpu=H200, gpus_per_node=8, link=TCP_FALLBACK, usd_per_hour=63.30)
+# Host tier of the offload policy (sim/retention_policy.py):
+# - host memory: p5en.48xlarge and p5.48xlarge have 2 TiB of RAM (dstack PR #4110: mem=2048 GB;
+#   VLLM_BEHAVIOUR.md 4; AWS instance pages list 2 TiB for both).
+# - KV share: ASSUMPTION, half of it (the rest for the OS, the engine processes, model loading and pinned
+#   staging buffers); error: the usable share is deployment-specific, plausibly 25-75%.
+# - host -> NIC: ASSUMPTION, 1,600 Gb/s (200 GB/s, 25 GB/s per GPU), half the 3,200 Gb/s EFA line rate,
+#   because NIC reads of host DRAM cross the CPU root complexes instead of the GPU-adjacent PCIe switches
+#   (GPUDirect RDMA path); bounded above by the line rate and by 2 sockets x 8 DDR5-4800 channels
+#   (~614 GB/s peak); not measured, plausible range 100-400 GB/s.
+HOST_MEMORY_GIB = 2048.0
+HOST_KV_GIB = HOST_MEMORY_GIB / 2
+HOST_TO_NIC_GBPS = 1600.0
+
+P5EN = Node(name="p5en", gpu=H200, gpus_per_node=8, link=EFA_P5EN, usd_per_hour=63.30, host_memory_gib=HOST_MEMORY_GIB,
+            host_kv_gib=HOST_KV_GIB, host_to_nic_gbps=HOST_TO_NIC_GBPS)
+P5 = Node(name="p5", gpu=H100, gpus_per_node=8, link=EFA_P5, usd_per_hour=55.04, host_memory_gib=HOST_MEMORY_GIB,
+          host_kv_gib=HOST_KV_GIB, host_to_nic_gbps=HOST_TO_NIC_GBPS)
+P5EN_TCP = Node(name="p5en-tcp", gpu=H200, gpus_per_node=8, link=TCP_FALLBACK, usd_per_hour=63.30,
+                host_memory_gib=HOST_MEMORY_GIB, host_kv_gib=HOST_KV_GIB, host_to_nic_gbps=HOST_TO_NIC_GBPS)
 
 HARDWARE_PRESETS: dict[str, Node] = {n.name: n for n in (P5EN, P5, P5EN_TCP)}
 LINK_PRESETS: dict[str, Link] = {lk.name: lk for lk in (EFA_P5EN, EFA_P5, TCP_FALLBACK)}

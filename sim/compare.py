@@ -39,7 +39,7 @@ from typing import Any
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.sim.advice import PROXY_ROUTER_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S, _mean_ci
+from kvplan.sim.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S, _mean_ci
 from kvplan.sim.capacity import conversations_for
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
@@ -62,7 +62,9 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s
            "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
            "preemptions", "prefill_utilization", "served_turns_per_s", "turns")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
+SOURCE = {"preemptions": "d_preemptions"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
+LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5
 BISECTIONS = 4
 
@@ -131,6 +133,19 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
         if recommended is None:
             raise ValueError("ttl_recommended needs the recommendation")
         return PolicyRun(name, recommended, gpus, nodes, ("TTL, threshold and router TTL from kvplan recommend",))
+    if base == "lease":
+        lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S}
+        return PolicyRun(name, {**_vllm_defaults(), "policy.retention": lease}, gpus, nodes,
+                         (f"lease {LEASE_S:g} s, heartbeat {HEARTBEAT_S:g} s, idle timeout {IDLE_TIMEOUT_S:g} s",))
+    if base == "ttl_evictable":
+        return PolicyRun(name, {**_vllm_defaults(), "policy.retention": {"kind": "ttl_evictable"},
+                                "policy.kv_load_failure_policy": "recompute"}, gpus, nodes,
+                         ("TTL 480 s, evicted pins' reads recompute (kv_load_failure_policy recompute)",))
+    if base == "offload":
+        return PolicyRun(name, {**_vllm_defaults(), "policy.offload": {}, "policy.kv_load_failure_policy": "recompute",
+                                "policy.router_ttl_s": UNLIMITED_TTL_S}, gpus, nodes,
+                         ("TTL 480 s, host tier from the hardware preset, router keeps entries (the host tier bounds "
+                          "them), failure policy recompute",))
     if base == "aggregated":
         routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
         return PolicyRun(name, {"deployment.mode": "aggregated", "deployment.replicas": nodes,
@@ -166,10 +181,11 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raise input_error("compare", f"a run failed: {failed[0]}")
     out: dict[str, Any] = {}
     for k in METRICS:
-        if k in OPTIONAL and not any(k in r for r in rows):
+        src = SOURCE.get(k, k)
+        if k in OPTIONAL and not any(src in r for r in rows):
             out[k], out[f"{k}_ci95"] = None, None
             continue
-        out[k], out[f"{k}_ci95"] = _mean_ci([_value(r, k) for r in rows])
+        out[k], out[f"{k}_ci95"] = _mean_ci([_value(r, src) for r in rows])
     return out
 
 

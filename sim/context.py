@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
 P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
+HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
 
 
 class Request:
@@ -113,6 +114,7 @@ class Ctx:
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
+    host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
 
     def __post_init__(self) -> None:
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
@@ -126,7 +128,7 @@ class Ctx:
         key = (p, d, direction)
         lk = self.links.get(key)
         if lk is None:
-            lk = Link(self.env, self.per_byte_s)
+            lk = Link(self.env, self.host_per_byte_s if direction == HOST2P else self.per_byte_s)
             self.links[key] = lk
         return lk
 

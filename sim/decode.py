@@ -38,6 +38,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, Release
 from kvplan.sim.retention import Retention
+from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
 
 
@@ -58,6 +59,9 @@ class DecodeNode:
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self.retention = Retention(idx, sc.deployment.decode_nodes)
+        self.policy = RetentionPolicy(ctx)  # ttl (vLLM), lease or ttl_evictable, and the offload tier
+        self.host = self.policy.host_tier()
+        ctx.host_per_byte_s = self.policy.host_per_byte_s()
         self.batch = DecodeBatch(
             self.env, ctx.log, idx, ctx.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
@@ -97,9 +101,31 @@ class DecodeNode:
             return False
         self.pool.pinned -= pin.blocks
         self.ctx.log.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
-        if why != Release.REUSED:
+        if self.host is not None and why in (Release.EXPIRED, Release.EVICTED):
+            self.host.put(pin.conv, pin.tokens)  # offload tier: the blocks are copied to host memory
+        if why not in (Release.REUSED, Release.EVICTED):  # evicted blocks are taken by the allocation
             self.pool.to_cache(pin.conv, pin.tokens)
         return True
+
+    def _evict_pins(self, want: int, keep: int | None = None) -> None:
+        """ttl_evictable: release pins (not ``keep``), least recently pinned first, until ``want`` blocks are free."""
+        for pid in self.retention.lru_evictable():
+            if self.pool.free() >= want:
+                break
+            if pid != keep:
+                self._unpin(pid, Release.EVICTED, self.env.now)
+
+    def host_tokens(self, conv: int, now: float) -> int:
+        """Tokens of the conversation in this node's host offload tier (expired pins are moved there first)."""
+        if self.host is None:
+            return 0
+        self._expire(now)
+        return self.host.tokens(conv)
+
+    def host_read(self, conv: int) -> None:
+        """P read the conversation's host copy: it is dropped (the new turn's KV supersedes it)."""
+        if self.host is not None:
+            self.host.pop(conv)
 
     def _expire(self, now: float) -> None:
         for expiry, pid in self.retention.due(now):
@@ -122,8 +148,8 @@ class DecodeNode:
             pool.evict(0)
 
     def room(self) -> int:
-        """Blocks the batch may hold without preemption (prefix cache is evictable)."""
-        return self.pool.capacity - self.pool.pinned - self.static
+        """Blocks the batch may hold without preemption (prefix cache, and ttl_evictable pins, are evictable)."""
+        return self.pool.capacity - (0 if self.policy.evictable else self.pool.pinned) - self.static
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
@@ -141,6 +167,8 @@ class DecodeNode:
             return False  # even at their last step the members fit without evicting anything
         self._sync(step)
         preempted = False
+        if pool.free() < 0 and self.policy.evictable:
+            self._evict_pins(0)
         while pool.free() < 0 and self.running:
             self._preempt(next(reversed(self.running)))
             preempted = True
@@ -251,6 +279,8 @@ class DecodeNode:
                 self._sync(batch.in_progress_step())
             if pool.free() < want:
                 pool.evict(want)
+                if pool.free() < want and self.policy.evictable:
+                    self._evict_pins(want, keep=pid)  # not the pin this request is about to reuse
                 if pool.free() < want:
                     if entry is not None:
                         pool.put_back(r.conv, entry)
@@ -345,7 +375,7 @@ class DecodeNode:
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.bidirectional:
             blocks = -(-kv_tokens // ctx.block_size)
-            expiry = now + self.ttl_s
+            expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, Release.EXPIRED, now)

@@ -17,7 +17,7 @@ KV-event feed: stated assumption).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,7 +64,7 @@ KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next tu
 class Router:
     """Conversation map plus instance choice."""
 
-    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes")
+    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renew")
 
     def __init__(self, ttl_s: float, routing: str, n_prefill: int, n_decode: int) -> None:
         self.ttl_s = ttl_s
@@ -76,6 +76,8 @@ class Router:
         self._rr_d = 0
         self.p_nodes: Sequence[Instance] = ()
         self.d_nodes: Sequence[Instance] = ()
+        # lease retention (sim/retention_policy.py): renew(entry, now) -> whether the lease was still alive
+        self.renew: Callable[[KVParams, float], bool] | None = None
 
     def bind(self, p_nodes: Sequence[Instance], d_nodes: Sequence[Instance]) -> None:
         """Give the router the instances whose state ``prefix_aware`` reads."""
@@ -90,6 +92,8 @@ class Router:
             return RouterResult.NO_ENTRY, None
         if now - entry.cached_at_s > self.ttl_s:
             return RouterResult.STALE, None
+        if self.renew is not None and not self.renew(entry, now):
+            return RouterResult.STALE, None  # the lease lapsed: the router saw the heartbeats stop
         return RouterResult.HIT, entry
 
     def store(self, conv: int, params: KVParams) -> None:

@@ -128,6 +128,49 @@ class Deployment(_Frozen):
     )
 
 
+class TtlRetention(_Frozen):
+    """vLLM: every finished request pins its blocks until ``decoder_kv_blocks_ttl_s`` after it finished (not renewed)."""
+
+    kind: Literal["ttl"] = "ttl"
+
+
+class LeaseRetention(_Frozen):
+    """Proposal (not vLLM): a heartbeat-renewed decode lease; see ``sim/retention_policy.py`` for the assumptions."""
+
+    kind: Literal["lease"]
+    lease_s: float = Field(default=30.0, gt=0, le=86_400, description="D frees blocks this long after the last heartbeat.")
+    heartbeat_s: float = Field(default=5.0, gt=0, le=86_400, description="Client heartbeat period while idle.")
+    idle_timeout_s: float = Field(
+        default=480.0, ge=0, le=10**7, description="The client stops heartbeating after this long idle (user left)."
+    )
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> LeaseRetention:
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError("heartbeat_s must be < lease_s (else the lease lapses between heartbeats)")
+        return self
+
+
+class TtlEvictableRetention(_Frozen):
+    """Pins keep the TTL but are LRU-evictable when admission needs blocks (an evicted pin's read is declined)."""
+
+    kind: Literal["ttl_evictable"]
+
+
+Retention = Annotated[TtlRetention | LeaseRetention | TtlEvictableRetention, Field(discriminator="kind")]
+
+
+class Offload(_Frozen):
+    """CPU offload tier on D: expired/evicted blocks move to host DRAM, P pulls them at host-to-NIC bandwidth."""
+
+    host_capacity_gib: float | None = Field(
+        default=None, gt=0, le=1e6, description="Host memory for KV per decode node (default: the hardware's)."
+    )
+    host_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, le=1e6, description="Host DRAM -> NIC bandwidth per node, Gb/s (default: the hardware's)."
+    )
+
+
 class Policy(_Frozen):
     """The bidirectional-transfer knobs (``--kv-transfer-config``) and the router's."""
 
@@ -144,6 +187,10 @@ class Policy(_Frozen):
         default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
     )
     send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
+    retention: Retention = Field(
+        default_factory=TtlRetention, description="D retention: ttl (vLLM), lease (proposal) or ttl_evictable."
+    )
+    offload: Offload | None = Field(default=None, description="CPU offload tier on D (off by default).")
 
 
 class PoissonArrival(_Frozen):
@@ -244,7 +291,8 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     return input_error(f"{where}: field '{loc}'" if loc else where, msg)
 
 
-_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop"}
+_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop", "ttl", "lease",
+               "ttl_evictable"}
 
 
 def scenario_from_dict(data: Any, where: str = "scenario") -> Scenario:

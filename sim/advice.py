@@ -112,6 +112,7 @@ class Recommendation:
     threshold_check: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, Any] = field(default_factory=dict)
     disagreements: tuple[str, ...] = ()
+    best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (sim/compare.py)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (lists for tuples; NaN kept as float)."""
@@ -252,8 +253,13 @@ def recommend(
     workers: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
+    policies: bool = False,
 ) -> Recommendation:
     """Recommend ``decoder_kv_blocks_ttl``, ``kv_recompute_threshold`` and the router TTL for ``scenario``.
+
+    With ``policies``, the alternatives of :mod:`kvplan.sim.compare` (retention off, the recommended TTL,
+    lease, evictable pins, offload, aggregated serving) are simulated at the same load and seeds and the
+    best is named in ``best_policy`` (:data:`kvplan.sim.compare.BEST_RULE`).
 
     Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults,
     the threshold candidates, every TTL of ``ttl_grid`` and an unlimited TTL; applies :data:`RULES`;
@@ -320,8 +326,17 @@ def recommend(
                             "policy.kv_recompute_threshold_tokens": threshold,
                             "deployment.decode_kv_capacity_tokens": UNBOUNDED_DECODE_KV_TOKENS}
     ttl_rows = runner.run(ttl_var)
-    return _decide(sc, rs, grid, off, defaults, ttl_rows, threshold, be, check_rows, disagreements, margin, allowance,
-                   slo_ttft_p90_ms, decode_hbm_budget_gib)
+    rec = _decide(sc, rs, grid, off, defaults, ttl_rows, threshold, be, check_rows, disagreements, margin, allowance,
+                  slo_ttft_p90_ms, decode_hbm_budget_gib)
+    if not policies or sc.deployment.mode == "aggregated":
+        return rec
+    from dataclasses import replace
+
+    from kvplan.sim.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides
+
+    rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+                   recommended=recommendation_overrides(rec))
+    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
 def _decide(sc: Scenario, rs: Resolved, grid: list[float], off: list[dict[str, Any]], defaults: list[dict[str, Any]],

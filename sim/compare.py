@@ -159,7 +159,11 @@ def recommended_overrides(sc: Scenario, replications: int, workers: int,
     """The ``ttl_recommended`` overrides from :func:`kvplan.sim.advice.recommend` and a one-line description."""
     from kvplan.sim.advice import recommend
 
-    rec = recommend(sc, replications=replications, workers=workers, progress=progress)
+    return recommendation_overrides(recommend(sc, replications=replications, workers=workers, progress=progress))
+
+
+def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
+    """The scenario overrides of a :class:`kvplan.sim.advice.Recommendation` and a one-line description."""
     ov = {"policy.bidirectional": rec.bidirectional, "policy.decoder_kv_blocks_ttl_s": float(rec.decoder_kv_blocks_ttl_s),
           "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
           "policy.router_ttl_s": float(rec.router_ttl_s), "policy.kv_load_failure_policy": rec.kv_load_failure_policy}
@@ -311,3 +315,28 @@ def compare(
 def compare_json(rows: list[dict[str, Any]]) -> str:
     """JSON text of the rows (sorted keys, NaN/inf as null): identical inputs give identical bytes."""
     return json.dumps(json_safe(rows), indent=2, sort_keys=True)
+
+
+BEST_RULE = ("best policy: among the policies whose mean TTFT p90 is within 1% (or the 95% CI) of the lowest, with "
+             "at most 1% of turns errored, within the decode HBM budget (peak pinned KV) and meeting the SLO when "
+             "given, the one holding the least pinned decode KV (time-weighted mean); ties in list order")
+BEST_CANDIDATES = ("off", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
+
+
+def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None,
+                budget_gib: float | None = None) -> dict[str, Any]:
+    """Apply :data:`BEST_RULE` to compare rows: ``{'policy', 'ttft_p90_s', 'pinned_kv_gib_mean', 'rule', 'why'}``."""
+    ok = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
+          and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
+          and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
+    why = ""
+    if not ok:
+        ok, why = list(rows), "no policy meets every constraint: the lowest TTFT p90 decides"
+    low = min(r["ttft_p90_s"] for r in ok)
+    near = [r for r in ok if r["ttft_p90_s"] <= low * 1.01 + (r["ttft_p90_s_ci95"] or 0.0)
+            or r["ttft_p90_s"] == low]
+    best = min(near, key=lambda r: (r["pinned_kv_gib_mean"], rows.index(r)))
+    return {"policy": best["policy"], "ttft_p90_s": best["ttft_p90_s"], "pinned_kv_gib_mean": best["pinned_kv_gib_mean"],
+            "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why,
+            "compared": [{k: r[k] for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean", "errors")}
+                         for r in rows]}

@@ -92,3 +92,29 @@ def test_compare_max_load_meeting_slo() -> None:
         return float(compare(v, ["off"], replications=1)[0]["ttft_p90_s"])
 
     assert p90(best) <= 2.0 < p90(best * 1.25)
+
+
+def _row(policy: str, p90: float, pinned: float, errors: float = 0.0, ci: float = 0.0, peak: float = 0.0) -> dict:
+    return {"policy": policy, "ttft_p90_s": p90, "ttft_p90_s_ci95": ci, "pinned_kv_gib_mean": pinned, "errors": errors,
+            "turns": 1000.0, "pinned_kv_gib_peak": peak, "hit_rate": 0.5}
+
+
+def test_best_policy_rule() -> None:
+    from kvplan.sim.compare import best_policy
+
+    rows = [_row("off", 0.300, 0.0), _row("ttl_recommended", 0.200, 50.0, peak=90.0), _row("lease", 0.201, 10.0, peak=40.0),
+            _row("offload", 0.150, 80.0, errors=50.0)]
+    # offload is fastest but errs on 5% of turns; lease is within 1% of the best p90 and holds least memory
+    assert best_policy(rows)["policy"] == "lease"
+    assert best_policy(rows, budget_gib=5.0)["policy"] == "off"
+    assert best_policy(rows, slo_ttft_p90_ms=100)["why"].startswith("no policy")
+
+
+def test_recommend_names_best_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _scenario(tmp_path)
+    assert main(["recommend", str(p), "--json", "--replications", "1", "--ttl-grid", "30,60", "--workers", "1"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    best = d["best_policy"]
+    assert best["policy"] in {r["policy"] for r in best["compared"]}
+    assert {r["policy"] for r in best["compared"]} == {"off", "ttl_recommended", "lease", "ttl_evictable", "offload",
+                                                       "aggregated"}

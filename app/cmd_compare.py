@@ -24,7 +24,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare", help=COMPARE_HELP)
     def compare_cmd(
-        scenario: Path = typer.Argument(..., help="Scenario YAML (a P/D deployment)."),
+        scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
+        workload: str | None = typer.Option(None, "--workload", help="chat | coding-agent | tool-agent | p5en-benchmark."),
+        model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
+        hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
+        rate: float | None = typer.Option(None, "--rate", help="New conversations per second (with --workload)."),
         policies: str | None = typer.Option(None, "--policies", help="Comma-separated list (default: every modelled one)."),
         replications: int = typer.Option(3, "--replications", help="Seeded replications per policy (seed + k)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
@@ -38,6 +42,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.sim.compare import compare, compare_json, parse_policies
+        from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 
         names = parse_policies(policies)
@@ -45,16 +50,27 @@ def register(app: typer.Typer) -> None:
             raise input_error("--replications", f"must be in [1, 1000], got {replications}")
         if html is not None:
             check_output_file(html, "--html")
-        sc = load_scenario(scenario)
-        if conversations is not None:
-            sc = with_overrides(sc, {"workload.conversations": conversations})
+        if (scenario is None) == (workload is None):
+            raise input_error("compare", "give SCENARIO.yaml or --workload PRESET (one of them)")
+        if scenario is not None:
+            if rate is not None:
+                raise input_error("--rate", "only with --workload", "set workload.arrival.rate_per_s in the scenario")
+            sc = load_scenario(scenario)
+            if conversations is not None:
+                sc = with_overrides(sc, {"workload.conversations": conversations})
+        else:
+            sc = preset_scenario(workload or "", model, hardware, rate_per_s=rate, conversations=conversations)
         if trace is not None:
             if not trace.is_file():
                 raise input_error(f"--trace {trace}", "no such file")
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        from kvplan.app.cmd_sweep import _progress_bar
+
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
-        rows = compare(sc, names, replications=replications, slo_ttft_p90_ms=slo_ttft_p90_ms, usd_per_node_hour=usd,
-                       workers=n_workers)
+        bar, cb = _progress_bar()
+        with bar:
+            rows = compare(sc, names, replications=replications, slo_ttft_p90_ms=slo_ttft_p90_ms, usd_per_node_hour=usd,
+                           workers=n_workers, progress=cb)
         if html is not None:
             from kvplan.app.figures import compare_figure
             from kvplan.atomic import atomic_write_bytes

@@ -288,7 +288,8 @@ def compare(
         raise input_error("--usd-per-node-hour", f"must be a number >= 0, got {usd!r}")
     rec_ov, rec_what = None, ""
     if any(n == "ttl_recommended" for n in names):
-        rec_ov, rec_what = recommended if recommended is not None else recommended_overrides(sc, replications, workers)
+        rec_ov, rec_what = (recommended if recommended is not None
+                            else recommended_overrides(sc, replications, workers, progress))
     runs = [policy_run(n, sc, rec_ov) for n in names]
     for r in runs:
         with_overrides(sc, r.overrides)  # validate every variant before any work
@@ -340,3 +341,15 @@ def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None
             "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why,
             "compared": [{k: r[k] for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean", "errors")}
                          for r in rows]}
+
+
+FRAME_COLUMNS = ("policy", "gpus", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate",
+                 "reuse_rate", "pinned_kv_gib_mean", "pinned_kv_gib_peak", "errors", "preemptions",
+                 "prefill_utilization", "usd_per_million_turns")
+
+
+def compare_frame(rows: list[dict[str, Any]]) -> Any:
+    """The rows as a pandas frame of the headline columns (for the dashboard)."""
+    import pandas as pd
+
+    return pd.DataFrame([{k: r.get(k) for k in FRAME_COLUMNS} for r in rows], columns=list(FRAME_COLUMNS))

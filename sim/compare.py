@@ -9,8 +9,9 @@ the policy:
   proxy TTL 450 s, ``kv_load_failure_policy`` fail).
 * ``ttl_recommended``: bidirectional at what ``kvplan recommend`` (:mod:`kvplan.sim.advice`) picks for this
   scenario (its TTL, threshold, router TTL and ``recompute`` failure policy).
-* ``lease``, ``ttl_evictable``, ``offload``: the retention alternatives (see :data:`POLICY_HELP`); each is
-  refused with a one-line error while the simulator does not model it.
+* ``lease``, ``ttl_evictable``, ``offload``: the retention alternatives (see :data:`POLICY_HELP` and
+  :mod:`kvplan.sim.retention_policy`); ``lease:no_end`` is the lease when clients do not know that a
+  conversation has ended. A policy the simulator does not model is refused with a one-line error.
 * ``aggregated``: the same GPUs as ``prefill_nodes + decode_nodes`` aggregated replicas of the same TP
   (:mod:`kvplan.sim.aggregated`), routed by the scenario's routing (``aggregated:prefix_aware`` and
   ``aggregated:session_affinity`` choose another one).
@@ -103,8 +104,9 @@ def parse_policies(text: str | Sequence[str] | None) -> list[str]:
         base, _, arg = n.partition(":")
         if base not in POLICY_HELP:
             raise input_error("--policies", f"unknown policy '{n}'", f"use some of {', '.join(DEFAULT_POLICIES)}")
-        if arg and (base != "aggregated" or arg not in ROUTINGS):
-            raise input_error("--policies", f"'{n}': only aggregated takes a routing suffix ({', '.join(ROUTINGS)})")
+        if arg and not ((base == "aggregated" and arg in ROUTINGS) or (base == "lease" and arg == "no_end")):
+            raise input_error("--policies", f"'{n}': only aggregated takes a routing suffix ({', '.join(ROUTINGS)}) "
+                              "and lease ':no_end'")
         if not implemented(n):
             raise input_error("--policies", f"policy '{base}' is not modelled by this version of the simulator",
                               "leave it out of --policies")
@@ -134,9 +136,11 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
             raise ValueError("ttl_recommended needs the recommendation")
         return PolicyRun(name, recommended, gpus, nodes, ("TTL, threshold and router TTL from kvplan recommend",))
     if base == "lease":
-        lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S}
+        lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S,
+                 "client_knows_end": arg != "no_end"}
+        end = "the client does not know a conversation's end" if arg else "the client stops after the last turn"
         return PolicyRun(name, {**_vllm_defaults(), "policy.retention": lease}, gpus, nodes,
-                         (f"lease {LEASE_S:g} s, heartbeat {HEARTBEAT_S:g} s, idle timeout {IDLE_TIMEOUT_S:g} s",))
+                         (f"lease {LEASE_S:g} s, heartbeat {HEARTBEAT_S:g} s, idle timeout {IDLE_TIMEOUT_S:g} s, {end}",))
     if base == "ttl_evictable":
         return PolicyRun(name, {**_vllm_defaults(), "policy.retention": {"kind": "ttl_evictable"},
                                 "policy.kv_load_failure_policy": "recompute"}, gpus, nodes,

@@ -10,7 +10,9 @@ evicted, and whether released blocks go to host memory. Three policies:
 
   - the client of a conversation heartbeats every ``heartbeat_s`` through the router while it is idle
     between turns, and stops when the conversation ends (its last turn: the session is closed) or after
-    ``idle_timeout_s`` without a new turn (a human who left);
+    ``idle_timeout_s`` without a new turn (a human who left). Knowing the end is what makes the lease
+    cheap: an agent harness knows its task is done, a chat UI does not; ``client_knows_end: false`` makes
+    the client heartbeat ``idle_timeout_s`` after every turn, its last included;
   - D frees the blocks ``lease_s`` after the last heartbeat (a finished response counts as one); the
     next turn's request reaching the router renews the lease (to ``arrival + lease_s``) if it is still
     alive, and P's read or notification then releases it as with the TTL;
@@ -103,8 +105,8 @@ class RetentionPolicy:
         """The deadline of a pin made when turn ``index`` (flat plan index) of ``conv`` finished at ``now``."""
         if self.lease is None:
             return now + self.ttl_s
-        has_next = index + 1 < self.ctx.driver.offsets[conv + 1]
-        return now + (self._idle_hold_s if has_next else 0.0) + self.lease.lease_s
+        ends = self.lease.client_knows_end and index + 1 >= self.ctx.driver.offsets[conv + 1]
+        return now + (0.0 if ends else self._idle_hold_s) + self.lease.lease_s
 
     def renew(self, entry: KVParams, now: float) -> bool:
         """The conversation's next request reached the router: renew its lease if it is still alive."""

@@ -143,6 +143,9 @@ class LeaseRetention(_Frozen):
     idle_timeout_s: float = Field(
         default=480.0, ge=0, le=10**7, description="The client stops heartbeating after this long idle (user left)."
     )
+    client_knows_end: bool = Field(
+        default=True, description="The client stops heartbeating after a conversation's last turn (else: idle timeout)."
+    )
 
     @model_validator(mode="after")
     def _renewed_in_time(self) -> LeaseRetention:

@@ -61,6 +61,7 @@ def test_compare_html_written_atomically(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("policies,needle", [
     ("nope", "unknown policy"), ("off,off", "twice"), ("ttl:prefix_aware", "suffix"), ("aggregated:zigzag", "suffix"),
+    ("lease:prefix_aware", "suffix"),
     ("", "empty"),
 ])
 def test_bad_policy_lists_refused(policies: str, needle: str) -> None:

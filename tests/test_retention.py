@@ -66,6 +66,20 @@ def test_lease_frees_final_turns_after_lease_s() -> None:
     assert run(sc).summary["hit_rate"] == 0.0  # the router saw the heartbeats stop: misses, not declined reads
 
 
+def test_lease_without_known_end_holds_final_turns_until_idle_timeout() -> None:
+    sc = preset_scenario("chat", "qwen3-32b", "p5en", rate_per_s=0.5, conversations=300)
+    known = run(with_overrides(sc, {"policy.retention": LEASE})).events
+    unknown = run(with_overrides(sc, {"policy.retention": {**LEASE, "client_knows_end": False}})).events
+
+    def held(ev: Any) -> np.ndarray:
+        pin = ev[ev["kind"] == int(Ev.PIN)].groupby("conv")["t_s"].max()
+        unpin = ev[ev["kind"] == int(Ev.UNPIN)].groupby("conv")["t_s"].max()
+        return (unpin - pin).to_numpy()  # the last turn's pin of every conversation
+
+    assert held(known) == pytest.approx(30.0)
+    assert held(unknown) == pytest.approx(510.0)
+
+
 def test_lease_heartbeat_must_be_shorter_than_lease() -> None:
     with pytest.raises(KvplanInputError, match="heartbeat_s"):
         scenario_from_dict({"policy": {"retention": {"kind": "lease", "lease_s": 5, "heartbeat_s": 5}}})

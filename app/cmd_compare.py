@@ -130,8 +130,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
             continue
         out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
     reps = rows[0]["replications"]
-    out.append(f"(± 95% CI over {reps} replications, seeds {rows[0]['seed']}..{rows[0]['seed'] + reps - 1}; "
-               "'-' = not modelled or not applicable)")
+    seeds = f"seed {rows[0]['seed']}" if reps == 1 else f"seeds {rows[0]['seed']}..{rows[0]['seed'] + reps - 1}"
+    out.append(f"(± 95% CI over {reps} replication(s), {seeds}; '-' = not modelled or not applicable)")
     if rows[0].get("slo_ttft_p90_ms") is not None:
         out.append(f"max load: new conversations/s with mean TTFT p90 <= {rows[0]['slo_ttft_p90_ms']:g} ms and <= 1% errors")
     for r in rows:

@@ -134,7 +134,7 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
     if base == "ttl_recommended":
         if recommended is None:
             raise ValueError("ttl_recommended needs the recommendation")
-        return PolicyRun(name, recommended, gpus, nodes, ("TTL, threshold and router TTL from kvplan recommend",))
+        return PolicyRun(name, recommended, gpus, nodes)
     if base == "lease":
         lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S,
                  "client_knows_end": arg != "no_end"}

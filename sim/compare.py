@@ -283,6 +283,9 @@ def compare(
     if sc.deployment.mode == "aggregated":
         raise input_error("deployment.mode", "compare starts from a disaggregated (P/D) scenario",
                           "give the P/D deployment; the aggregated row uses the same GPUs")
+    if slo_ttft_p90_ms is not None and sc.workload.trace is not None:
+        raise input_error("--slo-ttft-p90-ms", "a trace brings its own clock: there is no rate to search",
+                          "leave out the SLO, or use the trace's time_scale in a sweep")
     if slo_ttft_p90_ms is not None and isinstance(sc.workload.arrival, ClosedLoopArrival):
         raise input_error("--slo-ttft-p90-ms", "the maximum load is searched over a Poisson rate",
                           "use a poisson arrival (or leave out the SLO)")

@@ -148,8 +148,12 @@ class DecodeNode:
             pool.evict(0)
 
     def room(self) -> int:
-        """Blocks the batch may hold without preemption (prefix cache, and ttl_evictable pins, are evictable)."""
-        return self.pool.capacity - (0 if self.policy.evictable else self.pool.pinned) - self.static
+        """Blocks the batch may hold without preemption (prefix cache is evictable).
+
+        ttl_evictable pins count here too: a stretch then ends at the step whose growth reaches them, and
+        :meth:`fit` evicts them at that step (before preempting anything).
+        """
+        return self.pool.capacity - self.pool.pinned - self.static
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""

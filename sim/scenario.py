@@ -294,7 +294,8 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     return input_error(f"{where}: field '{loc}'" if loc else where, msg)
 
 
-_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop", "ttl", "lease",
+# ("ttl" is left out: it is also a plausible misspelt field name, e.g. ``policy.ttl``)
+_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop", "lease",
                "ttl_evictable"}
 
 

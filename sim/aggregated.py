@@ -36,6 +36,7 @@ from typing import Any
 
 import simpy
 
+from kvplan.errors import input_error
 from kvplan.models.costs import causal_pairs, decode_steps_time_s, mixed_step_time_s
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.engine import Driver
@@ -83,6 +84,13 @@ class AggregatedNode:
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
+        bs = self.ctx.block_size
+        if -(-(req.prompt + req.output) // bs) > self.capacity_blocks:
+            raise input_error(
+                "deployment.decode_kv_capacity_tokens",
+                f"an aggregated replica's pool ({self.capacity_blocks * bs} tokens) cannot hold one request of "
+                f"{req.prompt + req.output} tokens", "raise it or shorten prompts/outputs",
+            )
         req.p_node = req.d_node = self.idx
         self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
@@ -111,9 +119,7 @@ class AggregatedNode:
             if entry is not None:
                 self.cache[r.conv] = entry
                 self.cache_blocks += entry[1]
-            if total > self.capacity_blocks:
-                raise RuntimeError(f"request of {total} blocks exceeds the replica's KV capacity {self.capacity_blocks}")
-            return False
+            return False  # submit() refused requests larger than the pool: blocks come back at a finish
         if entry is not None and hit == 0:
             self._put_cache(r.conv, entry[0])
         self.running_blocks += need + owned

@@ -153,7 +153,8 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
     if base == "aggregated":
         routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
         return PolicyRun(name, {"deployment.mode": "aggregated", "deployment.replicas": nodes,
-                                "deployment.routing": routing, "policy.bidirectional": False}, gpus, nodes,
+                                "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
+                                "policy.bidirectional": False}, gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 

@@ -80,3 +80,10 @@ def test_pd_session_affinity_hits_p_prefix_cache() -> None:
         kv = run(small(deployment={**dep, "routing": routing}, policy=pol)).turns
         follow_rr, follow_kv = rr[rr["turn"] >= 2], kv[kv["turn"] >= 2]
         assert (follow_kv["local_hit_tokens"] > 0).mean() > (follow_rr["local_hit_tokens"] > 0).mean() + 0.2
+
+
+def test_request_larger_than_a_replica_pool_is_an_input_error() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="decode_kv_capacity_tokens"):
+        run(_agg({"decode_kv_capacity_tokens": 1024}))

@@ -10,12 +10,15 @@ Writes benchmarks/results/replay.json.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TRACE = HERE.parents[1] / "shared" / "external_traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+TRACE = Path(os.environ.get(
+    "KVPLAN_MOONCAKE_TRACE", HERE.parents[1] / "shared" / "external_traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+))
 
 
 def main() -> None:
@@ -42,7 +45,9 @@ def main() -> None:
                    "skipped_overlong": s["trace"]["skipped_overlong"], "ttft_mean_s": s["ttft_mean_s"],
                    "ttft_p50_s": s["ttft_p50_s"], "ttft_p90_s": s["ttft_p90_s"], "hit_rate": s["hit_rate"],
                    "pinned_kv_gib_mean": s["pinned_kv_gib_mean"], "pinned_kv_gib_peak": s["pinned_kv_gib_peak"],
-                   "decode_kv_capacity_gib": s["decode_kv_capacity_gib"]}
+                   "decode_kv_capacity_gib": s["decode_kv_capacity_gib"],
+                   "p_held_kv_gib_mean": s["p_held_kv_gib_mean"], "p_held_kv_gib_peak": s["p_held_kv_gib_peak"],
+                   "d_preemptions": s["d_preemptions"], "p_lease_expiries": s["p_lease_expiries"]}
             rows.append(row)
             print(f"{row['deployment']} bidirectional={'on ' if bidir else 'off'}: {wall:5.1f} s wall, "
                   f"{s['turns']} turns ({row['skipped_overlong']} over 32k skipped), TTFT p50 {s['ttft_p50_s']:.2f} s "

@@ -37,8 +37,8 @@ def run(scenario: Scenario | dict[str, Any] | str | Path, seed: int | None = Non
 
 def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Result:
     """Summary extras and the derived frames of a finished run."""
-    tp = scenario.deployment.tensor_parallel_size
-    bytes_all = kv_bytes_per_token_all_ranks(rs.arch, tp)
+    bytes_all = kv_bytes_per_token_all_ranks(rs.arch, ctx.d_tp)  # D's KV (pins) at D's TP
+    rs_p, rs_d = ctx.roles or (rs, rs)
     # utilisation over the active span (retention expiries after the last response do not count)
     end = max((e[0] for e in ctx.log if e[1] != Ev.UNPIN), default=0.0)
     engines = ctx.replicas if scenario.deployment.mode == "aggregated" else ctx.prefill
@@ -51,11 +51,16 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
         "profile": rs.profile.name,
         "profile_status": rs.profile.status,
         "extrapolated": rs.profile.extrapolated,
-        "decode_kv_capacity_tokens": rs.decode_capacity_tokens,
-        "decode_kv_capacity_gib": rs.decode_capacity_tokens * bytes_all / GIB * n_kv,
+        "decode_kv_capacity_tokens": rs_d.decode_capacity_tokens,
+        "decode_kv_capacity_gib": rs_d.decode_capacity_tokens * bytes_all / GIB * n_kv,
+        "prefill_kv_capacity_gib": rs_p.prefill_capacity_tokens * kv_bytes_per_token_all_ranks(rs.arch, ctx.p_tp)
+        / GIB * scenario.deployment.prefill_nodes,
+        "prefill_profile": rs_p.profile.name,
+        "decode_profile": rs_d.profile.name,
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
         "truncated_conversations": plan.truncated_conversations,
+        "nic_utilization": ctx.nic_utilization(end),
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report

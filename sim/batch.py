@@ -49,6 +49,9 @@ class BatchOwner(Protocol):
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
 
+    def grown(self, step: int) -> None:
+        """The members held their blocks for ``step``: apply the evictions that growth caused."""
+
 
 class DecodeBatch:
     """The running set of one decode engine, its step clock and its block growth."""
@@ -151,7 +154,7 @@ class DecodeBatch:
 
     def recheck(self) -> None:
         """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
-        if not self._active or self.exact:
+        if not self._active or self.exact or self.fin_sum <= self.owner.room():
             return
         s0 = self.in_progress_step()
         end = self.step + self._plan_n
@@ -212,6 +215,8 @@ class DecodeBatch:
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
+        if heap and heap[0][0] <= step:
+            self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
             _, seq, r = heapq.heappop(heap)
             if r.d_seq != seq:
@@ -237,6 +242,9 @@ class DecodeBatch:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
             self._active = False
+            if self._join_q:  # every joiner was preempted but others still wait: the next (empty) step takes them
+                self._active = True
+                self._boundary()
             return
         self._plan_t0 = now
         self._plan_first = self._a + self._b * self.batch + self._c * self.ctx_sum

@@ -65,8 +65,20 @@ class BlockPool:
         self.cached += entry[1]
 
     def evict(self, need: int) -> None:
-        """Evict least recently freed cache entries until ``need`` blocks are free (or the cache is empty)."""
+        """Evict cached blocks until ``need`` are free (or the cache is empty), tail blocks first.
+
+        vLLM's free queue hands out its oldest block first, and ``free`` appends a request's blocks tail
+        first, so eviction eats the least recently freed conversation from its tail: a shortened prefix
+        of it survives as a (smaller) cache entry in the same place.
+        """
         cache = self.cache
-        while self.capacity - self.held - self.pinned - self.cached < need and cache:
-            _, (_, b) = cache.popitem(last=False)
+        deficit = need - (self.capacity - self.held - self.pinned - self.cached)
+        while deficit > 0 and cache:
+            conv, (tokens, b) = next(iter(cache.items()))
+            if b > deficit:
+                cache[conv] = (tokens - deficit * self.block_size, b - deficit)
+                self.cached -= deficit
+                return
+            del cache[conv]
             self.cached -= b
+            deficit -= b

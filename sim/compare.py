@@ -21,8 +21,9 @@ and mean; TPOT mean (``tpot_mean_s`` from the summary when the simulator reports
 ``(finish - first token) / (output - 1)`` over turns with more than one output token); hit rate (the
 summary's: follow-ups whose previous turn's retained KV was still usable; on aggregated replicas, a
 prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e.g. P's own prefix cache
-with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (the
-summary's ``held_kv_gib_*`` when the simulator models it, else null); errors; preemptions (null when not
+with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
+prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
+not model it); errors; preemptions (null when not
 modelled); prefill (engine) utilisation; the cost per million turns ``nodes x $/node-hour / served turns
 per hour x 10^6``. With an SLO, the maximum Poisson rate of new conversations whose mean TTFT p90 meets it
 (and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
@@ -63,7 +64,8 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s
            "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
            "preemptions", "prefill_utilization", "served_turns_per_s", "turns")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
-SOURCE = {"preemptions": "d_preemptions"}  # summary key behind a row key
+SOURCE = {"preemptions": "d_preemptions", "held_kv_gib_mean": "p_held_kv_gib_mean",
+          "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5

@@ -9,9 +9,10 @@ import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel
-from kvplan.sim.link import Link
+from kvplan.sim.link import Fabric, Link
 from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scenario import Scenario
+from kvplan.sim.tp import rank_plan
 
 if TYPE_CHECKING:
     from kvplan.sim.aggregated import AggregatedNode
@@ -55,6 +56,11 @@ class Request:
         "d_state",
         "d_hit",
         "d_epoch",
+        "p_blocks",
+        "p_hold",
+        "p_lease_expiry",
+        "p_tracked",
+        "p_lapsed",
     )
 
     def __init__(
@@ -89,6 +95,11 @@ class Request:
         self.d_state = 0  # 0 waiting/in batch, 1 recomputing on D, 2 recomputed and waiting to join
         self.d_hit = 0  # D prefix-hit tokens at its last (re)admission
         self.d_epoch = 0  # bumped when a recompute in progress is preempted (its completion is then ignored)
+        self.p_blocks = 0  # KV blocks this request holds in P's pool (computing, pulling or held for D)
+        self.p_hold = False  # P holds its prompt's blocks under a lease until D has read them
+        self.p_lease_expiry = 0.0  # P's initial lease deadline
+        self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
+        self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
 
 
 @dataclass
@@ -110,27 +121,78 @@ class Ctx:
     replicas: list[AggregatedNode] = field(default_factory=list)  # aggregated mode only
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
+    fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
     host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
+    p_tp: int = 0  # prefill TP (0: ``tp``)
+    d_tp: int = 0  # decode TP (0: ``tp``)
+    d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)
+    roles: tuple[Any, ...] = ()  # (P's, D's) resolved scenario (engine.Resolved)
 
     def __post_init__(self) -> None:
+        self.p_tp = self.p_tp or self.tp
+        self.d_tp = self.d_tp or self.tp
+        if self.d_costs is None:
+            self.d_costs = self.costs
+        # the reader pulls: D reads P's ranks (P->D), P reads D's ranks (D->P); vLLM PR #27274 mapping
+        self.plans = {P2D: rank_plan(self.arch, self.d_tp, self.p_tp), D2P: rank_plan(self.arch, self.p_tp, self.d_tp)}
+        self.plans[HOST2P] = self.plans[D2P]  # offload tier: P's ranks read D's host copy of the same layout
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
         self.regions = kv_regions_per_rank(self.arch, self.cross_layer)
-        self.threshold_applies_to_p2d = bool(self.scenario.policy.threshold_applies_to_p2d)
+        # vLLM PR #55801 (nixl/base_scheduler.py): kv_recompute_threshold applies to every pull, and its
+        # default is 64 with bidirectional_kv_xfer, 0 without it
+        pol = self.scenario.policy
+        self.threshold_applies_to_p2d = pol.bidirectional if pol.threshold_applies_to_p2d is None else (
+            pol.threshold_applies_to_p2d
+        )
+
+    @staticmethod
+    def nic(role: str, node: int, ingress: bool) -> int:
+        """Id of a node's NIC resource (one egress and one ingress stand for each rank's NIC)."""
+        return 4 * node + (2 if role == "d" else 0) + (1 if ingress else 0)
 
     def link(self, p: int, d: int, direction: int) -> Link:
-        """The link of one (P, D) pair and direction, created on first use."""
+        """The link of one (P, D) pair and direction, created on first use.
+
+        The reader pulls: P->D data leaves P's egress into D's ingress, D->P data D's egress into P's ingress.
+        """
         key = (p, d, direction)
         lk = self.links.get(key)
         if lk is None:
-            lk = Link(self.env, self.host_per_byte_s if direction == HOST2P else self.per_byte_s)
+            if direction == P2D:
+                nics = (self.nic("p", p, False), self.nic("d", d, True))
+            else:
+                nics = (self.nic("d", d, False), self.nic("p", p, True))
+            if direction == HOST2P:
+                # offload tier reads: bounded by D's host-to-NIC bandwidth, kept out of the NIC fabric
+                # (stated simplification: they do not contend with HBM reads on D's NICs)
+                lk = Link(self.env, self.host_per_byte_s, nics, None)
+                self.links[key] = lk
+                return lk
+            # with one P and one D no two links share a NIC (full duplex): no fabric bookkeeping needed
+            shared = len(self.prefill) > 1 or len(self.decode) > 1
+            lk = Link(self.env, self.per_byte_s, nics, self.fabric if shared else None)
             self.links[key] = lk
         return lk
+
+    def nic_utilization(self, span_s: float) -> dict[str, float]:
+        """Each node's egress and ingress: bytes moved per rank x seconds per byte, over ``span_s``."""
+        moved: dict[int, float] = {}
+        for lk in self.links.values():
+            for nic in lk.nics:
+                moved[nic] = moved.get(nic, 0.0) + lk.bytes_sent
+        out: dict[str, float] = {}
+        names = [("p", i) for i in range(len(self.prefill))] + [("d", i) for i in range(len(self.decode))]
+        for role, i in names:
+            for ingress, name in ((False, "egress"), (True, "ingress")):
+                b = moved.get(self.nic(role, i, ingress), 0.0)
+                out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
+        return out
 
     def transfer(
         self, p: int, d: int, direction: int, tokens: int, on_done: Any
@@ -140,9 +202,13 @@ class Ctx:
         Returns (bytes summed over ranks, descriptors per rank). The reader pays a one-off handshake the
         first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
         """
-        tc = self.costs.transfer
-        desc = self.regions * (-(-tokens // self.block_size))  # descriptors = regions x blocks
-        nbytes_rank = tokens * self.kv_bytes_rank
+        plan = self.plans[direction]
+        reader = self.d_costs if direction == P2D else self.costs
+        assert reader is not None
+        tc = reader.transfer
+        # descriptors per reader rank = regions x blocks for each source rank it reads from
+        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
+        nbytes_rank = tokens * plan.bottleneck_bytes_per_token  # through the busiest NIC of the read
         post = tc.post_fixed_s + tc.post_per_descriptor_s * desc
         lat_x = tc.fixed_s + tc.per_descriptor_s * desc
         pre = post + lat_x
@@ -165,4 +231,8 @@ class Ctx:
                 on_done(xfer, post)
 
         link.send(key, nbytes_rank, bw_done)
-        return float(nbytes_rank * self.tp), float(desc)
+        return float(tokens * plan.total_bytes_per_token), float(desc)
+
+    def xfer_bytes(self, direction: int, tokens: int) -> int:
+        """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
+        return tokens * self.plans[direction].total_bytes_per_token

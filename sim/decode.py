@@ -36,7 +36,7 @@ from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import P2D, Ctx, Request
-from kvplan.sim.events import Ev, Release
+from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
@@ -55,6 +55,8 @@ class DecodeNode:
         self.ttl_s = sc.policy.decoder_kv_blocks_ttl_s
         self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
         self.chunk = sc.deployment.max_num_batched_tokens
+        assert ctx.d_costs is not None
+        self.costs = ctx.d_costs  # D's own cost model (its TP)
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
@@ -63,7 +65,7 @@ class DecodeNode:
         self.host = self.policy.host_tier()
         ctx.host_per_byte_s = self.policy.host_per_byte_s()
         self.batch = DecodeBatch(
-            self.env, ctx.log, idx, ctx.costs.decode, sc.deployment.max_num_seqs,
+            self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
@@ -143,8 +145,8 @@ class DecodeNode:
     def _sync(self, step: int) -> None:
         """Bring the pool's held count to the batch's blocks at ``step``; evict cache the growth has taken."""
         pool = self.pool
-        pool.held = self.static + self.batch.alloc(step)
-        if pool.free() < 0:
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached < 0:
             pool.evict(0)
 
     def room(self) -> int:
@@ -154,6 +156,12 @@ class DecodeNode:
         :meth:`fit` evicts them at that step (before preempting anything).
         """
         return self.pool.capacity - self.pool.pinned - self.static
+
+    def grown(self, step: int) -> None:
+        """The members held their blocks for ``step``: evict what that growth took from the cache."""
+        pool = self.pool
+        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+            self._sync(step)
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
@@ -165,11 +173,15 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        self._expire(self.env.now)
+        if self.retention.next_expiry_due(self.env.now):
+            self._expire(self.env.now)
         pool = self.pool
         if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
             return False  # even at their last step the members fit without evicting anything
         self._sync(step)
+        if pool.capacity - pool.held - pool.pinned - pool.cached >= 0:
+            pool.check()
+            return False
         preempted = False
         if pool.free() < 0 and self.policy.evictable:
             self._evict_pins(0)
@@ -239,6 +251,7 @@ class DecodeNode:
             )
         req.d_node = self.idx
         self.ctx.log.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
 
@@ -248,7 +261,8 @@ class DecodeNode:
         if not q:
             return
         now = self.env.now
-        self._expire(now)
+        if self.retention.next_expiry_due(now):
+            self._expire(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting
@@ -325,17 +339,26 @@ class DecodeNode:
         ctx = self.ctx
         env = self.env
         tokens = r.prompt - hit
+        pnode = ctx.prefill[r.p_node]
+        if r.p_lapsed:
+            # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
+            ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
+            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
+            return
         if 0 < tokens < self.p2d_threshold:
-            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it
-            t = ctx.costs.prefill.fixed_s + ctx.costs.prefill.per_token_s * tokens
+            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
+            pnode.release_hold(r, HoldRelease.NOTIFIED)
+            t = self.costs.prefill.fixed_s + self.costs.prefill.per_token_s * tokens
             env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
             ctx.log.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
         ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
@@ -347,7 +370,7 @@ class DecodeNode:
         r.d_hit = hit
         self.running[r] = None
         epoch = r.d_epoch
-        t = prefill_time_s(self.ctx.costs.prefill, tokens - hit, hit, self.chunk)
+        t = prefill_time_s(self.costs.prefill, tokens - hit, hit, self.chunk)
         env.timeout(t).callbacks.append(lambda _e: self._recomputed(r, epoch))
 
     def _recomputed(self, r: Request, epoch: int) -> None:

@@ -29,7 +29,7 @@ from kvplan.sim.decode import DecodeNode
 from kvplan.sim.events import Ev
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario
+from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -112,6 +112,35 @@ def resolve(scenario: Scenario) -> Resolved:
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
+
+
+def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]:
+    """P's and D's resolution, each for its own TP (``deployment.prefill/decode_tensor_parallel_size``).
+
+    vLLM's NIXL connector reads between different TP sizes when one divides the other (heterogeneous
+    TP, PR #27274); each role's profile and KV pool follow its own TP.
+    """
+    dep = scenario.deployment
+    out = []
+    tps = {}
+    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
+        tp = getattr(dep, name) or dep.tensor_parallel_size
+        tps[name] = tp
+        if tp == dep.tensor_parallel_size:
+            out.append(rs)
+            continue
+        if tp > rs.node.gpus_per_node:
+            raise input_error(
+                f"deployment.{name}", f"{tp} exceeds the {rs.node.gpus_per_node} GPUs of a {rs.node.name} node"
+            )
+        out.append(resolve(with_overrides(scenario, {"deployment.tensor_parallel_size": tp})))
+    a, b = tps.values()
+    if max(a, b) % min(a, b):
+        raise input_error(
+            "deployment.prefill_tensor_parallel_size", f"TP {a} (prefill) and {b} (decode) do not divide one another",
+            "vLLM's heterogeneous TP needs one TP size to be a multiple of the other",
+        )
+    return out[0], out[1]
 
 
 class Driver:
@@ -257,6 +286,7 @@ class Driver:
 def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, ConversationPlan, Ctx]:
     """Run the discrete-event model; returns the resolved inputs, the drawn plan and the final state."""
     rs = resolve(scenario)
+    rs_p, rs_d = _resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
     env = simpy.Environment()
@@ -268,13 +298,17 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
         env=env,
         scenario=scenario,
         arch=rs.arch,
-        costs=rs.costs,
+        costs=rs_p.costs,
         tp=dep.tensor_parallel_size,
-        per_byte_s=rs.per_byte_s,
-        decode_capacity_blocks=rs.decode_capacity_tokens // rs.arch.block_size_tokens,
-        prefill_cache_tokens=rs.prefill_capacity_tokens,
+        per_byte_s=rs_d.per_byte_s,
+        decode_capacity_blocks=rs_d.decode_capacity_tokens // rs.arch.block_size_tokens,
+        prefill_cache_tokens=rs_p.prefill_capacity_tokens,
         router=router,
+        p_tp=dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
+        d_tp=dep.decode_tensor_parallel_size or dep.tensor_parallel_size,
+        d_costs=rs_d.costs,
     )
+    ctx.roles = (rs_p, rs_d)
     arrival = scenario.workload.arrival
     closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
     if aggregated:
@@ -290,4 +324,6 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     env.run()
     for dn in ctx.decode:
         dn.expire_all()
+    for pn in ctx.prefill:
+        pn.release_all([lease[2] for lease in pn._leases])
     return rs, plan, ctx

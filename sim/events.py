@@ -34,6 +34,9 @@ class Ev(IntEnum):
     SKIP = 17  # turn not sent (conversation ended by the context limit); a=prompt tokens
     D_PREEMPT = 30  # D preempted the running request (recompute); a=tokens sampled so far, b=KV tokens freed
     D_RECOMPUTE = 31  # preempted request readmitted on D, recomputing locally; a=tokens recomputed, b=D hit tokens
+    P_HOLD = 32  # P keeps the prompt's blocks under a lease for D's read; node=P; a=tokens (whole blocks), b=bytes
+    P_UNHOLD = 33  # P frees them; node=P; a=tokens (whole blocks), b=HoldRelease
+    P2D_FAILED = 34  # D's read found P's lease lapsed: D recomputes locally; a=tokens recomputed, b=D hit tokens
 
 
 class Decision(IntEnum):
@@ -78,6 +81,15 @@ class Release(IntEnum):
     EVICTED = 4  # ttl_evictable: admission or growth on D needed the blocks (LRU among pins)
 
 
+class HoldRelease(IntEnum):
+    """Why P freed the blocks it held for D (``P_UNHOLD``)."""
+
+    READ = 0  # D's read completed (NIXL notification)
+    NOTIFIED = 1  # D recomputed the tail below the threshold and notified P
+    LAPSED = 2  # the lease ran out before D's first heartbeat
+    END = 3  # end of run
+
+
 FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.ARRIVE: ("prompt_tokens", "output_tokens"),
     Ev.ROUTER: ("router_result", ""),
@@ -99,6 +111,9 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.SKIP: ("prompt_tokens", ""),
     Ev.D_PREEMPT: ("sampled_tokens", "kv_tokens"),
     Ev.D_RECOMPUTE: ("tokens", "d_hit_tokens"),
+    Ev.P_HOLD: ("tokens", "bytes"),
+    Ev.P_UNHOLD: ("tokens", "hold_release"),
+    Ev.P2D_FAILED: ("tokens", "d_hit_tokens"),
 }
 
 COLUMNS = ("t_s", "kind", "conv", "turn", "node", "a", "b")

@@ -9,56 +9,34 @@ pull_scheduler.py`` ``get_num_new_matched_tokens`` / ``_should_recompute_remote_
 the engine keeps stepping), ``pull_worker`` expiry check (PR #47021: decline if now + 5 s safety margin
 >= D's deadline; a declined read is a failed load handled by ``kv_load_failure_policy``).
 
+P's KV pool (``sim/blocks.py``): a request is scheduled from WAITING only when the blocks for its whole
+prompt minus its local hit are free after evicting prefix cache (``allocate_slots`` with
+``full_sequence_must_fit``), FCFS, so a full pool stops admission. After the prefill P keeps the
+prompt's blocks (``request_finished`` returns ``delay_free_blocks``) under a lease of
+``kv_lease_duration`` (30 s) until D's read completes; D heartbeats the lease from the moment the
+request enters D's scheduler (``on_new_request``) every ``kv_lease_duration // 6`` s, each extending it
+to ``now + 2/3 kv_lease_duration``, so a tracked lease never lapses while D is healthy; it lapses only
+when D's first heartbeat comes after the initial lease (``docs/design/nixl_kv_cache_lease.md``,
+PR #41383; ``nixl/base_scheduler.py`` ``on_new_request``). A lapsed lease frees the blocks and D's read
+then fails: D recomputes the prompt locally. Held blocks become prefix cache when freed.
+
 One engine step = one SimPy timeout whose length is the prefill cost of the chunks it holds.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
 import simpy
 
+from kvplan.errors import input_error
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
+from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
-from kvplan.sim.events import Decision, Ev, Release
-
-
-class PrefixLRU:
-    """Block-granular prefix cache keyed by conversation (each conversation's context is a prefix chain).
-
-    Holds the full-block token count cached per conversation, evicting least recently used entries
-    when the pool is full (vLLM's free-block queue evicts LRU cached blocks first).
-    """
-
-    __slots__ = ("capacity_tokens", "_map", "total")
-
-    def __init__(self, capacity_tokens: int) -> None:
-        self.capacity_tokens = capacity_tokens
-        self._map: OrderedDict[int, int] = OrderedDict()
-        self.total = 0
-
-    def hit(self, conv: int) -> int:
-        """Cached tokens of the conversation (marks it recently used)."""
-        v = self._map.get(conv)
-        if v is None:
-            return 0
-        self._map.move_to_end(conv)
-        return v
-
-    def peek(self, conv: int) -> int:
-        """Cached tokens of the conversation, without marking it used (for the router)."""
-        return self._map.get(conv, 0)
-
-    def put(self, conv: int, tokens: int) -> None:
-        """Record that the conversation's first ``tokens`` (full blocks) are cached."""
-        old = self._map.pop(conv, 0)
-        self.total -= old
-        self._map[conv] = tokens
-        self.total += tokens
-        while self.total > self.capacity_tokens and self._map:
-            _, t = self._map.popitem(last=False)
-            self.total -= t
+from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 
 
 class PrefillNode:
@@ -75,7 +53,17 @@ class PrefillNode:
         self.threshold = pol.kv_recompute_threshold_tokens
         self.margin = pol.expiry_safety_margin_s + pol.clock_skew_s
         self.fail_on_decline = pol.kv_load_failure_policy == "fail"
-        self.cache = PrefixLRU(ctx.prefill_cache_tokens) if dep.prefill_prefix_caching else None
+        self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
+        self.lease_s = pol.kv_lease_duration_s
+        self.bytes_per_token = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp)  # P's KV, all its ranks
+        self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
+        self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
+        # D's first heartbeat comes at most one interval after the D leg reaches it: if that is always within
+        # the lease, no lease can lapse and the deadlines need no bookkeeping
+        self.can_lapse = ctx.costs.overhead.d_leg_s + self.heartbeat_s > self.lease_s
+        self._lease_seq = 0
+        self._blocked = False
+        self._wake_at = float("inf")
         pc = ctx.costs.prefill
         self._fixed, self._per_tok, self._att = pc.fixed_s, pc.per_token_s, pc.attention_s
         self.waiting: deque[Request] = deque()
@@ -86,7 +74,8 @@ class PrefillNode:
 
     def cached_tokens(self, conv: int) -> int:
         """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
-        return self.cache.peek(conv) if self.cache is not None else 0
+        entry = self.pool.cache.get(conv)
+        return entry[0] if entry is not None else 0
 
     def load(self) -> int:
         """Requests waiting or running on this P."""
@@ -94,6 +83,13 @@ class PrefillNode:
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
+        bs = self.pool.block_size
+        if -(-req.prompt // bs) > self.pool.capacity:
+            raise input_error(
+                "deployment.prefill_kv_capacity_tokens",
+                f"P's pool ({self.pool.capacity * bs} tokens) cannot hold one prompt of {req.prompt} tokens",
+                "raise it or shorten prompts",
+            )
         req.p_node = self.idx
         self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
@@ -107,10 +103,11 @@ class PrefillNode:
         env = self.env
         log = self.ctx.log
         while True:
-            if not self.running and not self.waiting:
+            if not self.running and (not self.waiting or self._blocked):
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
+            self._blocked = False
             budget = self.max_tokens
             batch: list[tuple[Request, int]] = []
             new_tokens = 0
@@ -124,7 +121,11 @@ class PrefillNode:
                 new_tokens += n
                 pairs += n * r.p_ctx + n * (n + 1) / 2
             while self.waiting and len(self.running) < self.max_seqs and budget > 0:
-                r = self.waiting.popleft()
+                r = self.waiting[0]
+                if not r.p_decided and not self._allocate(r):
+                    self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
+                    break
+                self.waiting.popleft()
                 if not r.p_decided:
                     if not self._decide(r):
                         continue  # pulling asynchronously, or failed
@@ -157,11 +158,7 @@ class PrefillNode:
         ctx = self.ctx
         r.p_decided = True
         prompt = r.prompt
-        local = 0
-        if self.cache is not None:
-            bs = ctx.block_size
-            local = min(self.cache.hit(r.conv), ((prompt - 1) // bs) * bs)
-        r.local_hit = local
+        local = r.local_hit
         params = r.params
         pulled = 0
         if params is None:
@@ -191,6 +188,9 @@ class PrefillNode:
                     ctx.log.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
                     ctx.log.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
                     r.error = True
+                    self.pool.held -= r.p_blocks  # nothing is computed: the blocks go back (the hit stays cached)
+                    r.p_blocks = 0
+                    self.pool.to_cache(r.conv, local)
                     ctx.driver.p_done(r)
                     return False
                 decision = Decision.EXPIRED
@@ -219,7 +219,7 @@ class PrefillNode:
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.transfer(self.idx, d, D2P, tokens, done)
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -233,13 +233,117 @@ class PrefillNode:
             self.waiting.appendleft(r)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, tokens * ctx.kv_bytes_rank * ctx.tp))
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
         ctx.transfer(self.idx, d, HOST2P, tokens, done)
+
+    def _allocate(self, r: Request) -> bool:
+        """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""
+        pool = self.pool
+        bs = pool.block_size
+        entry = pool.take(r.conv) if pool.caching else None
+        local = owned = 0
+        if entry is not None:
+            local = min(entry[0], ((r.prompt - 1) // bs) * bs)
+            owned = entry[1] if local > 0 else 0
+        total = -(-r.prompt // bs)
+        want = max(total - owned, 0) + (entry[1] if entry is not None else 0)
+        if pool.free() < want:
+            self._lapse_due(self.env.now)
+            pool.evict(want)
+            if pool.free() < want:
+                if entry is not None:
+                    pool.put_back(r.conv, entry)
+                self._wake_at_next_lapse()
+                return False
+        if entry is not None and local == 0:
+            pool.to_cache(r.conv, entry[0])
+        pool.held += total
+        pool.check()
+        r.p_blocks = total
+        r.local_hit = local
+        return True
 
     def _finish(self, r: Request) -> None:
         env = self.env
-        self.ctx.log.append((env.now, Ev.P_DONE, r.conv, r.turn, self.idx, env.now - r.p_compute_start, 0))
-        if self.cache is not None:
-            bs = self.ctx.block_size
-            self.cache.put(r.conv, (r.prompt // bs) * bs)
+        now = env.now
+        log = self.ctx.log
+        log.append((now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, 0))
+        # the prompt's blocks stay for D's read under a lease (delay_free_blocks)
+        pool = self.pool
+        pool.held -= r.p_blocks
+        pool.pinned += r.p_blocks
+        r.p_hold = True
+        r.p_lease_expiry = now + self.lease_s
+        if self.can_lapse:
+            self._lease_seq += 1
+            heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
+        tokens = r.p_blocks * pool.block_size
+        log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, tokens, tokens * self.bytes_per_token))
         self.ctx.driver.p_done(r)
+
+    # ---- the lease on held prompts -----------------------------------------------------------------------
+
+    def d_tracks(self, r: Request) -> None:
+        """The request entered D's scheduler: D heartbeats the lease from its next heartbeat on.
+
+        D sends heartbeats every ``kv_lease_duration // 6`` s (one throttle per engine, here on a clock
+        from 0); each extends the lease to ``now + 2/3 kv_lease_duration``, longer than the interval, so
+        once the first one arrives in time the lease holds until the read. It lapsed if P's deadline
+        passed before that first heartbeat.
+        """
+        if not r.p_hold:
+            return
+        hb = self.heartbeat_s
+        first_hb = -(-self.env.now // hb) * hb
+        if first_hb > r.p_lease_expiry:
+            self.release_hold(r, HoldRelease.LAPSED, r.p_lease_expiry)
+            r.p_lapsed = True
+        else:
+            r.p_tracked = True
+
+    def _lapse_due(self, now: float) -> None:
+        """Leases past their deadline that no D is heartbeating: the blocks are freed at the deadline."""
+        leases = self._leases
+        while leases and leases[0][0] <= now:
+            t, _, r = heapq.heappop(leases)
+            if r.p_hold and not r.p_tracked:
+                self.release_hold(r, HoldRelease.LAPSED, t, kick=False)
+                r.p_lapsed = True
+
+    def _wake_at_next_lapse(self) -> None:
+        leases = self._leases
+        while leases and (not leases[0][2].p_hold or leases[0][2].p_tracked):
+            heapq.heappop(leases)
+        if not leases:
+            return  # blocks come back when D reads a held prompt or a running prefill finishes
+        t = leases[0][0]
+        if self._wake_at <= t and self._wake_at > self.env.now:
+            return
+        self._wake_at = t
+        self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._on_lapse_timer())
+
+    def _on_lapse_timer(self) -> None:
+        self._lapse_due(self.env.now)
+        self._blocked = False
+        self._kick()
+
+    def release_hold(self, r: Request, why: HoldRelease, at: float | None = None, kick: bool = True) -> None:
+        """Free the prompt's held blocks (D's read done, D's notification, lapse); they become prefix cache."""
+        if not r.p_hold:
+            return
+        r.p_hold = False
+        pool = self.pool
+        pool.pinned -= r.p_blocks
+        t = self.env.now if at is None else at
+        self.ctx.log.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
+        r.p_blocks = 0
+        pool.to_cache(r.conv, r.prompt)
+        if kick and self._blocked:
+            self._blocked = False
+            self._kick()
+
+    def release_all(self, requests: list[Request]) -> None:
+        """End of run: anything still held is freed (counted as END; every turn reaches D, so none should be)."""
+        for r in requests:
+            self.release_hold(r, HoldRelease.END, kick=False)
+        self._leases.clear()

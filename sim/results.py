@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.atomic import check_result_dir, write_result_dir_files
-from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, Release, RouterResult
+from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, HoldRelease, Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
 GIB = 1024**3
@@ -54,6 +54,7 @@ TURN_COLUMNS = [
     "d2p_bytes",
     "p2d_bytes",
     "d_preemptions",
+    "p_hold_s",
 ]
 
 
@@ -97,6 +98,8 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         _by_turn(ev, Ev.P2D_DONE, {"t_s": "p2d_t1"}),
         _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
         _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
+        _by_turn(ev, Ev.P_HOLD, {"t_s": "hold_t0"}),
+        _by_turn(ev, Ev.P_UNHOLD, {"t_s": "hold_t1"}),
     ]
     pre = ev[ev["kind"] == int(Ev.D_PREEMPT)].groupby(["conv", "turn"]).size().rename("d_preemptions")
     parts.append(pre.to_frame())
@@ -116,6 +119,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["first_decode_s"] = df["d_first"] - ready
     df["ttft_s"] = df["d_first"] - df["arrival_s"]
     df["p_leg_s"] = df["p_done"] - df["arrival_s"]
+    df["p_hold_s"] = (df["hold_t1"] - df["hold_t0"]).fillna(0.0)
     local = df["local_hit_tokens"]
     df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
     df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
@@ -149,6 +153,24 @@ def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
     return out
 
 
+def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+    """KV P holds for D's reads (under lease) over time, summed over prefill nodes and GPUs.
+
+    Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
+    equal times).
+    """
+    hold = ev[ev["kind"] == int(Ev.P_HOLD)][["t_s", "conv", "turn", "a", "b"]]
+    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "conv", "turn"]]
+    unhold = unhold.merge(hold[["conv", "turn", "a", "b"]], on=["conv", "turn"], how="left")
+    d = pd.concat(
+        [hold.assign(dt=hold["a"], db=hold["b"], order=1), unhold.assign(dt=-unhold["a"], db=-unhold["b"], order=0)],
+        ignore_index=True,
+    ).sort_values(["t_s", "order"], kind="stable")
+    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": d["dt"].cumsum().to_numpy()})
+    out["held_gib"] = d["db"].cumsum().to_numpy() / GIB  # bytes at P's TP, logged with each hold
+    return out
+
+
 def _time_weighted_mean(series: pd.DataFrame, t_end: float, col: str) -> float:
     if series.empty or t_end <= 0:
         return 0.0
@@ -172,6 +194,7 @@ def summarize(
     reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold", "host_pull"])
     t_end = float(ev["t_s"].max()) if len(ev) else 0.0
     series = pinned_series(ev, bytes_per_token_all_ranks)
+    held = held_series(ev, bytes_per_token_all_ranks)
     unpin = ev[ev["kind"] == int(Ev.UNPIN)]
     releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
     pull = turns[turns["decision"] == "pull"]
@@ -207,6 +230,10 @@ def summarize(
         "sim_end_s": t_end,
         "d_preemptions": int((ev["kind"] == int(Ev.D_PREEMPT)).sum()),
         "d_preempted_recompute_tokens": int(ev.loc[ev["kind"] == int(Ev.D_RECOMPUTE), "a"].sum()),
+        "p_held_kv_gib_mean": _time_weighted_mean(held, t_end, "held_gib"),
+        "p_held_kv_gib_peak": float(held["held_gib"].max()) if len(held) else 0.0,
+        "p_lease_expiries": int(((ev["kind"] == int(Ev.P_UNHOLD)) & (ev["b"] == int(HoldRelease.LAPSED))).sum()),
+        "p2d_failed_reads": int((ev["kind"] == int(Ev.P2D_FAILED)).sum()),
     }
     summary.update(extra)
     return summary

@@ -89,6 +89,10 @@ class Retention:
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
                 yield expiry, pid
 
+    def next_expiry_due(self, now: float) -> bool:
+        """Whether some deadline in the heap has passed (cheap check before :meth:`due`)."""
+        return bool(self._heap) and self._heap[0][0] <= now
+
     def next_expiry(self) -> float | None:
         """The earliest deadline still in the heap (may belong to a pin already released)."""
         return self._heap[0][0] if self._heap else None

@@ -35,7 +35,8 @@ assumed instantaneous: a 12k-token Qwen3-32B context is 384 MiB over 8 GPUs' PCI
 kept per conversation in a capacity-bounded LRU (``host_capacity_gib`` per decode node). A turn whose pin
 is gone from HBM but whose context is in D's host tier is pulled from there (decision ``host_pull``; the
 recompute threshold applies as for a pull) at the host-to-NIC bandwidth shared by the node's ranks:
-``per_byte_s = max(link per_byte_s, TP / host bandwidth)``; the host copy is dropped once read (the new
+``per_byte_s = max(link per_byte_s, TP / host bandwidth)`` per rank byte (kept out of the NIC fabric: host
+reads are assumed not to contend with HBM reads on D's NICs); the host copy is dropped once read (the new
 turn's KV supersedes it).
 """
 
@@ -45,8 +46,9 @@ import math
 from collections import OrderedDict
 
 from kvplan.errors import input_error
+from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.hardware import GBIT_BYTES, GIB, get_hardware
-from kvplan.sim.context import Ctx
+from kvplan.sim.context import D2P, Ctx
 from kvplan.sim.router import KVParams
 from kvplan.sim.scenario import LeaseRetention, TtlEvictableRetention
 
@@ -128,7 +130,7 @@ class RetentionPolicy:
         if gib <= 0:
             raise input_error("policy.offload.host_capacity_gib", f"hardware '{node.name}' has no host KV preset",
                               "give host_capacity_gib")
-        return HostTier(int(gib * GIB // (self.ctx.kv_bytes_rank * self.ctx.tp)))
+        return HostTier(int(gib * GIB // kv_bytes_per_token_all_ranks(self.ctx.arch, self.ctx.d_tp)))
 
     def host_per_byte_s(self) -> float:
         """Seconds per byte per TP rank of a read from D's host memory (the node's host bandwidth is shared)."""
@@ -139,4 +141,8 @@ class RetentionPolicy:
         if gbps <= 0:
             raise input_error("policy.offload.host_bandwidth_gbps", f"hardware '{node.name}' has no host bandwidth "
                               "preset", "give host_bandwidth_gbps")
-        return max(self.ctx.per_byte_s, self.ctx.tp / (gbps * GBIT_BYTES))
+        # the read's bytes through its busiest NIC stand for all of it: scale the node's host bandwidth by
+        # total / bottleneck bytes (= D's TP for equal TP), as if every rank drew on the same host memory
+        plan = self.ctx.plans[D2P]
+        share = plan.total_bytes_per_token / plan.bottleneck_bytes_per_token
+        return max(self.ctx.per_byte_s, share / (gbps * GBIT_BYTES))

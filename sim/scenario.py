@@ -97,6 +97,12 @@ class Deployment(_Frozen):
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
     tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance.")
+    prefill_tensor_parallel_size: int | None = Field(
+        default=None, gt=0, le=64, description="TP of the prefill instances (default: tensor_parallel_size)."
+    )
+    decode_tensor_parallel_size: int | None = Field(
+        default=None, gt=0, le=64, description="TP of the decode instances (default: tensor_parallel_size)."
+    )
     max_num_seqs: int = Field(default=1024, gt=0, description="vLLM --max-num-seqs (P and D).")
     max_num_batched_tokens: int = Field(default=8192, gt=0, description="vLLM --max-num-batched-tokens.")
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
@@ -186,10 +192,15 @@ class Policy(_Frozen):
     )
     expiry_safety_margin_s: float = Field(default=5.0, ge=0, description="P declines if now+margin>=expiry.")
     clock_skew_s: float = Field(default=0.0, description="P clock minus D clock error after offset estimation.")
-    threshold_applies_to_p2d: bool = Field(
-        default=False, description="Newest vLLM (PR #55801): D recomputes P->D tails below the threshold."
+    threshold_applies_to_p2d: bool | None = Field(
+        default=None,
+        description="D recomputes P->D tails below the threshold (vLLM PR #55801); default: on when bidirectional.",
     )
     send_conversation_id: bool = Field(default=True, description="Client sends conversation_id (else all miss).")
+    kv_lease_duration_s: float = Field(
+        default=30.0, gt=0, le=86_400,
+        description="kv_lease_duration: P holds a prompt's KV this long for D's read, renewed by D's heartbeats.",
+    )
     retention: Retention = Field(
         default_factory=TtlRetention, description="D retention: ttl (vLLM), lease (proposal) or ttl_evictable."
     )

@@ -63,11 +63,14 @@ def test_deterministic_gap_ttl(gap_s: float) -> None:
     assert gap_s <= rec.router_ttl_s < ttl - margin  # the router hits, and expires before P would decline
     assert rec.expected["hit_rate"] == pytest.approx(1.0)
     assert rec.expected["ttft_mean_s"] < rec.bidirectional_off["ttft_mean_s"]
-    assert rec.expected["pinned_kv_gib_mean"] <= rec.baseline["pinned_kv_gib_mean"]
+    # the run-wide mean is diluted by the longer drain of the 480 s default (its ends differ): compare peaks
+    assert rec.expected["pinned_kv_gib_peak"] <= rec.baseline["pinned_kv_gib_peak"]
 
 
 def test_gaps_beyond_every_ttl_turn_retention_down() -> None:
-    rec = recommend(scenario(20000.0), replications=2, ttl_grid=(15, 30, 60))
+    # retention only: with bidirectional on, vLLM (PR #55801) also applies the threshold to P->D pulls, whose
+    # short-tail recomputes would otherwise count as a benefit of keeping bidirectional on
+    rec = recommend(scenario(20000.0, policy={"threshold_applies_to_p2d": False}), replications=2, ttl_grid=(15, 30, 60))
     assert rec.retention_off and not rec.bidirectional
     cfg = rec.kv_transfer_config["decode"]
     assert cfg["kv_connector_extra_config"]["bidirectional_kv_xfer"] is False

@@ -173,6 +173,8 @@ def _single_server(rho: float, prompt: dict, costs: dict, n: int, seed: int) -> 
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": prompt,
                      "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 1}},
         "costs": {"transfer": {}, "decode": {"fixed_s": 0.001}, "overhead": {}, **costs},
+        # no retention: 480 s pins at this rate would fill D, and P (holding prompts for D's reads) with it
+        "policy": {"bidirectional": False},
         "seed": seed,
     }
     return run(sc).turns

@@ -30,12 +30,16 @@ from typing import Protocol
 import simpy
 
 from kvplan.models.costs import DecodeCost
+from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import Request
 from kvplan.sim.events import Ev
 
 
 class BatchOwner(Protocol):
     """What the batch needs from its node: finishing, fitting the pool, and the room left for growth."""
+
+    pool: BlockPool
+    static: int  # blocks of admitted requests outside the batch
 
     def finish(self, r: Request) -> None:
         """The request sampled its last token."""
@@ -154,7 +158,10 @@ class DecodeBatch:
 
     def recheck(self) -> None:
         """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
-        if not self._active or self.exact or self.fin_sum <= self.owner.room():
+        if not self._active or self.exact:
+            return
+        owner = self.owner
+        if self.fin_sum <= owner.pool.capacity - owner.pool.pinned - owner.static:
             return
         s0 = self.in_progress_step()
         end = self.step + self._plan_n
@@ -164,7 +171,9 @@ class DecodeBatch:
 
     def _horizon(self, lo: int, end: int) -> int:
         """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``."""
-        room = self.owner.room()
+        owner = self.owner
+        pool = owner.pool
+        room = pool.capacity - pool.pinned - owner.static
         if self.fin_sum <= room or lo >= end or self.alloc(end - 1) <= room:
             return end
         hi = end - 1

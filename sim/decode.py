@@ -60,6 +60,7 @@ class DecodeNode:
         self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
+        self._max_tokens = self.pool.capacity * ctx.block_size
         self.retention = Retention(idx, sc.deployment.decode_nodes)
         self.policy = RetentionPolicy(ctx)  # ttl (vLLM), lease or ttl_evictable, and the offload tier
         self.host = self.policy.host_tier()
@@ -173,15 +174,17 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if self.retention.next_expiry_due(self.env.now):
+        heap = self.retention._heap
+        if heap and heap[0][0] <= self.env.now:
             self._expire(self.env.now)
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached <= pool.capacity:
+        free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
+        if free_at_end >= 0:
             return False  # even at their last step the members fit without evicting anything
-        self._sync(step)
-        if pool.capacity - pool.held - pool.pinned - pool.cached >= 0:
-            pool.check()
+        held = pool.held = self.static + self.batch.alloc(step)
+        if pool.capacity - held - pool.pinned - pool.cached >= 0:
             return False
+        pool.evict(0)
         preempted = False
         if pool.free() < 0 and self.policy.evictable:
             self._evict_pins(0)
@@ -242,7 +245,7 @@ class DecodeNode:
     def submit(self, req: Request) -> None:
         """The D leg reaches this engine: wait for KV blocks, pull from P, then join the batch."""
         bs = self.ctx.block_size
-        if -(-(req.prompt + req.output - 1) // bs) > self.pool.capacity:
+        if req.prompt + req.output - 1 > self._max_tokens:
             raise input_error(
                 "deployment.decode_kv_capacity_tokens",
                 f"D's pool ({self.pool.capacity * bs} tokens) cannot hold one request of "
@@ -291,7 +294,9 @@ class DecodeNode:
                 hit = owned = 0
             need = max(total - owned, 0)
             # a taken cache entry's blocks left the cached count but stay in use: they are not free
-            want = need + (self.watermark_blocks if batch.batch else 0) + (owned if pid is None else 0)
+            # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
+            wm = self.watermark_blocks if (batch.batch or self.static) else 0
+            want = need + wm + (owned if pid is None else 0)
             if pool.free() < want and not synced:
                 synced = True
                 self._sync(batch.in_progress_step())

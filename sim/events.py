@@ -21,7 +21,7 @@ class Ev(IntEnum):
     PULL_START = 4  # D->P read posted; node=D it reads from; a=tokens, b=bytes summed over ranks
     PULL_DONE = 5  # D->P read complete; a=xferDuration s (per rank), b=postDuration s
     P_COMPUTE = 6  # first prefill chunk of this request starts; a=tokens to compute
-    P_DONE = 7  # P leg finished (its one token sampled); a=prefill compute wall time s
+    P_DONE = 7  # P leg finished (its one token sampled); a=prefill compute wall time s, b=bytes P now holds for D
     D_ENQUEUE = 8  # request reaches D; node=D
     D_ADMIT = 9  # D allocated KV blocks; a=D local-hit tokens, b=blocks newly allocated
     P2D_START = 10  # P->D read posted; a=tokens, b=bytes summed over ranks
@@ -34,8 +34,7 @@ class Ev(IntEnum):
     SKIP = 17  # turn not sent (conversation ended by the context limit); a=prompt tokens
     D_PREEMPT = 30  # D preempted the running request (recompute); a=tokens sampled so far, b=KV tokens freed
     D_RECOMPUTE = 31  # preempted request readmitted on D, recomputing locally; a=tokens recomputed, b=D hit tokens
-    P_HOLD = 32  # P keeps the prompt's blocks under a lease for D's read; node=P; a=tokens (whole blocks), b=bytes
-    P_UNHOLD = 33  # P frees them; node=P; a=tokens (whole blocks), b=HoldRelease
+    P_UNHOLD = 33  # P frees the prompt's blocks it held from P_DONE for D's read; node=P; a=tokens, b=HoldRelease
     P2D_FAILED = 34  # D's read found P's lease lapsed: D recomputes locally; a=tokens recomputed, b=D hit tokens
 
 
@@ -98,7 +97,7 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.PULL_START: ("tokens", "bytes"),
     Ev.PULL_DONE: ("xfer_s", "post_s"),
     Ev.P_COMPUTE: ("tokens", ""),
-    Ev.P_DONE: ("prefill_s", ""),
+    Ev.P_DONE: ("prefill_s", "held_bytes"),
     Ev.D_ENQUEUE: ("", ""),
     Ev.D_ADMIT: ("d_hit_tokens", "blocks"),
     Ev.P2D_START: ("tokens", "bytes"),
@@ -111,7 +110,6 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.SKIP: ("prompt_tokens", ""),
     Ev.D_PREEMPT: ("sampled_tokens", "kv_tokens"),
     Ev.D_RECOMPUTE: ("tokens", "d_hit_tokens"),
-    Ev.P_HOLD: ("tokens", "bytes"),
     Ev.P_UNHOLD: ("tokens", "hold_release"),
     Ev.P2D_FAILED: ("tokens", "d_hit_tokens"),
 }

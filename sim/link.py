@@ -1,15 +1,16 @@
 """The P<->D network: per-NIC processor sharing, in both directions, plus per-transfer latency.
 
-A NIXL READ is modelled per TP rank (ranks run in parallel on their own NICs and finish together, so
-one rank stands for all). Every node has one egress and one ingress per GPU NIC (EFA is full duplex);
-a transfer from node A to node B uses A's egress and B's ingress, and the transfers in flight through a
-NIC share its line rate. Transfers between the same pair of nodes in the same direction share their
-resources identically, so they form one :class:`Link` (processor sharing in *virtual time*: an arrival
-or departure costs O(log n) and one rescheduled timeout); between links, rates are max-min fair
-(progressive filling over the NICs the links share). A link whose NICs carry no other link's traffic
-runs at the full line rate: 1P1D is exactly the per-pair model. The unshared latency (post, fixed,
-per-descriptor, handshake) and ``poll_s`` (the engine notices completion at a step boundary) are added
-by the caller.
+A NIXL READ is modelled per TP rank: the NIXL worker of each reader rank posts its own READ to the
+source ranks it maps to (``nixl/worker.py`` / ``pull_worker.py``, ``nixl/tp_mapping.py``), each rank
+through its own EFA NIC(s), so ranks run in parallel and one rank stands for all. Every node has one
+egress and one ingress per GPU NIC (EFA is full duplex); a transfer from node A to node B uses A's
+egress and B's ingress, and the transfers in flight through a NIC share its line rate. Transfers
+between the same pair of nodes in the same direction share their resources identically, so they form
+one :class:`Link` (processor sharing in *virtual time*: an arrival or departure costs O(log n) and one
+rescheduled timeout); between links, rates are max-min fair (progressive filling over the NICs the
+links share). A link whose NICs carry no other link's traffic runs at the full line rate: 1P1D is
+exactly the per-pair model. The unshared latency (post, fixed, per-descriptor, handshake) and
+``poll_s`` (the engine notices completion at a step boundary) are added by the caller.
 
 Sources: vLLM NIXL worker ``start_load_kv``/``get_finished`` (posting, polling each engine step);
 NIXL telemetry ``postDuration``/``xferDuration`` (VLLM_BEHAVIOUR.md 2.6).

@@ -55,7 +55,7 @@ class PrefillNode:
         self.fail_on_decline = pol.kv_load_failure_policy == "fail"
         self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
         self.lease_s = pol.kv_lease_duration_s
-        self.bytes_per_token = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp)  # P's KV, all its ranks
+        self.bytes_per_block = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp) * ctx.block_size  # all P's ranks
         self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
         self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
         # D's first heartbeat comes at most one interval after the D leg reaches it: if that is always within
@@ -266,10 +266,11 @@ class PrefillNode:
     def _finish(self, r: Request) -> None:
         env = self.env
         now = env.now
-        log = self.ctx.log
-        log.append((now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, 0))
-        # the prompt's blocks stay for D's read under a lease (delay_free_blocks)
+        # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
+        self.ctx.log.append(
+            (now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, r.p_blocks * self.bytes_per_block)
+        )
         pool.held -= r.p_blocks
         pool.pinned += r.p_blocks
         r.p_hold = True
@@ -277,8 +278,6 @@ class PrefillNode:
         if self.can_lapse:
             self._lease_seq += 1
             heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
-        tokens = r.p_blocks * pool.block_size
-        log.append((now, Ev.P_HOLD, r.conv, r.turn, self.idx, tokens, tokens * self.bytes_per_token))
         self.ctx.driver.p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------

@@ -98,13 +98,15 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
         _by_turn(ev, Ev.P2D_DONE, {"t_s": "p2d_t1"}),
         _by_turn(ev, Ev.D_FIRST, {"t_s": "d_first"}),
         _by_turn(ev, Ev.D_FINISH, {"t_s": "finish_s"}),
-        _by_turn(ev, Ev.P_HOLD, {"t_s": "hold_t0"}),
         _by_turn(ev, Ev.P_UNHOLD, {"t_s": "hold_t1"}),
     ]
-    pre = ev[ev["kind"] == int(Ev.D_PREEMPT)].groupby(["conv", "turn"]).size().rename("d_preemptions")
-    parts.append(pre.to_frame())
+    pre_ev = ev[ev["kind"] == int(Ev.D_PREEMPT)]
+    if len(pre_ev):
+        parts.append(pre_ev.groupby(["conv", "turn"]).size().rename("d_preemptions").to_frame())
     df = base.join(list[pd.DataFrame | pd.Series](parts), how="left").sort_index().reset_index()
     df = df.rename(columns={"conv": "conversation_id"})
+    if "d_preemptions" not in df:
+        df["d_preemptions"] = 0.0
     err = df["decision_code"] == int(Decision.ERROR)
     for c in (
         "pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens", "d_preemptions",
@@ -119,7 +121,7 @@ def turns_frame(ev: pd.DataFrame) -> pd.DataFrame:
     df["first_decode_s"] = df["d_first"] - ready
     df["ttft_s"] = df["d_first"] - df["arrival_s"]
     df["p_leg_s"] = df["p_done"] - df["arrival_s"]
-    df["p_hold_s"] = (df["hold_t1"] - df["hold_t0"]).fillna(0.0)
+    df["p_hold_s"] = (df["hold_t1"] - df["p_done"]).fillna(0.0)
     local = df["local_hit_tokens"]
     df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
     df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
@@ -153,21 +155,22 @@ def pinned_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
     return out
 
 
-def held_series(ev: pd.DataFrame, bytes_per_token: int) -> pd.DataFrame:
+def held_series(ev: pd.DataFrame) -> pd.DataFrame:
     """KV P holds for D's reads (under lease) over time, summed over prefill nodes and GPUs.
 
     Step-function samples ``t_s, held_tokens, held_gib`` after each change (releases before holds at
     equal times).
     """
-    hold = ev[ev["kind"] == int(Ev.P_HOLD)][["t_s", "conv", "turn", "a", "b"]]
-    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "conv", "turn"]]
-    unhold = unhold.merge(hold[["conv", "turn", "a", "b"]], on=["conv", "turn"], how="left")
+    hold = ev[ev["kind"] == int(Ev.P_DONE)][["t_s", "conv", "turn", "b"]]  # P_DONE's b: bytes now held
+    unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)][["t_s", "conv", "turn", "a"]]
+    unhold = unhold.merge(hold[["conv", "turn", "b"]], on=["conv", "turn"], how="left")
+    tokens_per_byte = float(unhold["a"].sum() / unhold["b"].sum()) if len(unhold) and unhold["b"].sum() > 0 else 0.0
     d = pd.concat(
-        [hold.assign(dt=hold["a"], db=hold["b"], order=1), unhold.assign(dt=-unhold["a"], db=-unhold["b"], order=0)],
-        ignore_index=True,
+        [hold.assign(db=hold["b"], order=1), unhold.assign(db=-unhold["b"], order=0)], ignore_index=True
     ).sort_values(["t_s", "order"], kind="stable")
-    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": d["dt"].cumsum().to_numpy()})
-    out["held_gib"] = d["db"].cumsum().to_numpy() / GIB  # bytes at P's TP, logged with each hold
+    held = d["db"].cumsum().to_numpy()  # bytes at P's TP, logged with each P_DONE
+    out = pd.DataFrame({"t_s": d["t_s"].to_numpy(), "held_tokens": np.rint(held * tokens_per_byte)})
+    out["held_gib"] = held / GIB
     return out
 
 
@@ -194,7 +197,7 @@ def summarize(
     reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold", "host_pull"])
     t_end = float(ev["t_s"].max()) if len(ev) else 0.0
     series = pinned_series(ev, bytes_per_token_all_ranks)
-    held = held_series(ev, bytes_per_token_all_ranks)
+    held = held_series(ev)
     unpin = ev[ev["kind"] == int(Ev.UNPIN)]
     releases = {RELEASE_NAMES[k]: int((unpin["b"] == k).sum()) for k in RELEASE_NAMES}
     pull = turns[turns["decision"] == "pull"]
@@ -254,6 +257,10 @@ class Result:
     def pinned_series(self) -> pd.DataFrame:
         """Retained decode KV over time (GiB summed over decode nodes and GPUs)."""
         return pinned_series(self.events, self.bytes_per_token_all_ranks)
+
+    def held_series(self) -> pd.DataFrame:
+        """KV P holds under lease for D's reads over time (GiB summed over prefill nodes and GPUs)."""
+        return held_series(self.events)
 
 
 def build_result(

@@ -34,7 +34,7 @@ def test_block_pool_never_negative_and_drains() -> None:
             assert not dn.retention.pins
 
 
-def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, Any]:
+def _pressure(pool_tokens: int, mode: str = "fast", watermark: float = 0.0, **over: Any) -> dict[str, Any]:
     """Acceptance 1's workload: 1,024-token prompts, outputs of 4 x the prompt, D pool of ``pool_tokens``."""
     wl = {
         "conversations": 40, "arrival": {"kind": "closed_loop", "clients": 40, "max_active_conversations": 40},
@@ -44,7 +44,7 @@ def _pressure(pool_tokens: int, mode: str = "fast", **over: Any) -> dict[str, An
     }
     dep = {
         "decode_kv_capacity_tokens": pool_tokens, "max_num_seqs": 64, "prefill_prefix_caching": False,
-        "max_num_batched_tokens": 65536,
+        "max_num_batched_tokens": 65536, "kv_watermark": watermark,
     }
     return small(workload=wl, deployment=dep, policy={"bidirectional": False}, simulation={"decode_mode": mode}, **over)
 
@@ -98,13 +98,16 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     """Acceptance 2 (unsaturated D): P holds each prompt from its prefill to D's read, no longer."""
     r = run(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
     ev, t = r.events, r.turns
-    hold = ev[ev["kind"] == int(Ev.P_HOLD)].set_index(["conv", "turn"])["t_s"]
+    hold = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])  # P holds from its prefill's end
     unhold = ev[ev["kind"] == int(Ev.P_UNHOLD)].set_index(["conv", "turn"])
-    p_done = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"]
+    p_done = hold["t_s"]
     p2d = ev[ev["kind"] == int(Ev.P2D_DONE)].set_index(["conv", "turn"])["t_s"]
     ok = t[t["decision"] != "error"]
     assert len(hold) == len(unhold) == len(ok)
-    np.testing.assert_allclose(hold.sort_index(), p_done.sort_index())
+    # P_DONE carries the held bytes: whole blocks of the prompt at P's TP, all ranks
+    blocks = -(-ok.set_index(["conversation_id", "turn"])["prompt_tokens"] // 16)
+    np.testing.assert_array_equal(hold["b"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16 * 262_144)
+    np.testing.assert_array_equal(unhold["a"].sort_index().to_numpy(), blocks.sort_index().to_numpy() * 16)
     admit = ev[ev["kind"] == int(Ev.D_ADMIT)].set_index(["conv", "turn"])["t_s"]
     read = unhold[unhold["b"] == int(HoldRelease.READ)]
     notified = unhold[unhold["b"] == int(HoldRelease.NOTIFIED)]  # D recomputed a tail below the threshold
@@ -116,6 +119,9 @@ def test_p_holds_prompt_until_d_reads_it() -> None:
     per_token = r.summary["kv_bytes_per_token_all_ranks"] / 2**30
     assert 0 < r.summary["p_held_kv_gib_peak"] <= 3 * t["prompt_tokens"].max() * per_token
     assert r.summary["p_held_kv_gib_mean"] < t["prompt_tokens"].mean() * per_token
+    series = r.held_series()
+    assert series["held_gib"].max() == pytest.approx(r.summary["p_held_kv_gib_peak"])
+    assert series["held_gib"].iloc[-1] == pytest.approx(0.0, abs=1e-9) and series["held_tokens"].iloc[-1] == 0
     end = pd.concat([p2d, admit.loc[notified.index]]).sort_index()
     np.testing.assert_allclose(t.loc[ok.index, "p_hold_s"], (end - p_done.sort_index()).to_numpy())
     ctx = _sim(small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": True}))
@@ -376,3 +382,14 @@ def test_pools_too_small_for_one_request_are_input_errors() -> None:
         _sim(_pressure(4096))  # 1,024 + 4,096 - 1 tokens cannot fit
     with pytest.raises(KvplanInputError, match="prefill_kv_capacity_tokens"):
         _sim(small(deployment={"prefill_kv_capacity_tokens": 500}))
+
+
+def test_watermark_keeps_blocks_free_at_admission() -> None:
+    """SchedulerConfig.watermark: waiting requests are admitted only with that share of the pool left free."""
+    base = run(_pressure(10 * 1024))
+    wm = run(_pressure(10 * 1024, watermark=0.25))
+    assert _max_concurrent(base.events, Ev.D_ADMIT, Ev.D_FINISH) == 10
+    # the first admission has nothing scheduled (no watermark); each later one must leave 160 of the 640
+    # blocks free after taking its 64: 640 - 64 k >= 64 + 160 for k = 1..6, so 7 at once
+    assert _max_concurrent(wm.events, Ev.D_ADMIT, Ev.D_FINISH) == 7
+    assert wm.summary["d_preemptions"] < base.summary["d_preemptions"]

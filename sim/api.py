@@ -64,4 +64,19 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any) -> Resu
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
-    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes))
+    return build_result(scenario, seed, ctx.log, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
+
+
+def _policy_notes(scenario: Scenario) -> list[str]:
+    """Assumption notes of the modes and policies that are not vLLM behaviour (printed with every result)."""
+    notes = []
+    if scenario.deployment.mode == "aggregated":
+        notes.append("aggregated mode: blocks reserved for prompt + output when scheduled (no preemption); the "
+                     "mixed prefill/decode step cost is an assumption, not calibrated on mixed batches")
+    kind = scenario.policy.retention.kind
+    if kind != "ttl" and scenario.deployment.mode != "aggregated":
+        notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")
+    if scenario.policy.offload is not None and scenario.deployment.mode != "aggregated":
+        notes.append("policy.offload: host KV capacity and host-to-NIC bandwidth are stated assumptions "
+                     "(models/hardware.py); the copy to host memory is taken as instantaneous")
+    return notes

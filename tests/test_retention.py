@@ -138,3 +138,10 @@ def test_offload_needs_host_numbers_for_inline_hardware() -> None:
     sc = {"hardware": hw, "profile": "p5en-qwen3-32b", "policy": {"offload": {}}, "workload": {"conversations": 2}}
     with pytest.raises(KvplanInputError, match="host_capacity_gib"):
         run(sc)
+
+
+def test_non_vllm_policies_say_so_in_every_result() -> None:
+    small = {"workload": {"conversations": 3}}
+    assert not any("proposal" in n for n in run(small).notes)
+    assert any("proposal" in n for n in run({**small, "policy": {"retention": {"kind": "ttl_evictable"}}}).notes)
+    assert any("host-to-NIC" in n for n in run({**small, "policy": {"offload": {}}}).notes)

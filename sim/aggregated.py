@@ -304,6 +304,12 @@ class AggregatedDriver(Driver):
 
 def build(ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
     """Create the replicas and the driver of an aggregated run."""
+    dep = ctx.scenario.deployment
+    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
+        v = getattr(dep, name, None)
+        if v is not None and v != dep.tensor_parallel_size:
+            raise input_error(f"deployment.{name}", "an aggregated replica runs both phases at one TP",
+                              "use deployment.tensor_parallel_size only")
     ctx.replicas = [AggregatedNode(ctx, i) for i in range(ctx.scenario.deployment.replicas)]
     ctx.router.bind(ctx.replicas, ())
     ctx.driver = AggregatedDriver(ctx, plan, closed_loop)

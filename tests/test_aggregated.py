@@ -87,3 +87,10 @@ def test_request_larger_than_a_replica_pool_is_an_input_error() -> None:
 
     with pytest.raises(KvplanInputError, match="decode_kv_capacity_tokens"):
         run(_agg({"decode_kv_capacity_tokens": 1024}))
+
+
+def test_aggregated_refuses_split_tp() -> None:
+    from kvplan.errors import KvplanInputError
+
+    with pytest.raises(KvplanInputError, match="decode_tensor_parallel_size"):
+        run(_agg({"decode_tensor_parallel_size": 4}))

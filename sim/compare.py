@@ -126,8 +126,10 @@ def _vllm_defaults() -> dict[str, Any]:
 def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = None) -> PolicyRun:
     """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
     dep = sc.deployment
-    nodes = dep.prefill_nodes + dep.decode_nodes
-    gpus = nodes * dep.tensor_parallel_size
+    nodes = dep.prefill_nodes + dep.decode_nodes  # one instance each
+    tp = dep.tensor_parallel_size
+    gpus = (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
+            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
     base, _, arg = name.partition(":")
     if base == "off":
         return PolicyRun(name, {"policy.bidirectional": False}, gpus, nodes)
@@ -154,7 +156,12 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                           "them), failure policy recompute",))
     if base == "aggregated":
         routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
-        return PolicyRun(name, {"deployment.mode": "aggregated", "deployment.replicas": nodes,
+        if gpus % tp:
+            raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
+                              "set deployment.tensor_parallel_size to a divisor of the GPU count")
+        nodes = gpus // tp
+        overrides = {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None}
+        return PolicyRun(name, {**overrides, "deployment.mode": "aggregated", "deployment.replicas": nodes,
                                 "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
                                 "policy.bidirectional": False}, gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))

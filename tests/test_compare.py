@@ -119,3 +119,15 @@ def test_recommend_names_best_policy(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert best["policy"] in {r["policy"] for r in best["compared"]}
     assert {r["policy"] for r in best["compared"]} == {"off", "ttl_recommended", "lease", "ttl_evictable", "offload",
                                                        "aggregated"}
+
+
+def test_compare_counts_gpus_with_split_tp() -> None:
+    d = small(deployment={"max_num_seqs": 64, "prefill_nodes": 2, "decode_nodes": 1, "tensor_parallel_size": 4,
+                          "decode_tensor_parallel_size": 8})
+    d["workload"]["conversations"] = 20
+    rows = compare(scenario_from_dict(d), ["off", "aggregated"], replications=1)
+    assert [r["gpus"] for r in rows] == [16, 16]  # 2 x TP4 + 1 x TP8
+    assert rows[1]["settings"]["deployment.replicas"] == 4  # the same 16 GPUs as TP4 aggregated replicas
+    with pytest.raises(KvplanInputError, match="whole number"):
+        d["deployment"]["decode_tensor_parallel_size"] = 2
+        compare(scenario_from_dict(d), ["aggregated"], replications=1)

@@ -138,7 +138,7 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
     if base == "ttl_recommended":
         if recommended is None:
             raise ValueError("ttl_recommended needs the recommendation")
-        return PolicyRun(name, recommended, gpus, nodes)
+        return PolicyRun(name, dict(recommended), gpus, nodes)
     if base == "lease":
         lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S,
                  "client_knows_end": arg != "no_end"}
@@ -304,13 +304,26 @@ def compare(
     if not (math.isfinite(usd) and usd >= 0):
         raise input_error("--usd-per-node-hour", f"must be a number >= 0, got {usd!r}")
     rec_ov, rec_what = None, ""
+    runs = [policy_run(n, sc, {}) for n in names]  # validate every variant before any work
+    for r in runs:
+        with_overrides(sc, r.overrides)
+    done_before = [0]  # runs of the advisor, so that the progress count keeps growing across both phases
+
+    def rec_progress(done: int, total: int) -> None:
+        done_before[0] = done
+        if progress:
+            progress(done, total + len(runs) * replications)
+
     if any(n == "ttl_recommended" for n in names):
         rec_ov, rec_what = (recommended if recommended is not None
-                            else recommended_overrides(sc, replications, workers, progress))
+                            else recommended_overrides(sc, replications, workers, rec_progress))
     runs = [policy_run(n, sc, rec_ov) for n in names]
-    for r in runs:
-        with_overrides(sc, r.overrides)  # validate every variant before any work
-    batch = _Batch(sc, replications, workers, progress)
+
+    def batch_progress(done: int, total: int) -> None:
+        if progress:
+            progress(done_before[0] + done, done_before[0] + total)
+
+    batch = _Batch(sc, replications, workers, batch_progress)
     rows_by = batch.run({r.name: r.overrides for r in runs})
     out = []
     for r in runs:

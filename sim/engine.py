@@ -149,7 +149,9 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
     check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     env = simpy.Environment()
     dep = scenario.deployment
-    router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
+    aggregated = dep.mode == "aggregated"
+    n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
+    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d)
     ctx = Ctx(
         env=env,
         scenario=scenario,
@@ -165,10 +167,17 @@ def simulate(scenario: Scenario, seed: int | None = None) -> tuple[Resolved, Con
         d_costs=rs_d.costs,
     )
     ctx.roles = (rs_p, rs_d)
-    ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
-    ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
     arrival = scenario.workload.arrival
-    ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
+    closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
+    if aggregated:
+        from kvplan.sim import aggregated as agg
+
+        agg.build(ctx, plan, closed)
+    else:
+        ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
+        ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
+        router.bind(ctx.prefill, ctx.decode)
+        ctx.driver = Driver(ctx, plan, closed)
     ctx.driver.start()
     env.timeout(CLOCK_LIMIT_S).callbacks.append(lambda _e: _refuse_if_unfinished(env))
     env.run()

@@ -207,7 +207,7 @@ def summarize(
     ok = turns[turns["decision"] != "error"]
     ttft = ok["ttft_s"].dropna().to_numpy()
     follow = turns[turns["turn"] >= 2]
-    reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold"])
+    reused = follow["decision"].isin(["pull", "local", "recompute_below_threshold", "host_pull"])
     t_end = float(ev["t_s"].max()) if len(ev) else 0.0
     series = pinned_series(ev, bytes_per_token_all_ranks)
     held = held_series(ev)

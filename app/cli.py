@@ -13,6 +13,7 @@ import typer
 from kvplan.app import (
     cmd_calibrate,
     cmd_capacity,
+    cmd_compare,
     cmd_cost,
     cmd_dashboard,
     cmd_profile,
@@ -27,7 +28,8 @@ from kvplan.errors import KvplanInputError
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
 COMMAND_MODULES = (
-    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_workload,
+    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_compare,
+    cmd_workload,
     cmd_dashboard, cmd_validate,
 )
 

@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         conversations: int | None = typer.Option(None, "--conversations", help="Conversations per run (preset default)."),
         json_out: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
+        policies: bool = typer.Option(True, "--policies/--no-policies",
+                                      help="Also compare retention off, lease, evictable pins, offload and aggregated "
+                                           "serving at the same load and name the best (kvplan compare)."),
     ) -> None:
         """Recommend decoder_kv_blocks_ttl, kv_recompute_threshold and the router TTL from simulated sweeps.
 
@@ -67,7 +70,8 @@ def register(app: typer.Typer) -> None:
         bar, cb = _progress_bar()
         with bar:
             rec = recommend(sc, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=budget, replications=replications,
-                            ttl_grid=grid, progress=cb, workers=workers if workers > 0 else (os.cpu_count() or 1))
+                            ttl_grid=grid, progress=cb, workers=workers if workers > 0 else (os.cpu_count() or 1),
+                            policies=policies)
         if json_out:
             sys.stdout.write(rec.to_json() + "\n")
             return
@@ -91,6 +95,9 @@ def render_text(rec: Recommendation) -> list[str]:
             f"on: {knobs}")
     lines = [
         head,
+        *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms, pinned KV "
+           f"mean {rec.best_policy['pinned_kv_gib_mean']:.1f} GiB; `kvplan compare` for the whole table)"]
+          if rec.best_policy else []),
         "",
         f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
     ]
@@ -112,6 +119,8 @@ def render_text(rec: Recommendation) -> list[str]:
            f"({rec.slo['expected_ttft_p90_ms']:.0f} ms expected)"] if rec.slo else []),
         *[f"why: {r}" for r in rec.rationale],
         *[f"rule: {r}" for r in rec.rules],
+        *([f"rule: {rec.best_policy['rule']}"] if rec.best_policy else []),
+        *([f"best policy: {rec.best_policy['why']}"] if rec.best_policy.get("why") else []),
         *[f"assumption: {a}" for a in rec.assumptions],
         *[f"warning: {w}" for w in rec.warnings],
         *[f"disagreement: {d}" for d in rec.disagreements],

@@ -19,6 +19,7 @@ PAGES: tuple[tuple[str, str, str, str], ...] = (
     ("calibration.py", "Calibration", ":material/upload_file:", "calibration"),
     ("reproduce.py", "Reproduce P5en", ":material/compare:", "reproduce"),
     ("advice.py", "Advice", ":material/lightbulb:", "advice"),
+    ("compare.py", "Compare policies", ":material/view_column:", "compare"),
 )
 
 st.set_page_config(page_title="kvplan", page_icon=":material/swap_horiz:", layout="wide")

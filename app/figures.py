@@ -30,12 +30,13 @@ TTFT_COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 #: Every decision of ``turns.decision``, in display order.
-DECISIONS: tuple[str, ...] = ("local", "pull", "recompute_below_threshold", "miss", "expired", "error")
+DECISIONS: tuple[str, ...] = ("local", "pull", "host_pull", "recompute_below_threshold", "miss", "expired", "error")
 
 _COMPONENT_COLOURS = ("#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d3d3d3")
 _DECISION_COLOURS = {
     "local": "#2ca02c",
     "pull": "#1f77b4",
+    "host_pull": "#17becf",
     "recompute_below_threshold": "#ff7f0e",
     "miss": "#7f7f7f",
     "expired": "#d62728",
@@ -300,3 +301,34 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
     fig.update_yaxes(title_text="mean TTFT (ms)", secondary_y=False)
     fig.update_yaxes(title_text="pinned decode KV mean (GiB)", secondary_y=True, rangemode="tozero")
     return _layout(fig, "TTL sweep behind the advice", "decoder_kv_blocks_ttl (s)", "mean TTFT (ms)")
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else math.nan
+
+
+def compare_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """``kvplan compare`` side by side: TTFT p50/p90/p99 (ms, ± 95% CI), hit rate, pinned KV and TPOT per policy."""
+    from plotly.subplots import make_subplots
+
+    names = [str(r["policy"]) for r in rows]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT (ms)", "hit rate (%)", "pinned decode KV (GiB)",
+                                                        "TPOT mean (ms)"))
+
+    def bar(key: str, label: str, scale: float, row: int, col: int, colour: str) -> None:
+        y = [_num(r.get(key)) * scale for r in rows]
+        err = [_num(r.get(f"{key}_ci95")) * scale for r in rows]
+        fig.add_trace(go.Bar(x=names, y=y, name=label, marker_color=colour,
+                             error_y={"type": "data", "array": [0.0 if math.isnan(e) else e for e in err]}),
+                      row=row, col=col)
+
+    for key, label, colour in (("ttft_p50_s", "TTFT p50", "#1f77b4"), ("ttft_p90_s", "TTFT p90", "#ff7f0e"),
+                               ("ttft_p99_s", "TTFT p99", "#d62728")):
+        bar(key, label, MS_PER_S, 1, 1, colour)
+    bar("hit_rate", "hit rate", 100.0, 1, 2, "#2ca02c")
+    bar("pinned_kv_gib_mean", "pinned KV mean", 1.0, 2, 1, "#9467bd")
+    bar("pinned_kv_gib_peak", "pinned KV peak", 1.0, 2, 1, "#c5b0d5")
+    bar("tpot_mean_s", "TPOT mean", MS_PER_S, 2, 2, "#8c564b")
+    fig.update_layout(barmode="group", height=720)
+    gpus = sorted({int(r["gpus"]) for r in rows})
+    return _layout(fig, f"kvplan compare: {len(rows)} policies on {', '.join(map(str, gpus))} GPUs", "", "")

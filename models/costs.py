@@ -296,3 +296,25 @@ def decode_steps_time_s(cost: DecodeCost, batch: int, context_tokens: float, ste
     k = steps
     first = decode_step_time_s(cost, batch, context_tokens)
     return k * first + decode_step_increment_s(cost, batch) * k * (k - 1) / 2
+
+
+def mixed_step_time_s(
+    prefill: PrefillCost, decode: DecodeCost, prefill_tokens: int, pairs: float, decode_seqs: int,
+    decode_context_tokens: float,
+) -> float:
+    """One step of an aggregated engine mixing prefill chunks and decode tokens (vLLM V1 chunked prefill).
+
+    With prefill tokens in the step: ``prefill_step_time_s(prefill, prefill_tokens, pairs) + decode.per_seq_s x B +
+    decode.per_context_token_s x S`` (``B`` decoding sequences holding ``S`` KV tokens): the prefill step's
+    fixed cost (launch, sampling, weight reads) is paid once and each decode token adds its marginal decode
+    cost. A step without prefill tokens is a decode step, ``decode_step_time_s(decode, B, S)``.
+    Assumption (stated, not measured): the marginal cost of a decode token is the same in a mixed step as in
+    a pure decode step; no calibration here covers mixed batches, so the error is unknown.
+    """
+    if prefill_tokens <= 0:
+        return decode_step_time_s(decode, decode_seqs, decode_context_tokens)
+    return (
+        prefill_step_time_s(prefill, prefill_tokens, pairs)
+        + decode.per_seq_s * decode_seqs
+        + decode.per_context_token_s * decode_context_tokens
+    )

@@ -74,6 +74,11 @@ class Node(BaseModel):
         default=4 * GIB, ge=0, description="HBM kept for activations, CUDA graphs and NCCL buffers."
     )
     source: str = Field(default="", description="Where the numbers come from.")
+    host_memory_gib: float = Field(default=0.0, ge=0, description="Host DRAM of the instance (GiB).")
+    host_kv_gib: float = Field(default=0.0, ge=0, description="Host DRAM an offload tier may use for KV (GiB).")
+    host_to_nic_gbps: float = Field(
+        default=0.0, ge=0, description="Host DRAM -> network bandwidth of the instance for KV reads (Gb/s)."
+    )
 
 
 # --- GPUs ----------------------------------------------------------------------------------------------------
@@ -134,6 +139,19 @@ TCP_FALLBACK = Link(
     description="plain TCP / UCX fallback, ~0.3 GB/s per rank, for comparison",
 )
 
+# Host tier of the offload policy (sim/retention_policy.py):
+# - host memory: the instance's RAM (AWS instance-type pages: p4d/p4de.24xlarge 1,152 GiB, p5/p5e/p5en.48xlarge
+#   and p6-b200.48xlarge 2,048 GiB, g6e.48xlarge 1,536 GiB; p5en also dstack PR #4110: mem=2048 GB).
+# - KV share: ASSUMPTION, half of it (the rest for the OS, the engine processes, model loading and pinned
+#   staging buffers); error: the usable share is deployment-specific, plausibly 25-75%.
+# - host -> NIC: ASSUMPTION, half the node's EFA line rate (p5en: 1,600 Gb/s of 3,200), because NIC reads of
+#   host DRAM cross the CPU root complexes instead of the GPU-adjacent PCIe switches (GPUDirect RDMA path);
+#   bounded above by the line rate and by DRAM bandwidth (2 sockets x 8 DDR5-4800 channels ~614 GB/s on p5en);
+#   not measured, plausible range 100-400 GB/s on p5en.
+HOST_KV_SHARE = 0.5
+HOST_TO_NIC_SHARE = 0.5
+HOST_MEMORY_GIB = {"p4d": 1152.0, "p4de": 1152.0, "p5": 2048.0, "p5e": 2048.0, "p5en": 2048.0, "p6-b200": 2048.0,
+                   "g6e": 1536.0}
 
 def _efa_link(name: str, nics: int, gbps: float, gpus: int, gdr: bool) -> Link:
     """The per-rank share of ``nics x gbps`` over ``gpus`` GPUs."""
@@ -149,9 +167,11 @@ def _efa_link(name: str, nics: int, gbps: float, gpus: int, gdr: bool) -> Link:
 def _node(
     name: str, gpu: GPU, gpus: int, efa: str, nics: int, gbps: float, gdr: bool, usd: float | None, source: str
 ) -> Node:
+    host = HOST_MEMORY_GIB.get(name, 0.0)
     return Node(
         name=name, gpu=gpu, gpus_per_node=gpus, link=_efa_link(name, nics, gbps, gpus, gdr), efa_generation=efa,
         nics=nics, nic_gbps=gbps, gpudirect_rdma=gdr, usd_per_hour=usd, source=source,
+        host_memory_gib=host, host_kv_gib=host * HOST_KV_SHARE, host_to_nic_gbps=nics * gbps * HOST_TO_NIC_SHARE,
     )
 
 

@@ -61,6 +61,7 @@ from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
+from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.sim.seeds import replication_seeds
@@ -135,6 +136,7 @@ class Recommendation:
     threshold_check: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, Any] = field(default_factory=dict)
     disagreements: tuple[str, ...] = ()
+    best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (sim/compare.py)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (lists for tuples; NaN kept as float)."""
@@ -173,7 +175,7 @@ def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
     out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
     km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0
     prev_prompt = prefix + user * km1 + out * (km1 - 1)
-    same_p = dep.prefill_nodes == 1 or dep.routing == "sticky"
+    same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
     local = int(prev_prompt) if (dep.prefill_prefix_caching and same_p) else 0
     return local, int(round(user)) + 1
 
@@ -257,8 +259,13 @@ def recommend(
     workers: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
+    policies: bool = False,
 ) -> Recommendation:
     """Recommend ``decoder_kv_blocks_ttl``, ``kv_recompute_threshold`` and the router TTL for ``scenario``.
+
+    With ``policies``, the alternatives of :mod:`kvplan.sim.compare` (retention off, the recommended TTL,
+    lease, evictable pins, offload, aggregated serving) are simulated at the same load and seeds and the
+    best is named in ``best_policy`` (:data:`kvplan.sim.compare.BEST_RULE`).
 
     Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults,
     the threshold candidates, every TTL of ``ttl_grid`` and an unlimited TTL; applies :data:`RULES`;
@@ -268,7 +275,16 @@ def recommend(
     setup = _setup(as_scenario(scenario), slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.candidates) + len(setup.grid) + 1)
     runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address)
-    return _decide(setup, _simulate_stages(setup, runner))
+    rec = _decide(setup, _simulate_stages(setup, runner))
+    if not policies or setup.sc.deployment.mode == "aggregated":
+        return rec
+    from dataclasses import replace
+
+    from kvplan.sim.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides
+
+    rows = compare(setup.sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+                   recommended=recommendation_overrides(rec))
+    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
 def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replications: int,

@@ -61,7 +61,9 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     rs_p, rs_d = ctx.roles or (rs, rs)
     # utilisation over the active span (retention expiries after the last response do not count)
     end = max(stream.t_max_active, 0.0)
-    busy = sum(p.busy_s for p in ctx.prefill)
+    engines = ctx.replicas if scenario.deployment.mode == "aggregated" else ctx.prefill
+    busy = sum(p.busy_s for p in engines)
+    n_kv = len(ctx.replicas) if ctx.replicas else scenario.deployment.decode_nodes
     extra: dict[str, Any] = {
         "seed": seed,
         "model": rs.arch.name,
@@ -71,13 +73,13 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "extrapolated": rs.profile.extrapolated,
         "profile_components": dict(rs.profile.component_status),
         "decode_kv_capacity_tokens": rs_d.decode_capacity_tokens,
-        "decode_kv_capacity_gib": rs_d.decode_capacity_tokens * bytes_all / GIB * scenario.deployment.decode_nodes,
+        "decode_kv_capacity_gib": rs_d.decode_capacity_tokens * bytes_all / GIB * n_kv,
         "prefill_kv_capacity_gib": rs_p.prefill_capacity_tokens * kv_bytes_per_token_all_ranks(rs.arch, ctx.p_tp)
         / GIB * scenario.deployment.prefill_nodes,
         "prefill_profile": rs_p.profile.name,
         "decode_profile": rs_d.profile.name,
         "kv_bytes_per_token_all_ranks": bytes_all,
-        "prefill_utilization": busy / (end * len(ctx.prefill)) if end > 0 else 0.0,
+        "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
         "truncated_conversations": plan.truncated_conversations,
         "nic_utilization": ctx.nic_utilization(end),
     }
@@ -91,6 +93,21 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     if not ctx.log.keep:  # a streamed run: the driver's per-turn lists go before the end-of-run derivation
         del ctx.driver
         gc.collect()
-    result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes))
+    result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
     health = compute_health(result.summary, stream.agg.health_frame(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})
+
+
+def _policy_notes(scenario: Scenario) -> list[str]:
+    """Assumption notes of the modes and policies that are not vLLM behaviour (printed with every result)."""
+    notes = []
+    if scenario.deployment.mode == "aggregated":
+        notes.append("aggregated mode: blocks reserved for prompt + output when scheduled (no preemption); the "
+                     "mixed prefill/decode step cost is an assumption, not calibrated on mixed batches")
+    kind = scenario.policy.retention.kind
+    if kind != "ttl" and scenario.deployment.mode != "aggregated":
+        notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")
+    if scenario.policy.offload is not None and scenario.deployment.mode != "aggregated":
+        notes.append("policy.offload: host KV capacity and host-to-NIC bandwidth are stated assumptions "
+                     "(models/hardware.py); the copy to host memory is taken as instantaneous")
+    return notes

@@ -16,12 +16,14 @@ from kvplan.sim.scenario import Scenario
 from kvplan.sim.tp import rank_plan
 
 if TYPE_CHECKING:
+    from kvplan.sim.aggregated import AggregatedNode
     from kvplan.sim.decode import DecodeNode
     from kvplan.sim.engine import Driver
     from kvplan.sim.prefill import PrefillNode
 
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
 P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
+HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
 
 
 class Request:
@@ -117,6 +119,7 @@ class Ctx:
     log: EventLog = field(default_factory=EventLog)
     prefill: list[PrefillNode] = field(default_factory=list)
     decode: list[DecodeNode] = field(default_factory=list)
+    replicas: list[AggregatedNode] = field(default_factory=list)  # aggregated mode only
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     handshaken: set[tuple[int, int, int]] = field(default_factory=set)
     fabric: Fabric = field(default_factory=Fabric)
@@ -124,6 +127,7 @@ class Ctx:
     kv_bytes_rank: int = 0
     block_size: int = 16
     _xfer_seq: int = 0
+    host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
     p_tp: int = 0  # prefill TP (0: ``tp``)
     d_tp: int = 0  # decode TP (0: ``tp``)
     d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)
@@ -136,6 +140,7 @@ class Ctx:
             self.d_costs = self.costs
         # the reader pulls: D reads P's ranks (P->D), P reads D's ranks (D->P); vLLM PR #27274 mapping
         self.plans = {P2D: rank_plan(self.arch, self.d_tp, self.p_tp), D2P: rank_plan(self.arch, self.p_tp, self.d_tp)}
+        self.plans[HOST2P] = self.plans[D2P]  # offload tier: P's ranks read D's host copy of the same layout
         self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
@@ -164,6 +169,12 @@ class Ctx:
                 nics = (self.nic("p", p, False), self.nic("d", d, True))
             else:
                 nics = (self.nic("d", d, False), self.nic("p", p, True))
+            if direction == HOST2P:
+                # offload tier reads: bounded by D's host-to-NIC bandwidth, kept out of the NIC fabric
+                # (stated simplification: they do not contend with HBM reads on D's NICs)
+                lk = Link(self.env, self.host_per_byte_s, nics, None)
+                self.links[key] = lk
+                return lk
             # with one P and one D no two links share a NIC (full duplex): no fabric bookkeeping needed
             shared = len(self.prefill) > 1 or len(self.decode) > 1
             lk = Link(self.env, self.per_byte_s, nics, self.fabric if shared else None)

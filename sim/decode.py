@@ -38,6 +38,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.retention import Retention
+from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
 
 
@@ -61,12 +62,16 @@ class DecodeNode:
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self._max_tokens = self.pool.capacity * ctx.block_size
         self.retention = Retention(idx, sc.deployment.decode_nodes)
+        self.policy = RetentionPolicy(ctx)  # ttl (vLLM), lease or ttl_evictable, and the offload tier
+        self.host = self.policy.host_tier()
+        ctx.host_per_byte_s = self.policy.host_per_byte_s()
         self.batch = DecodeBatch(
             self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
+        self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False
         self.preemptions = 0
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
@@ -103,9 +108,31 @@ class DecodeNode:
             self._sync(self.batch.step_at(t))
         self.pool.pinned -= pin.blocks
         self.ctx.log.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
-        if why != Release.REUSED:
+        if self.host is not None and why in (Release.EXPIRED, Release.EVICTED):
+            self.host.put(pin.conv, pin.tokens)  # offload tier: the blocks are copied to host memory
+        if why not in (Release.REUSED, Release.EVICTED):  # evicted blocks are taken by the allocation
             self.pool.to_cache(pin.conv, pin.tokens)
         return True
+
+    def _evict_pins(self, want: int, keep: int | None = None) -> None:
+        """ttl_evictable: release pins (not ``keep``), least recently pinned first, until ``want`` blocks are free."""
+        for pid in self.retention.lru_evictable():
+            if self.pool.free() >= want:
+                break
+            if pid != keep:
+                self._unpin(pid, Release.EVICTED, self.env.now)
+
+    def host_tokens(self, conv: int, now: float) -> int:
+        """Tokens of the conversation in this node's host offload tier (expired pins are moved there first)."""
+        if self.host is None:
+            return 0
+        self._expire(now)
+        return self.host.tokens(conv)
+
+    def host_read(self, conv: int) -> None:
+        """P read the conversation's host copy: it is dropped (the new turn's KV supersedes it)."""
+        if self.host is not None:
+            self.host.pop(conv)
 
     def _expire(self, now: float) -> None:
         for expiry, pid in self.retention.due(now):
@@ -128,7 +155,11 @@ class DecodeNode:
             pool.evict(0)
 
     def room(self) -> int:
-        """Blocks the batch may hold without preemption (prefix cache is evictable)."""
+        """Blocks the batch may hold without preemption (prefix cache is evictable).
+
+        ttl_evictable pins count here too: a stretch then ends at the step whose growth reaches them, and
+        :meth:`fit` evicts them at that step (before preempting anything).
+        """
         return self.pool.capacity - self.pool.pinned - self.static
 
     def grown(self, step: int) -> None:
@@ -159,6 +190,8 @@ class DecodeNode:
             return False
         pool.evict(0)
         preempted = False
+        if pool.free() < 0 and self.policy.evictable:
+            self._evict_pins(0)
         while pool.free() < 0 and self.running:
             self._preempt(next(reversed(self.running)))
             preempted = True
@@ -196,7 +229,20 @@ class DecodeNode:
         r.d_resume = True
         self.ctx.log.append((self.env.now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
         self.pool.to_cache(r.conv, kv_tokens)
+        self._inflight -= 1
         self._admit_q.appendleft(r)
+
+    def cached_tokens(self, conv: int) -> int:
+        """Tokens of the conversation retained (pinned) or prefix-cached here (for ``prefix_aware`` routing)."""
+        pid = self.retention.of_conv.get(conv)
+        if pid is not None:
+            return self.retention.pins[pid].tokens
+        entry = self.pool.cache.get(conv)
+        return entry[0] if entry is not None else 0
+
+    def load(self) -> int:
+        """Requests waiting for admission, pulling or running on this D."""
+        return len(self._admit_q) + self._inflight
 
     # ---- admission and P->D pull -------------------------------------------------------------------------
 
@@ -271,12 +317,15 @@ class DecodeNode:
                 self._sync(batch.in_progress_step())
             if pool.capacity - pool.held - pool.pinned - pool.cached < want:
                 pool.evict(want)
+                if pool.free() < want and self.policy.evictable:
+                    self._evict_pins(want, keep=pid)  # not the pin this request is about to reuse
                 if pool.free() < want:
                     if entry is not None:
                         pool.put_back(r.conv, entry)
                     self._wake_admission_at_next_expiry()
                     break
             q.popleft()
+            self._inflight += 1
             if pid is not None and hit > 0:
                 self._unpin(pid, Release.REUSED, now)  # its blocks now belong to the running request
             elif entry is not None and hit == 0:
@@ -367,12 +416,13 @@ class DecodeNode:
         ctx.log.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
+        self._inflight -= 1
         r.d_state = 0
         self.running.pop(r, None)
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.bidirectional:
             blocks = -(-kv_tokens // ctx.block_size)
-            expiry = now + self.ttl_s
+            expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, Release.EXPIRED, now)

@@ -87,9 +87,11 @@ class Driver:
         log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params)
-        p = ctx.router.pick_prefill(c)
-        ctx.prefill[p].submit(r)
+        self._submit(Request(c, turn, i, prompt, self.output[i], params))
+
+    def _submit(self, r: Request) -> None:
+        """The P leg reaches the chosen P's engine (aggregated mode overrides it: the chosen replica)."""
+        self.ctx.prefill[self.ctx.router.pick_prefill(r.conv)].submit(r)
 
     def p_done(self, r: Request) -> None:
         """P leg finished (or failed): start the D leg after its overhead, or move on."""

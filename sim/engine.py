@@ -168,7 +168,9 @@ def simulate(
     on_chunk = consumer(plan) if consumer is not None else None
     env = simpy.Environment()
     dep = scenario.deployment
-    router = Router(scenario.policy.router_ttl_s, dep.routing, dep.prefill_nodes, dep.decode_nodes)
+    aggregated = dep.mode == "aggregated"
+    n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
+    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d)
     ctx = Ctx(
         env=env,
         scenario=scenario,
@@ -185,10 +187,17 @@ def simulate(
         log=EventLog(keep=keep),
     )
     ctx.roles = (rs_p, rs_d)
-    ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
-    ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
     arrival = scenario.workload.arrival
-    ctx.driver = Driver(ctx, plan, arrival if isinstance(arrival, ClosedLoopArrival) else None)
+    closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
+    if aggregated:
+        from kvplan.sim import aggregated as agg
+
+        agg.build(ctx, plan, closed)
+    else:
+        ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
+        ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
+        router.bind(ctx.prefill, ctx.decode)
+        ctx.driver = Driver(ctx, plan, closed)
     ctx.driver.start()
     _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan))
     for dn in ctx.decode:

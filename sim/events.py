@@ -54,6 +54,7 @@ class Decision(IntEnum):
     MISS = 3
     EXPIRED = 4
     ERROR = 5
+    HOST_PULL = 6  # D's blocks were gone from HBM but P pulled them from D's host-memory offload tier
 
 
 DECISION_NAMES = {
@@ -63,6 +64,7 @@ DECISION_NAMES = {
     Decision.MISS: "miss",
     Decision.EXPIRED: "expired",
     Decision.ERROR: "error",
+    Decision.HOST_PULL: "host_pull",
 }
 
 
@@ -82,6 +84,7 @@ class Release(IntEnum):
     NOTIFIED = 1  # P decided local/recompute and notified D
     EXPIRED = 2  # TTL passed
     REUSED = 3  # the next turn landed on the same D and took the blocks as its prefix
+    EVICTED = 4  # ttl_evictable: admission or growth on D needed the blocks (LRU among pins)
 
 
 class HoldRelease(IntEnum):

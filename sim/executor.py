@@ -71,6 +71,9 @@ def run_extras(result: Any) -> dict[str, float]:
     ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
     ``p_decide_p99_s``: p99 of
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
+    ``served_turns_per_s``: finished turns over first arrival -> last finish; ``tpot_mean_s`` (unless the
+    summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that reused any KV of their
+    context (a local prefix hit on P or an aggregated replica, or a pull), whatever the decision was.
     """
     ev = result.events
     turns = result.turns
@@ -103,7 +106,23 @@ def run_extras(result: Any) -> dict[str, float]:
     delay = (dec["t_s"] - arr["t_s"].reindex(dec.index)).to_numpy()
     out["p_decide_p99_s"] = float(np.percentile(delay, 99)) if len(delay) else 0.0
     out["finished_turns_per_s"] = float(len(turns) / s["sim_end_s"]) if s.get("sim_end_s") else 0.0
+    span = float(turns["finish_s"].max() - turns["arrival_s"].min()) if len(turns) else 0.0
+    out["served_turns_per_s"] = float(ok["finish_s"].notna().sum() / span) if span > 0 else 0.0
+    follow = turns[turns["turn"] >= 2]
+    reused = (follow["local_hit_tokens"] + follow["pulled_tokens"]) > 0
+    out["reuse_rate"] = float(reused.mean()) if len(follow) else 0.0
+    if "tpot_mean_s" not in s:
+        out["tpot_mean_s"] = tpot_mean_s(ok)
     return out
+
+
+def tpot_mean_s(turns: Any) -> float:
+    """Mean time per output token after the first: ``(finish - first token) / (output - 1)`` over turns with > 1."""
+    multi = turns[(turns["output_tokens"] > 1) & turns["finish_s"].notna()]
+    if not len(multi):
+        return float("nan")
+    first = multi["arrival_s"] + multi["ttft_s"]
+    return float(((multi["finish_s"] - first) / (multi["output_tokens"] - 1)).mean())
 
 
 def run_row(scenario: Scenario, seed: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.context import D2P, Ctx, Request
+from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 
 
@@ -71,6 +71,15 @@ class PrefillNode:
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.env.process(self._loop())
+
+    def cached_tokens(self, conv: int) -> int:
+        """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
+        entry = self.pool.cache.get(conv)
+        return entry[0] if entry is not None else 0
+
+    def load(self) -> int:
+        """Requests waiting or running on this P."""
+        return len(self.waiting) + len(self.running)
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
@@ -167,7 +176,16 @@ class PrefillNode:
                 decision = Decision.RECOMPUTE_BELOW_THRESHOLD
                 dnode.release_pin(params.pin_id, Release.NOTIFIED)
             elif env.now + self.margin >= params.expiry_s or not dnode.pin_alive(params.pin_id, env.now):
-                # Declined (PR #47021) or the blocks are already gone: a failed KV load.
+                # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
+                # tier holds the context (sim/retention_policy.py)
+                n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
+                if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
+                    pulled = min(n_host, prompt - local - 1)
+                    ctx.log.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
+                    r.p_ctx = local + pulled
+                    r.p_remaining = prompt - local - pulled
+                    self._start_host_pull(r, params.decode_node, pulled)
+                    return False
                 if self.fail_on_decline:
                     log_t = env.now
                     ctx.log.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
@@ -206,6 +224,20 @@ class PrefillNode:
 
         ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.transfer(self.idx, d, D2P, tokens, done)
+
+    def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
+        """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
+        ctx = self.ctx
+        env = self.env
+
+        def done(xfer_s: float, post_s: float) -> None:
+            ctx.log.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            ctx.decode[d].host_read(r.conv)
+            self.waiting.appendleft(r)
+            self._kick()
+
+        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
+        ctx.transfer(self.idx, d, HOST2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
         """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""

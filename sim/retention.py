@@ -56,6 +56,17 @@ class Retention:
         pin = self.pins.get(pid)
         return pin is not None and now < pin.expiry_s
 
+    def renew(self, pid: int, expiry_s: float) -> None:
+        """Move a pin's deadline (a lease renewal); the old heap entry is skipped when it comes up."""
+        pin = self.pins.get(pid)
+        if pin is not None:
+            pin.expiry_s = expiry_s
+            heapq.heappush(self._heap, (expiry_s, pid))
+
+    def lru_evictable(self) -> Iterator[int]:
+        """Pin ids no read holds, oldest first (pins are created in finish order)."""
+        return (pid for pid, pin in list(self.pins.items()) if not pin.reading)
+
     def mark_reading(self, pid: int) -> None:
         """A P worker posted a READ of these blocks: they stay until the read completes."""
         pin = self.pins.get(pid)
@@ -75,7 +86,7 @@ class Retention:
         while heap and heap[0][0] <= now:
             expiry, pid = heapq.heappop(heap)
             pin = self.pins.get(pid)
-            if pin is not None and not pin.reading:
+            if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
                 yield expiry, pid
 
     def next_expiry_due(self, now: float) -> bool:

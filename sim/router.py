@@ -5,11 +5,21 @@ lookup is **single-use** (the entry is popped) and an entry older than the route
 450 s in the reference proxy, "must stay below the 480 s timeout") is stale and gives a miss. P and D
 instances are chosen by independent round-robin iterators (the reference proxy) or sticky per
 conversation. The entry's age is measured from when the proxy cached it (end of the D response).
+
+KV-aware choices (not in the reference proxy; the scorers of llm-d's inference scheduler and vLLM's
+production-stack router work this way): ``session_affinity`` pins a conversation to one instance
+(``conversation mod n``, the same map as ``sticky``), so its next turn meets its own prefix cache on P and
+its retained blocks on D; ``prefix_aware`` sends each request to the instance holding the longest cached
+(or, on D, retained) prefix of the conversation, ties to the least loaded (requests queued + running),
+then to the lowest index. The router reads the instances' state directly (an idealised, always-fresh
+KV-event feed: stated assumption).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvplan.sim.events import RouterResult
 
@@ -25,10 +35,36 @@ class KVParams:
     pin_id: int
 
 
+class Instance(Protocol):
+    """What a KV-aware router asks an instance."""
+
+    def cached_tokens(self, conv: int) -> int:
+        """Tokens of the conversation's context this instance holds (cache or retention), without touching LRU."""
+        ...
+
+    def load(self) -> int:
+        """Requests queued or running on the instance."""
+        ...
+
+
+def pick_prefix_aware(conv: int, nodes: Sequence[Instance]) -> int:
+    """Index of the instance with the longest cached prefix of ``conv``; ties to the least loaded, then the lowest."""
+    best, best_key = 0, (1, 0)
+    for i, n in enumerate(nodes):
+        key = (-n.cached_tokens(conv), n.load())
+        if i == 0 or key < best_key:
+            best, best_key = i, key
+    return best
+
+
+STICKY = ("sticky", "session_affinity")
+KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next turn tends to meet its own cache
+
+
 class Router:
     """Conversation map plus instance choice."""
 
-    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d")
+    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renew")
 
     def __init__(self, ttl_s: float, routing: str, n_prefill: int, n_decode: int) -> None:
         self.ttl_s = ttl_s
@@ -38,6 +74,14 @@ class Router:
         self._map: dict[int, KVParams] = {}
         self._rr_p = 0
         self._rr_d = 0
+        self.p_nodes: Sequence[Instance] = ()
+        self.d_nodes: Sequence[Instance] = ()
+        # lease retention (sim/retention_policy.py): renew(entry, now) -> whether the lease was still alive
+        self.renew: Callable[[KVParams, float], bool] | None = None
+
+    def bind(self, p_nodes: Sequence[Instance], d_nodes: Sequence[Instance]) -> None:
+        """Give the router the instances whose state ``prefix_aware`` reads."""
+        self.p_nodes, self.d_nodes = p_nodes, d_nodes
 
     def lookup(self, conv: int, now: float, has_conversation_id: bool) -> tuple[RouterResult, KVParams | None]:
         """Pop the conversation's entry (single use); stale entries are discarded as misses."""
@@ -48,6 +92,8 @@ class Router:
             return RouterResult.NO_ENTRY, None
         if now - entry.cached_at_s > self.ttl_s:
             return RouterResult.STALE, None
+        if self.renew is not None and not self.renew(entry, now):
+            return RouterResult.STALE, None  # the lease lapsed: the router saw the heartbeats stop
         return RouterResult.HIT, entry
 
     def store(self, conv: int, params: KVParams) -> None:
@@ -56,16 +102,20 @@ class Router:
 
     def pick_prefill(self, conv: int) -> int:
         """P instance for this request."""
-        if self.routing == "sticky":
+        if self.routing in STICKY:
             return conv % self.n_p
+        if self.routing == "prefix_aware" and self.p_nodes:
+            return pick_prefix_aware(conv, self.p_nodes)
         i = self._rr_p
         self._rr_p = (i + 1) % self.n_p
         return i
 
     def pick_decode(self, conv: int) -> int:
         """D instance for this request."""
-        if self.routing == "sticky":
+        if self.routing in STICKY:
             return conv % self.n_d
+        if self.routing == "prefix_aware" and self.d_nodes:
+            return pick_prefix_aware(conv, self.d_nodes)
         i = self._rr_d
         self._rr_d = (i + 1) % self.n_d
         return i

@@ -159,8 +159,17 @@ class Deployment(_Frozen):
     )
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
     decode_prefix_caching: bool = Field(default=True, description="Prefix caching on D (vLLM default on).")
-    routing: Literal["round_robin", "sticky"] = Field(
-        default="round_robin", description="P and D choice: independent round-robin (reference proxy) or sticky."
+    routing: Literal["round_robin", "sticky", "session_affinity", "prefix_aware"] = Field(
+        default="round_robin",
+        description="Instance choice: round_robin (reference proxy), sticky / session_affinity (per conversation), "
+        "prefix_aware (longest cached prefix, ties to the least loaded).",
+    )
+    mode: Literal["disaggregated", "aggregated"] = Field(
+        default="disaggregated",
+        description="disaggregated: P/D nodes; aggregated: `replicas` vLLM engines doing both phases (no transfer).",
+    )
+    replicas: int = Field(
+        default=1, gt=0, le=512, description="Aggregated mode: engines (one node of TP GPUs each); P/D counts unused."
     )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     decode_kv_capacity_tokens: int | None = Field(
@@ -185,6 +194,52 @@ class Deployment(_Frozen):
                 " as vLLM requires; raise max_num_batched_tokens or lower max_num_seqs"
             )
         return self
+
+
+class TtlRetention(_Frozen):
+    """vLLM: every finished request pins its blocks until ``decoder_kv_blocks_ttl_s`` after it finished (not renewed)."""
+
+    kind: Literal["ttl"] = "ttl"
+
+
+class LeaseRetention(_Frozen):
+    """Proposal (not vLLM): a heartbeat-renewed decode lease; see ``sim/retention_policy.py`` for the assumptions."""
+
+    kind: Literal["lease"]
+    lease_s: float = Field(default=30.0, gt=0, le=86_400, description="D frees blocks this long after the last heartbeat.")
+    heartbeat_s: float = Field(default=5.0, gt=0, le=86_400, description="Client heartbeat period while idle.")
+    idle_timeout_s: float = Field(
+        default=480.0, ge=0, le=10**7, description="The client stops heartbeating after this long idle (user left)."
+    )
+    client_knows_end: bool = Field(
+        default=True, description="The client stops heartbeating after a conversation's last turn (else: idle timeout)."
+    )
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> LeaseRetention:
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError("heartbeat_s must be < lease_s (else the lease lapses between heartbeats)")
+        return self
+
+
+class TtlEvictableRetention(_Frozen):
+    """Pins keep the TTL but are LRU-evictable when admission needs blocks (an evicted pin's read is declined)."""
+
+    kind: Literal["ttl_evictable"]
+
+
+Retention = Annotated[TtlRetention | LeaseRetention | TtlEvictableRetention, Field(discriminator="kind")]
+
+
+class Offload(_Frozen):
+    """CPU offload tier on D: expired/evicted blocks move to host DRAM, P pulls them at host-to-NIC bandwidth."""
+
+    host_capacity_gib: float | None = Field(
+        default=None, gt=0, le=1e6, description="Host memory for KV per decode node (default: the hardware's)."
+    )
+    host_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, le=1e6, description="Host DRAM -> NIC bandwidth per node, Gb/s (default: the hardware's)."
+    )
 
 
 class Policy(_Frozen):
@@ -216,6 +271,10 @@ class Policy(_Frozen):
         default=30.0, gt=0, le=86_400,
         description="kv_lease_duration: P holds a prompt's KV this long for D's read, renewed by D's heartbeats.",
     )
+    retention: Retention = Field(
+        default_factory=TtlRetention, description="D retention: ttl (vLLM), lease (proposal) or ttl_evictable."
+    )
+    offload: Offload | None = Field(default=None, description="CPU offload tier on D (off by default).")
 
 
 class PoissonArrival(_Frozen):
@@ -395,7 +454,9 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     return input_error(f"{where}: field '{loc}'" if loc else where, msg)
 
 
-_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop"}
+# ("ttl" is left out: it is also a plausible misspelt field name, e.g. ``policy.ttl``)
+_UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop", "lease",
+               "ttl_evictable"}
 
 
 def scenario_from_dict(data: Any, where: str = "scenario") -> Scenario:

@@ -35,6 +35,7 @@ from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.grid import Grid
+from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
     Constant,
     Dist,
@@ -215,7 +216,7 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
         output_tokens=float(out_q.mean()), output_q=out_q, gap=wl.turn_gap_s, ttl_s=pol.decoder_kv_blocks_ttl_s,
         router_ttl_s=pol.router_ttl_s, margin_s=pol.expiry_safety_margin_s + pol.clock_skew_s,
         router_on=float(pol.bidirectional and pol.send_conversation_id), threshold_tokens=pol.kv_recompute_threshold_tokens,
-        same_p_share=1.0 if (dep.prefill_nodes == 1 or dep.routing == "sticky") else 1.0 / dep.prefill_nodes,
+        same_p_share=1.0 if (dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING) else 1.0 / dep.prefill_nodes,
         p_prefix_caching=float(dep.prefill_prefix_caching), prefill_nodes=dep.prefill_nodes,
         decode_nodes=dep.decode_nodes, block_tokens=rs.arch.block_size_tokens,
         kv_bytes_per_token_rank=kv_bytes_per_token_per_rank(rs.arch, dep.tensor_parallel_size),

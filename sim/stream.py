@@ -154,7 +154,10 @@ class RunStream:
         key = self.offsets[ev.conv] + ev.turn.astype(np.int64) - 1
         uniq, inv = np.unique(key, return_inverse=True)
         flags = np.zeros(len(uniq), dtype=np.int64)
-        np.bitwise_or.at(flags, inv, _BITS[ev.kind])
+        bits = _BITS[ev.kind]
+        # P holds the prompt for D only when P_DONE carried bytes (aggregated serving holds nothing, logs no P_UNHOLD)
+        bits[(ev.kind == int(Ev.P_DONE)) & (getattr(ev, col(Ev.P_DONE, "held_bytes")) <= 0)] = 0
+        np.bitwise_or.at(flags, inv, bits)
         if final:
             done = np.ones(len(uniq), dtype=bool)
         else:
@@ -258,7 +261,7 @@ class TurnAggregates:
             self.sums[c] = self.sums.get(c, 0) + int(t[c].sum())
         follow = t["turn"].to_numpy() >= 2
         self.follow_up += int(follow.sum())
-        self.reused += int((dec[follow].isin(["pull", "local", "recompute_below_threshold"])).sum())
+        self.reused += int((dec[follow].isin(["pull", "local", "recompute_below_threshold", "host_pull"])).sum())
         ok = t[dec != "error"]
         self._keep("ttft", ok["ttft_s"].dropna().to_numpy())
         self._keep("tpot", ok["tpot_s"].dropna().to_numpy())

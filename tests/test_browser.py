@@ -168,3 +168,47 @@ def test_advice_recommended_ttl_marker_sits_at_its_ttl_on_the_log_axis(page: Pag
     assert abs(got["line_x"] - got["want_x"]) < 2, got
     assert abs(got["line_x"] - got["bad_x"]) > 20, got
     assert abs(got["note_right"] - got["want_x"]) < 12, got  # the label ends at the line (xanchor right)
+
+
+def test_compare_chart_bars_sit_at_their_values(page: Page, tmp_path: Path) -> None:
+    """The Compare chart draws each policy's TTFT p90 bar up to its value (ms) with its 95% CI whisker, in
+    policy order, and the hit-rate panel in percent (plotly.js renders the chart in the browser)."""
+    from kvplan.app import figures
+
+    rows = [
+        {"policy": "off", "gpus": 16, "ttft_p50_s": 0.10, "ttft_p90_s": 0.30, "ttft_p90_s_ci95": 0.02,
+         "ttft_p99_s": 0.5, "hit_rate": 0.0, "pinned_kv_gib_mean": 0.0, "pinned_kv_gib_peak": 0.0, "tpot_mean_s": 0.005},
+        {"policy": "ttl", "gpus": 16, "ttft_p50_s": 0.08, "ttft_p90_s": 0.20, "ttft_p90_s_ci95": 0.01,
+         "ttft_p99_s": 0.4, "hit_rate": 0.6, "pinned_kv_gib_mean": 30.0, "pinned_kv_gib_peak": 40.0,
+         "tpot_mean_s": 0.005},
+        {"policy": "lease", "gpus": 16, "ttft_p50_s": 0.07, "ttft_p90_s": 0.15, "ttft_p90_s_ci95": 0.01,
+         "ttft_p99_s": 0.3, "hit_rate": 0.55, "pinned_kv_gib_mean": 5.0, "pinned_kv_gib_peak": 9.0,
+         "tpot_mean_s": 0.005},
+    ]
+    fig = figures.compare_figure(rows)
+    html = tmp_path / "compare.html"
+    html.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id="chart"))
+    page.goto(html.as_uri())
+    page.wait_for_function("() => document.querySelector('#chart .main-svg')", timeout=RENDER_TIMEOUT_MS)
+    got = page.evaluate("""() => {
+        const gd = document.getElementById('chart');
+        const traces = [...gd.querySelectorAll('.barlayer .trace')];
+        const box = el => el.getBoundingClientRect();
+        const svg = box(gd.querySelector('.main-svg'));
+        const p90 = gd._fullData.findIndex(t => t.name === 'TTFT p90');
+        const hit = gd._fullData.findIndex(t => t.name === 'hit rate');
+        const ya = gd._fullLayout[gd._fullData[p90].yaxis.replace('y', 'yaxis')];
+        const yh = gd._fullLayout[gd._fullData[hit].yaxis.replace('y', 'yaxis')];
+        const tops = t => [...traces[t].querySelectorAll('.point path')].map(p => box(p).top - svg.top);
+        const xs = t => [...traces[t].querySelectorAll('.point path')].map(p => (box(p).left + box(p).right) / 2);
+        const whiskers = [...traces[p90].querySelectorAll('.errorbar')].length;
+        return {p90_tops: tops(p90), p90_want: [300, 200, 150].map(v => ya._offset + ya.d2p(v)),
+                hit_tops: tops(hit).slice(1), hit_want: [60, 55].map(v => yh._offset + yh.d2p(v)),
+                xs: xs(p90), whiskers};
+    }""")
+    for top, want in zip(got["p90_tops"], got["p90_want"], strict=True):
+        assert abs(top - want) < 2, got
+    for top, want in zip(got["hit_tops"], got["hit_want"], strict=True):
+        assert abs(top - want) < 2, got
+    assert got["xs"] == sorted(got["xs"]), got  # off, ttl, lease from left to right
+    assert got["whiskers"] == 3, got

@@ -340,3 +340,34 @@ def test_advice_page_runs() -> None:
     # prefill first, then decode, exactly the advisor's JSON
     assert [json.loads(f.split("'")[1]) for f in flags] == [rec["kv_transfer_config"][r] for r in ("prefill", "decode")]
     assert _plotly_count(at) == 1
+
+
+# --- Compare ---------------------------------------------------------------------------------------------------
+
+
+def test_compare_page_matches_the_api() -> None:
+    at = _page(_app(), "compare.py")
+    at.multiselect(key="compare_policies").set_value(["off", "lease", "aggregated"])
+    at.number_input(key="compare_reps").set_value(1)
+    at.button(key="compare_run").click().run(timeout=120)
+    assert not at.exception and not at.error
+    from kvplan.sim.compare import compare
+
+    rows = compare(published_benchmark(), ["off", "lease", "aggregated"], replications=1)
+    shown = at.dataframe[0].value
+    assert list(shown["policy"]) == ["off", "lease", "aggregated"]
+    assert list(shown["ttft_p90_s"]) == pytest.approx([r["ttft_p90_s"] for r in rows])
+    assert _plotly_count(at) == 1
+
+
+def test_whatif_policy_selector_runs_the_variant() -> None:
+    at = _app()
+    at.selectbox(key="whatif_policy").set_value("aggregated (same GPUs)").run()
+    assert not at.exception and not at.error
+    from kvplan.sim.compare import policy_run
+
+    sc = published_benchmark()
+    summary = run(with_overrides(sc, policy_run("aggregated", sc).overrides)).summary
+    shown = _metrics(at)
+    ttft = next(m for label, m in shown.items() if "p90" in label.lower())
+    assert ttft.value == next(m.value for m in ds.headline_metrics(summary, summary) if "p90" in m.label.lower())

@@ -14,7 +14,17 @@ scenario = ds.scenario_sidebar()
 st.title("What-if: bidirectional KV transfer")
 if scenario is None:
     st.stop()
+POLICIES = {"as in the sidebar": None, "lease": "lease", "ttl_evictable": "ttl_evictable", "offload": "offload",
+            "aggregated (same GPUs)": "aggregated", "off": "off"}
+choice = st.selectbox("serving policy (kvplan compare's variants of the sidebar scenario)", list(POLICIES),
+                      key="whatif_policy")
 try:
+    name = POLICIES[choice]
+    if name is not None:
+        from kvplan.sim.compare import policy_run
+        from kvplan.sim.scenario import with_overrides
+
+        scenario = with_overrides(scenario, policy_run(name, scenario).overrides)
     w = ds.whatif(scenario)
 except KvplanInputError as exc:
     ds.show_error(exc)

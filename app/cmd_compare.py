@@ -1,0 +1,139 @@
+"""``kvplan compare``: the serving alternatives side by side at equal GPUs, workload and seeds."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+COMPARE_HELP = """Simulate SCENARIO.yaml under each policy on the same GPU count, workload and seeds, and print one
+column per policy: TTFT p50/p90/p99 and mean (± 95% CI over replications), TPOT, hit rate, pinned and held
+decode KV (mean, peak), errors, preemptions, prefill (engine) utilisation, the maximum load meeting
+--slo-ttft-p90-ms (when given) and the cost per million turns. Policies: off, ttl (vLLM defaults),
+ttl_recommended (kvplan recommend's values), lease, ttl_evictable, offload, aggregated[:routing] (the same
+GPUs as aggregated replicas). A policy the simulator does not model is refused. --json prints one object per
+policy; --html writes the plotly figures side by side."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the CLI."""
+
+    @app.command("compare", help=COMPARE_HELP)
+    def compare_cmd(
+        scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
+        workload: str | None = typer.Option(None, "--workload", help="chat | coding-agent | tool-agent | p5en-benchmark."),
+        model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
+        hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
+        rate: float | None = typer.Option(None, "--rate", help="New conversations per second (with --workload)."),
+        policies: str | None = typer.Option(None, "--policies", help="Comma-separated list (default: every modelled one)."),
+        replications: int = typer.Option(3, "--replications", help="Seeded replications per policy (seed + k)."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
+        html: Path | None = typer.Option(None, "--html", help="Write the figures to this HTML file."),
+        slo_ttft_p90_ms: float | None = typer.Option(None, "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms (max load)."),
+        usd: float | None = typer.Option(None, "--usd-per-node-hour", help="Node price (default: the hardware's)."),
+        conversations: int | None = typer.Option(None, "--conversations", help="Override workload.conversations."),
+        trace: Path | None = typer.Option(None, "--trace", help="Replay this trace instead of the synthetic workload."),
+        workers: int = typer.Option(1, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
+    ) -> None:
+        from kvplan.atomic import check_output_file
+        from kvplan.errors import input_error
+        from kvplan.sim.compare import compare, compare_json, parse_policies
+        from kvplan.sim.presets import preset_scenario
+        from kvplan.sim.scenario import load_scenario, with_overrides
+
+        names = parse_policies(policies)
+        if not 1 <= replications <= 1000:
+            raise input_error("--replications", f"must be in [1, 1000], got {replications}")
+        if html is not None:
+            check_output_file(html, "--html")
+        if (scenario is None) == (workload is None):
+            raise input_error("compare", "give SCENARIO.yaml or --workload PRESET (one of them)")
+        if scenario is not None:
+            if rate is not None:
+                raise input_error("--rate", "only with --workload", "set workload.arrival.rate_per_s in the scenario")
+            sc = load_scenario(scenario)
+            if conversations is not None:
+                sc = with_overrides(sc, {"workload.conversations": conversations})
+        else:
+            sc = preset_scenario(workload or "", model, hardware, rate_per_s=rate, conversations=conversations)
+        if trace is not None:
+            if not trace.is_file():
+                raise input_error(f"--trace {trace}", "no such file")
+            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        from kvplan.app.cmd_sweep import _progress_bar
+
+        n_workers = workers if workers > 0 else (os.cpu_count() or 1)
+        bar, cb = _progress_bar()
+        with bar:
+            rows = compare(sc, names, replications=replications, slo_ttft_p90_ms=slo_ttft_p90_ms, usd_per_node_hour=usd,
+                           workers=n_workers, progress=cb)
+        if html is not None:
+            from kvplan.app.figures import compare_figure
+            from kvplan.atomic import atomic_write_bytes
+
+            fig = compare_figure(rows)
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True).encode(), "--html")
+        if json_out:
+            sys.stdout.write(compare_json(rows) + "\n")
+            return
+        from kvplan.app.output import console
+
+        c = console()
+        for line in render_text(rows):
+            c.print(line, markup=False)
+        if html is not None:
+            c.print(f"wrote {html}", markup=False)
+
+
+def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -> str:
+    v = row.get(key)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    ci = row.get(f"{key}_ci95")
+    text = f"{v * scale:{fmt}}"
+    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
+        text += f" ±{ci * scale:{fmt}}"
+    return text
+
+
+LINES = (
+    ("TTFT p50 ms", "ttft_p50_s", 1000.0, ".0f"),
+    ("TTFT p90 ms", "ttft_p90_s", 1000.0, ".0f"),
+    ("TTFT p99 ms", "ttft_p99_s", 1000.0, ".0f"),
+    ("TTFT mean ms", "ttft_mean_s", 1000.0, ".0f"),
+    ("TPOT mean ms", "tpot_mean_s", 1000.0, ".1f"),
+    ("hit rate %", "hit_rate", 100.0, ".1f"),
+    ("reuse rate %", "reuse_rate", 100.0, ".1f"),
+    ("pinned KV mean GiB", "pinned_kv_gib_mean", 1.0, ".1f"),
+    ("pinned KV peak GiB", "pinned_kv_gib_peak", 1.0, ".1f"),
+    ("held KV mean GiB", "held_kv_gib_mean", 1.0, ".1f"),
+    ("held KV peak GiB", "held_kv_gib_peak", 1.0, ".1f"),
+    ("errors", "errors", 1.0, ".1f"),
+    ("preemptions", "preemptions", 1.0, ".1f"),
+    ("prefill/engine util %", "prefill_utilization", 100.0, ".1f"),
+    ("max conv/s at SLO", "max_rate_per_s_meeting_slo", 1.0, ".3g"),
+    ("$ per M turns", "usd_per_million_turns", 1.0, ",.0f"),
+)
+
+
+def render_text(rows: list[dict[str, Any]]) -> list[str]:
+    """Metrics as lines, one column per policy (the CLI prints them)."""
+    width = max(16, *(len(r["policy"]) + 2 for r in rows))
+    head = f"{'':24}" + "".join(f"{r['policy']:>{width}}" for r in rows)
+    out = [head, f"{'GPUs':24}" + "".join(f"{r['gpus']:>{width}}" for r in rows)]
+    for label, key, scale, fmt in LINES:
+        if key == "max_rate_per_s_meeting_slo" and rows[0].get("slo_ttft_p90_ms") is None:
+            continue
+        out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
+    reps = rows[0]["replications"]
+    seeds = f"seed {rows[0]['seed']}" if reps == 1 else f"seeds {rows[0]['seed']}..{rows[0]['seed'] + reps - 1}"
+    out.append(f"(± 95% CI over {reps} replication(s), {seeds}; '-' = not modelled or not applicable)")
+    if rows[0].get("slo_ttft_p90_ms") is not None:
+        out.append(f"max load: new conversations/s with mean TTFT p90 <= {rows[0]['slo_ttft_p90_ms']:g} ms and <= 1% errors")
+    for r in rows:
+        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"]))
+    return out

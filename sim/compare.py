@@ -1,0 +1,386 @@
+"""The alternatives an operator weighs, at equal GPUs, workload and seeds: ``compare(scenario, policies) -> rows``.
+
+Every policy is a variant of the same scenario (dotted overrides, :func:`policy_overrides`), simulated with
+the same seeds ``seed + k`` for ``k < replications`` (common random numbers), so the rows differ only by
+the policy:
+
+* ``off``: ``bidirectional_kv_xfer`` off (plain P/D: every follow-up recomputes what P does not cache).
+* ``ttl``: bidirectional at vLLM's defaults (``decoder_kv_blocks_ttl`` 480 s, ``kv_recompute_threshold`` 64,
+  proxy TTL 450 s, ``kv_load_failure_policy`` fail).
+* ``ttl_recommended``: bidirectional at what ``kvplan recommend`` (:mod:`kvplan.sim.advice`) picks for this
+  scenario (its TTL, threshold, router TTL and ``recompute`` failure policy).
+* ``lease``, ``ttl_evictable``, ``offload``: the retention alternatives (see :data:`POLICY_HELP` and
+  :mod:`kvplan.sim.retention_policy`); ``lease:no_end`` is the lease when clients do not know that a
+  conversation has ended. A policy the simulator does not model is refused with a one-line error.
+* ``aggregated``: the same GPUs as ``prefill_nodes + decode_nodes`` aggregated replicas of the same TP
+  (:mod:`kvplan.sim.aggregated`), routed by the scenario's routing (``aggregated:prefix_aware`` and
+  ``aggregated:session_affinity`` choose another one).
+
+Per policy (mean over replications, with the 95% Student-t half-width as ``<key>_ci95``): TTFT p50/p90/p99
+and mean; TPOT mean (``tpot_mean_s`` from the summary when the simulator reports it, else per turn
+``(finish - first token) / (output - 1)`` over turns with more than one output token); hit rate (the
+summary's: follow-ups whose previous turn's retained KV was still usable; on aggregated replicas, a
+prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e.g. P's own prefix cache
+with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
+prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
+not model it); errors; preemptions (null when not
+modelled); prefill (engine) utilisation; the cost per million turns ``nodes x $/node-hour / served turns
+per hour x 10^6``. With an SLO, the maximum Poisson rate of new conversations whose mean TTFT p90 meets it
+(and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
+most 5 times), then bisected 4 times (~6%), the arrival horizon kept
+(:func:`kvplan.sim.capacity.conversations_for`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvplan.errors import input_error
+from kvplan.models.hardware import get_hardware
+from kvplan.sim.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S
+from kvplan.sim.advice_rules import mean_ci
+from kvplan.sim.capacity import conversations_for
+from kvplan.sim.executor import run_tasks
+from kvplan.sim.results import json_safe
+from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
+
+DEFAULT_POLICIES = ("off", "ttl", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
+POLICY_HELP = {
+    "off": "bidirectional_kv_xfer off",
+    "ttl": "bidirectional at vLLM's defaults (TTL 480 s, threshold 64, router 450 s, failure policy fail)",
+    "ttl_recommended": "bidirectional at kvplan recommend's TTL, threshold and router TTL (failure policy recompute)",
+    "lease": "heartbeat-renewed decode lease (proposal, not vLLM): D frees a conversation's blocks lease_s after "
+             "its client's last heartbeat",
+    "ttl_evictable": "TTL pins that admission may evict LRU (a later read of an evicted pin is declined)",
+    "offload": "expired or evicted decode blocks move to host DRAM; P pulls them at host-to-NIC bandwidth",
+    "aggregated": "the same GPUs as aggregated vLLM replicas (both phases per engine, prefix caching on)",
+}
+ROUTINGS = ("round_robin", "session_affinity", "prefix_aware", "sticky")
+METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate", "reuse_rate",
+           "pinned_kv_gib_mean",
+           "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
+           "preemptions", "prefill_utilization", "served_turns_per_s", "turns")
+OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
+SOURCE = {"preemptions": "d_preemptions", "held_kv_gib_mean": "p_held_kv_gib_mean",
+          "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
+MAX_ERROR_SHARE = 0.01
+LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
+RATE_STEPS = 5
+BISECTIONS = 4
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's variant of the scenario."""
+
+    name: str
+    overrides: dict[str, Any]
+    gpus: int
+    nodes: int
+    notes: tuple[str, ...] = ()
+
+
+def implemented(name: str) -> bool:
+    """Whether the simulator models this policy (unmodelled ones are refused, never shown as results)."""
+    from kvplan.sim.scenario import Policy
+
+    base = name.split(":", 1)[0]
+    if base in ("lease", "ttl_evictable"):
+        return "retention" in Policy.model_fields
+    if base == "offload":
+        return "offload" in Policy.model_fields
+    return base in POLICY_HELP
+
+
+def parse_policies(text: str | Sequence[str] | None) -> list[str]:
+    """The policy list (comma-separated or a sequence); unknown or unmodelled names are one-line errors."""
+    if text is None:
+        return [p for p in DEFAULT_POLICIES if implemented(p)]
+    names = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    if not names:
+        raise input_error("--policies", "empty list", f"use some of {', '.join(DEFAULT_POLICIES)}")
+    for n in names:
+        base, _, arg = n.partition(":")
+        if base not in POLICY_HELP:
+            raise input_error("--policies", f"unknown policy '{n}'", f"use some of {', '.join(DEFAULT_POLICIES)}")
+        if arg and not ((base == "aggregated" and arg in ROUTINGS) or (base == "lease" and arg == "no_end")):
+            raise input_error("--policies", f"'{n}': only aggregated takes a routing suffix ({', '.join(ROUTINGS)}) "
+                              "and lease ':no_end'")
+        if not implemented(n):
+            raise input_error("--policies", f"policy '{base}' is not modelled by this version of the simulator",
+                              "leave it out of --policies")
+    if len(set(names)) != len(names):
+        raise input_error("--policies", "a policy is listed twice")
+    return names
+
+
+def _vllm_defaults() -> dict[str, Any]:
+    return {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": VLLM_TTL_S,
+            "policy.kv_recompute_threshold_tokens": VLLM_THRESHOLD, "policy.router_ttl_s": PROXY_ROUTER_TTL_S,
+            "policy.kv_load_failure_policy": "fail"}
+
+
+def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = None) -> PolicyRun:
+    """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
+    dep = sc.deployment
+    nodes = dep.prefill_nodes + dep.decode_nodes  # one instance each
+    tp = dep.tensor_parallel_size
+    gpus = (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
+            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
+    base, _, arg = name.partition(":")
+    if base == "off":
+        return PolicyRun(name, {"policy.bidirectional": False}, gpus, nodes)
+    if base == "ttl":
+        return PolicyRun(name, _vllm_defaults(), gpus, nodes)
+    if base == "ttl_recommended":
+        if recommended is None:
+            raise ValueError("ttl_recommended needs the recommendation")
+        return PolicyRun(name, dict(recommended), gpus, nodes)
+    if base == "lease":
+        lease = {"kind": "lease", "lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "idle_timeout_s": IDLE_TIMEOUT_S,
+                 "client_knows_end": arg != "no_end"}
+        end = "the client does not know a conversation's end" if arg else "the client stops after the last turn"
+        return PolicyRun(name, {**_vllm_defaults(), "policy.retention": lease}, gpus, nodes,
+                         (f"lease {LEASE_S:g} s, heartbeat {HEARTBEAT_S:g} s, idle timeout {IDLE_TIMEOUT_S:g} s, {end}",))
+    if base == "ttl_evictable":
+        return PolicyRun(name, {**_vllm_defaults(), "policy.retention": {"kind": "ttl_evictable"},
+                                "policy.kv_load_failure_policy": "recompute"}, gpus, nodes,
+                         ("TTL 480 s, evicted pins' reads recompute (kv_load_failure_policy recompute)",))
+    if base == "offload":
+        return PolicyRun(name, {**_vllm_defaults(), "policy.offload": {}, "policy.kv_load_failure_policy": "recompute",
+                                "policy.router_ttl_s": UNLIMITED_TTL_S}, gpus, nodes,
+                         ("TTL 480 s, host tier from the hardware preset, router keeps entries (the host tier bounds "
+                          "them), failure policy recompute",))
+    if base == "aggregated":
+        routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
+        if gpus % tp:
+            raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
+                              "set deployment.tensor_parallel_size to a divisor of the GPU count")
+        nodes = gpus // tp
+        overrides = {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None}
+        return PolicyRun(name, {**overrides, "deployment.mode": "aggregated", "deployment.replicas": nodes,
+                                "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
+                                "policy.bidirectional": False}, gpus, nodes,
+                         (f"{nodes} aggregated replicas, routing {routing}",))
+    raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
+
+
+def recommended_overrides(sc: Scenario, replications: int, workers: int,
+                          progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], str]:
+    """The ``ttl_recommended`` overrides from :func:`kvplan.sim.advice.recommend` and a one-line description."""
+    from kvplan.sim.advice import recommend
+
+    return recommendation_overrides(recommend(sc, replications=replications, workers=workers, progress=progress))
+
+
+def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
+    """The scenario overrides of a :class:`kvplan.sim.advice.Recommendation` and a one-line description."""
+    ov = {"policy.bidirectional": rec.bidirectional, "policy.decoder_kv_blocks_ttl_s": float(rec.decoder_kv_blocks_ttl_s),
+          "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
+          "policy.router_ttl_s": float(rec.router_ttl_s), "policy.kv_load_failure_policy": rec.kv_load_failure_policy}
+    what = (f"TTL {rec.decoder_kv_blocks_ttl_s} s, threshold {rec.kv_recompute_threshold_tokens}, router TTL "
+            f"{rec.router_ttl_s} s, {rec.kv_load_failure_policy}" if rec.bidirectional else "retention off")
+    return ov, what
+
+
+def _value(row: dict[str, Any], key: str) -> float:
+    if row.get("error") is not None:
+        return math.nan
+    v = row.get(key)
+    return float(v) if v is not None else math.nan
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    failed = [r["error"] for r in rows if r.get("error") is not None]
+    if failed:
+        raise input_error("compare", f"a run failed: {failed[0]}")
+    out: dict[str, Any] = {}
+    for k in METRICS:
+        src = SOURCE.get(k, k)
+        if k in OPTIONAL and not any(src in r for r in rows):
+            out[k], out[f"{k}_ci95"] = None, None
+            continue
+        out[k], out[f"{k}_ci95"] = mean_ci([_value(r, src) for r in rows])
+    return out
+
+
+class _Batch:
+    """Runs (name, overrides) x replications through the executor and keeps the rows in order."""
+
+    def __init__(self, base: Scenario, reps: int, workers: int, progress: Callable[[int, int], None] | None) -> None:
+        self.base, self.reps, self.workers, self.progress = base, reps, workers, progress
+        self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
+        self.done = 0
+        self.total = 0
+
+    def run(self, variants: dict[Any, dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+        rows: dict[Any, list[dict[str, Any]]] = {k: [{} for _ in range(self.reps)] for k in variants}
+        tasks = [((name, k), ov, self.base.seed + k) for name, ov in variants.items() for k in range(self.reps)]
+        self.total += len(tasks)
+
+        def on_result(key: Any, row: dict[str, Any]) -> None:
+            rows[key[0]][key[1]] = row
+            self.done += 1
+            if self.progress:
+                self.progress(self.done, self.total)
+
+        run_tasks(self.base, self.key, tasks, on_result, "local", self.workers)
+        return rows
+
+
+def _meets(agg: dict[str, Any], slo_s: float) -> bool:
+    turns = agg["turns"] or 0.0
+    return bool(agg["ttft_p90_s"] <= slo_s and agg["errors"] <= MAX_ERROR_SHARE * turns)
+
+
+def _max_rate(batch: _Batch, base: Scenario, ov: dict[str, Any], slo_s: float, at_base: dict[str, Any]) -> float:
+    """Largest Poisson rate (new conversations/s) at which the policy meets the SLO (0 if none tried does)."""
+    assert not isinstance(base.workload.arrival, ClosedLoopArrival)
+    r0 = base.workload.arrival.rate_per_s
+
+    def ok(rate: float) -> bool:
+        v = {**ov, "workload.arrival.rate_per_s": rate, "workload.conversations": conversations_for(base, rate)}
+        return _meets(_aggregate(batch.run({rate: v})[rate]), slo_s)
+
+    good, bad = (r0, math.nan) if _meets(at_base, slo_s) else (0.0, r0)
+    for _ in range(RATE_STEPS):
+        if not math.isnan(bad):
+            break
+        if ok(good * 2):
+            good *= 2
+        else:
+            bad = good * 2
+    if math.isnan(bad):
+        return good  # still met after 5 doublings: a lower bound
+    if good == 0.0:
+        rate = bad
+        for _ in range(RATE_STEPS):
+            rate /= 2
+            if ok(rate):
+                good = rate
+                break
+            bad = rate
+        if good == 0.0:
+            return 0.0
+    for _ in range(BISECTIONS):
+        mid = (good + bad) / 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def compare(
+    sc: Scenario,
+    policies: Sequence[str] | str | None = None,
+    replications: int = 3,
+    slo_ttft_p90_ms: float | None = None,
+    usd_per_node_hour: float | None = None,
+    workers: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    recommended: tuple[dict[str, Any], str] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per policy (in the order given): the metrics above, ``policy``, ``gpus``, ``description``, settings."""
+    names = parse_policies(policies)
+    if not isinstance(replications, int) or not 1 <= replications <= 1000:
+        raise input_error("--replications", f"must be an integer in [1, 1000], got {replications!r}")
+    if slo_ttft_p90_ms is not None and not (math.isfinite(slo_ttft_p90_ms) and slo_ttft_p90_ms > 0):
+        raise input_error("--slo-ttft-p90-ms", f"must be a positive number, got {slo_ttft_p90_ms!r}")
+    if sc.deployment.mode == "aggregated":
+        raise input_error("deployment.mode", "compare starts from a disaggregated (P/D) scenario",
+                          "give the P/D deployment; the aggregated row uses the same GPUs")
+    if slo_ttft_p90_ms is not None and sc.workload.trace is not None:
+        raise input_error("--slo-ttft-p90-ms", "a trace brings its own clock: there is no rate to search",
+                          "leave out the SLO, or use the trace's time_scale in a sweep")
+    if slo_ttft_p90_ms is not None and isinstance(sc.workload.arrival, ClosedLoopArrival):
+        raise input_error("--slo-ttft-p90-ms", "the maximum load is searched over a Poisson rate",
+                          "use a poisson arrival (or leave out the SLO)")
+    node = get_hardware(sc.hardware)
+    usd = node.usd_per_hour if usd_per_node_hour is None else usd_per_node_hour  # None: no price known
+    if usd is not None and not (math.isfinite(usd) and usd >= 0):
+        raise input_error("--usd-per-node-hour", f"must be a number >= 0, got {usd!r}")
+    rec_ov, rec_what = None, ""
+    runs = [policy_run(n, sc, {}) for n in names]  # validate every variant before any work
+    for r in runs:
+        with_overrides(sc, r.overrides)
+    done_before = [0]  # runs of the advisor, so that the progress count keeps growing across both phases
+
+    def rec_progress(done: int, total: int) -> None:
+        done_before[0] = done
+        if progress:
+            progress(done, total + len(runs) * replications)
+
+    if any(n == "ttl_recommended" for n in names):
+        rec_ov, rec_what = (recommended if recommended is not None
+                            else recommended_overrides(sc, replications, workers, rec_progress))
+    runs = [policy_run(n, sc, rec_ov) for n in names]
+
+    def batch_progress(done: int, total: int) -> None:
+        if progress:
+            progress(done_before[0] + done, done_before[0] + total)
+
+    batch = _Batch(sc, replications, workers, batch_progress)
+    rows_by = batch.run({r.name: r.overrides for r in runs})
+    out = []
+    for r in runs:
+        agg = _aggregate(rows_by[r.name])
+        row: dict[str, Any] = {"policy": r.name, "gpus": r.gpus, "nodes": r.nodes, "replications": replications,
+                               "seed": sc.seed, "description": POLICY_HELP[r.name.split(":")[0]],
+                               "settings": dict(sorted(r.overrides.items())), **agg}
+        if r.name == "ttl_recommended":
+            row["description"] += f" ({rec_what})"
+        tps = agg["served_turns_per_s"]
+        row["usd_per_million_turns"] = r.nodes * usd / 3600 / tps * 1e6 if usd is not None and tps and tps > 0 else None
+        row["slo_ttft_p90_ms"] = slo_ttft_p90_ms
+        row["max_rate_per_s_meeting_slo"] = (
+            _max_rate(batch, sc, r.overrides, slo_ttft_p90_ms / 1000, agg) if slo_ttft_p90_ms is not None else None)
+        row["notes"] = list(r.notes)
+        out.append(row)
+    return out
+
+
+def compare_json(rows: list[dict[str, Any]]) -> str:
+    """JSON text of the rows (sorted keys, NaN/inf as null): identical inputs give identical bytes."""
+    return json.dumps(json_safe(rows), indent=2, sort_keys=True)
+
+
+BEST_RULE = ("best policy: among the policies whose mean TTFT p90 is within 1% (or the 95% CI) of the lowest, with "
+             "at most 1% of turns errored, within the decode HBM budget (peak pinned KV) and meeting the SLO when "
+             "given, the one holding the least pinned decode KV (time-weighted mean); ties in list order")
+BEST_CANDIDATES = ("off", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
+
+
+def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None,
+                budget_gib: float | None = None) -> dict[str, Any]:
+    """Apply :data:`BEST_RULE` to compare rows: ``{'policy', 'ttft_p90_s', 'pinned_kv_gib_mean', 'rule', 'why'}``."""
+    ok = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
+          and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
+          and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
+    why = ""
+    if not ok:
+        ok, why = list(rows), "no policy meets every constraint: the lowest TTFT p90 decides"
+    low = min(r["ttft_p90_s"] for r in ok)
+    near = [r for r in ok if r["ttft_p90_s"] <= low * 1.01 + (r["ttft_p90_s_ci95"] or 0.0)
+            or r["ttft_p90_s"] == low]
+    best = min(near, key=lambda r: (r["pinned_kv_gib_mean"], rows.index(r)))
+    return {"policy": best["policy"], "ttft_p90_s": best["ttft_p90_s"], "pinned_kv_gib_mean": best["pinned_kv_gib_mean"],
+            "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why,
+            "compared": [{k: r[k] for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean", "errors")}
+                         for r in rows]}
+
+
+FRAME_COLUMNS = ("policy", "gpus", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate",
+                 "reuse_rate", "pinned_kv_gib_mean", "pinned_kv_gib_peak", "errors", "preemptions",
+                 "prefill_utilization", "usd_per_million_turns")
+
+
+def compare_frame(rows: list[dict[str, Any]]) -> Any:
+    """The rows as a pandas frame of the headline columns (for the dashboard)."""
+    import pandas as pd
+
+    return pd.DataFrame([{k: r.get(k) for k in FRAME_COLUMNS} for r in rows], columns=list(FRAME_COLUMNS))

@@ -52,7 +52,9 @@ def main(sizes: list[int]) -> None:
     rows = []
     for n in sizes:
         load = os.getloadavg()
-        out = subprocess.run([sys.executable, "-c", CHILD, str(REF), str(n)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", CHILD, str(REF), str(n)], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"{n} conversations failed:\n{out.stderr}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["load_avg_before"] = load
         rows.append(row)

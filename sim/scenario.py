@@ -28,7 +28,9 @@ MAX_INLINE_EMPIRICAL_VALUES = 100_000  # ~1 MiB of YAML; larger samples belong i
 # any work; the engine refuses a run whose clock still reaches 2**24 s (overload + long TTL).
 MAX_SIM_TIME_S = 1e7
 MAX_CONVERSATIONS = 1_000_000
-MAX_TOTAL_TURNS = 1_000_000  # ~4.4 KiB of event log per turn: about 4.4 GiB at the limit
+# a streamed run (kvplan simulate) costs ~0.4 KiB per turn (plan, driver lists, exact summary columns): under
+# 4 GiB at the limit (benchmarks/bench_scale.py); an in-memory run (api.run, keep=True) ~1 KiB per turn
+MAX_TOTAL_TURNS = 10_000_000
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
 MAX_LOGNORMAL_SIGMA = 10.0

@@ -448,8 +448,13 @@ class ResultDirWriter:
         self.overwrite = overwrite
         check_result_dir(out, result_file_names(None, fmt), overwrite)
         parent = self.out.resolve().parent
-        parent.mkdir(parents=True, exist_ok=True)
-        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".stream", dir=parent))
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".stream", dir=parent))
+        except OSError as exc:
+            from kvplan.errors import input_error
+
+            raise input_error(f"--out {self.out}", f"cannot write ({exc.strerror or exc})") from None
         self._pq: Any = None
         self._csv: Any = None
         self._pending: list[pd.DataFrame] = []

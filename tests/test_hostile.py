@@ -148,7 +148,7 @@ SIM_CASES: list[Case] = [
     sim("lognormal sigma 1e6", "sigma", workload__turn_gap_s=dist("lognormal", median=5, sigma=1e6)),
     sim("lognormal gap sigma 10 median 1e6", "turn_gap_s", workload__turn_gap_s=dist("lognormal", median=1e6, sigma=10)),
     sim("turns 1e9", "turns", workload__turns=dist("constant", value=1e9)),
-    sim("turns 1e5 x 20", "turns", workload__turns=dist("constant", value=1e5)),
+    sim("turns 1e5 x 200", "turns", workload__conversations=200, workload__turns=dist("constant", value=1e5)),
     sim("conversations 1e7", "conversations", workload__conversations=10_000_000),
     sim("conversations 1e6 x 11 turns", "turns", workload__conversations=1_000_000,
         workload__turns=dist("constant", value=11)),

@@ -423,14 +423,6 @@ def turns_arrow_schema() -> Any:
     return pa.schema([pa.field(c, typ(c)) for c in TURN_COLUMNS])
 
 
-def pinned_change_points(series: pd.DataFrame) -> pd.DataFrame:
-    """The pinned series downsampled to its change points: one row per instant, the level after it."""
-    if series.empty:
-        return series.reset_index(drop=True)
-    last = np.append(series["t_s"].to_numpy()[1:] != series["t_s"].to_numpy()[:-1], True)
-    return series[last].reset_index(drop=True)
-
-
 class ResultDirWriter:
     """Writes a result directory while a run goes: ``turns.parquet`` (zstd, row groups) and/or ``turns.csv``
     are streamed into a hidden staging directory next to ``out`` and moved into ``out`` only by
@@ -512,13 +504,8 @@ class ResultDirWriter:
         try:
             self._close_turns()
             staged = {f"turns.{f}": self.stage / f"turns.{f}" for f in self.formats}
-            series = result.pinned_series()
+            staged.update(_stage_pinned(result.pinned_series(), self.stage, self.formats))
             files: dict[str, bytes] = {}
-            if "parquet" in self.formats:
-                buf = _parquet_bytes(pinned_change_points(series))
-                files["pinned.parquet"] = buf
-            if "csv" in self.formats:
-                files["pinned.csv"] = series.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode()
             files["scenario.yaml"] = yaml.safe_dump(
                 result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
             ).encode()
@@ -543,13 +530,36 @@ class ResultDirWriter:
         shutil.rmtree(self.stage, ignore_errors=True)
 
 
-def _parquet_bytes(df: pd.DataFrame) -> bytes:
+PINNED_SLICE_ROWS = 1_000_000  # pinned rows written per slice (a day's series never exists twice in memory)
+
+
+def _stage_pinned(series: pd.DataFrame, stage: Path, formats: tuple[str, ...]) -> dict[str, Path]:
+    """Write ``pinned.parquet`` (change points: one row per instant, the level after it; zstd) and/or
+    ``pinned.csv`` (every change) into ``stage`` slice by slice."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(), sink, compression="zstd")
-    return bytes(sink.getvalue().to_pybytes())
+    out: dict[str, Path] = {}
+    n = len(series)
+    if "parquet" in formats:
+        t = series["t_s"].to_numpy()
+        keep = np.flatnonzero(np.append(t[1:] != t[:-1], True)) if n else np.zeros(0, dtype=np.int64)
+        cols = {c: series[c].to_numpy(dtype=np.float64) for c in series.columns}
+        schema = pa.schema([pa.field(c, pa.float64()) for c in series.columns])
+        out["pinned.parquet"] = stage / "pinned.parquet"
+        with pq.ParquetWriter(out["pinned.parquet"], schema, compression="zstd") as w:
+            for i in range(0, max(len(keep), 1), PINNED_SLICE_ROWS):
+                idx = keep[i:i + PINNED_SLICE_ROWS]
+                table = pa.table({c: v[idx] for c, v in cols.items()}, schema=schema)
+                w.write_table(table, row_group_size=PINNED_SLICE_ROWS)
+    if "csv" in formats:
+        out["pinned.csv"] = stage / "pinned.csv"
+        with open(out["pinned.csv"], "wb") as fh:
+            fh.write(series.iloc[:0].to_csv(index=False, lineterminator="\n").encode())
+            for i in range(0, n, PINNED_SLICE_ROWS):
+                part = series.iloc[i:i + PINNED_SLICE_ROWS]
+                fh.write(part.to_csv(index=False, header=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode())
+    return out
 
 
 def write_result_dir(

@@ -1,0 +1,72 @@
+"""Headline metrics of the dashboard (pure: no Streamlit): values scaled for people, deltas and their colours."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# --- headline metrics (pure) --------------------------------------------------------------------------------
+
+
+DeltaColour = Literal["normal", "inverse", "off"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One ``st.metric``: label, value text, delta text (or ``None``), colour rule and help."""
+
+    label: str
+    value: str
+    delta: str | None
+    delta_color: DeltaColour
+    help: str
+
+
+def _delta(cur: float, base: float, unit: str, scale: float, digits: int) -> str | None:
+    if not (math.isfinite(cur) and math.isfinite(base)):
+        return None
+    d = (cur - base) * scale
+    if abs(d) < 0.5 * 10**-digits:
+        return None
+    return f"{d:+,.{digits}f} {unit}".rstrip()
+
+
+def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[Metric]:
+    """Headline metrics of ``current`` with their change against ``defaults`` (the vLLM-defaults run).
+
+    TTFT, errors and pinned HBM: lower is better (inverse colours); hit rate: higher is better.
+    """
+    spec: list[tuple[str, str, str, float, int, DeltaColour, str]] = [
+        ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
+        ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
+        ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),
+        ("Hit rate", "hit_rate", "pp", 100.0, 1, "normal",
+         "Follow-up turns that reused KV (pulled from D, local hit, or recomputed below the threshold)."),
+        ("Errors", "errors", "", 1.0, 0, "inverse", "Turns failed by kv_load_failure_policy=fail (declined reads)."),
+        ("Pinned decode KV mean", "pinned_kv_gib_mean", "GiB", 1.0, 1, "inverse",
+         "Time-weighted mean decode HBM held by retention, all decode nodes."),
+        ("Pinned decode KV peak", "pinned_kv_gib_peak", "GiB", 1.0, 1, "inverse", "Peak decode HBM held by retention."),
+    ]
+    out = []
+    for label, key, unit, scale, digits, colour, help_text in spec:
+        cur = float(current.get(key, math.nan))
+        base = float(defaults.get(key, math.nan))
+        if key == "hit_rate":
+            value = f"{cur:.1%}" if math.isfinite(cur) else "n/a"
+        elif not math.isfinite(cur):
+            value = "n/a"
+        else:
+            value = f"{cur * scale:,.{digits}f} {unit}".rstrip()
+        delta = _delta(cur, base, unit, scale, digits)
+        if unit == "ms":
+            # times of a second and more scaled for people (s, min, h), like the CLI
+            from kvplan.units import human_s
+
+            if math.isfinite(cur) and cur >= 1.0:
+                value = human_s(cur)
+            if delta is not None and abs(cur - base) >= 1.0:
+                delta = ("+" if cur > base else "") + human_s(cur - base)
+        out.append(Metric(label, value, delta, colour, help_text))
+    return out

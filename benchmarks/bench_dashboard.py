@@ -103,7 +103,7 @@ def bench_browser() -> dict[str, Any]:
         page.goto(url)
 
         def metric(label: str) -> Any:
-            return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
+            return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue").first
 
         def settled() -> None:
             page.wait_for_function(

@@ -1,0 +1,283 @@
+"""Result files of a run: ``turns.csv``/``turns.parquet``, ``summary.json``, ``pinned.*``, ``scenario.yaml``,
+streamed into a hidden staging directory and moved into ``--out`` only when complete (:mod:`kvplan.atomic`)."""
+
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from kvplan.atomic import check_result_dir, write_result_dir_files
+from kvplan.sim.events import Release, RouterResult
+
+GIB = 1024**3
+ROUTER_NAMES = {int(v): v.name.lower() for v in RouterResult}
+RELEASE_NAMES = {int(v): v.name.lower() for v in Release}
+
+TURN_COLUMNS = [
+    "conversation_id",
+    "turn",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "p_node",
+    "d_node",
+    "router",
+    "decision",
+    "local_hit_tokens",
+    "pulled_tokens",
+    "recomputed_tokens",
+    "failed_tokens",
+    "d_hit_tokens",
+    "p2d_tokens",
+    "overhead_s",
+    "prefill_queue_s",
+    "kv_pull_s",
+    "prefill_s",
+    "d_queue_s",
+    "p2d_transfer_s",
+    "first_decode_s",
+    "ttft_s",
+    "p_leg_s",
+    "d2p_xfer_s",
+    "finish_s",
+    "d2p_bytes",
+    "p2d_bytes",
+    "d_preemptions",
+    "p_hold_s",
+    "tpot_s",
+]
+
+if TYPE_CHECKING:
+    from kvplan.sim.results import Result
+
+
+# --- writers ---------------------------------------------------------------------------------------------
+
+FLOAT_FORMAT = "%.9f"
+
+
+def turns_csv_bytes(turns: pd.DataFrame) -> bytes:
+    """``turns.csv`` content with fixed column order and float format."""
+    return turns.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def json_safe(v: Any) -> Any:
+    """A JSON-ready copy: tuples to lists, NumPy scalars to Python, NaN and infinities to None."""
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [json_safe(x) for x in v]
+    if isinstance(v, np.generic):
+        return json_safe(v.item())
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return v
+
+
+def summary_json_bytes(summary: dict[str, Any]) -> bytes:
+    """``summary.json`` content (sorted keys, NaN written as null)."""
+    return (json.dumps(json_safe(summary), indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+
+
+FORMATS = ("parquet", "csv", "both")
+ROW_GROUP_ROWS = 65_536  # turns per parquet row group (streamed runs write one as soon as it is full)
+INT_COLUMNS = (
+    "conversation_id", "turn", "prompt_tokens", "output_tokens", "p_node", "d_node", "local_hit_tokens",
+    "pulled_tokens", "recomputed_tokens", "failed_tokens", "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes",
+    "d_preemptions",
+)
+STR_COLUMNS = ("router", "decision")
+
+
+def _formats(fmt: str) -> tuple[str, ...]:
+    if fmt not in FORMATS:
+        from kvplan.errors import input_error
+
+        raise input_error("--format", f"unknown format '{fmt}'", "use csv, parquet or both")
+    return ("parquet", "csv") if fmt == "both" else (fmt,)
+
+
+def result_file_names(extra_files: dict[str, bytes] | None = None, fmt: str = "csv") -> list[str]:
+    """The files :func:`write_result_dir` / :class:`ResultDirWriter` write into a result directory."""
+    names = [f"turns.{f}" for f in _formats(fmt)] + [f"pinned.{f}" for f in _formats(fmt)]
+    return [*names, "summary.json", "scenario.yaml", *(extra_files or {})]
+
+
+def turns_arrow_schema() -> Any:
+    """The fixed Arrow schema of ``turns.parquet`` (int64 counts, float64 times, string labels)."""
+    import pyarrow as pa
+
+    def typ(c: str) -> Any:
+        return pa.int64() if c in INT_COLUMNS else pa.string() if c in STR_COLUMNS else pa.float64()
+
+    return pa.schema([pa.field(c, typ(c)) for c in TURN_COLUMNS])
+
+
+class ResultDirWriter:
+    """Writes a result directory while a run goes: ``turns.parquet`` (zstd, row groups) and/or ``turns.csv``
+    are streamed into a hidden staging directory next to ``out`` and moved into ``out`` only by
+    :meth:`commit`, together with ``pinned.*``, ``scenario.yaml`` and ``summary.json``, through
+    :func:`kvplan.atomic.write_result_dir_files` (manifest last). A run killed midway leaves only the hidden
+    staging directory, never anything at ``out`` that looks complete; :meth:`abort` removes it.
+    """
+
+    def __init__(self, out: str | Path, fmt: str = "parquet", overwrite: bool = False) -> None:
+        import tempfile
+
+        self.out = Path(out)
+        self.formats = _formats(fmt)
+        self.fmt = fmt
+        self.overwrite = overwrite
+        check_result_dir(out, result_file_names(None, fmt), overwrite)
+        parent = self.out.resolve().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".stream", dir=parent))
+        except OSError as exc:
+            from kvplan.errors import input_error
+
+            raise input_error(f"--out {self.out}", f"cannot write ({exc.strerror or exc})") from None
+        self._pq: Any = None
+        self._csv: Any = None
+        self._pending: list[pd.DataFrame] = []
+        self._pending_rows = 0
+        self._rows = 0
+
+    def write_turns(self, turns: pd.DataFrame) -> None:
+        """Append finished turns (in order); parquet row groups are written as they fill."""
+        if "csv" in self.formats:
+            if self._csv is None:
+                self._csv = open(self.stage / "turns.csv", "wb")  # noqa: SIM115 - closed in commit/abort
+                self._csv.write(turns_csv_bytes(turns))
+            elif len(turns):
+                body = turns.to_csv(index=False, header=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+                self._csv.write(body.encode())
+        self._rows += len(turns)
+        if "parquet" in self.formats:
+            self._pending.append(turns)
+            self._pending_rows += len(turns)
+            while self._pending_rows >= ROW_GROUP_ROWS:
+                self._flush_parquet(ROW_GROUP_ROWS)
+
+    def _flush_parquet(self, n: int | None) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._pq is None:
+            self._pq = pq.ParquetWriter(self.stage / "turns.parquet", turns_arrow_schema(), compression="zstd")
+        if not self._pending:
+            return
+        rows = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
+        n = len(rows) if n is None else n
+        head, rest = rows.iloc[:n], rows.iloc[n:]
+        if len(head):
+            table = pa.Table.from_pandas(head, schema=turns_arrow_schema(), preserve_index=False).replace_schema_metadata()
+            self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self._pending = [rest.reset_index(drop=True)] if len(rest) else []
+        self._pending_rows = len(rest)
+
+    def _close_turns(self) -> None:
+        if "csv" in self.formats:
+            if self._csv is None:
+                self.write_turns(pd.DataFrame({c: pd.Series(dtype=float) for c in TURN_COLUMNS}))
+            self._csv.close()
+        if "parquet" in self.formats:
+            self._flush_parquet(None)
+            self._pq.close()
+
+    def commit(self, result: Result, extra_files: dict[str, bytes] | None = None) -> Path:
+        """Close the streams and move the complete result into ``out`` (summary and manifest last)."""
+        import shutil
+
+        import yaml
+
+        try:
+            self._close_turns()
+            staged = {f"turns.{f}": self.stage / f"turns.{f}" for f in self.formats}
+            staged.update(_stage_pinned(result.pinned_series(), self.stage, self.formats))
+            files: dict[str, bytes] = {}
+            files["scenario.yaml"] = yaml.safe_dump(
+                result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False
+            ).encode()
+            files.update(extra_files or {})
+            files["summary.json"] = summary_json_bytes(result.summary)  # last: its presence means the rest is there
+            return write_result_dir_files(self.out, files, self.overwrite, staged=staged)
+        finally:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop the staged files (a failed or interrupted run)."""
+        import shutil
+
+        for fh in (self._csv,):
+            if fh is not None and not fh.closed:
+                fh.close()
+        if self._pq is not None:
+            try:
+                self._pq.close()
+            except Exception:  # noqa: BLE001 - best effort: the staging directory goes anyway
+                pass
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+
+PINNED_SLICE_ROWS = 1_000_000  # pinned rows written per slice (a day's series never exists twice in memory)
+
+
+def _stage_pinned(series: pd.DataFrame, stage: Path, formats: tuple[str, ...]) -> dict[str, Path]:
+    """Write ``pinned.parquet`` (change points: one row per instant, the level after it; zstd) and/or
+    ``pinned.csv`` (every change) into ``stage`` slice by slice."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out: dict[str, Path] = {}
+    n = len(series)
+    if "parquet" in formats:
+        t = series["t_s"].to_numpy()
+        keep = np.flatnonzero(np.append(t[1:] != t[:-1], True)) if n else np.zeros(0, dtype=np.int64)
+        cols = {c: series[c].to_numpy(dtype=np.float64) for c in series.columns}
+        schema = pa.schema([pa.field(c, pa.float64()) for c in series.columns])
+        out["pinned.parquet"] = stage / "pinned.parquet"
+        with pq.ParquetWriter(out["pinned.parquet"], schema, compression="zstd") as w:
+            for i in range(0, max(len(keep), 1), PINNED_SLICE_ROWS):
+                idx = keep[i:i + PINNED_SLICE_ROWS]
+                table = pa.table({c: v[idx] for c, v in cols.items()}, schema=schema)
+                w.write_table(table, row_group_size=PINNED_SLICE_ROWS)
+    if "csv" in formats:
+        out["pinned.csv"] = stage / "pinned.csv"
+        with open(out["pinned.csv"], "wb") as fh:
+            fh.write(series.iloc[:0].to_csv(index=False, lineterminator="\n").encode())
+            for i in range(0, n, PINNED_SLICE_ROWS):
+                part = series.iloc[i:i + PINNED_SLICE_ROWS]
+                fh.write(part.to_csv(index=False, header=False, float_format=FLOAT_FORMAT, lineterminator="\n").encode())
+    return out
+
+
+def write_result_dir(
+    result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False,
+    fmt: str = "csv",
+) -> Path:
+    """Write a kept run's ``turns.*``, ``summary.json``, ``pinned.*`` and ``scenario.yaml`` into ``out``.
+
+    A new directory appears only when complete; an existing non-empty one is refused unless ``overwrite``,
+    which replaces only kvplan's own files there and keeps every other file (:mod:`kvplan.atomic`).
+    """
+    w = ResultDirWriter(out, fmt, overwrite)
+    try:
+        w.write_turns(result.turns)
+    except BaseException:
+        w.abort()
+        raise
+    return w.commit(result, extra_files)

@@ -16,35 +16,19 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, EventChunk, col
-from kvplan.sim.result_files import (  # the result files and their constants, re-exported here
-    FLOAT_FORMAT as FLOAT_FORMAT,
-)
-from kvplan.sim.result_files import (
+from kvplan.sim.result_files import (  # the result files; writers re-exported (see __all__)
+    FLOAT_FORMAT,
     GIB,
     RELEASE_NAMES,
     ROUTER_NAMES,
     TURN_COLUMNS,
-)
-from kvplan.sim.result_files import (
-    ResultDirWriter as ResultDirWriter,
-)
-from kvplan.sim.result_files import (
-    json_safe as json_safe,
-)
-from kvplan.sim.result_files import (
-    result_file_names as result_file_names,
-)
-from kvplan.sim.result_files import (
-    summary_json_bytes as summary_json_bytes,
-)
-from kvplan.sim.result_files import (
-    turns_arrow_schema as turns_arrow_schema,
-)
-from kvplan.sim.result_files import (
-    turns_csv_bytes as turns_csv_bytes,
-)
-from kvplan.sim.result_files import (
-    write_result_dir as write_result_dir,
+    ResultDirWriter,
+    json_safe,
+    result_file_names,
+    summary_json_bytes,
+    turns_arrow_schema,
+    turns_csv_bytes,
+    write_result_dir,
 )
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.stream import RunStream
@@ -340,3 +324,16 @@ def build_result(
     turns = stream.turns()
     return Result(scenario, seed, ev, turns, stats.to_dict(), bytes_all_ranks, notes, frames["pinned"], stats,
                   frames.get("held"))
+
+
+#: Re-exported from :mod:`kvplan.sim.result_files`: callers import the writers from here.
+__all__ = [
+    "FLOAT_FORMAT",
+    "ResultDirWriter",
+    "json_safe",
+    "result_file_names",
+    "summary_json_bytes",
+    "turns_arrow_schema",
+    "turns_csv_bytes",
+    "write_result_dir",
+]

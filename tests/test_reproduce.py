@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,6 @@ from kvplan.calibration.published import (
 from kvplan.calibration.published_data import PUBLISHED_CSV, PUBLISHED_SHA256
 from kvplan.models.arch import QWEN3_32B, descriptors_per_transfer, kv_bytes_per_token_per_rank
 from kvplan.models.costs import (
-    PrefillCost,
-    TransferCost,
     decode_step_time_s,
     prefill_time_s,
     prep_time_s,
@@ -33,23 +30,8 @@ from kvplan.models.costs import (
 from kvplan.models.profile import load_profile
 from kvplan.sim.api import run
 
-SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-LLMD = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
 REPO = Path(__file__).resolve().parents[1]
-BUNDLED_BENCH = REPO / "tests" / "data" / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
-
-# "True" parameters the synthetic traces are drawn from (Qwen3-32B-like at TP8 on p5en). per_byte_s is the
-# p5en line rate, the value the fit holds it at (bytes and descriptors are collinear for one model).
-TRUE_PREFILL = PrefillCost(fixed_s=0.015, per_token_s=2.5e-5, attention_s=4e-10)
-# the post is part of xferDuration (NIXL times both from postXferReq), so it is smaller than it everywhere
-TRUE_XFER = TransferCost(fixed_s=0.005, per_descriptor_s=6e-7, per_byte_s=2e-11, post_fixed_s=1e-3,
-                         post_per_descriptor_s=2e-7)
-DECODE_INTERCEPT_S = 0.006  # batch-1 step: fixed_s + per_seq_s
-DECODE_PER_CTX_S = 8.5e-9
-BPT = kv_bytes_per_token_per_rank(QWEN3_32B, 8)
-NOISE = 0.03  # multiplicative timing noise of the writers (3 %, what real repeated measurements scatter by)
-RECOVERY_TOL = 0.05
-HELDOUT_TOL = 0.03
+BPT = kv_bytes_per_token_per_rank(QWEN3_32B, 8)  # Qwen3-32B KV bytes per token per rank at TP8
 
 
 def test_reproduce_json_meets_tolerances(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One-command setup and run for kvplan, needing only ``python3`` (3.11+).
 
-    python3 dev.py run     # create .venv, install kvplan, run the main job on the embedded P5en default
-    python3 dev.py test    # create .venv, install kvplan with test extras, run ruff, mypy, lint-imports, pytest
+    python3 dev.py run     # create .venv, install kvplan, compile its hot path, run the main job on the P5en default
+    python3 dev.py test    # the same with the test extras, then ruff, mypy, lint-imports, pytest
 
 The virtual environment is created in ``.venv`` next to this file and reused on later calls; the
 install step is skipped when ``pyproject.toml`` has not changed since the last install.
@@ -63,9 +63,21 @@ def ensure_typecheck_shim(root: Path = ROOT) -> Path:
     return link
 
 
+def build_native() -> bool:
+    """Compile the simulator's hot path for the current sources (``kvplan native build``; see sim/native.py).
+
+    A failed build is not fatal: kvplan then runs the same model in pure Python (about 2x slower).
+    """
+    code = sh(BIN / "kvplan", "native", "build", check=False)
+    if code != 0:
+        print("warning: the compiled build failed; kvplan runs in pure Python (slower)", flush=True)
+    return code == 0
+
+
 def run_main() -> None:
     """The main job: reproduce the published P5en points and simulate the embedded default scenario."""
-    ensure_env("")
+    ensure_env("native")
+    build_native()
     kv = BIN / "kvplan"
     if (ROOT / "app" / "cmd_reproduce.py").exists():
         sh(kv, "reproduce")
@@ -74,13 +86,15 @@ def run_main() -> None:
 
 def run_tests(extra_args: list[str]) -> None:
     """Lint, type-check, check the import layers and run the whole test suite."""
-    ensure_env("dev,ray")
+    ensure_env("dev,ray,native")
+    # with a compiled build, tests/test_native.py must compare it with pure Python (never skip)
+    env = {**os.environ, "KVPLAN_REQUIRE_NATIVE": "1"} if build_native() else dict(os.environ)
     sh(BIN / "ruff", "check", ".")
     shim = ensure_typecheck_shim()
     sh(BIN / "mypy")  # the files and packages to check are in pyproject.toml [tool.mypy]
     # the contracts are in pyproject.toml [tool.importlinter]; kvplan is imported from this tree through the shim
     sh(BIN / "lint-imports", env={**os.environ, "PYTHONPATH": str(shim.parent)})
-    sh(PY, "-m", "pytest", "-q", *extra_args)
+    sh(PY, "-m", "pytest", "-q", *extra_args, env=env)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from kvplan.app import (
     cmd_compare,
     cmd_cost,
     cmd_dashboard,
+    cmd_native,
     cmd_profile,
     cmd_recommend,
     cmd_reproduce,
@@ -30,7 +31,7 @@ from kvplan.errors import KvplanInputError
 COMMAND_MODULES = (
     cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_compare,
     cmd_workload,
-    cmd_dashboard, cmd_validate,
+    cmd_dashboard, cmd_validate, cmd_native,
 )
 
 app = typer.Typer(

@@ -31,8 +31,8 @@ import simpy
 
 from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.context import Request
 from kvplan.sim.events import Ev
+from kvplan.sim.request import Request
 
 
 class BatchOwner(Protocol):

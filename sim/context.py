@@ -1,4 +1,4 @@
-"""Shared run state: the request record, derived constants and the wiring every node needs."""
+"""Shared run state: derived constants and the wiring every node needs (the request record is in request.py)."""
 
 from __future__ import annotations
 
@@ -11,97 +11,18 @@ from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_region
 from kvplan.models.costs import CostModel, post_time_s, prep_time_s, xfer_time_s
 from kvplan.sim.events import EventLog
 from kvplan.sim.link import Fabric, Link
-from kvplan.sim.router import KVParams, Router
+from kvplan.sim.request import D2P, HOST2P, P2D, Request
+from kvplan.sim.router import Router
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.tp import rank_plan
+
+__all__ = ["D2P", "HOST2P", "P2D", "Ctx", "Request"]  # Request and the directions live in sim/request.py
 
 if TYPE_CHECKING:
     from kvplan.sim.aggregated import AggregatedNode
     from kvplan.sim.decode import DecodeNode
     from kvplan.sim.engine import Driver
     from kvplan.sim.prefill import PrefillNode
-
-D2P = 0  # bidirectional read-back: P reads D's retained blocks
-P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
-HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
-
-
-class Request:
-    """One turn in flight: the P leg then the D leg. Plain slots object (hot path)."""
-
-    __slots__ = (
-        "conv",
-        "turn",
-        "prompt",
-        "output",
-        "params",
-        "index",
-        "error",
-        "p_node",
-        "d_node",
-        "p_remaining",
-        "p_ctx",
-        "p_decided",
-        "p_compute_start",
-        "local_hit",
-        "d_blocks",
-        "d_p",
-        "d_j",
-        "d_g0",
-        "d_rem",
-        "d_seq",
-        "d_first_done",
-        "d_generated",
-        "d_resume",
-        "d_preemptions",
-        "d_state",
-        "d_hit",
-        "d_epoch",
-        "p_blocks",
-        "p_hold",
-        "p_lease_expiry",
-        "p_tracked",
-        "p_lapsed",
-    )
-
-    def __init__(
-        self, conv: int, turn: int, index: int, prompt: int, output: int, params: KVParams | None
-    ) -> None:
-        self.conv = conv
-        self.turn = turn
-        self.index = index  # flat turn index in the ConversationPlan
-        self.prompt = prompt
-        self.output = output
-        self.params = params
-        self.error = False
-        self.p_node = -1
-        self.d_node = -1
-        self.p_remaining = 0
-        self.p_ctx = 0
-        self.p_decided = False
-        self.p_compute_start = -1.0
-        self.local_hit = 0
-        self.d_blocks = 0  # KV blocks this request holds in D's pool outside the batch (admitted, not joined)
-        # in D's batch: virtual prompt (tokens its next step attends), join step, tokens sampled at join,
-        # steps left at join, finish-heap sequence number (-1 once it left)
-        self.d_p = prompt
-        self.d_j = 0
-        self.d_g0 = 0
-        self.d_rem = output
-        self.d_seq = -1
-        self.d_first_done = False
-        self.d_generated = 0  # tokens sampled when last preempted
-        self.d_resume = False  # preempted: recompute locally on D when readmitted
-        self.d_preemptions = 0
-        self.d_state = 0  # 0 waiting/in batch, 1 recomputing on D, 2 recomputed and waiting to join
-        self.d_hit = 0  # D prefix-hit tokens at its last (re)admission
-        self.d_epoch = 0  # bumped when a recompute in progress is preempted (its completion is then ignored)
-        self.p_blocks = 0  # KV blocks this request holds in P's pool (computing, pulling or held for D)
-        self.p_hold = False  # P holds its prompt's blocks under a lease until D has read them
-        self.p_lease_expiry = 0.0  # P's initial lease deadline
-        self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
-        self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
-
 
 @dataclass
 class Ctx:

@@ -37,6 +37,26 @@ def shared_dir() -> Path:
     return need_shared()
 
 
+def rerun_pure(request: pytest.FixtureRequest) -> bool:
+    """For tests that monkeypatch the hot modules (compiled classes cannot be patched): when this process runs
+    the compiled build (sim/native.py), run the test in a pure-Python child (``KVPLAN_NATIVE=0``), require it
+    to pass, and return True (the caller returns); False when already pure (the caller runs the test body)."""
+    import subprocess
+    import sys
+
+    from kvplan.sim import native
+
+    if not native.status()["active"]:
+        return False
+    env = {**os.environ, "KVPLAN_NATIVE": "0"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"the pure-Python run of {request.node.nodeid} failed:\n{res.stdout[-3000:]}"
+    assert " 1 passed" in res.stdout, res.stdout[-1000:]
+    return True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "shared_data: the test reads ../shared (listed in the terminal summary)")
 

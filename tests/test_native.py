@@ -1,0 +1,137 @@
+"""The compiled build (sim/native.py) is the same program as the pure-Python modules it is compiled from.
+
+Each scenario of a matrix that exercises every hot path (open loop, closed loop with decode preemption in
+both decode modes, trace replay, 2P2D with per-NIC sharing and heterogeneous TP, lease/offload retention,
+aggregated replicas) runs twice through ``kvplan simulate``: in a child with the compiled build and in a
+child with ``KVPLAN_NATIVE=0``; every output file must be byte-identical. Without a current build the
+comparison skips, unless ``KVPLAN_REQUIRE_NATIVE=1`` (set by ``dev.py test`` after a successful build).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import small
+
+from kvplan.sim import native
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+REQUIRE = os.environ.get("KVPLAN_REQUIRE_NATIVE") == "1"
+
+
+def _pressure() -> dict[str, Any]:
+    wl = {
+        "conversations": 40, "arrival": {"kind": "closed_loop", "clients": 40, "max_active_conversations": 40},
+        "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 1024},
+        "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 4096},
+    }
+    dep = {"decode_kv_capacity_tokens": 10 * 1024, "max_num_seqs": 64, "prefill_prefix_caching": False,
+           "max_num_batched_tokens": 65536}
+    return small(workload=wl, deployment=dep, policy={"bidirectional": False})
+
+
+def _scenarios() -> dict[str, dict[str, Any]]:
+    two = {"prefill_nodes": 2, "decode_nodes": 2, "max_num_seqs": 64, "prefill_prefix_caching": True}
+    return {
+        "open_loop": small(),
+        "preemption_fast": _pressure(),
+        "preemption_exact": {**_pressure(), "simulation": {"decode_mode": "exact"}},
+        "trace_replay": {"workload": {"trace": {"path": str(TRACES / "mooncake_small.jsonl")}}},
+        "2p2d_hetero_tp_lease": small(
+            deployment={**two, "tensor_parallel_size": 8, "decode_tensor_parallel_size": 4},
+            policy={"bidirectional": True, "retention": {"kind": "lease"}},
+        ),
+        "2p2d_offload_prefix_aware": small(
+            deployment={**two, "routing": "prefix_aware"}, policy={"bidirectional": True, "decoder_kv_blocks_ttl_s": 5,
+                                                               "offload": {}},
+        ),
+        "aggregated": small(deployment={"mode": "aggregated", "replicas": 2, "max_num_seqs": 64,
+                                        "prefill_prefix_caching": True}),
+    }
+
+
+def _simulate(scenario: Path, out: Path, pure: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != native.ENV_SWITCH}
+    if pure:
+        env[native.ENV_SWITCH] = "0"
+    code = (
+        "import sys; from kvplan.sim import native; from kvplan.app.cli import main; "
+        f"st = native.status(); assert st['active'] is {not pure}, st; sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "simulate", str(scenario), "--out", str(out), "--format", "both"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def compiled() -> None:
+    if native.current_build() is None:
+        msg = "no compiled build for the current sources (run `kvplan native build`)"
+        if REQUIRE:
+            pytest.fail(f"{msg} and KVPLAN_REQUIRE_NATIVE=1")
+        pytest.skip(msg)
+
+
+@pytest.mark.parametrize("name", sorted(_scenarios()))
+def test_compiled_build_gives_byte_identical_results(compiled: None, name: str, tmp_path: Path) -> None:
+    sc = _scenarios()[name]
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(sc, sort_keys=True))
+    outs = {}
+    for pure in (False, True):
+        out = tmp_path / ("pure" if pure else "compiled")
+        res = _simulate(path, out, pure)
+        assert res.returncode == 0, res.stderr[-2000:]
+        outs[pure] = out
+    files = sorted(p.name for p in outs[False].iterdir())
+    assert files == sorted(p.name for p in outs[True].iterdir())
+    assert {"turns.parquet", "turns.csv", "summary.json"} <= set(files)
+    for f in files:
+        assert (outs[False] / f).read_bytes() == (outs[True] / f).read_bytes(), f"{name}: {f} differs"
+
+
+def _tree(tmp: Path) -> Path:
+    root = tmp / "kvplan"
+    for d in native._PKG_DIRS:
+        (root / d).mkdir(parents=True, exist_ok=True)
+        for p in (native.package_root() / d).glob("*.py"):
+            shutil.copy2(p, root / d / p.name)
+    return root
+
+
+def test_any_source_edit_makes_the_build_stale(tmp_path: Path) -> None:
+    """The digest covers every source of the package the hot path can import, not only the compiled ones."""
+    root = _tree(tmp_path)
+    base = native.source_digest(root)
+    assert native.source_digest(root) == base
+    for rel in ("sim/decode.py", "models/costs.py", "sim/scenario.py", "errors.py"):
+        p = root / rel
+        old = p.read_bytes()
+        p.write_bytes(old + b"\n# edited\n")
+        assert native.source_digest(root) != base, rel
+        p.write_bytes(old)
+    assert native.source_digest(root) == base
+
+
+def test_no_build_means_pure_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an empty build directory (or a manifest that lists the wrong modules) nothing compiled is served."""
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path))
+    assert native.current_build() is None
+    d = tmp_path / native.source_digest()
+    d.mkdir()
+    (d / native.MANIFEST).write_text('{"files": {"kvplan.sim.decode": "decode.so"}}')
+    assert native.current_build() is None  # incomplete: refused
+    env = {**os.environ, native.ENV_DIR: str(tmp_path)}
+    env.pop(native.ENV_SWITCH, None)
+    res = subprocess.run([sys.executable, "-c", "from kvplan.sim import native; print(native.status()['active'])"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.stdout.strip() == "False", res.stderr

@@ -31,6 +31,7 @@ import simpy
 
 from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s
 from kvplan.sim.blocks import BlockPool
+from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
 from kvplan.sim.request import Request
 
@@ -244,7 +245,7 @@ class DecodeBatch:
         self._base = self.step
         self._last_n = n
         dt = self._plan_t0 + self._steps_time(n) - self.env.now
-        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_boundary(gen, n))
+        call_later(self.env, max(dt, 0.0), lambda _e: self._on_boundary(gen, n))
 
     def _on_boundary(self, gen: int, n: int) -> None:
         if gen != self._gen:

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
-from kvplan.models.costs import CostModel, post_time_s, prep_time_s, xfer_time_s
+from kvplan.models.costs import CostModel
 from kvplan.sim.events import EventLog
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.request import D2P, HOST2P, P2D, Request
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.tp import rank_plan
+from kvplan.sim.xfer import Reads
 
 __all__ = ["D2P", "HOST2P", "P2D", "Ctx", "Request"]  # Request and the directions live in sim/request.py
 
@@ -42,12 +43,10 @@ class Ctx:
     decode: list[DecodeNode] = field(default_factory=list)
     replicas: list[AggregatedNode] = field(default_factory=list)  # aggregated mode only
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
-    handshaken: set[tuple[int, int, int]] = field(default_factory=set)
     fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
     kv_bytes_rank: int = 0
     block_size: int = 16
-    _xfer_seq: int = 0
     host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
     p_tp: int = 0  # prefill TP (0: ``tp``)
     d_tp: int = 0  # decode TP (0: ``tp``)
@@ -72,6 +71,7 @@ class Ctx:
         self.threshold_applies_to_p2d = pol.bidirectional if pol.threshold_applies_to_p2d is None else (
             pol.threshold_applies_to_p2d
         )
+        self.reads = Reads(self)  # the NIXL READs of the run (compiled hot path)
 
     @staticmethod
     def nic(role: str, node: int, ingress: bool) -> int:
@@ -121,40 +121,10 @@ class Ctx:
     ) -> tuple[float, float]:
         """Start a NIXL READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
 
-        Returns (bytes summed over ranks, descriptors per rank). The reader pays a one-off handshake the
-        first time it contacts that remote engine (pull_worker.start_load_kv background handshake).
+        Returns (bytes summed over ranks, descriptors per rank); see :class:`kvplan.sim.xfer.Reads` (the
+        nodes call ``ctx.reads.start`` directly).
         """
-        plan = self.plans[direction]
-        reader = self.d_costs if direction == P2D else self.costs
-        assert reader is not None
-        tc = reader.transfer
-        # descriptors per reader rank = regions x blocks for each source rank it reads from
-        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
-        nbytes_rank = tokens * plan.bottleneck_bytes_per_token  # through the busiest NIC of the read
-        post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
-        lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
-        pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
-        if (p, d, direction) not in self.handshaken:
-            self.handshaken.add((p, d, direction))
-            pre += tc.handshake_s
-        self._xfer_seq += 1
-        key = self._xfer_seq
-        link = self.link(p, d, direction)
-        env = self.env
-        tail = pre + tc.poll_s
-
-        def bw_done(bw_s: float) -> None:
-            # the shared-bandwidth phase is modelled first, then the unshared latency (request creation,
-            # fixed and per-descriptor xferDuration, post included; handshake) and the step-boundary poll:
-            # same duration, one event fewer
-            xfer = lat_x + bw_s
-            if tail > 0:
-                env.timeout(tail).callbacks.append(lambda _e: on_done(xfer, post))
-            else:
-                on_done(xfer, post)
-
-        link.send(key, nbytes_rank, bw_done)
-        return float(tokens * plan.total_bytes_per_token), float(desc)
+        return self.reads.start(p, d, direction, tokens, on_done)
 
     def xfer_bytes(self, direction: int, tokens: int) -> int:
         """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""

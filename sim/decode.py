@@ -35,6 +35,7 @@ from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
+from kvplan.sim.clock import call_later
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.retention import Retention
@@ -200,7 +201,7 @@ class DecodeNode:
         if preempted and not self._retry_pending:
             # vLLM schedules no waiting request in a step that preempted: retry after it
             self._retry_pending = True
-            self.env.timeout(0.0).callbacks.append(self._retry)
+            call_later(self.env, 0.0, self._retry)
         return preempted
 
     def _retry(self, _e: object) -> None:
@@ -353,7 +354,7 @@ class DecodeNode:
         if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
             return
         self._admit_wake_at = t
-        self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._try_admit())
+        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._try_admit())
 
     def _start_p2d(self, r: Request, hit: int) -> None:
         ctx = self.ctx
@@ -364,13 +365,13 @@ class DecodeNode:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
             ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
-            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
+            call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
             pnode.release_hold(r, HoldRelease.NOTIFIED)
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
-            env.timeout(t).callbacks.append(lambda _e: self.batch.ready(r, r.prompt, 0))
+            call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
@@ -379,7 +380,7 @@ class DecodeNode:
             self.batch.ready(r, r.prompt, 0)
 
         ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
-        ctx.transfer(r.p_node, self.idx, P2D, tokens, done)
+        ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
@@ -391,7 +392,7 @@ class DecodeNode:
         self.running[r] = None
         epoch = r.d_epoch
         t = prefill_time_s(self.costs.prefill, tokens - hit, hit, self.chunk)
-        env.timeout(t).callbacks.append(lambda _e: self._recomputed(r, epoch))
+        call_later(env, t, lambda _e: self._recomputed(r, epoch))
 
     def _recomputed(self, r: Request, epoch: int) -> None:
         if epoch != r.d_epoch:

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvplan.sim.clock import call_later
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.events import Ev
 from kvplan.sim.scenario import ClosedLoopArrival
@@ -74,7 +75,7 @@ class Driver:
         env = self.env
         delay = t_arrival - env.now + self.p_leg
         if delay > 0:
-            env.timeout(delay).callbacks.append(lambda _e: self._at_p(c, i, t_arrival))
+            call_later(env, delay, lambda _e: self._at_p(c, i, t_arrival))
         else:
             self._at_p(c, i, t_arrival)
 
@@ -99,7 +100,7 @@ class Driver:
             self.source.turn_over(r.conv, r.index)
             return
         if self.d_leg > 0:
-            self.env.timeout(self.d_leg).callbacks.append(lambda _e: self._at_d(r))
+            call_later(self.env, self.d_leg, lambda _e: self._at_d(r))
         else:
             self._at_d(r)
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import simpy
 
+from kvplan.sim.clock import call_later
+
 EPS_S = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
 
@@ -84,7 +86,7 @@ class Link:
             return
         delay = max(self._heap[0][0] - self._v, 0.0) * self.per_byte_s / self.frac
         gen = self._gen
-        self.env.timeout(delay).callbacks.append(lambda _e: self._complete(gen))
+        call_later(self.env, delay, lambda _e: self._complete(gen))
 
     def _complete(self, gen: int) -> None:
         if gen != self._gen:

@@ -33,10 +33,12 @@ from types import ModuleType
 
 HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.request",
+    "kvplan.sim.clock",
     "kvplan.sim.blocks",
     "kvplan.sim.batch",
     "kvplan.sim.retention",
     "kvplan.sim.link",
+    "kvplan.sim.xfer",
     "kvplan.sim.router",
     "kvplan.sim.decode",
     "kvplan.sim.prefill",

@@ -36,6 +36,7 @@ from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
+from kvplan.sim.clock import call_later
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 
@@ -223,7 +224,7 @@ class PrefillNode:
             self._kick()
 
         ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
-        ctx.transfer(self.idx, d, D2P, tokens, done)
+        ctx.reads.start(self.idx, d, D2P, tokens, done)
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
@@ -237,7 +238,7 @@ class PrefillNode:
             self._kick()
 
         ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
-        ctx.transfer(self.idx, d, HOST2P, tokens, done)
+        ctx.reads.start(self.idx, d, HOST2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
         """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""
@@ -322,7 +323,7 @@ class PrefillNode:
         if self._wake_at <= t and self._wake_at > self.env.now:
             return
         self._wake_at = t
-        self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._on_lapse_timer())
+        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._on_lapse_timer())
 
     def _on_lapse_timer(self) -> None:
         self._lapse_due(self.env.now)

@@ -1,0 +1,74 @@
+"""Starting a NIXL READ between a P and a D: descriptors, bytes through the busiest NIC, latency phases.
+
+Moved out of :class:`~kvplan.sim.context.Ctx` (which keeps ``Ctx.transfer`` as the entry point for other
+callers) so that it is compiled with the other hot modules (sim/native.py). The NIXL semantics are those
+of models/costs.py: the reader pays request creation (``prep``, before NIXL's timer), xferDuration
+(fixed + per descriptor + per byte, the post inside it) and the step-boundary ``poll_s``; the one-off
+handshake the first time a reader contacts that remote engine (``pull_worker.start_load_kv``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvplan.models.costs import post_time_s, prep_time_s, xfer_time_s
+from kvplan.sim.clock import call_later
+from kvplan.sim.link import Link
+from kvplan.sim.request import P2D
+
+
+class Reads:
+    """The reads of one run: per-direction rank plans and reader costs, links by (P, D, direction)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
+        self.plans: dict[int, Any] = ctx.plans
+        self.regions: int = ctx.regions
+        self.block_size: int = ctx.block_size
+        self.handshaken: set[tuple[int, int, int]] = set()
+        self.links: dict[tuple[int, int, int], Link] = {}
+        self.seq = 0
+
+    def start(
+        self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]
+    ) -> tuple[float, float]:
+        """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
+
+        Returns (bytes summed over ranks, descriptors per rank).
+        """
+        ctx = self.ctx
+        plan = self.plans[direction]
+        reader = ctx.d_costs if direction == P2D else ctx.costs
+        tc = reader.transfer
+        # descriptors per reader rank = regions x blocks for each source rank it reads from
+        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
+        nbytes_rank = float(tokens * plan.bottleneck_bytes_per_token)  # through the busiest NIC of the read
+        post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
+        lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
+        pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
+        key3 = (p, d, direction)
+        if key3 not in self.handshaken:
+            self.handshaken.add(key3)
+            pre += tc.handshake_s
+        self.seq += 1
+        link = self.links.get(key3)
+        if link is None:
+            link = ctx.link(p, d, direction)
+            self.links[key3] = link
+        tail = pre + tc.poll_s
+        env = self.env
+
+        def bw_done(bw_s: float) -> None:
+            # the shared-bandwidth phase is modelled first, then the unshared latency (request creation,
+            # fixed and per-descriptor xferDuration, post included; handshake) and the step-boundary poll:
+            # same duration, one event fewer
+            xfer = lat_x + bw_s
+            if tail > 0:
+                call_later(env, tail, lambda _e: on_done(xfer, post))
+            else:
+                on_done(xfer, post)
+
+        link.send(self.seq, nbytes_rank, bw_done)
+        return float(tokens * plan.total_bytes_per_token), float(desc)

@@ -65,6 +65,9 @@ class Run(_Frozen):
     input_tokens: int = Field(gt=0, description="Input length of every request.")
     output_tokens: int = Field(gt=0, description="Output length of every request.")
     measured: dict[str, float] = Field(description="Measured metrics (keys of SERVING_METRICS).")
+    deployment: dict[str, Any] = Field(
+        default_factory=dict, description="Deployment fields of this run over the case's (e.g. its replica count)."
+    )
 
 
 class Case(_Frozen):
@@ -167,13 +170,16 @@ def _decode_curve(case: Case, rs: Any) -> list[dict[str, Any]]:
 
 
 def run_scenario(case: Case, run: Run) -> Any:
-    """The scenario a serving run stands for: the case's deployment, single-turn requests as measured."""
+    """The scenario a serving run stands for: the case's deployment (the run's own fields over it), single-turn
+    requests as measured."""
     from kvplan.sim.scenario import scenario_from_dict
 
     arrival = dict(run.arrival)
     if arrival.get("kind") == "closed_loop":
         arrival.setdefault("max_active_conversations", arrival.get("clients", 1))
     data = dict(case.scenario or {})
+    if run.deployment:
+        data["deployment"] = {**dict(data.get("deployment") or {}), **run.deployment}
     data["workload"] = {
         "conversations": run.requests,
         "arrival": arrival,

@@ -81,6 +81,8 @@ SCREEN_CHECK_MIN_GIB = 0.5
 SCREEN_DISAGREEMENT_REL = 0.2
 VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
 VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
+#: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
+IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
 PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
             "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
@@ -376,11 +378,13 @@ def _decide(setup: _Setup, st: _Stages) -> Recommendation:
     router = router_ttl(ttl, setup.margin, st.allowance)
     bidir = not choice.retention_off
     rationale = choice.rationale
+    # with retention off the threshold and router TTL only matter if the operator keeps bidirectional on anyway
+    kept_on = IF_KEPT_ON if choice.retention_off else ""
     if choice.retention_off:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
-    rationale.append(threshold_rationale(st.threshold, setup.be))
-    rationale.append(f"Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {st.allowance:g} s "
+    rationale.append(kept_on + threshold_rationale(st.threshold, setup.be))
+    rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {st.allowance:g} s "
                      "P-decision allowance).")
     warnings.extend(_run_warnings(setup, ttl))
     if rec is not None:

@@ -112,15 +112,15 @@ def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | N
     return decode_text(read_bytes(path, max_bytes, where), where)
 
 
-def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Any, bool]:
-    """Parse a JSON file with :func:`json.loads`.
+def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> tuple[Any, bool]:
+    """Parse a JSON file with :func:`json.loads` (errors name ``field``, default: the path).
 
     Returns ``(value, has_non_finite)``: Python's JSON reader accepts the non-standard constants
     ``NaN``, ``Infinity`` and ``-Infinity``; they become floats here and the flag tells the caller to
     look for them (and name the field) with :func:`find_non_finite`.
     """
-    where = file_label(path)
-    text = read_text(path, max_bytes)
+    where = file_label(path) if field is None else field
+    text = read_text(path, max_bytes, where)
     stripped = text.rstrip()
     if not stripped:
         raise input_error(where, "file holds only whitespace, no JSON")

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.safe_yaml import load_yaml_text
 
 Kind = Literal["prefill_curve", "decode_curve", "serving", "published"]
 MAX_CASE_BYTES = 256 * 1024
@@ -104,10 +104,9 @@ def load_case(name: str) -> Case:
     path = _cases_dir() / f"{name}.yaml"
     if path.stat().st_size > MAX_CASE_BYTES:
         raise input_error(str(path), "validation case larger than 256 KiB")
+    raw = load_yaml_text(path.read_text(encoding="utf-8"), str(path))  # a key given twice is an error, not the last
     try:
-        case = Case.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except yaml.YAMLError:
-        raise input_error(str(path), "malformed validation case (not YAML)") from None
+        case = Case.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])

@@ -18,6 +18,7 @@ from kvplan.calibration.validate import (
     validate,
     validate_case,
 )
+from kvplan.errors import KvplanInputError
 from kvplan.models.costs import decode_step_time_s, prefill_time_s
 from kvplan.sim.api import run
 from kvplan.sim.engine import resolve
@@ -237,3 +238,13 @@ def test_a_run_kvplan_cannot_simulate_is_reported_not_fatal() -> None:
     assert any(w.startswith("no prediction for too long: ") for w in r["not_expressible"])
     assert all(p["predicted"] is None for p in r["points"] if p["label"] == "too long")
     assert all(p["predicted"] is not None for p in r["points"] if p["label"] != "too long")
+
+
+def test_case_with_a_key_given_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvplan.calibration.validate as v
+
+    shipped = (v._cases_dir() / "p5en-published.yaml").read_text(encoding="utf-8")
+    (tmp_path / "p5en-published.yaml").write_text(shipped + "kind: serving\n", encoding="utf-8")
+    monkeypatch.setattr(v, "_cases_dir", lambda: tmp_path)
+    with pytest.raises(KvplanInputError, match="kind"):
+        load_case("p5en-published")

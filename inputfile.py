@@ -41,12 +41,13 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover - the loop always returns
 
 
-def check_file(path: PathLike, max_bytes: int) -> int:
+def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
     """Check that ``path`` is a readable, non-empty regular file of at most ``max_bytes``; return its size.
 
-    Only ``stat`` is called: an oversized file is refused before it is opened.
+    Only ``stat`` is called: an oversized file is refused before it is opened. Errors name ``field``
+    (default: the path as given).
     """
-    where = file_label(path)
+    where = file_label(path) if field is None else field
     if max_bytes <= 0:
         raise input_error(where, f"max_bytes must be positive, got {max_bytes}")
     try:
@@ -71,10 +72,13 @@ def check_file(path: PathLike, max_bytes: int) -> int:
     return st.st_size
 
 
-def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
-    """Read a UTF-8 text file of at most ``max_bytes`` (a leading BOM is dropped)."""
-    where = file_label(path)
-    check_file(path, max_bytes)
+def read_bytes(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``: refused from ``stat`` before it is opened
+    (:func:`check_file`), and refused if it grew past the limit while being read (at most ``max_bytes + 1``
+    bytes are ever read). Errors name ``field`` (default: the path as given). Hash this result where a hash
+    of the file is needed."""
+    where = file_label(path) if field is None else field
+    check_file(path, max_bytes, where)
     try:
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)
@@ -84,27 +88,39 @@ def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
         raise input_error(
             where, f"file is larger than the {_human_bytes(max_bytes)} limit", "raise max_bytes"
         )
+    return data
+
+
+def decode_text(data: bytes, field: str) -> str:
+    """Decode the bytes of a text file as UTF-8 (a leading BOM is dropped); a NUL byte (a binary file) or
+    invalid UTF-8 is an error naming ``field`` and the line."""
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise input_error(where, f"byte {nul} is a NUL byte: this is a binary file, not a text trace")
+        raise input_error(field, f"byte {nul} is a NUL byte: this is a binary file, not a text trace")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise input_error(
-            where, f"line {line}: byte {exc.start} is not valid UTF-8", "save it as UTF-8"
+            field, f"line {line}: byte {exc.start} is not valid UTF-8", "save it as UTF-8"
         ) from None
 
 
-def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Any, bool]:
-    """Parse a JSON file with :func:`json.loads`.
+def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> str:
+    """Read a UTF-8 text file of at most ``max_bytes`` (:func:`read_bytes`, then :func:`decode_text`)."""
+    where = file_label(path) if field is None else field
+    return decode_text(read_bytes(path, max_bytes, where), where)
+
+
+def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> tuple[Any, bool]:
+    """Parse a JSON file with :func:`json.loads` (errors name ``field``, default: the path).
 
     Returns ``(value, has_non_finite)``: Python's JSON reader accepts the non-standard constants
     ``NaN``, ``Infinity`` and ``-Infinity``; they become floats here and the flag tells the caller to
     look for them (and name the field) with :func:`find_non_finite`.
     """
-    where = file_label(path)
-    text = read_text(path, max_bytes)
+    where = file_label(path) if field is None else field
+    text = read_text(path, max_bytes, where)
     stripped = text.rstrip()
     if not stripped:
         raise input_error(where, "file holds only whitespace, no JSON")
@@ -265,6 +281,7 @@ __all__ = [
     "check_array",
     "check_file",
     "check_integral",
+    "decode_text",
     "file_label",
     "find_non_finite",
     "integer",
@@ -273,6 +290,7 @@ __all__ = [
     "median",
     "number",
     "number_array",
+    "read_bytes",
     "read_text",
     "short_repr",
 ]

@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         conversations: int | None = typer.Option(None, "--conversations", help="Override workload.conversations."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay this trace instead of the synthetic workload."),
         workers: int = typer.Option(1, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
+        recommendation: Path | None = typer.Option(
+            None, "--recommendation",
+            help="`kvplan recommend --json` output for this scenario: ttl_recommended reuses it (same rows) instead "
+                 "of rerunning the advisor; refused if made for another scenario, replication count, SLO, budget or grid."),
     ) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
@@ -46,6 +50,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.scenario import load_scenario, with_overrides
 
         names = parse_policies(policies)
+        rec = load_recommendation(recommendation) if recommendation is not None else None
         if not 1 <= replications <= 1000:
             raise input_error("--replications", f"must be in [1, 1000], got {replications}")
         if html is not None:
@@ -70,7 +75,7 @@ def register(app: typer.Typer) -> None:
         bar, cb = _progress_bar()
         with bar:
             rows = compare(sc, names, replications=replications, slo_ttft_p90_ms=slo_ttft_p90_ms, usd_per_node_hour=usd,
-                           workers=n_workers, progress=cb)
+                           workers=n_workers, progress=cb, recommendation=rec)
         if html is not None:
             from kvplan.app.figures import compare_figure
             from kvplan.atomic import atomic_write_bytes
@@ -87,6 +92,33 @@ def register(app: typer.Typer) -> None:
             c.print(line, markup=False)
         if html is not None:
             c.print(f"wrote {html}", markup=False)
+
+
+#: A ``kvplan recommend --json`` file is a few hundred KiB at most (its TTL curve and checks).
+MAX_RECOMMENDATION_BYTES = 4 * 1024**2
+#: The recommendation fields ``ttl_recommended`` uses, with the JSON types they must have.
+RECOMMENDATION_FIELDS: dict[str, tuple[type, ...]] = {
+    "bidirectional": (bool,), "decoder_kv_blocks_ttl_s": (int, float), "kv_recompute_threshold_tokens": (int,),
+    "router_ttl_s": (int, float), "kv_load_failure_policy": (str,), "inputs": (dict,),
+}
+
+
+def load_recommendation(path: Path) -> dict[str, Any]:
+    """A ``kvplan recommend --json`` file, bounded and checked field by field (one-line errors naming the option)."""
+    from kvplan.errors import input_error
+    from kvplan.inputfile import load_json
+
+    where = f"--recommendation {path}"
+    value, _ = load_json(path, MAX_RECOMMENDATION_BYTES, where)
+    if not isinstance(value, dict):
+        raise input_error(where, "not a JSON object", "pass the output of `kvplan recommend --json`")
+    for key, types in RECOMMENDATION_FIELDS.items():
+        v = value.get(key)
+        ok = isinstance(v, types) and (bool in types or not isinstance(v, bool))
+        if not ok or (isinstance(v, float) and not math.isfinite(v)):
+            raise input_error(where, f"field '{key}' is missing or not a {'/'.join(t.__name__ for t in types)}",
+                              "pass the output of `kvplan recommend --json`")
+    return value
 
 
 def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from kvplan.sim.advice import Recommendation
+from kvplan.sim.advice import IF_KEPT_ON, Recommendation
 
 
 def register(app: typer.Typer) -> None:
@@ -90,11 +90,12 @@ def render_text(rec: Recommendation) -> list[str]:
 
     knobs = (f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
              f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s")
-    head = (f"{knobs}, bidirectional_kv_xfer = true" if rec.bidirectional else
-            f"bidirectional_kv_xfer = false: retention does not pay for this workload (see why:); only if you keep it "
-            f"on: {knobs}")
+    # retention off: the TTL, threshold and router TTL are not part of the advice, only a marked conditional line
+    head = ([f"{knobs}, bidirectional_kv_xfer = true"] if rec.bidirectional else
+            ["bidirectional_kv_xfer = false: retention does not pay for this workload (see why:)",
+             f"  {IF_KEPT_ON}{knobs}"])
     lines = [
-        head,
+        *head,
         *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms, pinned KV "
            f"mean {rec.best_policy['pinned_kv_gib_mean']:.1f} GiB; `kvplan compare` for the whole table)"]
           if rec.best_policy else []),
@@ -127,6 +128,7 @@ def render_text(rec: Recommendation) -> list[str]:
         "",
         "prefill and decode servers (identical):",
         f"  --kv-transfer-config '{json.dumps(rec.kv_transfer_config['prefill'], separators=(',', ':'))}'",
-        f"router: {rec.router['how']}",
+        f"router: {rec.router['how']}" if rec.bidirectional else f"router, {IF_KEPT_ON[0].lower()}{IF_KEPT_ON[1:]}"
+                                                                  f"{rec.router['how']}",
     ]
     return lines

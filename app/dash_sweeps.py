@@ -264,10 +264,14 @@ def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:
 def advice_view(rec: Mapping[str, Any]) -> AdviceView:
     """Lay out ``Recommendation.to_json()`` of ``sim.advice`` (settings, expected vs baselines with CIs,
     rationale and binding constraint, warnings and disagreements, rules and assumptions, the config)."""
+    # retention off: the knobs apply only if bidirectional is kept on against the advice, and say so
+    off = bool(rec.get("retention_off"))
+    cond = " (only if kept on)" if off else ""
     settings = [
-        ("decoder_kv_blocks_ttl", f"{float(rec['decoder_kv_blocks_ttl_s']):g} s"),
-        ("kv_recompute_threshold", f"{int(rec['kv_recompute_threshold_tokens'])} tokens"),
-        ("router TTL", f"{float(rec['router_ttl_s']):g} s"),
+        *([("bidirectional_kv_xfer", "false (retention off)")] if off else []),
+        (f"decoder_kv_blocks_ttl{cond}", f"{float(rec['decoder_kv_blocks_ttl_s']):g} s"),
+        (f"kv_recompute_threshold{cond}", f"{int(rec['kv_recompute_threshold_tokens'])} tokens"),
+        (f"router TTL{cond}", f"{float(rec['router_ttl_s']):g} s"),
     ]
     if rec.get("kv_load_failure_policy"):
         settings.append(("kv_load_failure_policy", str(rec["kv_load_failure_policy"])))
@@ -283,6 +287,8 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
         rationale.append(f"Binding constraint: {rec['binding_constraint']}.")
     router = rec.get("router")
     how = str(router.get("how", "")) if isinstance(router, Mapping) else ""
+    if off and how:
+        how = f"only if you keep bidirectional_kv_xfer on (not recommended): {how}"
     return AdviceView(
         settings=tuple(settings),
         comparison=pd.DataFrame(table),

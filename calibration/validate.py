@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.safe_yaml import load_yaml_text
 
 Kind = Literal["prefill_curve", "decode_curve", "serving", "published"]
 MAX_CASE_BYTES = 256 * 1024
@@ -65,6 +65,9 @@ class Run(_Frozen):
     input_tokens: int = Field(gt=0, description="Input length of every request.")
     output_tokens: int = Field(gt=0, description="Output length of every request.")
     measured: dict[str, float] = Field(description="Measured metrics (keys of SERVING_METRICS).")
+    deployment: dict[str, Any] = Field(
+        default_factory=dict, description="Deployment fields of this run over the case's (e.g. its replica count)."
+    )
 
 
 class Case(_Frozen):
@@ -101,10 +104,9 @@ def load_case(name: str) -> Case:
     path = _cases_dir() / f"{name}.yaml"
     if path.stat().st_size > MAX_CASE_BYTES:
         raise input_error(str(path), "validation case larger than 256 KiB")
+    raw = load_yaml_text(path.read_text(encoding="utf-8"), str(path))  # a key given twice is an error, not the last
     try:
-        case = Case.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except yaml.YAMLError:
-        raise input_error(str(path), "malformed validation case (not YAML)") from None
+        case = Case.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -167,13 +169,16 @@ def _decode_curve(case: Case, rs: Any) -> list[dict[str, Any]]:
 
 
 def run_scenario(case: Case, run: Run) -> Any:
-    """The scenario a serving run stands for: the case's deployment, single-turn requests as measured."""
+    """The scenario a serving run stands for: the case's deployment (the run's own fields over it), single-turn
+    requests as measured."""
     from kvplan.sim.scenario import scenario_from_dict
 
     arrival = dict(run.arrival)
     if arrival.get("kind") == "closed_loop":
         arrival.setdefault("max_active_conversations", arrival.get("clients", 1))
     data = dict(case.scenario or {})
+    if run.deployment:
+        data["deployment"] = {**dict(data.get("deployment") or {}), **run.deployment}
     data["workload"] = {
         "conversations": run.requests,
         "arrival": arrival,

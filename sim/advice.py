@@ -81,6 +81,8 @@ SCREEN_CHECK_MIN_GIB = 0.5
 SCREEN_DISAGREEMENT_REL = 0.2
 VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
 VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
+#: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
+IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
 PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
             "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
@@ -112,7 +114,8 @@ class Recommendation:
     ``router_ttl_s``, ``kv_transfer_config`` (``prefill`` and ``decode``), ``expected`` (metrics at the
     recommendation, each with a ``<metric>_ci95`` half-width) and ``baseline`` (vLLM defaults), plus
     ``bidirectional_off``, ``decode_hbm``, ``binding_constraint``, ``rationale``, ``rules``, ``assumptions``,
-    ``warnings``, ``ttl_curve``, ``threshold_check``, ``slo`` and ``disagreements``.
+    ``warnings``, ``ttl_curve``, ``threshold_check``, ``slo`` and ``disagreements``, and ``inputs`` (what it
+    was computed from, :func:`recommendation_inputs`: a recommendation is reused only for the same inputs).
     """
 
     bidirectional: bool
@@ -137,6 +140,7 @@ class Recommendation:
     slo: dict[str, Any] = field(default_factory=dict)
     disagreements: tuple[str, ...] = ()
     best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (sim/compare.py)
+    inputs: dict[str, Any] = field(default_factory=dict)  # recommendation_inputs() of the call
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (lists for tuples; NaN kept as float)."""
@@ -146,6 +150,17 @@ class Recommendation:
         """JSON text (sorted keys, NaN/inf written as null)."""
 
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True)
+
+
+def recommendation_inputs(sc: Scenario, replications: int, ttl_grid: Sequence[float], slo_ttft_p90_ms: float | None,
+                          decode_hbm_budget_gib: float | None) -> dict[str, Any]:
+    """What a recommendation depends on: the scenario's SHA-256 (canonical JSON), the replications, the TTL grid
+    (sorted, unique) and the SLO and budget (``workers`` and the backend do not change it)."""
+    import hashlib
+
+    return {"scenario_sha256": hashlib.sha256(sc.model_dump_json().encode()).hexdigest(),
+            "replications": int(replications), "ttl_grid_s": sorted({float(t) for t in ttl_grid}),
+            "slo_ttft_p90_ms": slo_ttft_p90_ms, "decode_hbm_budget_gib": decode_hbm_budget_gib}
 
 
 def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_policy: str) -> dict[str, Any]:
@@ -275,11 +290,12 @@ def recommend(
     setup = _setup(as_scenario(scenario), slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.candidates) + len(setup.grid) + 1)
     runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address)
-    rec = _decide(setup, _simulate_stages(setup, runner))
-    if not policies or setup.sc.deployment.mode == "aggregated":
-        return rec
     from dataclasses import replace
 
+    rec = replace(_decide(setup, _simulate_stages(setup, runner)),
+                  inputs=recommendation_inputs(setup.sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    if not policies or setup.sc.deployment.mode == "aggregated":
+        return rec
     from kvplan.sim.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides
 
     rows = compare(setup.sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
@@ -376,11 +392,13 @@ def _decide(setup: _Setup, st: _Stages) -> Recommendation:
     router = router_ttl(ttl, setup.margin, st.allowance)
     bidir = not choice.retention_off
     rationale = choice.rationale
+    # with retention off the threshold and router TTL only matter if the operator keeps bidirectional on anyway
+    kept_on = IF_KEPT_ON if choice.retention_off else ""
     if choice.retention_off:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
-    rationale.append(threshold_rationale(st.threshold, setup.be))
-    rationale.append(f"Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {st.allowance:g} s "
+    rationale.append(kept_on + threshold_rationale(st.threshold, setup.be))
+    rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {st.allowance:g} s "
                      "P-decision allowance).")
     warnings.extend(_run_warnings(setup, ttl))
     if rec is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,13 +178,31 @@ def recommended_overrides(sc: Scenario, replications: int, workers: int,
 
 
 def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
-    """The scenario overrides of a :class:`kvplan.sim.advice.Recommendation` and a one-line description."""
-    ov = {"policy.bidirectional": rec.bidirectional, "policy.decoder_kv_blocks_ttl_s": float(rec.decoder_kv_blocks_ttl_s),
-          "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
-          "policy.router_ttl_s": float(rec.router_ttl_s), "policy.kv_load_failure_policy": rec.kv_load_failure_policy}
-    what = (f"TTL {rec.decoder_kv_blocks_ttl_s} s, threshold {rec.kv_recompute_threshold_tokens}, router TTL "
-            f"{rec.router_ttl_s} s, {rec.kv_load_failure_policy}" if rec.bidirectional else "retention off")
+    """The scenario overrides of a :class:`kvplan.sim.advice.Recommendation` (or its ``to_json()`` object) and a
+    one-line description."""
+    r = rec if isinstance(rec, Mapping) else rec.to_dict()
+    ov = {"policy.bidirectional": r["bidirectional"], "policy.decoder_kv_blocks_ttl_s": float(r["decoder_kv_blocks_ttl_s"]),
+          "policy.kv_recompute_threshold_tokens": r["kv_recompute_threshold_tokens"],
+          "policy.router_ttl_s": float(r["router_ttl_s"]), "policy.kv_load_failure_policy": r["kv_load_failure_policy"]}
+    what = (f"TTL {r['decoder_kv_blocks_ttl_s']} s, threshold {r['kv_recompute_threshold_tokens']}, router TTL "
+            f"{r['router_ttl_s']} s, {r['kv_load_failure_policy']}" if r["bidirectional"] else "retention off")
     return ov, what
+
+
+def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: str = "--recommendation") -> Any:
+    """``rec`` (a Recommendation or its ``to_json()`` object) if it is the one ``compare`` would compute for
+    ``ttl_recommended`` (same scenario and replications, default TTL grid, no SLO, no budget), so that reusing
+    it gives the same rows as rerunning the advisor; otherwise a one-line error naming ``where``."""
+    from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommendation_inputs
+
+    got = rec.get("inputs") if isinstance(rec, Mapping) else getattr(rec, "inputs", None)
+    want = recommendation_inputs(sc, replications, DEFAULT_TTL_GRID_S, None, None)
+    if got != want:
+        differ = sorted(k for k in want if not isinstance(got, Mapping) or got.get(k) != want[k])
+        raise input_error(where, f"not the recommendation compare would compute here (differs in: {', '.join(differ)})",
+                          f"run `kvplan recommend` on this scenario with --replications {replications} and no SLO, "
+                          "budget or TTL grid, or leave it out (compare then runs the advisor)")
+    return rec
 
 
 def _value(row: dict[str, Any], key: str) -> float:
@@ -275,18 +293,8 @@ def _max_rate(batch: _Batch, base: Scenario, ov: dict[str, Any], slo_s: float, a
     return good
 
 
-def compare(
-    sc: Scenario,
-    policies: Sequence[str] | str | None = None,
-    replications: int = 3,
-    slo_ttft_p90_ms: float | None = None,
-    usd_per_node_hour: float | None = None,
-    workers: int = 1,
-    progress: Callable[[int, int], None] | None = None,
-    recommended: tuple[dict[str, Any], str] | None = None,
-) -> list[dict[str, Any]]:
-    """One row per policy (in the order given): the metrics above, ``policy``, ``gpus``, ``description``, settings."""
-    names = parse_policies(policies)
+def _check_inputs(sc: Scenario, replications: int, slo_ttft_p90_ms: float | None) -> None:
+    """One-line errors for what compare cannot run."""
     if not isinstance(replications, int) or not 1 <= replications <= 1000:
         raise input_error("--replications", f"must be an integer in [1, 1000], got {replications!r}")
     if slo_ttft_p90_ms is not None and not (math.isfinite(slo_ttft_p90_ms) and slo_ttft_p90_ms > 0):
@@ -300,10 +308,34 @@ def compare(
     if slo_ttft_p90_ms is not None and isinstance(sc.workload.arrival, ClosedLoopArrival):
         raise input_error("--slo-ttft-p90-ms", "the maximum load is searched over a Poisson rate",
                           "use a poisson arrival (or leave out the SLO)")
+
+
+def compare(
+    sc: Scenario,
+    policies: Sequence[str] | str | None = None,
+    replications: int = 3,
+    slo_ttft_p90_ms: float | None = None,
+    usd_per_node_hour: float | None = None,
+    workers: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    recommended: tuple[dict[str, Any], str] | None = None,
+    recommendation: Any = None,
+) -> list[dict[str, Any]]:
+    """One row per policy (in the order given): the metrics above, ``policy``, ``gpus``, ``description``, settings.
+
+    ``ttl_recommended`` runs the advisor (:func:`recommended_overrides`) unless the caller already has its
+    values: ``recommended`` (overrides and description, as ``recommend --policies`` passes its own), or
+    ``recommendation`` (a Recommendation or its JSON object), checked by :func:`reusable_recommendation` to be
+    the one the advisor would compute here, so the rows are identical either way.
+    """
+    names = parse_policies(policies)
+    _check_inputs(sc, replications, slo_ttft_p90_ms)
     node = get_hardware(sc.hardware)
     usd = node.usd_per_hour if usd_per_node_hour is None else usd_per_node_hour  # None: no price known
     if usd is not None and not (math.isfinite(usd) and usd >= 0):
         raise input_error("--usd-per-node-hour", f"must be a number >= 0, got {usd!r}")
+    if recommendation is not None and recommended is None:
+        recommended = recommendation_overrides(reusable_recommendation(recommendation, sc, replications))
     rec_ov, rec_what = None, ""
     runs = [policy_run(n, sc, {}) for n in names]  # validate every variant before any work
     for r in runs:

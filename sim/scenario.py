@@ -18,6 +18,16 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
+from kvplan.sim.scenario_base import _Frozen
+from kvplan.sim.scenario_retention import (  # the policy.retention and policy.offload sections, re-exported
+    LeaseRetention as LeaseRetention,
+)
+from kvplan.sim.scenario_retention import (
+    Offload,
+    Retention,
+    TtlRetention,
+)
+from kvplan.sim.scenario_retention import TtlEvictableRetention as TtlEvictableRetention
 
 MAX_SCENARIO_BYTES = 4 * 1024**2
 MAX_EMPIRICAL_VALUES = 1_000_000
@@ -36,17 +46,6 @@ MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests be
 MAX_LOGNORMAL_SIGMA = 10.0
 MAX_TIME_SCALE = 1e6
 
-
-from kvplan.sim.scenario_base import _Frozen  # noqa: E402
-from kvplan.sim.scenario_retention import (  # noqa: E402 - the policy.retention and policy.offload sections
-    LeaseRetention as LeaseRetention,
-)
-from kvplan.sim.scenario_retention import (  # noqa: E402
-    Offload,
-    Retention,
-    TtlRetention,
-)
-from kvplan.sim.scenario_retention import TtlEvictableRetention as TtlEvictableRetention  # noqa: E402
 
 # --- distributions ---------------------------------------------------------------------------------------
 

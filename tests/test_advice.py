@@ -82,6 +82,16 @@ def test_gaps_beyond_every_ttl_turn_retention_down() -> None:
     why = " ".join(rec.rationale)
     assert "far beyond every TTL" in why and "retention down" in why
     assert rec.expected["pinned_kv_gib_mean"] == 0.0
+    # the threshold and router TTL are shown only as marked conditionals (CLI text and rationale)
+    from kvplan.app.cmd_recommend import render_text
+    from kvplan.sim.advice import IF_KEPT_ON
+
+    lines = render_text(rec)
+    assert lines[0].startswith("bidirectional_kv_xfer = false") and "kv_recompute_threshold" not in lines[0]
+    mentions = [ln for ln in lines if not ln.startswith("rule:") and ("kv_recompute_threshold =" in ln
+                or "Threshold " in ln or "Router TTL" in ln or ln.startswith("router"))]
+    assert len(mentions) == 4 and all(IF_KEPT_ON.strip().lower() in ln.lower() for ln in mentions), mentions
+    assert "kv_recompute_threshold" not in json.dumps(cfg)
 
 
 # --- acceptance 2: linear inline costs -> threshold equals the analytic break-even within one block ------------

@@ -131,3 +131,36 @@ def test_compare_counts_gpus_with_split_tp() -> None:
     with pytest.raises(KvplanInputError, match="whole number"):
         d["deployment"]["decode_tensor_parallel_size"] = 2
         compare(scenario_from_dict(d), ["aggregated"], replications=1)
+
+
+def test_ttl_recommended_reuses_a_recommendation(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recommendation the caller already has gives the same rows as rerunning the advisor, without rerunning it."""
+    from kvplan.sim import advice
+    from kvplan.sim.scenario import load_scenario
+
+    path = _scenario(tmp_path)
+    rec = advice.recommend(load_scenario(path), replications=1)
+    rec_file = tmp_path / "rec.json"
+    rec_file.write_text(rec.to_json())
+    args = ["compare", str(path), "--policies", "off,ttl_recommended", "--replications", "1", "--json"]
+    assert main(args) == 0  # runs the advisor itself
+    rerun = capsys.readouterr().out
+
+    def no_rerun(*_a: object, **_k: object) -> None:
+        raise AssertionError("the advisor was rerun")
+
+    monkeypatch.setattr(advice, "recommend", no_rerun)
+    assert main([*args, "--recommendation", str(rec_file)]) == 0
+    assert capsys.readouterr().out == rerun  # identical rows
+    sc = load_scenario(path)
+    assert compare(sc, ["ttl_recommended"], replications=1, recommendation=rec)[0]["settings"] == \
+        json.loads(rerun)[1]["settings"]
+    # another replication count (or scenario, SLO, budget, grid) is refused before any work, naming the option
+    with pytest.raises(KvplanInputError, match=r"^--recommendation: .*replications"):
+        compare(sc, ["ttl_recommended"], replications=2, recommendation=json.loads(rec.to_json()))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(rec.to_json()), "kv_recompute_threshold_tokens": "64"}))
+    assert main([*args, "--recommendation", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --recommendation {bad}: field 'kv_recompute_threshold_tokens'") and "Traceback" not in err

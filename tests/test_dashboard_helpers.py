@@ -107,6 +107,11 @@ def test_advice_view_and_config_snippets() -> None:
     flag = view.configs[1][1]
     assert flag.startswith("--kv-transfer-config '") and json.loads(flag.split("'")[1])["decoder_kv_blocks_ttl"] == 30
     assert sw.kv_transfer_config_snippets({"a": 1})[0][0] == "prefill and decode servers"
+    off = sw.advice_view({**rec, "retention_off": True})  # the knobs apply only if bidirectional is kept on
+    assert off.settings[0] == ("bidirectional_kv_xfer", "false (retention off)")
+    assert [label for label, _ in off.settings[1:4]] == [
+        f"{k} (only if kept on)" for k in ("decoder_kv_blocks_ttl", "kv_recompute_threshold", "router TTL")]
+    assert off.router_how.startswith("only if you keep bidirectional_kv_xfer on")
     assert sw.format_metric("pinned_kv_gib_mean", 2.0) == "2.0 GiB" and sw.format_metric("x", None) == "n/a"
 
 

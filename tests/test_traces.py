@@ -486,3 +486,31 @@ def test_real_ragpulse() -> None:
     assert fit["turn_gap_s"]["dist"] == "lognormal"
     appended = load_trace(RAGPULSE, on_clock_restart="append")
     assert appended.duration_s > 1.9 * tr.duration_s  # two weeks laid end to end
+
+
+def test_trace_reader_is_the_bounded_reader_of_inputfile(tmp_path: Path) -> None:
+    """Traces and text inputs are read, bounded and decoded by one reader; the digest is the file's bytes'."""
+    import hashlib
+
+    from kvplan.inputfile import read_bytes, read_text
+
+    good = DATA / "mooncake_small.jsonl"
+    assert load_trace(good, "mooncake").sha256 == hashlib.sha256(good.read_bytes()).hexdigest()
+    assert read_bytes(good) == good.read_bytes()
+    line = '{"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [1]}\n'
+    cases = {
+        "utf8": (line.encode() + b"\xff\xfe\n", "line 2: byte", 1 << 20),
+        "nul": (line.encode() + b"\x00\n", "NUL byte", 1 << 20),
+        "big": (line.encode() * 4, "larger than", len(line) * 2),
+    }
+    for name, (data, needle, limit) in cases.items():
+        f = tmp_path / f"{name}.jsonl"
+        f.write_bytes(data)
+        with pytest.raises(KvplanInputError) as trace_err:
+            load_trace(f, "mooncake", max_bytes=limit)
+        with pytest.raises(KvplanInputError) as text_err:
+            read_text(f, limit)
+        assert str(trace_err.value) == str(text_err.value)  # same field, same message
+        assert str(trace_err.value).startswith(f"{f}: ") and needle in str(trace_err.value)
+    with pytest.raises(KvplanInputError, match=r"^--trace: file not found"):
+        read_bytes(tmp_path / "none.jsonl", 10, "--trace")

@@ -18,6 +18,7 @@ from kvplan.calibration.validate import (
     validate,
     validate_case,
 )
+from kvplan.errors import KvplanInputError
 from kvplan.models.costs import decode_step_time_s, prefill_time_s
 from kvplan.sim.api import run
 from kvplan.sim.engine import resolve
@@ -96,8 +97,22 @@ def test_unresolvable_case_keeps_points_and_says_why() -> None:
         "model": "qwen3-32b", "hardware": "no-such-gpu", "deployment": {"tensor_parallel_size": 1}}}))
     assert r["status"] == "not expressible" and r["summary"]["predicted"] == 0 and len(r["points"]) == 17
     assert r["not_expressible"][0].startswith("no prediction: ") and "no-such-gpu" in r["not_expressible"][0]
-    rep = validate_case(load_case("llmd-vllm-replicas-a100-llama-3.1-8b"))
-    assert rep["status"] == "not expressible" and "disaggregation" in rep["not_expressible"][0]
+
+
+def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
+    case = load_case("llmd-vllm-replicas-a100-llama-3.1-8b")
+    scs = [run_scenario(case, x) for x in case.runs]
+    assert [sc.deployment.mode for sc in scs] == ["aggregated", "aggregated"]
+    assert [sc.deployment.replicas for sc in scs] == [2, 3]  # the run's own replica count over the case's
+    assert all(sc.deployment.tensor_parallel_size == 1 and sc.deployment.routing == "round_robin" for sc in scs)
+    assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5] and scs[1].workload.prefix_tokens.value == 10000
+    assert (case.scenario or {})["deployment"]["replicas"] == 2  # the override does not leak into the case
+    r = validate_case(case)
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8 and r["profile"]
+    by = {(p["label"], p["metric"]): p["predicted"] for p in r["points"]}
+    res = run(scs[1])
+    assert by[(case.runs[1].label, "ttft_mean_ms")] == pytest.approx(res.summary["ttft_mean_s"] * 1e3, abs=1e-3)
+    assert by[(case.runs[1].label, "tpot_p50_ms")] == pytest.approx(res.summary["tpot_p50_s"] * 1e3, abs=1e-3)
 
 
 def test_prefill_curve_is_the_resolved_cost_function() -> None:
@@ -194,6 +209,14 @@ def check_copies(shared: Path) -> None:
             assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
             assert r.arrival["burstiness"] == d["burstiness"]
             assert r.input_tokens * d["completed"] == d["total_input_tokens"]
+    reps = load_case("llmd-vllm-replicas-a100-llama-3.1-8b")
+    for r, stamp in zip(reps.runs, ("vllm-2replicas__benchmark_2025-05-11_22-45-40",
+                                    "vllm-3replicas__benchmark_2025-05-12_00-03-23"), strict=True):
+        d = json.loads((llmd / f"{stamp}.json").read_text(encoding="utf-8"))
+        assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
+                                            "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]}, abs=1e-3)
+        assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
+        assert r.arrival["burstiness"] == d["burstiness"] and r.input_tokens * d["completed"] == d["total_input_tokens"]
 
 
     moon = ext / "mooncake_pd_kv_transfer_tables" / "vllm_mooncake_1p1d_qwen3-8b_h800_tp8.csv"
@@ -215,3 +238,13 @@ def test_a_run_kvplan_cannot_simulate_is_reported_not_fatal() -> None:
     assert any(w.startswith("no prediction for too long: ") for w in r["not_expressible"])
     assert all(p["predicted"] is None for p in r["points"] if p["label"] == "too long")
     assert all(p["predicted"] is not None for p in r["points"] if p["label"] != "too long")
+
+
+def test_case_with_a_key_given_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvplan.calibration.validate as v
+
+    shipped = (v._cases_dir() / "p5en-published.yaml").read_text(encoding="utf-8")
+    (tmp_path / "p5en-published.yaml").write_text(shipped + "kind: serving\n", encoding="utf-8")
+    monkeypatch.setattr(v, "_cases_dir", lambda: tmp_path)
+    with pytest.raises(KvplanInputError, match="kind"):
+        load_case("p5en-published")

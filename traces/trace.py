@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
-from kvplan.inputfile import _short, check_file
+from kvplan.inputfile import _short, decode_text, read_bytes
 
 TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
@@ -98,25 +98,11 @@ class Trace:
 
 
 def _read_source(path: str | os.PathLike[str], max_bytes: int) -> tuple[str, str]:
-    """Return ``(text, sha256)`` of a UTF-8 file of at most ``max_bytes`` (refused from ``stat`` first)."""
+    """Return ``(text, sha256)`` of a UTF-8 file of at most ``max_bytes``: the bounded reader of
+    :mod:`kvplan.inputfile` (refused from ``stat`` first), the digest of the bytes read."""
     where = os.fspath(path)
-    check_file(path, max_bytes)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-    except OSError as exc:
-        raise input_error(where, f"cannot read the file ({exc.strerror})") from None
-    if len(data) > max_bytes:
-        raise input_error(where, f"file grew above max_bytes={max_bytes} while being read", "raise max_bytes")
-    digest = hashlib.sha256(data).hexdigest()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise input_error(
-            f"{where}: line {line}", f"byte {exc.start} is not valid UTF-8", "save as UTF-8"
-        ) from None
-    return text, digest
+    data = read_bytes(path, max_bytes, where)
+    return decode_text(data, where), hashlib.sha256(data).hexdigest()
 
 
 def _get(obj: Mapping[str, Any], name: str, where: str) -> Any:

@@ -19,7 +19,9 @@ st.title("Compare: retention off, TTL, lease, evictable pins, offload, aggregate
 if scenario is None:
     st.stop()
 st.caption("kvplan.sim.compare.compare simulates the sidebar scenario under each policy on the same GPUs, workload and "
-           "seeds (seed + k for replication k). ttl_recommended first runs the advisor's sweeps (slow).")
+           "seeds (seed + k for replication k). ttl_recommended reuses the Advice page's recommendation for this "
+           "scenario (no SLO, no budget, the same replications) when there is one, else first runs the advisor's "
+           "sweeps (slow).")
 names = [n for n in cmp.DEFAULT_POLICIES if cmp.implemented(n)]
 c1, c2 = st.columns([3, 1])
 chosen = c1.multiselect("policies", names, default=[n for n in names if n != "ttl_recommended"], key="compare_policies")
@@ -28,8 +30,13 @@ key = json.dumps([ds.scenario_key(scenario), chosen, int(reps)])
 if st.button("Compare", type="primary", key="compare_run"):
     bar = st.progress(0.0, text="simulating every policy")
     try:
+        advice = st.session_state.get(sw.advice_key(scenario, None, None, int(reps)))  # the Advice page's, if run
+        try:
+            advice = cmp.reusable_recommendation(advice, scenario, int(reps)) if advice is not None else None
+        except KvplanInputError:  # not the one compare would compute: compare runs the advisor itself
+            advice = None
         st.session_state[key] = cmp.compare(scenario, chosen, replications=int(reps),
-                                            progress=sw.progress_adapter(bar, "compare"))
+                                            progress=sw.progress_adapter(bar, "compare"), recommendation=advice)
     except KvplanInputError as exc:
         ds.show_error(exc)
     bar.empty()

@@ -41,6 +41,7 @@ from kvplan.models.costs import causal_pairs, decode_steps_time_s, mixed_step_ti
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
+from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -50,6 +51,7 @@ class AggregatedNode:
 
     def __init__(self, ctx: Ctx, idx: int) -> None:
         self.ctx = ctx
+        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
         dep = ctx.scenario.deployment
@@ -92,7 +94,7 @@ class AggregatedNode:
                 f"{req.prompt + req.output} tokens", "raise it or shorten prompts/outputs",
             )
         req.p_node = req.d_node = self.idx
-        self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -129,7 +131,7 @@ class AggregatedNode:
         r.p_remaining = r.prompt - hit
         decision = Decision.LOCAL if hit > 0 else Decision.MISS
         now = self.env.now
-        log = self.ctx.log
+        log = self.rows
         log.append((now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, hit))
         log.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
         r.p_compute_start = now
@@ -238,7 +240,7 @@ class AggregatedNode:
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:
         now = self.env.now
-        log = self.ctx.log
+        log = self.rows
         left = self._left
         done: list[Request] = []
         for r, n in chunks:
@@ -264,7 +266,7 @@ class AggregatedNode:
 
     def _finish(self, r: Request) -> None:
         now = self.env.now
-        self.ctx.log.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         del self._left[id(r)]
         self.running_blocks -= self._held.pop(id(r))
         self._put_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV

@@ -33,6 +33,7 @@ from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
+from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.request import Request
 
 
@@ -62,7 +63,7 @@ class DecodeBatch:
     """The running set of one decode engine, its step clock and its block growth."""
 
     def __init__(
-        self, env: simpy.Environment, log: list, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
+        self, env: simpy.Environment, log: RowBuffer, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
         block_size: int, owner: BatchOwner,
     ) -> None:
         self.env = env

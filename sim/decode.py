@@ -38,6 +38,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
+from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
@@ -48,6 +49,7 @@ class DecodeNode:
 
     def __init__(self, ctx: Ctx, idx: int) -> None:
         self.ctx = ctx
+        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
         sc = ctx.scenario
@@ -67,7 +69,7 @@ class DecodeNode:
         self.host = self.policy.host_tier()
         ctx.host_per_byte_s = self.policy.host_per_byte_s()
         self.batch = DecodeBatch(
-            self.env, ctx.log, idx, self.costs.decode, sc.deployment.max_num_seqs,
+            self.env, ctx.log.buf, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
         self._admit_q: deque[Request] = deque()
@@ -108,7 +110,7 @@ class DecodeNode:
             # the growth before ``t`` took its blocks (evicting cache) before this release frees any
             self._sync(self.batch.step_at(t))
         self.pool.pinned -= pin.blocks
-        self.ctx.log.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
+        self.rows.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
         if self.host is not None and why in (Release.EXPIRED, Release.EVICTED):
             self.host.put(pin.conv, pin.tokens)  # offload tier: the blocks are copied to host memory
         if why not in (Release.REUSED, Release.EVICTED):  # evicted blocks are taken by the allocation
@@ -228,7 +230,7 @@ class DecodeNode:
         r.d_preemptions += 1
         r.d_generated = sampled
         r.d_resume = True
-        self.ctx.log.append((self.env.now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        self.rows.append((self.env.now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
         self.pool.to_cache(r.conv, kv_tokens)
         self._inflight -= 1
         self._admit_q.appendleft(r)
@@ -258,7 +260,7 @@ class DecodeNode:
                 "raise it or shorten prompts/outputs",
             )
         req.d_node = self.idx
-        self.ctx.log.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
@@ -342,7 +344,7 @@ class DecodeNode:
             if r.d_resume:
                 self._recompute(r, tokens, hit)
             else:
-                self.ctx.log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
+                self.rows.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
                 self._start_p2d(r, hit)
         if admitted:
             batch.recheck()
@@ -363,7 +365,7 @@ class DecodeNode:
         pnode = ctx.prefill[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            ctx.log.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
@@ -375,17 +377,17 @@ class DecodeNode:
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
-            ctx.log.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            self.rows.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        ctx.log.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
+        self.rows.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
         ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
         env = self.env
-        self.ctx.log.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+        self.rows.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
         r.d_resume = False
         r.d_state = 1
         r.d_hit = hit
@@ -400,7 +402,7 @@ class DecodeNode:
         sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
         if not r.d_first_done:
             r.d_first_done = True
-            self.ctx.log.append((self.env.now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+            self.rows.append((self.env.now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
         if sampled >= r.output:
             self.finish(r)
         else:
@@ -414,7 +416,7 @@ class DecodeNode:
         env = self.env
         ctx = self.ctx
         now = env.now
-        ctx.log.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1
@@ -428,7 +430,7 @@ class DecodeNode:
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, Release.EXPIRED, now)
             self.pool.pinned += blocks
-            ctx.log.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens, expiry))
+            self.rows.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens, expiry))
             ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)

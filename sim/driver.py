@@ -26,6 +26,7 @@ import numpy as np
 from kvplan.sim.clock import call_later
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.events import Ev
+from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -48,6 +49,7 @@ class Driver:
 
     def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
         self.ctx = ctx
+        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan
         oh = ctx.costs.overhead
@@ -84,7 +86,7 @@ class Driver:
         self.source.reached_p(c, i)
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
-        log = ctx.log
+        log = self.rows
         log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))

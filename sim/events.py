@@ -1,10 +1,11 @@
 """The append-only event log: the single source of truth of a run.
 
-Every record is a tuple ``(t_s, kind, conv, turn, node, a, b)`` appended in simulation order (except
-lazily expired retention, whose release is logged with its true expiry time when noticed) through
-``ctx.log.append(...)``. :class:`EventLog` keeps the tuples of the current slice of simulated time only and
-turns them into typed columnar chunks (:class:`EventChunk`, NumPy arrays) when the engine flushes it, so a
-run never holds millions of Python tuples. Per-turn records, the summary and every time series are
+Every record is ``(t_s, kind, conv, turn, node, a, b)``, appended in simulation order (except lazily
+expired retention, whose release is logged with its true expiry time when noticed) through
+``ctx.log.append(...)`` (the compiled nodes append to ``ctx.log.buf``). :class:`EventLog` packs the rows
+of the current slice of simulated time as binary rows (sim/evlog.py) and turns them into typed columnar
+chunks (:class:`EventChunk`, NumPy arrays) when the engine flushes it, so a run never holds Python tuples
+for its events. Per-turn records, the summary and every time series are
 functions of this log (``results.py``, streamed by ``stream.py``). The meaning of ``a`` and ``b`` per kind
 is in :data:`SCHEMA` (one :class:`EventSpec` per kind, named fields); readers name fields through it.
 """
@@ -16,6 +17,8 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from kvplan.sim.evlog import ROW_BYTES, RowBuffer
 
 
 class Ev(IntEnum):
@@ -148,7 +151,11 @@ def col(kind: Ev, name: str) -> str:
     return SCHEMA[kind].column(name)
 
 
-_ROW = np.dtype([("t_s", "f8"), ("kind", "i8"), ("conv", "i8"), ("turn", "i8"), ("node", "i8"), ("a", "f8"), ("b", "f8")])
+# the packed row of sim/evlog.py (ROW_FORMAT "<dqqqqdd")
+_ROW = np.dtype(
+    [("t_s", "<f8"), ("kind", "<i8"), ("conv", "<i8"), ("turn", "<i8"), ("node", "<i8"), ("a", "<f8"), ("b", "<f8")]
+)
+assert _ROW.itemsize == ROW_BYTES
 
 
 class EventChunk(NamedTuple):
@@ -194,25 +201,37 @@ class EventChunk(NamedTuple):
         return len(self.t_s)
 
 
-class EventLog(list[tuple[Any, ...]]):
+class EventLog:
     """The run's event log: emit sites call ``append((t, kind, conv, turn, node, a, b))`` as on a list.
 
-    The list part holds only the tuples appended since the last :meth:`flush`, which hands them on as one
-    typed :class:`EventChunk` (the engine flushes between slices of simulated time). With ``keep`` the
-    chunks are kept and :meth:`chunk` returns the whole log (small runs, sweeps, tests); otherwise a
-    streaming consumer derives everything chunk by chunk and memory stays bounded.
+    Rows are packed as they come (:class:`kvplan.sim.evlog.RowBuffer`, ``buf``; the compiled nodes append to
+    it directly) and :meth:`flush` hands the rows since the last flush on as one typed
+    :class:`EventChunk` (the engine flushes between slices of simulated time). With ``keep`` the chunks
+    are kept and :meth:`chunk` returns the whole log (small runs, sweeps, tests); otherwise a streaming
+    consumer derives everything chunk by chunk and memory stays bounded.
     """
 
     def __init__(self, keep: bool = True) -> None:
-        super().__init__()
+        self.buf = RowBuffer()
         self.keep = keep
         self.kept: list[EventChunk] = []
         self.flushed = 0
 
+    def append(self, row: tuple[Any, ...]) -> None:
+        """Log one event ``(t_s, kind, conv, turn, node, a, b)``."""
+        self.buf.append(row)  # values are converted (and checked) as they are packed
+
+    def __len__(self) -> int:
+        """Events logged since the last flush."""
+        return len(self.buf)
+
     def flush(self) -> EventChunk:
-        """The events appended since the last flush as typed columns (and forget the tuples)."""
-        chunk = EventChunk.from_tuples(list(list.__iter__(self)))
-        self.clear()
+        """The events appended since the last flush as typed columns."""
+        arr = np.frombuffer(self.buf.take(), dtype=_ROW)
+        chunk = EventChunk(
+            arr["t_s"].copy(), arr["kind"].astype(np.int16), arr["conv"].copy(), arr["turn"].astype(np.int32),
+            arr["node"].astype(np.int16), arr["a"].copy(), arr["b"].copy(),
+        )
         self.flushed += len(chunk)
         if self.keep and len(chunk):
             self.kept.append(chunk)
@@ -229,7 +248,7 @@ class EventLog(list[tuple[Any, ...]]):
         """Every kept event (flushed chunks, then the unflushed tail) as ``(t, kind, conv, turn, node, a, b)``."""
         for ch in self.kept:
             yield from zip(*(c.tolist() for c in ch), strict=True)
-        yield from list.__iter__(self)
+        yield from self.buf.rows()
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """Iterating the log yields every kept event in log order, as iterating the old tuple list did."""

@@ -33,6 +33,7 @@ from types import ModuleType
 
 HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.request",
+    "kvplan.sim.evlog",
     "kvplan.sim.clock",
     "kvplan.sim.blocks",
     "kvplan.sim.batch",

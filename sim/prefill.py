@@ -39,6 +39,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
+from kvplan.sim.evlog import RowBuffer
 
 
 class PrefillNode:
@@ -46,6 +47,7 @@ class PrefillNode:
 
     def __init__(self, ctx: Ctx, idx: int) -> None:
         self.ctx = ctx
+        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
         dep = ctx.scenario.deployment
@@ -92,7 +94,7 @@ class PrefillNode:
                 "raise it or shorten prompts",
             )
         req.p_node = self.idx
-        self.ctx.log.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
         self._kick()
 
@@ -102,7 +104,7 @@ class PrefillNode:
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
-        log = self.ctx.log
+        log = self.rows
         while True:
             if not self.running and (not self.waiting or self._blocked):
                 self._wake = env.event()
@@ -182,15 +184,15 @@ class PrefillNode:
                 n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
                 if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
                     pulled = min(n_host, prompt - local - 1)
-                    ctx.log.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
+                    self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
                     r.p_ctx = local + pulled
                     r.p_remaining = prompt - local - pulled
                     self._start_host_pull(r, params.decode_node, pulled)
                     return False
                 if self.fail_on_decline:
                     log_t = env.now
-                    ctx.log.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
-                    ctx.log.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
+                    self.rows.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
+                    self.rows.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
                     r.error = True
                     self.pool.held -= r.p_blocks  # nothing is computed: the blocks go back (the hit stays cached)
                     r.p_blocks = 0
@@ -202,7 +204,7 @@ class PrefillNode:
                 decision = Decision.PULL
                 # at least one token is computed: the scheduler backs off a full-prompt hit by one
                 pulled = min(n, prompt - local - 1)
-        ctx.log.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
+        self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
         r.p_ctx = local + pulled
         r.p_remaining = prompt - local - pulled
         if decision == Decision.PULL:
@@ -218,12 +220,12 @@ class PrefillNode:
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
-            ctx.log.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             dnode.release_pin(pin_id, Release.READ)
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
+        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.reads.start(self.idx, d, D2P, tokens, done)
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -232,12 +234,12 @@ class PrefillNode:
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
-            ctx.log.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             ctx.decode[d].host_read(r.conv)
             self.waiting.appendleft(r)
             self._kick()
 
-        ctx.log.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
+        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
         ctx.reads.start(self.idx, d, HOST2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
@@ -272,7 +274,7 @@ class PrefillNode:
         now = env.now
         # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
-        self.ctx.log.append(
+        self.rows.append(
             (now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, r.p_blocks * self.bytes_per_block)
         )
         pool.held -= r.p_blocks
@@ -338,7 +340,7 @@ class PrefillNode:
         pool = self.pool
         pool.pinned -= r.p_blocks
         t = self.env.now if at is None else at
-        self.ctx.log.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
+        self.rows.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
         r.p_blocks = 0
         pool.to_cache(r.conv, r.prompt)
         if kick and self._blocked:

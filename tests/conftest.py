@@ -53,7 +53,7 @@ def rerun_pure(request: pytest.FixtureRequest) -> bool:
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"the pure-Python run of {request.node.nodeid} failed:\n{res.stdout[-3000:]}"
-    assert " 1 passed" in res.stdout, res.stdout[-1000:]
+    assert "1 passed" in res.stdout, res.stdout[-1000:]
     return True
 
 

@@ -94,7 +94,7 @@ class AggregatedNode:
                 f"{req.prompt + req.output} tokens", "raise it or shorten prompts/outputs",
             )
         req.p_node = req.d_node = self.idx
-        self.rows.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -130,7 +130,7 @@ class AggregatedNode:
         r.p_ctx = hit
         r.p_remaining = r.prompt - hit
         decision = Decision.LOCAL if hit > 0 else Decision.MISS
-        now = self.env.now
+        now = self.env._now
         log = self.rows
         log.append((now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, hit))
         log.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
@@ -218,20 +218,20 @@ class AggregatedNode:
         # a waiting request that could not be scheduled now can only be once blocks or slots free up, at a
         # finish: the stretch runs to the next finish unless an arrival cuts it
         k = min(self._left[id(r)] for r in decoding)
-        t0 = env.now
+        t0 = env._now
         total = decode_steps_time_s(dc, b, ctx_sum, k)
         if k > 1:
             self._wake = env.event()
             yield env.any_of([env.timeout(total), self._wake])
             self._wake = None
-            e = env.now - t0
+            e = env._now - t0
             if e < total:
                 done = _steps_within(e, dc.fixed_s + dc.per_seq_s * b + dc.per_context_token_s * ctx_sum,
                                      dc.per_context_token_s * b)
                 k = min(done + 1, k)  # the step in progress ends at boundary done + 1
                 total = decode_steps_time_s(dc, b, ctx_sum, k)
-                if t0 + total > env.now:
-                    yield env.timeout(t0 + total - env.now)
+                if t0 + total > env._now:
+                    yield env.timeout(t0 + total - env._now)
         else:
             yield env.timeout(total)
         self.busy_s += total
@@ -239,7 +239,7 @@ class AggregatedNode:
         self._after_step([], decoding, k)
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:
-        now = self.env.now
+        now = self.env._now
         log = self.rows
         left = self._left
         done: list[Request] = []
@@ -265,7 +265,7 @@ class AggregatedNode:
                 self._finish(r)
 
     def _finish(self, r: Request) -> None:
-        now = self.env.now
+        now = self.env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         del self._left[id(r)]
         self.running_blocks -= self._held.pop(id(r))

@@ -108,7 +108,7 @@ class DecodeBatch:
         """Index of the step running now (its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        key = (self.env.now, self._gen)
+        key = (self.env._now, self._gen)
         if key == self._ips_key:
             return self._ips
         self._ips_key = key
@@ -219,7 +219,7 @@ class DecodeBatch:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
     def _completed_in_stretch(self) -> int:
-        e = self.env.now - self._plan_t0
+        e = self.env._now - self._plan_t0
         a, inc = self._plan_first, self._plan_inc
         if inc > 0:
             k = int((-(a - inc / 2) + math.sqrt((a - inc / 2) ** 2 + 2 * inc * e)) / inc)
@@ -245,7 +245,7 @@ class DecodeBatch:
         self._plan_n = n
         self._base = self.step
         self._last_n = n
-        dt = self._plan_t0 + self._steps_time(n) - self.env.now
+        dt = self._plan_t0 + self._steps_time(n) - self.env._now
         call_later(self.env, max(dt, 0.0), lambda _e: self._on_boundary(gen, n))
 
     def _on_boundary(self, gen: int, n: int) -> None:
@@ -269,7 +269,7 @@ class DecodeBatch:
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
         env = self.env
-        now = env.now
+        now = env._now
         owner = self.owner
         preempted = owner.fit(self.step) if self.batch else False
         joined: list[Request] = []

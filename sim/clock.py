@@ -9,6 +9,10 @@ clock and id counter (``_queue``, ``_now``, ``_eid``), which is what makes them 
 (sim/native.py): no ``Timeout`` object (its ``__init__`` is Python code) and no interpreted ``step``. An
 environment without those attributes (another SimPy version) falls back to the public API.
 
+The hot modules read the clock as ``env._now``, the attribute behind SimPy's ``Environment.now`` property
+(a property call per read costs more than the read; pyproject pins SimPy 4, and ``tests/test_native.py``
+checks that the two agree).
+
 The event they schedule is a :class:`Wake`, which carries only what ``Environment.step`` reads of an
 event (``callbacks``, ``_ok``, ``_value``).
 """

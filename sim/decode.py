@@ -98,7 +98,7 @@ class DecodeNode:
 
     def release_pin(self, pin_id: int, why: Release) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
-        if self._unpin(pin_id, why, self.env.now):
+        if self._unpin(pin_id, why, self.env._now):
             self._try_admit()
 
     def _unpin(self, pin_id: int, why: Release, t: float) -> bool:
@@ -123,7 +123,7 @@ class DecodeNode:
             if self.pool.free() >= want:
                 break
             if pid != keep:
-                self._unpin(pid, Release.EVICTED, self.env.now)
+                self._unpin(pid, Release.EVICTED, self.env._now)
 
     def host_tokens(self, conv: int, now: float) -> int:
         """Tokens of the conversation in this node's host offload tier (expired pins are moved there first)."""
@@ -182,8 +182,8 @@ class DecodeNode:
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
         heap = self.retention._heap
-        if heap and heap[0][0] <= self.env.now:
-            self._expire(self.env.now)
+        if heap and heap[0][0] <= self.env._now:
+            self._expire(self.env._now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
         if free_at_end >= 0:
@@ -230,7 +230,7 @@ class DecodeNode:
         r.d_preemptions += 1
         r.d_generated = sampled
         r.d_resume = True
-        self.rows.append((self.env.now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        self.rows.append((self.env._now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
         self.pool.to_cache(r.conv, kv_tokens)
         self._inflight -= 1
         self._admit_q.appendleft(r)
@@ -260,7 +260,7 @@ class DecodeNode:
                 "raise it or shorten prompts/outputs",
             )
         req.d_node = self.idx
-        self.rows.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env._now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
@@ -292,7 +292,7 @@ class DecodeNode:
         q = self._admit_q
         if not q:
             return
-        now = self.env.now
+        now = self.env._now
         if self.retention.next_expiry_due(now):
             self._expire(now)
         batch = self.batch
@@ -353,10 +353,10 @@ class DecodeNode:
         t = self.retention.next_expiry()
         if t is None:
             return  # blocks will come back when a running request finishes
-        if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
+        if t >= self._admit_wake_at and self._admit_wake_at > self.env._now:
             return
         self._admit_wake_at = t
-        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._try_admit())
+        call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._try_admit())
 
     def _start_p2d(self, r: Request, hit: int) -> None:
         ctx = self.ctx
@@ -365,7 +365,7 @@ class DecodeNode:
         pnode = ctx.prefill[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            self.rows.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((env._now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
@@ -377,17 +377,17 @@ class DecodeNode:
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
-            self.rows.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            self.rows.append((env._now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
+        self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
         ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
         env = self.env
-        self.rows.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+        self.rows.append((env._now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
         r.d_resume = False
         r.d_state = 1
         r.d_hit = hit
@@ -402,7 +402,7 @@ class DecodeNode:
         sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
         if not r.d_first_done:
             r.d_first_done = True
-            self.rows.append((self.env.now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+            self.rows.append((self.env._now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
         if sampled >= r.output:
             self.finish(r)
         else:
@@ -415,7 +415,7 @@ class DecodeNode:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
         ctx = self.ctx
-        now = env.now
+        now = env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0

@@ -94,7 +94,7 @@ class PrefillNode:
                 "raise it or shorten prompts",
             )
         req.p_node = self.idx
-        self.rows.append((self.env.now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
         self._kick()
 
@@ -135,8 +135,8 @@ class PrefillNode:
                     if not self._decide(r):
                         continue  # pulling asynchronously, or failed
                 self.running.append(r)
-                r.p_compute_start = env.now
-                log.append((env.now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
+                r.p_compute_start = env._now
+                log.append((env._now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
                 n = r.p_remaining if r.p_remaining < budget else budget
                 batch.append((r, n))
                 budget -= n
@@ -178,19 +178,19 @@ class PrefillNode:
             elif n < self.threshold:
                 decision = Decision.RECOMPUTE_BELOW_THRESHOLD
                 dnode.release_pin(params.pin_id, Release.NOTIFIED)
-            elif env.now + self.margin >= params.expiry_s or not dnode.pin_alive(params.pin_id, env.now):
+            elif env._now + self.margin >= params.expiry_s or not dnode.pin_alive(params.pin_id, env._now):
                 # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
                 # tier holds the context (sim/retention_policy.py)
-                n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
+                n_host = min(dnode.host_tokens(r.conv, env._now), prompt) - local
                 if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
                     pulled = min(n_host, prompt - local - 1)
-                    self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
+                    self.rows.append((env._now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
                     r.p_ctx = local + pulled
                     r.p_remaining = prompt - local - pulled
                     self._start_host_pull(r, params.decode_node, pulled)
                     return False
                 if self.fail_on_decline:
-                    log_t = env.now
+                    log_t = env._now
                     self.rows.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
                     self.rows.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
                     r.error = True
@@ -204,7 +204,7 @@ class PrefillNode:
                 decision = Decision.PULL
                 # at least one token is computed: the scheduler backs off a full-prompt hit by one
                 pulled = min(n, prompt - local - 1)
-        self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
+        self.rows.append((env._now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
         r.p_ctx = local + pulled
         r.p_remaining = prompt - local - pulled
         if decision == Decision.PULL:
@@ -220,12 +220,12 @@ class PrefillNode:
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             dnode.release_pin(pin_id, Release.READ)
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
+        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
         ctx.reads.start(self.idx, d, D2P, tokens, done)
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -234,12 +234,12 @@ class PrefillNode:
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             ctx.decode[d].host_read(r.conv)
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
+        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
         ctx.reads.start(self.idx, d, HOST2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:
@@ -254,7 +254,7 @@ class PrefillNode:
         total = -(-r.prompt // bs)
         want = max(total - owned, 0) + (entry[1] if entry is not None else 0)
         if pool.free() < want:
-            self._lapse_due(self.env.now)
+            self._lapse_due(self.env._now)
             pool.evict(want)
             if pool.free() < want:
                 if entry is not None:
@@ -271,7 +271,7 @@ class PrefillNode:
 
     def _finish(self, r: Request) -> None:
         env = self.env
-        now = env.now
+        now = env._now
         # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
         self.rows.append(
@@ -299,7 +299,7 @@ class PrefillNode:
         if not r.p_hold:
             return
         hb = self.heartbeat_s
-        first_hb = -(-self.env.now // hb) * hb
+        first_hb = -(-self.env._now // hb) * hb
         if first_hb > r.p_lease_expiry:
             self.release_hold(r, HoldRelease.LAPSED, r.p_lease_expiry)
             r.p_lapsed = True
@@ -322,13 +322,13 @@ class PrefillNode:
         if not leases:
             return  # blocks come back when D reads a held prompt or a running prefill finishes
         t = leases[0][0]
-        if self._wake_at <= t and self._wake_at > self.env.now:
+        if self._wake_at <= t and self._wake_at > self.env._now:
             return
         self._wake_at = t
-        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._on_lapse_timer())
+        call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._on_lapse_timer())
 
     def _on_lapse_timer(self) -> None:
-        self._lapse_due(self.env.now)
+        self._lapse_due(self.env._now)
         self._blocked = False
         self._kick()
 
@@ -339,7 +339,7 @@ class PrefillNode:
         r.p_hold = False
         pool = self.pool
         pool.pinned -= r.p_blocks
-        t = self.env.now if at is None else at
+        t = self.env._now if at is None else at
         self.rows.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
         r.p_blocks = 0
         pool.to_cache(r.conv, r.prompt)

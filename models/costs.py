@@ -1,8 +1,9 @@
 """Cost functions of prefill, KV transfer and decode (pure; parameters come from a profile).
 
-The one home of every cost formula: the simulator (``sim/prefill.py``, ``sim/decode.py``), the analytic
-screen and break-even (``sim/screen.py``, ``sim/breakeven.py``), the calibration fits and ``kvplan cost``
-call these functions. Each function is the formula in its docstring and nothing else.
+The one home of every cost formula (the per-step ones are written in :mod:`kvplan.models.formulas`, which
+is compiled with the simulator's hot path, and re-exported here): the simulator (``sim/prefill.py``,
+``sim/decode.py``), the analytic screen and break-even (``sim/screen.py``, ``sim/breakeven.py``), the
+calibration fits and ``kvplan cost`` call these functions. Each function is the formula in its docstring and nothing else.
 
 Structure (so that costs transfer across GPUs and TP sizes):
 
@@ -19,11 +20,38 @@ Structure (so that costs transfer across GPUs and TP sizes):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# the per-step formulas (compiled with the simulator's hot path, sim/native.py), re-exported from here
+from kvplan.models.formulas import (
+    batch_s,
+    causal_pairs,
+    ctx_attention_s,
+    decode_step_increment_s,
+    decode_step_time_s,
+    decode_steps_time_s,
+    linear_s,
+    piecewise_linear,
+    post_time_s,
+    prefill_gpu_step_s,
+    prefill_step_time_s,
+    prefill_time_s,
+    prep_time_s,
+    pull_visible_time_s,
+    transfer_time_s,
+    xfer_time_s,
+)
+
+__all__ = [
+    "CostModel", "DecodeCost", "OverheadCost", "PrefillCost", "TransferCost", "batch_s", "causal_pairs",
+    "ctx_attention_s", "decode_step_coefficients", "decode_step_increment_s", "decode_step_time_s",
+    "decode_steps_time_s", "linear_s", "mixed_step_time_s", "piecewise_linear", "post_time_s", "prefill_gpu_step_s",
+    "prefill_step_time_array", "prefill_step_time_s", "prefill_time_s", "prep_time_s", "pull_visible_time_s",
+    "scale_prefill_gpu", "transfer_time_s", "xfer_time_s",
+]
 
 
 class _Cost(BaseModel):
@@ -37,17 +65,6 @@ def _check_knots(knots: tuple[int, ...], values: tuple[float, ...], what: str) -
         raise ValueError(f"{what}: knots must be positive and increasing")
     if any(v < 0 for v in values):
         raise ValueError(f"{what}: values must be >= 0")
-
-
-def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:
-    """``values`` interpolated linearly at ``x`` over ``knots``: flat below the first, ``slope_after`` past the last."""
-    if x <= knots[0]:
-        return values[0]
-    j = bisect_left(knots, x)
-    if j >= len(knots):
-        return values[-1] + slope_after * (x - knots[-1])
-    k0, k1 = knots[j - 1], knots[j]
-    return values[j - 1] + (values[j] - values[j - 1]) * (x - k0) / (k1 - k0)
 
 
 class PrefillCost(_Cost):
@@ -84,16 +101,13 @@ class PrefillCost(_Cost):
         return self
 
     def linear_s(self, new_tokens: float) -> float:
-        """Time of the linear layers for a step of ``new_tokens`` tokens."""
-        if self.linear_knots_tokens:
-            return piecewise_linear(self.linear_knots_tokens, self.linear_knots_s, new_tokens, self.per_token_s)
-        linear = self.per_token_s * new_tokens
-        return linear if linear > self.weight_read_s else self.weight_read_s
+        """Time of the linear layers for a step of ``new_tokens`` tokens (:func:`formulas.linear_s`)."""
+        return linear_s(self, new_tokens)
 
     @property
     def ctx_attention_s(self) -> float:
         """The per-pair cost against cached KV in use."""
-        return self.attention_s if self.context_attention_s is None else self.context_attention_s
+        return ctx_attention_s(self)
 
 
 class TransferCost(_Cost):
@@ -158,10 +172,8 @@ class DecodeCost(_Cost):
         return self
 
     def batch_s(self, batch: float) -> float:
-        """GPU time of a step of ``batch`` sequences without the context term."""
-        if self.batch_knots:
-            return piecewise_linear(self.batch_knots, self.batch_knots_s, batch, self.per_seq_s)
-        return self.fixed_s + self.per_seq_s * batch
+        """GPU time of a step of ``batch`` sequences without the context term (:func:`formulas.batch_s`)."""
+        return batch_s(self, batch)
 
 
 class OverheadCost(_Cost):
@@ -191,80 +203,12 @@ def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float =
     return cost.model_copy(update=upd)
 
 
-def causal_pairs(new_tokens: float, context_tokens: float) -> float:
-    """Attention (query, key) pairs of ``new_tokens`` computed after ``context_tokens``: n c + n (n + 1) / 2."""
-    return new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2
-
-
-def prefill_gpu_step_s(cost: PrefillCost, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
-    """GPU time of one prefill step (the :class:`PrefillCost` formula without ``overhead_s``)."""
-    return (cost.fixed_s + cost.linear_s(new_tokens) + cost.attention_s * (pairs - ctx_pairs)
-            + cost.ctx_attention_s * ctx_pairs)
-
-
-def prefill_step_time_s(cost: PrefillCost, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
-    """Time of one prefill engine step with ``new_tokens`` in total and ``pairs`` attention pairs, ``ctx_pairs``
-    of them against cached KV (GPU + engine CPU overhead)."""
-    return cost.overhead_s + prefill_gpu_step_s(cost, new_tokens, pairs, ctx_pairs)
-
-
 def prefill_step_time_array(cost: PrefillCost, new_tokens: Any, pairs: Any, ctx_pairs: Any = 0.0) -> np.ndarray:
     """:func:`prefill_step_time_s` over numpy arrays (the analytic screen)."""
     n = np.atleast_1d(np.asarray(new_tokens, dtype=float))
     p = np.broadcast_to(np.asarray(pairs, dtype=float), n.shape)
     c = np.broadcast_to(np.asarray(ctx_pairs, dtype=float), n.shape)
     return np.array([prefill_step_time_s(cost, float(a), float(b), float(d)) for a, b, d in zip(n, p, c, strict=True)])
-
-
-def prefill_time_s(
-    cost: PrefillCost, new_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = 8192, *, gpu_only: bool = False
-) -> float:
-    """Prefill of ``new_tokens`` on top of ``cached_tokens`` alone on an engine, chunked at ``chunk_tokens``.
-
-    Sum over chunks of :func:`prefill_step_time_s` with ``causal_pairs(chunk, context)``; ``chunk_tokens``
-    ``None`` is one step (no chunking); ``gpu_only`` leaves out the engine's CPU overhead per step.
-    """
-    if new_tokens <= 0:
-        return 0.0
-    step = prefill_gpu_step_s if gpu_only else prefill_step_time_s
-    chunk_max = new_tokens if chunk_tokens is None else chunk_tokens
-    total = 0.0
-    done = 0
-    while done < new_tokens:
-        chunk = min(chunk_max, new_tokens - done)
-        ctx = cached_tokens + done
-        total += step(cost, chunk, causal_pairs(chunk, ctx), chunk * ctx)
-        done += chunk
-    return total
-
-
-def xfer_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int) -> float:
-    """NIXL xferDuration of one rank's READ, post included: ``fixed_s + per_descriptor_s x d + per_byte_s x bytes``."""
-    return cost.fixed_s + cost.per_descriptor_s * descriptors + cost.per_byte_s * nbytes_per_rank
-
-
-def post_time_s(cost: TransferCost, descriptors: int) -> float:
-    """NIXL postDuration, the part of xferDuration spent posting: ``post_fixed_s + post_per_descriptor_s x d``."""
-    return cost.post_fixed_s + cost.post_per_descriptor_s * descriptors
-
-
-def prep_time_s(cost: TransferCost, descriptors: int) -> float:
-    """NIXL request creation before the post (not in xferDuration): ``prep_fixed_s + prep_per_descriptor_s x d``."""
-    return cost.prep_fixed_s + cost.prep_per_descriptor_s * descriptors
-
-
-def pull_visible_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int, first_use: bool = False) -> float:
-    """Pull latency the request sees on the reader: prep + xferDuration + ``poll_s`` (+ ``handshake_s`` on first use).
-
-    The post is inside xferDuration (see :class:`TransferCost`), so it is not added again.
-    """
-    hs = cost.handshake_s if first_use else 0.0
-    return prep_time_s(cost, descriptors) + xfer_time_s(cost, nbytes_per_rank, descriptors) + cost.poll_s + hs
-
-
-def transfer_time_s(cost: TransferCost, nbytes_per_rank: float, descriptors: int) -> float:
-    """Request-visible pull latency on an idle link and engine: prep + xferDuration + poll (no handshake)."""
-    return pull_visible_time_s(cost, nbytes_per_rank, descriptors)
 
 
 def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:
@@ -274,28 +218,6 @@ def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:
     """
     b = (cost.batch_s(32) - cost.batch_s(1)) / 31
     return cost.overhead_s + cost.batch_s(1) - b, b, cost.per_context_token_s
-
-
-def decode_step_time_s(cost: DecodeCost, batch: float, context_tokens: float, *, gpu_only: bool = False) -> float:
-    """One decode step with ``batch`` sequences holding ``context_tokens`` KV tokens in total."""
-    t = cost.batch_s(batch) + cost.per_context_token_s * context_tokens
-    return t if gpu_only else t + cost.overhead_s
-
-
-def decode_step_increment_s(cost: DecodeCost, batch: int) -> float:
-    """How much each step of an unchanged batch is slower than the previous one (each sequence adds a token)."""
-    return cost.per_context_token_s * batch
-
-
-def decode_steps_time_s(cost: DecodeCost, batch: int, context_tokens: float, steps: int) -> float:
-    """Time of ``steps`` consecutive decode steps of an unchanged batch (closed form).
-
-    Each step appends one token per sequence, so step ``i`` (0-based) sees ``context + batch x i``:
-    ``k (fixed + per_seq b + per_ctx S) + per_ctx b k (k - 1) / 2``.
-    """
-    k = steps
-    first = decode_step_time_s(cost, batch, context_tokens)
-    return k * first + decode_step_increment_s(cost, batch) * k * (k - 1) / 2
 
 
 def mixed_step_time_s(

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 HOT_MODULES: tuple[str, ...] = (
+    "kvplan.models.formulas",
     "kvplan.sim.request",
     "kvplan.sim.evlog",
     "kvplan.sim.clock",

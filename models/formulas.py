@@ -1,0 +1,174 @@
+"""The per-step cost formulas of :mod:`kvplan.models.costs` (pure arithmetic on a profile's parameters).
+
+They are the formulas documented on :class:`~kvplan.models.costs.PrefillCost`,
+:class:`~kvplan.models.costs.TransferCost` and :class:`~kvplan.models.costs.DecodeCost`, kept in a module
+without pydantic so that the simulator's compiled build (sim/native.py) can compile them with the hot path;
+``kvplan.models.costs`` re-exports every one of them and stays the place to read and call them. The
+parameter objects are typed by the protocols below (the pydantic models satisfy them).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Protocol
+
+
+class PrefillParams(Protocol):
+    """What the prefill formulas read (:class:`kvplan.models.costs.PrefillCost`)."""
+
+    fixed_s: float
+    per_token_s: float
+    weight_read_s: float
+    attention_s: float
+    context_attention_s: float | None
+    overhead_s: float
+    linear_knots_tokens: tuple[int, ...]
+    linear_knots_s: tuple[float, ...]
+
+
+class TransferParams(Protocol):
+    """What the transfer formulas read (:class:`kvplan.models.costs.TransferCost`)."""
+
+    fixed_s: float
+    per_descriptor_s: float
+    per_byte_s: float
+    post_fixed_s: float
+    post_per_descriptor_s: float
+    prep_fixed_s: float
+    prep_per_descriptor_s: float
+    poll_s: float
+    handshake_s: float
+
+
+class DecodeParams(Protocol):
+    """What the decode formulas read (:class:`kvplan.models.costs.DecodeCost`)."""
+
+    fixed_s: float
+    overhead_s: float
+    per_seq_s: float
+    per_context_token_s: float
+    batch_knots: tuple[int, ...]
+    batch_knots_s: tuple[float, ...]
+
+
+def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:
+    """``values`` interpolated linearly at ``x`` over ``knots``: flat below the first, ``slope_after`` past the last."""
+    if x <= knots[0]:
+        return values[0]
+    j = bisect_left(knots, x)
+    if j >= len(knots):
+        return values[-1] + slope_after * (x - knots[-1])
+    k0, k1 = knots[j - 1], knots[j]
+    return values[j - 1] + (values[j] - values[j - 1]) * (x - k0) / (k1 - k0)
+
+
+def linear_s(cost: PrefillParams, new_tokens: float) -> float:
+    """Time of the linear layers for a step of ``new_tokens`` tokens: the measured knots interpolated when given,
+    else ``max(per_token_s x n, weight_read_s)``."""
+    if cost.linear_knots_tokens:
+        return piecewise_linear(cost.linear_knots_tokens, cost.linear_knots_s, new_tokens, cost.per_token_s)
+    linear = cost.per_token_s * new_tokens
+    return linear if linear > cost.weight_read_s else cost.weight_read_s
+
+
+def ctx_attention_s(cost: PrefillParams) -> float:
+    """The per-pair cost against cached KV in use (``context_attention_s``, or ``attention_s`` when None)."""
+    c = cost.context_attention_s
+    return cost.attention_s if c is None else c
+
+
+def batch_s(cost: DecodeParams, batch: float) -> float:
+    """GPU time of a decode step of ``batch`` sequences without the context term."""
+    if cost.batch_knots:
+        return piecewise_linear(cost.batch_knots, cost.batch_knots_s, batch, cost.per_seq_s)
+    return cost.fixed_s + cost.per_seq_s * batch
+
+
+def causal_pairs(new_tokens: float, context_tokens: float) -> float:
+    """Attention (query, key) pairs of ``new_tokens`` computed after ``context_tokens``: n c + n (n + 1) / 2."""
+    return new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2
+
+
+def prefill_gpu_step_s(cost: PrefillParams, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+    """GPU time of one prefill step (the :class:`~kvplan.models.costs.PrefillCost` formula without ``overhead_s``)."""
+    return (cost.fixed_s + linear_s(cost, new_tokens) + cost.attention_s * (pairs - ctx_pairs)
+            + ctx_attention_s(cost) * ctx_pairs)
+
+
+def prefill_step_time_s(cost: PrefillParams, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+    """Time of one prefill engine step with ``new_tokens`` in total and ``pairs`` attention pairs, ``ctx_pairs``
+    of them against cached KV (GPU + engine CPU overhead)."""
+    return cost.overhead_s + prefill_gpu_step_s(cost, new_tokens, pairs, ctx_pairs)
+
+
+def prefill_time_s(
+    cost: PrefillParams, new_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = 8192, *, gpu_only: bool = False
+) -> float:
+    """Prefill of ``new_tokens`` on top of ``cached_tokens`` alone on an engine, chunked at ``chunk_tokens``.
+
+    Sum over chunks of :func:`prefill_step_time_s` with ``causal_pairs(chunk, context)``; ``chunk_tokens``
+    ``None`` is one step (no chunking); ``gpu_only`` leaves out the engine's CPU overhead per step.
+    """
+    if new_tokens <= 0:
+        return 0.0
+    step = prefill_gpu_step_s if gpu_only else prefill_step_time_s
+    chunk_max = new_tokens if chunk_tokens is None else chunk_tokens
+    total = 0.0
+    done = 0
+    while done < new_tokens:
+        chunk = min(chunk_max, new_tokens - done)
+        ctx = cached_tokens + done
+        total += step(cost, chunk, causal_pairs(chunk, ctx), chunk * ctx)
+        done += chunk
+    return total
+
+
+def xfer_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: int) -> float:
+    """NIXL xferDuration of one rank's READ, post included: ``fixed_s + per_descriptor_s x d + per_byte_s x bytes``."""
+    return cost.fixed_s + cost.per_descriptor_s * descriptors + cost.per_byte_s * nbytes_per_rank
+
+
+def post_time_s(cost: TransferParams, descriptors: int) -> float:
+    """NIXL postDuration, the part of xferDuration spent posting: ``post_fixed_s + post_per_descriptor_s x d``."""
+    return cost.post_fixed_s + cost.post_per_descriptor_s * descriptors
+
+
+def prep_time_s(cost: TransferParams, descriptors: int) -> float:
+    """NIXL request creation before the post (not in xferDuration): ``prep_fixed_s + prep_per_descriptor_s x d``."""
+    return cost.prep_fixed_s + cost.prep_per_descriptor_s * descriptors
+
+
+def pull_visible_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: int, first_use: bool = False) -> float:
+    """Pull latency the request sees on the reader: prep + xferDuration + ``poll_s`` (+ ``handshake_s`` on first use).
+
+    The post is inside xferDuration (see :class:`~kvplan.models.costs.TransferCost`), so it is not added again.
+    """
+    hs = cost.handshake_s if first_use else 0.0
+    return prep_time_s(cost, descriptors) + xfer_time_s(cost, nbytes_per_rank, descriptors) + cost.poll_s + hs
+
+
+def transfer_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: int) -> float:
+    """Request-visible pull latency on an idle link and engine: prep + xferDuration + poll (no handshake)."""
+    return pull_visible_time_s(cost, nbytes_per_rank, descriptors)
+
+
+def decode_step_time_s(cost: DecodeParams, batch: float, context_tokens: float, *, gpu_only: bool = False) -> float:
+    """One decode step with ``batch`` sequences holding ``context_tokens`` KV tokens in total."""
+    t = batch_s(cost, batch) + cost.per_context_token_s * context_tokens
+    return t if gpu_only else t + cost.overhead_s
+
+
+def decode_step_increment_s(cost: DecodeParams, batch: int) -> float:
+    """How much each step of an unchanged batch is slower than the previous one (each sequence adds a token)."""
+    return cost.per_context_token_s * batch
+
+
+def decode_steps_time_s(cost: DecodeParams, batch: int, context_tokens: float, steps: int) -> float:
+    """Time of ``steps`` consecutive decode steps of an unchanged batch (closed form).
+
+    Each step appends one token per sequence, so step ``i`` (0-based) sees ``context + batch x i``:
+    ``k (fixed + per_seq b + per_ctx S) + per_ctx b k (k - 1) / 2``.
+    """
+    k = steps
+    first = decode_step_time_s(cost, batch, context_tokens)
+    return k * first + decode_step_increment_s(cost, batch) * k * (k - 1) / 2

@@ -97,16 +97,27 @@ def _gather(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     out: dict[str, np.ndarray] = {"conversation_id": ev.conv[arrive][np.argsort(key[arrive], kind="stable")]}
     out["turn"] = ev.turn[arrive][np.argsort(key[arrive], kind="stable")].astype(np.int64)
     columns = {"t_s": ev.t_s, "node": ev.node.astype(np.float64), "a": ev.a, "b": ev.b}
-    masks: dict[Ev, np.ndarray] = {}
+    # the events of each kind, in log order: one stable sort by kind instead of a full-length mask per kind
+    # (the same values land in the same rows, later events of a kind overwriting earlier ones as before)
+    order = np.argsort(ev.kind, kind="stable")
+    order = order[inside[order]]
+    sorted_kind = ev.kind[order]
+    of_kind: dict[Ev, np.ndarray] = {}
+
+    def events_of(kind: Ev) -> np.ndarray:
+        idx = of_kind.get(kind)
+        if idx is None:
+            lo, hi = np.searchsorted(sorted_kind, [int(kind), int(kind) + 1])
+            idx = of_kind[kind] = order[lo:hi]
+        return idx
+
     for name, (kind, fname) in _GATHER.items():
-        m = masks.get(kind)
-        if m is None:
-            m = masks[kind] = inside & (ev.kind == int(kind))
+        idx = events_of(kind)
         raw = fname if fname in ("t_s", "node") else col(kind, fname)
         v = np.full(n, np.nan)
-        v[pos[m]] = columns[raw][m]
+        v[pos[idx]] = columns[raw][idx]
         out[name] = v
-    pre = inside & (ev.kind == int(Ev.D_PREEMPT))
+    pre = events_of(Ev.D_PREEMPT)
     out["d_preemptions"] = np.bincount(pos[pre], minlength=n).astype(np.float64) if n else np.zeros(0)
     return pd.DataFrame(out)
 

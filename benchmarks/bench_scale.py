@@ -4,7 +4,8 @@ Runs the reference workload (benchmarks/reference.yaml) scaled to N conversation
 process each (one core), streaming turns.parquet into a temporary result directory like
 ``kvplan simulate --out DIR`` does, and reports wall time, peak resident memory (ru_maxrss of the child)
 and the output sizes; the machine's load average is recorded with each figure (the machine is shared).
-Writes benchmarks/results/scale.json.
+Writes benchmarks/results/scale.json. Each row says whether the compiled build ran (``kvplan native build``,
+sim/native.py; ``KVPLAN_NATIVE=0`` measures pure Python).
 
     .venv/bin/python benchmarks/bench_scale.py              # 1M turns (100,000 conversations)
     .venv/bin/python benchmarks/bench_scale.py 100000 1000000   # also 10M turns (takes minutes)
@@ -26,6 +27,7 @@ OUT = HERE / "results" / "scale.json"
 CHILD = r"""
 import json, os, resource, sys, tempfile, time
 from pathlib import Path
+from kvplan.sim import native
 from kvplan.sim.api import run
 from kvplan.sim.results import ResultDirWriter
 from kvplan.sim.scenario import load_scenario, with_overrides
@@ -43,7 +45,8 @@ out.rmdir(); out.parent.rmdir()
 print(json.dumps({"conversations": int(sys.argv[2]), "turns": r.summary["turns"], "wall_s": dt,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "ttft_mean_s": r.summary["ttft_mean_s"], "prefill_utilization": r.summary["prefill_utilization"],
-                  "output_bytes": sizes, "load_avg_after": os.getloadavg()}))
+                  "output_bytes": sizes, "load_avg_after": os.getloadavg(),
+                  "compiled_build": native.status()["active"]}))
 """
 
 
@@ -59,7 +62,8 @@ def main(sizes: list[int]) -> None:
         row["load_avg_before"] = load
         rows.append(row)
         print(f"{row['turns']:>10,} turns: {row['wall_s']:.1f} s wall, peak RSS {row['peak_rss_mib']:,.0f} MiB, "
-              f"turns.parquet {row['output_bytes'].get('turns.parquet', 0) / 2**20:.0f} MiB "
+              f"turns.parquet {row['output_bytes'].get('turns.parquet', 0) / 2**20:.0f} MiB, "
+              f"{'compiled build' if row['compiled_build'] else 'pure Python'} "
               f"(load average before {load[0]:.1f}, after {row['load_avg_after'][0]:.1f} on {os.cpu_count()} cores)")
     old = json.loads(OUT.read_text()).get("runs", []) if OUT.exists() else []
     sizes_run = {r["conversations"] for r in rows}

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvplan.sim import native
+
 HERE = Path(__file__).resolve().parent
 REF = HERE / "reference.yaml"
 TARGET_POINTS_PER_MIN = 50
@@ -200,6 +202,7 @@ def main() -> None:
                  for c in frames[1].columns if not frames[1][c].equals(frames[2][c])}
     prof = profile_one()
     result = {
+        "compiled_build": native.status(),  # sim/native.py: the compiled hot path, or why not
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "processor": platform.processor() or platform.machine()},
         "grid": {"points": n, "base": "benchmarks/reference.yaml (20,000 turns per run)", "axes": g["axes"]},

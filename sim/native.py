@@ -90,9 +90,15 @@ def _mypyc_version() -> str:
 
 
 def cache_dir() -> Path:
-    """Where builds live: ``$KVPLAN_NATIVE_DIR``, else ``<sys.prefix>/kvplan-native`` (the venv)."""
+    """Where builds live: ``$KVPLAN_NATIVE_DIR``, else ``<sys.prefix>/kvplan-native`` (the venv) when that is
+    writable, else ``~/.cache/kvplan/native``."""
     env = os.environ.get(ENV_DIR)
-    return Path(env) if env else Path(sys.prefix) / "kvplan-native"
+    if env:
+        return Path(env)
+    prefix = Path(sys.prefix)
+    if os.access(prefix, os.W_OK):
+        return prefix / "kvplan-native"
+    return Path.home() / ".cache" / "kvplan" / "native"
 
 
 def current_build(root: Path | None = None) -> Path | None:

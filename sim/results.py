@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, EventChunk, col
+from kvplan.sim.quantiles import ALPHA
 from kvplan.sim.result_files import (  # the result files; writers re-exported (see __all__)
     FLOAT_FORMAT,
     GIB,
@@ -184,47 +185,43 @@ def _time_weighted_mean(t: np.ndarray, v: np.ndarray, t_end: float) -> float:
     return float((v * dt).sum() / t_end)
 
 
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else float("nan")
-
-
-def _mean(x: np.ndarray, empty: float) -> float:
-    return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
-
-
 SeriesStats = Callable[[float], dict[str, float]]
 
 
 def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any]) -> Summary:
     """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
 
-    Counts and token sums are exact; means and percentiles are computed over the kept columns in the
-    rows' order, so they equal the one-shot computation over ``turns.csv``. ``series_stats(t_end)`` gives
+    Counts and token sums are exact. Up to :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` planned
+    turns, means and percentiles are computed over the kept columns in the rows' order, so they equal the
+    one-shot computation over ``turns.csv`` (``percentile_method: exact``); above it, means come from exact
+    counts and sums and percentiles from a mergeable quantile sketch within ``percentile_relative_error``
+    (``percentile_method: sketch``, :mod:`kvplan.sim.quantiles`). ``series_stats(t_end)`` gives
     the pinned/held metrics; it is called once the turn columns a streamed run no longer needs are freed.
     """
     agg = stream.agg
-    ttft = agg.column("ttft")
+    cols = agg.cols
     t_end = stream.t_max if np.isfinite(stream.t_max) else 0.0
     n_turns = stream.counts["turns"]
     decisions = {name: int(agg.decisions.get(name, 0)) for name in DECISION_NAMES.values()}
     c = stream.counts
+    ttft, tpot = cols["ttft"], cols["tpot"]
     metrics: dict[str, Any] = {
         "turns": int(n_turns),
         "conversations": int(c["conversations"]),
         "errors": int(decisions["error"]),
-        "ttft_mean_s": float(ttft.mean()) if len(ttft) else float("nan"),
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p90_s": _pct(ttft, 90),
-        "ttft_p99_s": _pct(ttft, 99),
+        "ttft_mean_s": ttft.mean(float("nan")),
+        "ttft_p50_s": ttft.percentile(50),
+        "ttft_p90_s": ttft.percentile(90),
+        "ttft_p99_s": ttft.percentile(99),
         "hit_rate": float(agg.reused / agg.follow_up) if agg.follow_up else 0.0,
         "pull_rate": float(decisions["pull"] / n_turns) if n_turns else 0.0,
         "follow_up_turns": int(agg.follow_up),
         "decisions": decisions,
         **{k: int(agg.sums.get(k, 0)) for k in agg.SUM_COLS},
-        "kv_pull_mean_s": _mean(agg.column("kv_pull"), 0.0),
-        "d2p_xfer_mean_s": _mean(agg.column("d2p_xfer"), 0.0),
-        "p_leg_mean_s": _mean(agg.column("p_leg"), float("nan")),
-        "prefill_queue_mean_s": _mean(agg.column("prefill_queue"), float("nan")),
+        "kv_pull_mean_s": cols["kv_pull"].mean(0.0),
+        "d2p_xfer_mean_s": cols["d2p_xfer"].mean(0.0),
+        "p_leg_mean_s": cols["p_leg"].mean(float("nan")),
+        "prefill_queue_mean_s": cols["prefill_queue"].mean(float("nan")),
         "pins": int(c["pins"]),
         "releases": {RELEASE_NAMES[k]: int(n) for k, n in stream.releases.items()},
         "pins_outstanding": int(c["pins"] - c["unpins"]),
@@ -233,12 +230,12 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
         "d_preempted_recompute_tokens": int(stream.d_recompute_tokens),
         "p_lease_expiries": int(c["p_lease_expiries"]),
         "p2d_failed_reads": int(c["p2d_failed_reads"]),
+        "tpot_mean_s": tpot.mean(float("nan")),
+        "tpot_p50_s": tpot.percentile(50),
+        "tpot_p90_s": tpot.percentile(90),
+        "percentile_method": "exact" if agg.exact else "sketch",
+        "percentile_relative_error": 0.0 if agg.exact else ALPHA,
     }
-    tpot = agg.column("tpot")
-    metrics["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
-    metrics["tpot_p50_s"] = _pct(tpot, 50)
-    metrics["tpot_p90_s"] = _pct(tpot, 90)
-    del ttft, tpot
     if not stream.keep_turns:
         agg.drop_summary_columns()  # a streamed run's peak memory is here: free what is no longer needed
     metrics.update(series_stats(t_end))

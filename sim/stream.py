@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, col
+from kvplan.sim.health import Waits
+from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat
 
 TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP)), dtype=np.int16)
 _BIT = {k: np.int64(1) << np.int64(i) for i, k in enumerate(sorted(int(k) for k in Ev))}
@@ -80,7 +82,7 @@ class RunStream:
     """Consumes event chunks; derives turns, counters and time series incrementally."""
 
     def __init__(self, offsets: np.ndarray, turns_per_conv: np.ndarray, sink: TurnSink | None = None,
-                 keep_turns: bool = True) -> None:
+                 keep_turns: bool = True, exact_max_turns: int = EXACT_PERCENTILE_MAX_TURNS) -> None:
         from kvplan.sim.results import turn_columns
 
         self._turn_columns = turn_columns
@@ -103,7 +105,8 @@ class RunStream:
         self.unhold_bytes = 0.0
         self.t_max = float("-inf")
         self.t_max_active = float("-inf")  # over every event but retention releases
-        self.agg = TurnAggregates()
+        # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
+        self.agg = TurnAggregates(exact=int(self.remaining.sum()) <= exact_max_turns)
 
     # --- consuming -------------------------------------------------------------------------------------
 
@@ -229,28 +232,41 @@ class RunStream:
         return pd.concat(self.kept_turns, ignore_index=True) if len(self.kept_turns) > 1 else self.kept_turns[0]
 
 
+#: the per-turn columns the summary and the health section read: name -> whether percentiles are read of it
+STAT_COLUMNS = {"ttft": True, "tpot": True, "p_leg": False, "prefill_queue": True, "d_queue": True,
+                "link_wait": True, "kv_pull": False, "d2p_xfer": False}
+
+
 @dataclass
 class TurnAggregates:
     """What the summary needs from the turn records, accumulated in release order.
 
-    Counts and token sums are exact integers; the columns behind means and percentiles are kept (in the
-    same order as the rows of ``turns.csv``) so the summary's means and percentiles equal the one-shot
-    computation bit for bit.
+    Counts and token sums are exact integers. The columns behind means and percentiles are
+    :class:`~kvplan.sim.quantiles.ColumnStat`: kept whole when ``exact`` (a run planned with at most
+    :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns), so the summary equals the one-shot
+    computation over ``turns.csv`` bit for bit; otherwise exact counts and sums plus a mergeable quantile
+    sketch of stated relative error (:data:`~kvplan.sim.quantiles.ALPHA`): O(1) memory per column.
     """
 
+    exact: bool = True
     decisions: dict[str, int] = field(default_factory=dict)
     sums: dict[str, int] = field(default_factory=dict)
     follow_up: int = 0
     reused: int = 0
-    cols: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    cols: dict[str, ColumnStat] = field(default_factory=dict)
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
+    n_ok: int = 0
 
     SUM_COLS = ("pulled_tokens", "recomputed_tokens", "local_hit_tokens", "failed_tokens", "prompt_tokens",
                 "d2p_bytes", "p2d_bytes")
 
+    def __post_init__(self) -> None:
+        """One statistic per column of :data:`STAT_COLUMNS`."""
+        self.cols = {name: ColumnStat(self.exact, q) for name, q in STAT_COLUMNS.items()}
+
     def _keep(self, name: str, values: np.ndarray) -> None:
-        self.cols.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
+        self.cols[name].add(np.asarray(values, dtype=np.float64))
 
     def add(self, t: pd.DataFrame) -> None:
         """Fold released rows in."""
@@ -272,6 +288,7 @@ class TurnAggregates:
         if len(ok):
             self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, ok["arrival_s"].min()]))
             self.ok_finish_max = float(np.nanmax([self.ok_finish_max, ok["finish_s"].max()]))
+        self.n_ok += len(ok)
         pull = t[dec == "pull"]
         self._keep("kv_pull", pull["kv_pull_s"].to_numpy())
         self._keep("d2p_xfer", pull["d2p_xfer_s"].to_numpy())
@@ -279,27 +296,22 @@ class TurnAggregates:
     def drop_summary_columns(self) -> None:
         """Free the kept columns only the summary's means and percentiles read (health's stay)."""
         for name in ("ttft", "tpot", "p_leg", "kv_pull", "d2p_xfer"):
-            self.cols.pop(name, None)
+            self.cols[name].free()
 
-    def health_frame(self) -> pd.DataFrame:
-        """The columns :func:`kvplan.sim.health.compute_health` reads from the turns that did not fail, in row
-        order (``kv_pull_s`` holds the link wait kv_pull + p2d_transfer, ``p2d_transfer_s`` is 0; arrival and
-        finish carry only their min and max, which is all it takes of them)."""
-        pq = self.column("prefill_queue")
-        n = len(pq)
-        arrival = np.full(n, np.nan)
-        finish = np.full(n, np.nan)
-        if n:
-            arrival[0], finish[0] = self.ok_arrival_min, self.ok_finish_max
-        return pd.DataFrame({
-            "decision": np.full(n, "ok", dtype=object), "prefill_queue_s": pq, "d_queue_s": self.column("d_queue"),
-            "kv_pull_s": self.column("link_wait"), "p2d_transfer_s": np.zeros(n), "arrival_s": arrival, "finish_s": finish,
-        })
+    def waits(self) -> Waits:
+        """What :func:`kvplan.sim.health.compute_health` reads of the turns that did not fail."""
+        n = self.n_ok
+
+        def stat(name: str) -> tuple[float, float]:
+            c = self.cols[name]
+            return c.percentile(90, 0.0), c.mean(0.0) if n else 0.0
+
+        span = self.ok_finish_max - self.ok_arrival_min if n else 0.0
+        return Waits(span_s=float(span), prefill=stat("prefill_queue"), decode=stat("d_queue"), link=stat("link_wait"))
 
     def column(self, name: str) -> np.ndarray:
-        """A kept column, concatenated."""
-        parts = self.cols.get(name, [])
-        return np.concatenate(parts) if parts else np.zeros(0)
+        """A kept column, concatenated (exact mode)."""
+        return self.cols[name].column()
 
 
 def decision_names() -> list[str]:

@@ -243,9 +243,13 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
 
 
 def stream_pinned(stream: RunStream, bytes_per_token: int) -> pd.DataFrame:
-    """The pinned series of a finished stream."""
-    t, tokens = stream.pinned.steps()
-    return pinned_frame(t, tokens, bytes_per_token)
+    """The pinned series of a finished stream (its change points consumed; the frame wraps one array, no copy)."""
+    arr = np.empty((len(stream.pinned), 3), order="F")  # t_s, pinned_tokens, pinned_gib
+    _, tokens = stream.pinned.steps(arr)
+    gib = arr[:, 2]
+    np.multiply(tokens, bytes_per_token, out=gib)
+    gib /= GIB  # = pinned_frame's tokens * bytes_per_token / GIB, bit for bit
+    return pd.DataFrame(arr, columns=["t_s", "pinned_tokens", "pinned_gib"], copy=False)
 
 
 def stream_held(stream: RunStream) -> pd.DataFrame:
@@ -300,21 +304,19 @@ def build_result(
     frames: dict[str, pd.DataFrame] = {}
 
     def series_stats(t_end: float) -> dict[str, float]:
-        pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
-        t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()
-        out = {"pinned_kv_gib_mean": _time_weighted_mean(t, gib, t_end),
-               "pinned_kv_gib_peak": float(gib.max()) if len(gib) else 0.0}
-        del t, gib
         if stream.keep_turns:
             held = frames["held"] = stream_held(stream)
             ht, hg = held["t_s"].to_numpy(), held["held_gib"].to_numpy()
-        else:  # the held series itself is not kept for a streamed run: its statistics only
-            ht, hb = stream.held.steps()
-            hg = hb / GIB
-            del hb
-        out["p_held_kv_gib_mean"] = _time_weighted_mean(ht, hg, t_end)
-        out["p_held_kv_gib_peak"] = float(hg.max()) if len(hg) else 0.0
-        return out
+        else:  # the held series itself is not kept for a streamed run: its statistics only, before pinned's frame
+            ht, hg = stream.held.steps()
+            hg /= GIB
+        held_mean, held_peak = _time_weighted_mean(ht, hg, t_end), float(hg.max()) if len(hg) else 0.0
+        del ht, hg
+        pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
+        t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()
+        return {"pinned_kv_gib_mean": _time_weighted_mean(t, gib, t_end),
+                "pinned_kv_gib_peak": float(gib.max()) if len(gib) else 0.0,
+                "p_held_kv_gib_mean": held_mean, "p_held_kv_gib_peak": held_peak}
 
     stats = summarize(stream, series_stats, extra)
     ev = events_frame(events if events is not None else EventChunk.empty())

@@ -58,21 +58,37 @@ class SeriesBuffer:
             self.delta.append(delta.astype(np.float64))
             self.order.append(np.full(len(t), order, dtype=np.int8))
 
-    def steps(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(t, level)`` after each change, time-ordered (releases first at equal times, then log order)."""
-        if not self.t:
-            return np.zeros(0), np.zeros(0)
+    def __len__(self) -> int:
+        """Change points buffered."""
+        return sum(len(x) for x in self.t)
+
+    def steps(self, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(t, level)`` after each change, time-ordered (releases first at equal times, then log order).
+
+        Consumes the buffer (empty afterwards), freeing each part as soon as it is sorted, so that a long run's
+        change points never exist twice. ``out``, an ``(n, k >= 2)`` float64 array in Fortran order, receives
+        ``t`` in column 0 and the level in column 1 (the returned arrays are those columns).
+        """
+        n = len(self)
+        if out is None:
+            out = np.empty((n, 2), order="F")
+        t_out, level = out[:, 0], out[:, 1]
+        if not n:
+            return t_out, level
         t = np.concatenate(self.t)
-        self.t = [t]
+        self.t = []
         o = np.concatenate(self.order)
-        self.order = [o]
+        self.order = []
         idx = np.lexsort((o, t))  # stable: log order within equal (t, order)
         del o
+        np.take(t, idx, out=t_out)
+        del t
         d = np.concatenate(self.delta)
-        self.delta = [d]
-        level = d[idx]
+        self.delta = []
+        np.take(d, idx, out=level)
+        del d, idx
         np.cumsum(level, out=level)
-        return t[idx], level
+        return t_out, level
 
 
 TurnSink = Callable[[pd.DataFrame], None]

@@ -135,9 +135,9 @@ def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones() -
         assert abs(s[key] - e[key]) <= _bound(cols[col], q), key
     waits = {"prefill_compute": ok["prefill_queue_s"], "decode_kv": ok["d_queue_s"],
              "link": ok["kv_pull_s"] + ok["p2d_transfer_s"]}
-    for name, col in waits.items():
+    for name, wait in waits.items():
         got, want = s["health"]["resources"][name]["wait_p90_s"], e["health"]["resources"][name]["wait_p90_s"]
-        assert abs(got - want) <= _bound(col.to_numpy(), 90), name
+        assert abs(got - want) <= _bound(wait.to_numpy(), 90), name
         assert s["health"]["resources"][name]["wait_mean_s"] == pytest.approx(
             e["health"]["resources"][name]["wait_mean_s"], rel=1e-12, abs=1e-15)
     for key in ("ttft_mean_s", "tpot_mean_s", "p_leg_mean_s", "prefill_queue_mean_s", "kv_pull_mean_s"):

@@ -11,11 +11,12 @@ typed chunk to :class:`RunStream`, which
   ``turns.parquet``/``turns.csv`` writers) and to the summary aggregates;
 * accumulates counters and the pinned/held change points as they happen.
 
-Memory: the in-flight events, the reorder buffer, and per finished turn the columns the summary and the
-health section keep exact (TTFT, TPOT, P leg, prefill queue, D queue, link wait, and the pull times of
-pulled turns: at most 64 bytes) plus the pinned/held change points (4 per turn, 17 bytes each): ~130 bytes
-per turn instead of ~5 KB. Means and percentiles therefore stay exact, bit for bit (no quantile sketch);
-the cost is linear, ~1.3 GB per 10M turns, so a run of ~100M turns would need one.
+Memory: the in-flight events, the reorder buffer, and the pinned/held change points (4 per turn, 17 bytes
+each, sorted once at the end). The columns behind means and percentiles (TTFT, TPOT, P leg, prefill queue, D
+queue, link wait, pull times) are kept only while the run is planned with at most
+:data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns (then exact, bit for bit); a larger run
+keeps exact counts and sums and a mergeable quantile sketch per column instead (O(1), relative error
+:data:`~kvplan.sim.quantiles.ALPHA`; ``percentile_method`` in ``summary.json``).
 """
 
 from __future__ import annotations

@@ -307,10 +307,15 @@ def build_result(
         if stream.keep_turns:
             held = frames["held"] = stream_held(stream)
             ht, hg = held["t_s"].to_numpy(), held["held_gib"].to_numpy()
+        elif stream.held_stats is not None:  # a large streamed run: folded in as the run went
+            ht = hg = np.zeros(0)
         else:  # the held series itself is not kept for a streamed run: its statistics only, before pinned's frame
             ht, hg = stream.held.steps()
             hg /= GIB
-        held_mean, held_peak = _time_weighted_mean(ht, hg, t_end), float(hg.max()) if len(hg) else 0.0
+        if stream.held_stats is not None:
+            held_mean, held_peak = stream.held_stats.mean_peak(t_end)
+        else:
+            held_mean, held_peak = _time_weighted_mean(ht, hg, t_end), float(hg.max()) if len(hg) else 0.0
         del ht, hg
         pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
         t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()

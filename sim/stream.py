@@ -21,6 +21,7 @@ keeps exact counts and sums and a mergeable quantile sketch per column instead (
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, co
 from kvplan.sim.health import Waits
 from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat
 
+GIB = 1024**3
 TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP)), dtype=np.int16)
 _BIT = {k: np.int64(1) << np.int64(i) for i, k in enumerate(sorted(int(k) for k in Ev))}
 _BITS = np.zeros(max(int(k) for k in Ev) + 1, dtype=np.int64)
@@ -92,6 +94,63 @@ class SeriesBuffer:
         return t_out, level
 
 
+class StepStats:
+    """Time-weighted integral and peak of a step function, folded in while the run goes (bounded memory).
+
+    Change points are buffered like :class:`SeriesBuffer`'s and folded in, sorted the same way (time, releases
+    first, then log order), as soon as :meth:`advance` is told that no later change can come before time
+    ``w``; what stays buffered is bounded by the changes still in flight. Levels are summed exactly (the
+    changes are integers) and divided by ``divisor`` before integrating, as the one-shot statistics do; the
+    integral's float rounding differs from theirs (partial sums per batch), deterministically.
+    """
+
+    def __init__(self, divisor: float) -> None:
+        self.divisor = divisor
+        self.buf = SeriesBuffer()
+        self.level = 0.0  # exact running level (sum of changes)
+        self.last_t = float("nan")  # time and scaled level of the last change folded in
+        self.last_v = 0.0
+        self.integral = 0.0
+        self.peak = float("-inf")
+        self.n = 0
+
+    def advance(self, w: float) -> None:
+        """Fold in every buffered change before ``w`` (no change still to come may precede ``w``)."""
+        if not len(self.buf):
+            return
+        t = np.concatenate(self.buf.t)
+        d = np.concatenate(self.buf.delta)
+        o = np.concatenate(self.buf.order)
+        now = t < w
+        if not now.any():
+            self.buf.t, self.buf.delta, self.buf.order = [t], [d], [o]
+            return
+        later = ~now
+        self.buf.t, self.buf.delta, self.buf.order = [t[later]], [d[later]], [o[later]]
+        t, d, o = t[now], d[now], o[now]
+        idx = np.lexsort((o, t))
+        t, d = t[idx], d[idx]
+        level = np.cumsum(d)
+        level += self.level
+        v = level / self.divisor
+        if self.n:
+            self.integral += self.last_v * (float(t[0]) - self.last_t)
+        self.integral += float((v[:-1] * np.diff(t)).sum())
+        self.level, self.last_t, self.last_v = float(level[-1]), float(t[-1]), float(v[-1])
+        self.peak = max(self.peak, float(v.max()))
+        self.n += len(t)
+
+    def mean_peak(self, t_end: float) -> tuple[float, float]:
+        """(time-weighted mean over ``[0, t_end]``, peak) once everything is folded in (0, 0 with no change)."""
+        self.advance(float("inf"))
+        if not self.n:
+            return 0.0, 0.0
+        if t_end <= 0:
+            return 0.0, self.peak
+        tail = self.last_v * (max(t_end, self.last_t) - self.last_t)
+        return (self.integral + tail) / t_end, self.peak
+
+
 TurnSink = Callable[[pd.DataFrame], None]
 
 
@@ -124,6 +183,10 @@ class RunStream:
         self.t_max_active = float("-inf")  # over every event but retention releases
         # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
         self.agg = TurnAggregates(exact=int(self.remaining.sum()) <= exact_max_turns)
+        # a streamed run above that size keeps only the held series' statistics, folded in as the run goes
+        self.held_stats = StepStats(divisor=GIB) if not keep_turns and not self.agg.exact else None
+        self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
+        self._done_t = float("-inf")  # latest P_DONE time: every change still to come is at or after it
 
     # --- consuming -------------------------------------------------------------------------------------
 
@@ -201,14 +264,32 @@ class RunStream:
         hold = k == int(Ev.P_DONE)
         unhold = k == int(Ev.P_UNHOLD)
         held_bytes = getattr(ch, col(Ev.P_DONE, "held_bytes"))
-        self.held.add(ch.t_s[hold], held_bytes[hold], 1)
+        series = self.held if self.held_stats is None else self.held_stats.buf
+        series.add(ch.t_s[hold], held_bytes[hold], 1)
         key = self.offsets[ch.conv] + ch.turn.astype(np.int64) - 1
         self._holding.update(zip(key[hold].tolist(), held_bytes[hold].tolist(), strict=True))
         if unhold.any():
             b = np.array([self._holding.pop(x, np.nan) for x in key[unhold].tolist()], dtype=np.float64)
-            self.held.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
+            series.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
             self.unhold_tokens += float(ch.a[unhold].sum())
             self.unhold_bytes += float(np.nansum(b))
+        if self.held_stats is not None:
+            self._advance_held(self.held_stats, ch, hold, key, held_bytes)
+
+    def _advance_held(self, stats: StepStats, ch: EventChunk, hold: np.ndarray, key: np.ndarray,
+                      held_bytes: np.ndarray) -> None:
+        """Fold in the held changes no later change can precede: P_DONE is logged at the current time and a
+        P_UNHOLD (even a lapse noticed late) at or after its own P_DONE, so every change still to come is at
+        or after min(latest P_DONE, earliest P_DONE of a hold still outstanding)."""
+        with_bytes = hold & (held_bytes > 0)
+        for t, k in zip(ch.t_s[with_bytes].tolist(), key[with_bytes].tolist(), strict=True):
+            heapq.heappush(self._hold_heap, (t, k))
+        if hold.any():
+            self._done_t = max(self._done_t, float(ch.t_s[hold].max()))
+        heap = self._hold_heap
+        while heap and heap[0][1] not in self._holding:
+            heapq.heappop(heap)
+        stats.advance(min(self._done_t, heap[0][0]) if heap else self._done_t)
 
     def _advance(self) -> None:
         n = len(self.remaining)

@@ -145,3 +145,41 @@ def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones() -
     rest = {k: v for k, v in e.items() if "_p50_" not in k and "_p90_" not in k and "_p99_" not in k
             and "mean_s" not in k and not k.startswith("percentile_") and k != "health"}
     assert {k: s[k] for k in rest} == rest  # counts, sums and series metrics unchanged
+
+
+def test_large_streamed_run_folds_the_held_series_in_as_it_goes() -> None:
+    """Above the threshold a streamed run keeps no held change points: its mean and peak equal the one-shot ones."""
+    from kvplan.sim import api
+    from kvplan.sim.scenario import load_scenario
+    from kvplan.sim.stream import RunStream, StepStats
+
+    sc = load_scenario(REF)
+    exact = api.run(sc, keep=False, sink=lambda _rows: None)
+    buffered: list[int] = []
+    streams: list[RunStream] = []
+
+    class SketchStream(RunStream):
+        def __init__(self, *a: object, **k: object) -> None:
+            super().__init__(*a, **{**k, "exact_max_turns": 0})  # type: ignore[arg-type]
+            streams.append(self)
+
+    orig = StepStats.advance
+
+    def advance(self: StepStats, w: float) -> None:
+        orig(self, w)
+        buffered.append(len(self.buf))
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(api, "RunStream", SketchStream)
+    mp.setattr(StepStats, "advance", advance)
+    try:
+        sk = api.run(sc, keep=False, sink=lambda _rows: None)
+    finally:
+        mp.undo()
+    stats = streams[0].held_stats
+    assert stats is not None and len(streams[0].held) == 0  # nothing went to the one-shot buffer
+    assert stats.n >= 2 * 20_000 * 0.9  # every hold and release was folded in
+    assert max(buffered) < stats.n / 20  # bounded by the holds in flight, not by the run
+    assert sk.summary["p_held_kv_gib_peak"] == exact.summary["p_held_kv_gib_peak"] > 0
+    assert sk.summary["p_held_kv_gib_mean"] == pytest.approx(exact.summary["p_held_kv_gib_mean"], rel=1e-12)
+    assert sk.summary["pinned_kv_gib_mean"] == exact.summary["pinned_kv_gib_mean"]

@@ -101,7 +101,7 @@ def test_column_stat_exact_equals_numpy_and_sketch_is_within_bound() -> None:
         sketch.column()
 
 
-def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones() -> None:
+def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones(capsys: pytest.CaptureFixture[str]) -> None:
     """The 20,000-turn reference run with the sketch forced on: every percentile within the bound of the exact."""
     from kvplan.sim import api
     from kvplan.sim.results import summary_json_bytes
@@ -145,6 +145,12 @@ def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones() -
     rest = {k: v for k, v in e.items() if "_p50_" not in k and "_p90_" not in k and "_p99_" not in k
             and "mean_s" not in k and not k.startswith("percentile_") and k != "health"}
     assert {k: s[k] for k in rest} == rest  # counts, sums and series metrics unchanged
+    from kvplan.app.output import print_summary
+
+    print_summary(sk, None)
+    print_summary(exact, None)
+    printed = capsys.readouterr().out
+    assert printed.count("quantile sketch, within 0.5% relative") == 1  # said once: for the sketched run only
 
 
 def test_large_streamed_run_folds_the_held_series_in_as_it_goes() -> None:

@@ -61,6 +61,8 @@ def print_summary(
     if "p_held_kv_gib_mean" in s:
         rows.append(("P held KV mean / peak (lease expiries)",
                      f"{s['p_held_kv_gib_mean']:.2f} / {s['p_held_kv_gib_peak']:.2f} GiB ({s.get('p_lease_expiries', 0)})"))
+    if s.get("percentile_method") == "sketch":  # a run above the exact threshold (kvplan.sim.quantiles)
+        rows.append(("percentiles", f"quantile sketch, within {s.get('percentile_relative_error', 0.0):.1%} relative"))
     for k, v in rows:
         t.add_row(k, v)
     c.print(t)

@@ -94,7 +94,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         del ctx.driver
         gc.collect()
     result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
-    health = compute_health(result.summary, stream.agg.health_frame(), scenario, rs.per_byte_s, held)
+    health = compute_health(result.summary, stream.agg.waits(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})
 
 

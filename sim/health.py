@@ -31,6 +31,7 @@ any time formatter (the CLI and the dashboard pass one that scales to ms/s/min/h
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,34 @@ def _p90(x: pd.Series) -> float:
     return float(np.percentile(v, 90)) if len(v) else 0.0
 
 
-def _prefill_held(summary: dict[str, Any], ok: pd.DataFrame) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Waits:
+    """What the health section reads of the turns that did not fail: each wait's (p90, mean) and the span.
+
+    From a turns frame (:func:`waits_of`) or from a streamed run's column statistics (exact, or within the
+    quantile sketch's bound above :data:`kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns).
+    """
+
+    span_s: float  # last finish - first arrival
+    prefill: tuple[float, float]  # prefill_queue_s
+    decode: tuple[float, float]  # d_queue_s
+    link: tuple[float, float]  # kv_pull_s + p2d_transfer_s
+
+
+def waits_of(turns: pd.DataFrame) -> Waits:
+    """The waits of a turns frame (``turns.csv`` columns)."""
+    ok = turns[turns["decision"] != "error"]
+    n = len(ok)
+    link = ok["kv_pull_s"] + ok["p2d_transfer_s"]
+    return Waits(
+        span_s=float(ok["finish_s"].max() - ok["arrival_s"].min()) if n else 0.0,
+        prefill=(_p90(ok["prefill_queue_s"]), float(ok["prefill_queue_s"].mean()) if n else 0.0),
+        decode=(_p90(ok["d_queue_s"]), float(ok["d_queue_s"].mean()) if n else 0.0),
+        link=(_p90(link), float(link.mean()) if n else 0.0),
+    )
+
+
+def _prefill_held(summary: dict[str, Any], waits: Waits) -> dict[str, Any]:
     """P's KV pool held for D's reads: peak and mean of the held series over P's capacity, and P's queue."""
     cap = float(summary.get("prefill_kv_capacity_gib") or 0.0)
     peak = float(summary.get("p_held_kv_gib_peak") or 0.0)
@@ -60,23 +88,24 @@ def _prefill_held(summary: dict[str, Any], ok: pd.DataFrame) -> dict[str, Any]:
         "held_mean_fraction": mean / cap if cap > 0 else 0.0,
         "capacity_gib": cap,
         "lease_expiries": int(summary.get("p_lease_expiries") or 0),
-        "wait_p90_s": _p90(ok["prefill_queue_s"]),
-        "wait_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else 0.0,
+        "wait_p90_s": waits.prefill[0],
+        "wait_mean_s": waits.prefill[1],
     }
 
 
 def compute_health(
-    summary: dict[str, Any], turns: pd.DataFrame, scenario: Scenario, per_byte_s: float,
+    summary: dict[str, Any], turns: pd.DataFrame | Waits, scenario: Scenario, per_byte_s: float,
     prefill_held: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The health section of one run (see the module docstring for every definition).
 
     ``prefill_held`` is (tokens P's prefix caches hold at the end, their capacity), summed over P nodes,
     when prefix caching is on: reported, never saturated (vLLM evicts it LRU; it only limits local hits).
+    ``turns`` is the turns frame or its :class:`Waits`.
     """
-    ok = turns[turns["decision"] != "error"]
+    waits = turns if isinstance(turns, Waits) else waits_of(turns)
     dep, pol = scenario.deployment, scenario.policy
-    span = float(ok["finish_s"].max() - ok["arrival_s"].min()) if len(ok) else 0.0
+    span = waits.span_s
     cap = float(summary.get("decode_kv_capacity_gib") or 0.0)
     pinned_peak = float(summary.get("pinned_kv_gib_peak", 0.0))
     pinned_mean = float(summary.get("pinned_kv_gib_mean", 0.0))
@@ -89,22 +118,22 @@ def compute_health(
     resources: dict[str, dict[str, Any]] = {
         "prefill_compute": {
             "utilization": float(summary.get("prefill_utilization", 0.0)),
-            "wait_p90_s": _p90(ok["prefill_queue_s"]),
-            "wait_mean_s": float(ok["prefill_queue_s"].mean()) if len(ok) else 0.0,
+            "wait_p90_s": waits.prefill[0],
+            "wait_mean_s": waits.prefill[1],
         },
         "decode_kv": {
             "utilization": pinned_peak / cap if cap > 0 else 0.0,
             "pinned_peak_fraction": pinned_peak / cap if cap > 0 else 0.0,
             "pinned_mean_fraction": pinned_mean / cap if cap > 0 else 0.0,
             "capacity_gib": cap,
-            "wait_p90_s": _p90(ok["d_queue_s"]),
-            "wait_mean_s": float(ok["d_queue_s"].mean()) if len(ok) else 0.0,
+            "wait_p90_s": waits.decode[0],
+            "wait_mean_s": waits.decode[1],
         },
-        "prefill_held_kv": _prefill_held(summary, ok),
+        "prefill_held_kv": _prefill_held(summary, waits),
         "link": {
             "utilization": link_util,
-            "wait_p90_s": _p90(ok["kv_pull_s"] + ok["p2d_transfer_s"]),
-            "wait_mean_s": float((ok["kv_pull_s"] + ok["p2d_transfer_s"]).mean()) if len(ok) else 0.0,
+            "wait_p90_s": waits.link[0],
+            "wait_mean_s": waits.link[1],
         },
     }
     # always the same keys (sweep rows need the same columns whether P caches or not)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import COLUMNS, DECISION_NAMES, Decision, Ev, EventChunk, col
+from kvplan.sim.quantiles import ALPHA
 from kvplan.sim.result_files import (  # the result files; writers re-exported (see __all__)
     FLOAT_FORMAT,
     GIB,
@@ -195,47 +196,43 @@ def _time_weighted_mean(t: np.ndarray, v: np.ndarray, t_end: float) -> float:
     return float((v * dt).sum() / t_end)
 
 
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else float("nan")
-
-
-def _mean(x: np.ndarray, empty: float) -> float:
-    return float(pd.Series(x, dtype=float).mean()) if len(x) else empty
-
-
 SeriesStats = Callable[[float], dict[str, float]]
 
 
 def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any]) -> Summary:
     """Headline metrics (``summary.json``) from a finished run's streaming aggregates. See the README.
 
-    Counts and token sums are exact; means and percentiles are computed over the kept columns in the
-    rows' order, so they equal the one-shot computation over ``turns.csv``. ``series_stats(t_end)`` gives
+    Counts and token sums are exact. Up to :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` planned
+    turns, means and percentiles are computed over the kept columns in the rows' order, so they equal the
+    one-shot computation over ``turns.csv`` (``percentile_method: exact``); above it, means come from exact
+    counts and sums and percentiles from a mergeable quantile sketch within ``percentile_relative_error``
+    (``percentile_method: sketch``, :mod:`kvplan.sim.quantiles`). ``series_stats(t_end)`` gives
     the pinned/held metrics; it is called once the turn columns a streamed run no longer needs are freed.
     """
     agg = stream.agg
-    ttft = agg.column("ttft")
+    cols = agg.cols
     t_end = stream.t_max if np.isfinite(stream.t_max) else 0.0
     n_turns = stream.counts["turns"]
     decisions = {name: int(agg.decisions.get(name, 0)) for name in DECISION_NAMES.values()}
     c = stream.counts
+    ttft, tpot = cols["ttft"], cols["tpot"]
     metrics: dict[str, Any] = {
         "turns": int(n_turns),
         "conversations": int(c["conversations"]),
         "errors": int(decisions["error"]),
-        "ttft_mean_s": float(ttft.mean()) if len(ttft) else float("nan"),
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p90_s": _pct(ttft, 90),
-        "ttft_p99_s": _pct(ttft, 99),
+        "ttft_mean_s": ttft.mean(float("nan")),
+        "ttft_p50_s": ttft.percentile(50),
+        "ttft_p90_s": ttft.percentile(90),
+        "ttft_p99_s": ttft.percentile(99),
         "hit_rate": float(agg.reused / agg.follow_up) if agg.follow_up else 0.0,
         "pull_rate": float(decisions["pull"] / n_turns) if n_turns else 0.0,
         "follow_up_turns": int(agg.follow_up),
         "decisions": decisions,
         **{k: int(agg.sums.get(k, 0)) for k in agg.SUM_COLS},
-        "kv_pull_mean_s": _mean(agg.column("kv_pull"), 0.0),
-        "d2p_xfer_mean_s": _mean(agg.column("d2p_xfer"), 0.0),
-        "p_leg_mean_s": _mean(agg.column("p_leg"), float("nan")),
-        "prefill_queue_mean_s": _mean(agg.column("prefill_queue"), float("nan")),
+        "kv_pull_mean_s": cols["kv_pull"].mean(0.0),
+        "d2p_xfer_mean_s": cols["d2p_xfer"].mean(0.0),
+        "p_leg_mean_s": cols["p_leg"].mean(float("nan")),
+        "prefill_queue_mean_s": cols["prefill_queue"].mean(float("nan")),
         "pins": int(c["pins"]),
         "releases": {RELEASE_NAMES[k]: int(n) for k, n in stream.releases.items()},
         "pins_outstanding": int(c["pins"] - c["unpins"]),
@@ -244,12 +241,12 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
         "d_preempted_recompute_tokens": int(stream.d_recompute_tokens),
         "p_lease_expiries": int(c["p_lease_expiries"]),
         "p2d_failed_reads": int(c["p2d_failed_reads"]),
+        "tpot_mean_s": tpot.mean(float("nan")),
+        "tpot_p50_s": tpot.percentile(50),
+        "tpot_p90_s": tpot.percentile(90),
+        "percentile_method": "exact" if agg.exact else "sketch",
+        "percentile_relative_error": 0.0 if agg.exact else ALPHA,
     }
-    tpot = agg.column("tpot")
-    metrics["tpot_mean_s"] = float(tpot.mean()) if len(tpot) else float("nan")
-    metrics["tpot_p50_s"] = _pct(tpot, 50)
-    metrics["tpot_p90_s"] = _pct(tpot, 90)
-    del ttft, tpot
     if not stream.keep_turns:
         agg.drop_summary_columns()  # a streamed run's peak memory is here: free what is no longer needed
     metrics.update(series_stats(t_end))
@@ -257,9 +254,13 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
 
 
 def stream_pinned(stream: RunStream, bytes_per_token: int) -> pd.DataFrame:
-    """The pinned series of a finished stream."""
-    t, tokens = stream.pinned.steps()
-    return pinned_frame(t, tokens, bytes_per_token)
+    """The pinned series of a finished stream (its change points consumed; the frame wraps one array, no copy)."""
+    arr = np.empty((len(stream.pinned), 3), order="F")  # t_s, pinned_tokens, pinned_gib
+    _, tokens = stream.pinned.steps(arr)
+    gib = arr[:, 2]
+    np.multiply(tokens, bytes_per_token, out=gib)
+    gib /= GIB  # = pinned_frame's tokens * bytes_per_token / GIB, bit for bit
+    return pd.DataFrame(arr, columns=["t_s", "pinned_tokens", "pinned_gib"], copy=False)
 
 
 def stream_held(stream: RunStream) -> pd.DataFrame:
@@ -314,21 +315,24 @@ def build_result(
     frames: dict[str, pd.DataFrame] = {}
 
     def series_stats(t_end: float) -> dict[str, float]:
-        pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
-        t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()
-        out = {"pinned_kv_gib_mean": _time_weighted_mean(t, gib, t_end),
-               "pinned_kv_gib_peak": float(gib.max()) if len(gib) else 0.0}
-        del t, gib
         if stream.keep_turns:
             held = frames["held"] = stream_held(stream)
             ht, hg = held["t_s"].to_numpy(), held["held_gib"].to_numpy()
-        else:  # the held series itself is not kept for a streamed run: its statistics only
-            ht, hb = stream.held.steps()
-            hg = hb / GIB
-            del hb
-        out["p_held_kv_gib_mean"] = _time_weighted_mean(ht, hg, t_end)
-        out["p_held_kv_gib_peak"] = float(hg.max()) if len(hg) else 0.0
-        return out
+        elif stream.held_stats is not None:  # a large streamed run: folded in as the run went
+            ht = hg = np.zeros(0)
+        else:  # the held series itself is not kept for a streamed run: its statistics only, before pinned's frame
+            ht, hg = stream.held.steps()
+            hg /= GIB
+        if stream.held_stats is not None:
+            held_mean, held_peak = stream.held_stats.mean_peak(t_end)
+        else:
+            held_mean, held_peak = _time_weighted_mean(ht, hg, t_end), float(hg.max()) if len(hg) else 0.0
+        del ht, hg
+        pinned = frames["pinned"] = stream_pinned(stream, bytes_all_ranks)
+        t, gib = pinned["t_s"].to_numpy(), pinned["pinned_gib"].to_numpy()
+        return {"pinned_kv_gib_mean": _time_weighted_mean(t, gib, t_end),
+                "pinned_kv_gib_peak": float(gib.max()) if len(gib) else 0.0,
+                "p_held_kv_gib_mean": held_mean, "p_held_kv_gib_peak": held_peak}
 
     stats = summarize(stream, series_stats, extra)
     ev = events_frame(events if events is not None else EventChunk.empty())

@@ -11,15 +11,17 @@ typed chunk to :class:`RunStream`, which
   ``turns.parquet``/``turns.csv`` writers) and to the summary aggregates;
 * accumulates counters and the pinned/held change points as they happen.
 
-Memory: the in-flight events, the reorder buffer, and per finished turn the columns the summary and the
-health section keep exact (TTFT, TPOT, P leg, prefill queue, D queue, link wait, and the pull times of
-pulled turns: at most 64 bytes) plus the pinned/held change points (4 per turn, 17 bytes each): ~130 bytes
-per turn instead of ~5 KB. Means and percentiles therefore stay exact, bit for bit (no quantile sketch);
-the cost is linear, ~1.3 GB per 10M turns, so a run of ~100M turns would need one.
+Memory: the in-flight events, the reorder buffer, and the pinned/held change points (4 per turn, 17 bytes
+each, sorted once at the end). The columns behind means and percentiles (TTFT, TPOT, P leg, prefill queue, D
+queue, link wait, pull times) are kept only while the run is planned with at most
+:data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns (then exact, bit for bit); a larger run
+keeps exact counts and sums and a mergeable quantile sketch per column instead (O(1), relative error
+:data:`~kvplan.sim.quantiles.ALPHA`; ``percentile_method`` in ``summary.json``).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +29,10 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, col
+from kvplan.sim.health import Waits
+from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat
 
+GIB = 1024**3
 TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP)), dtype=np.int16)
 _BIT = {k: np.int64(1) << np.int64(i) for i, k in enumerate(sorted(int(k) for k in Ev))}
 _BITS = np.zeros(max(int(k) for k in Ev) + 1, dtype=np.int64)
@@ -56,21 +61,94 @@ class SeriesBuffer:
             self.delta.append(delta.astype(np.float64))
             self.order.append(np.full(len(t), order, dtype=np.int8))
 
-    def steps(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(t, level)`` after each change, time-ordered (releases first at equal times, then log order)."""
-        if not self.t:
-            return np.zeros(0), np.zeros(0)
+    def __len__(self) -> int:
+        """Change points buffered."""
+        return sum(len(x) for x in self.t)
+
+    def steps(self, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(t, level)`` after each change, time-ordered (releases first at equal times, then log order).
+
+        Consumes the buffer (empty afterwards), freeing each part as soon as it is sorted, so that a long run's
+        change points never exist twice. ``out``, an ``(n, k >= 2)`` float64 array in Fortran order, receives
+        ``t`` in column 0 and the level in column 1 (the returned arrays are those columns).
+        """
+        n = len(self)
+        if out is None:
+            out = np.empty((n, 2), order="F")
+        t_out, level = out[:, 0], out[:, 1]
+        if not n:
+            return t_out, level
         t = np.concatenate(self.t)
-        self.t = [t]
+        self.t = []
         o = np.concatenate(self.order)
-        self.order = [o]
+        self.order = []
         idx = np.lexsort((o, t))  # stable: log order within equal (t, order)
         del o
+        np.take(t, idx, out=t_out)
+        del t
         d = np.concatenate(self.delta)
-        self.delta = [d]
-        level = d[idx]
+        self.delta = []
+        np.take(d, idx, out=level)
+        del d, idx
         np.cumsum(level, out=level)
-        return t[idx], level
+        return t_out, level
+
+
+class StepStats:
+    """Time-weighted integral and peak of a step function, folded in while the run goes (bounded memory).
+
+    Change points are buffered like :class:`SeriesBuffer`'s and folded in, sorted the same way (time, releases
+    first, then log order), as soon as :meth:`advance` is told that no later change can come before time
+    ``w``; what stays buffered is bounded by the changes still in flight. Levels are summed exactly (the
+    changes are integers) and divided by ``divisor`` before integrating, as the one-shot statistics do; the
+    integral's float rounding differs from theirs (partial sums per batch), deterministically.
+    """
+
+    def __init__(self, divisor: float) -> None:
+        self.divisor = divisor
+        self.buf = SeriesBuffer()
+        self.level = 0.0  # exact running level (sum of changes)
+        self.last_t = float("nan")  # time and scaled level of the last change folded in
+        self.last_v = 0.0
+        self.integral = 0.0
+        self.peak = float("-inf")
+        self.n = 0
+
+    def advance(self, w: float) -> None:
+        """Fold in every buffered change before ``w`` (no change still to come may precede ``w``)."""
+        if not len(self.buf):
+            return
+        t = np.concatenate(self.buf.t)
+        d = np.concatenate(self.buf.delta)
+        o = np.concatenate(self.buf.order)
+        now = t < w
+        if not now.any():
+            self.buf.t, self.buf.delta, self.buf.order = [t], [d], [o]
+            return
+        later = ~now
+        self.buf.t, self.buf.delta, self.buf.order = [t[later]], [d[later]], [o[later]]
+        t, d, o = t[now], d[now], o[now]
+        idx = np.lexsort((o, t))
+        t, d = t[idx], d[idx]
+        level = np.cumsum(d)
+        level += self.level
+        v = level / self.divisor
+        if self.n:
+            self.integral += self.last_v * (float(t[0]) - self.last_t)
+        self.integral += float((v[:-1] * np.diff(t)).sum())
+        self.level, self.last_t, self.last_v = float(level[-1]), float(t[-1]), float(v[-1])
+        self.peak = max(self.peak, float(v.max()))
+        self.n += len(t)
+
+    def mean_peak(self, t_end: float) -> tuple[float, float]:
+        """(time-weighted mean over ``[0, t_end]``, peak) once everything is folded in (0, 0 with no change)."""
+        self.advance(float("inf"))
+        if not self.n:
+            return 0.0, 0.0
+        if t_end <= 0:
+            return 0.0, self.peak
+        tail = self.last_v * (max(t_end, self.last_t) - self.last_t)
+        return (self.integral + tail) / t_end, self.peak
 
 
 TurnSink = Callable[[pd.DataFrame], None]
@@ -80,7 +158,7 @@ class RunStream:
     """Consumes event chunks; derives turns, counters and time series incrementally."""
 
     def __init__(self, offsets: np.ndarray, turns_per_conv: np.ndarray, sink: TurnSink | None = None,
-                 keep_turns: bool = True) -> None:
+                 keep_turns: bool = True, exact_max_turns: int = EXACT_PERCENTILE_MAX_TURNS) -> None:
         from kvplan.sim.results import turn_columns
 
         self._turn_columns = turn_columns
@@ -103,7 +181,12 @@ class RunStream:
         self.unhold_bytes = 0.0
         self.t_max = float("-inf")
         self.t_max_active = float("-inf")  # over every event but retention releases
-        self.agg = TurnAggregates()
+        # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
+        self.agg = TurnAggregates(exact=int(self.remaining.sum()) <= exact_max_turns)
+        # a streamed run above that size keeps only the held series' statistics, folded in as the run goes
+        self.held_stats = StepStats(divisor=GIB) if not keep_turns and not self.agg.exact else None
+        self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
+        self._done_t = float("-inf")  # latest P_DONE time: every change still to come is at or after it
 
     # --- consuming -------------------------------------------------------------------------------------
 
@@ -181,14 +264,32 @@ class RunStream:
         hold = k == int(Ev.P_DONE)
         unhold = k == int(Ev.P_UNHOLD)
         held_bytes = getattr(ch, col(Ev.P_DONE, "held_bytes"))
-        self.held.add(ch.t_s[hold], held_bytes[hold], 1)
+        series = self.held if self.held_stats is None else self.held_stats.buf
+        series.add(ch.t_s[hold], held_bytes[hold], 1)
         key = self.offsets[ch.conv] + ch.turn.astype(np.int64) - 1
         self._holding.update(zip(key[hold].tolist(), held_bytes[hold].tolist(), strict=True))
         if unhold.any():
             b = np.array([self._holding.pop(x, np.nan) for x in key[unhold].tolist()], dtype=np.float64)
-            self.held.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
+            series.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
             self.unhold_tokens += float(ch.a[unhold].sum())
             self.unhold_bytes += float(np.nansum(b))
+        if self.held_stats is not None:
+            self._advance_held(self.held_stats, ch, hold, key, held_bytes)
+
+    def _advance_held(self, stats: StepStats, ch: EventChunk, hold: np.ndarray, key: np.ndarray,
+                      held_bytes: np.ndarray) -> None:
+        """Fold in the held changes no later change can precede: P_DONE is logged at the current time and a
+        P_UNHOLD (even a lapse noticed late) at or after its own P_DONE, so every change still to come is at
+        or after min(latest P_DONE, earliest P_DONE of a hold still outstanding)."""
+        with_bytes = hold & (held_bytes > 0)
+        for t, k in zip(ch.t_s[with_bytes].tolist(), key[with_bytes].tolist(), strict=True):
+            heapq.heappush(self._hold_heap, (t, k))
+        if hold.any():
+            self._done_t = max(self._done_t, float(ch.t_s[hold].max()))
+        heap = self._hold_heap
+        while heap and heap[0][1] not in self._holding:
+            heapq.heappop(heap)
+        stats.advance(min(self._done_t, heap[0][0]) if heap else self._done_t)
 
     def _advance(self) -> None:
         n = len(self.remaining)
@@ -229,28 +330,41 @@ class RunStream:
         return pd.concat(self.kept_turns, ignore_index=True) if len(self.kept_turns) > 1 else self.kept_turns[0]
 
 
+#: the per-turn columns the summary and the health section read: name -> whether percentiles are read of it
+STAT_COLUMNS = {"ttft": True, "tpot": True, "p_leg": False, "prefill_queue": True, "d_queue": True,
+                "link_wait": True, "kv_pull": False, "d2p_xfer": False}
+
+
 @dataclass
 class TurnAggregates:
     """What the summary needs from the turn records, accumulated in release order.
 
-    Counts and token sums are exact integers; the columns behind means and percentiles are kept (in the
-    same order as the rows of ``turns.csv``) so the summary's means and percentiles equal the one-shot
-    computation bit for bit.
+    Counts and token sums are exact integers. The columns behind means and percentiles are
+    :class:`~kvplan.sim.quantiles.ColumnStat`: kept whole when ``exact`` (a run planned with at most
+    :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns), so the summary equals the one-shot
+    computation over ``turns.csv`` bit for bit; otherwise exact counts and sums plus a mergeable quantile
+    sketch of stated relative error (:data:`~kvplan.sim.quantiles.ALPHA`): O(1) memory per column.
     """
 
+    exact: bool = True
     decisions: dict[str, int] = field(default_factory=dict)
     sums: dict[str, int] = field(default_factory=dict)
     follow_up: int = 0
     reused: int = 0
-    cols: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    cols: dict[str, ColumnStat] = field(default_factory=dict)
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
+    n_ok: int = 0
 
     SUM_COLS = ("pulled_tokens", "recomputed_tokens", "local_hit_tokens", "failed_tokens", "prompt_tokens",
                 "d2p_bytes", "p2d_bytes")
 
+    def __post_init__(self) -> None:
+        """One statistic per column of :data:`STAT_COLUMNS`."""
+        self.cols = {name: ColumnStat(self.exact, q) for name, q in STAT_COLUMNS.items()}
+
     def _keep(self, name: str, values: np.ndarray) -> None:
-        self.cols.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
+        self.cols[name].add(np.asarray(values, dtype=np.float64))
 
     def add(self, t: pd.DataFrame) -> None:
         """Fold released rows in."""
@@ -272,6 +386,7 @@ class TurnAggregates:
         if len(ok):
             self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, ok["arrival_s"].min()]))
             self.ok_finish_max = float(np.nanmax([self.ok_finish_max, ok["finish_s"].max()]))
+        self.n_ok += len(ok)
         pull = t[dec == "pull"]
         self._keep("kv_pull", pull["kv_pull_s"].to_numpy())
         self._keep("d2p_xfer", pull["d2p_xfer_s"].to_numpy())
@@ -279,27 +394,22 @@ class TurnAggregates:
     def drop_summary_columns(self) -> None:
         """Free the kept columns only the summary's means and percentiles read (health's stay)."""
         for name in ("ttft", "tpot", "p_leg", "kv_pull", "d2p_xfer"):
-            self.cols.pop(name, None)
+            self.cols[name].free()
 
-    def health_frame(self) -> pd.DataFrame:
-        """The columns :func:`kvplan.sim.health.compute_health` reads from the turns that did not fail, in row
-        order (``kv_pull_s`` holds the link wait kv_pull + p2d_transfer, ``p2d_transfer_s`` is 0; arrival and
-        finish carry only their min and max, which is all it takes of them)."""
-        pq = self.column("prefill_queue")
-        n = len(pq)
-        arrival = np.full(n, np.nan)
-        finish = np.full(n, np.nan)
-        if n:
-            arrival[0], finish[0] = self.ok_arrival_min, self.ok_finish_max
-        return pd.DataFrame({
-            "decision": np.full(n, "ok", dtype=object), "prefill_queue_s": pq, "d_queue_s": self.column("d_queue"),
-            "kv_pull_s": self.column("link_wait"), "p2d_transfer_s": np.zeros(n), "arrival_s": arrival, "finish_s": finish,
-        })
+    def waits(self) -> Waits:
+        """What :func:`kvplan.sim.health.compute_health` reads of the turns that did not fail."""
+        n = self.n_ok
+
+        def stat(name: str) -> tuple[float, float]:
+            c = self.cols[name]
+            return c.percentile(90, 0.0), c.mean(0.0) if n else 0.0
+
+        span = self.ok_finish_max - self.ok_arrival_min if n else 0.0
+        return Waits(span_s=float(span), prefill=stat("prefill_queue"), decode=stat("d_queue"), link=stat("link_wait"))
 
     def column(self, name: str) -> np.ndarray:
-        """A kept column, concatenated."""
-        parts = self.cols.get(name, [])
-        return np.concatenate(parts) if parts else np.zeros(0)
+        """A kept column, concatenated (exact mode)."""
+        return self.cols[name].column()
 
 
 def decision_names() -> list[str]:

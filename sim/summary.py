@@ -55,6 +55,10 @@ class Summary:
     tpot_p50_s: float
     tpot_p90_s: float
     run: Mapping[str, Any]  # run context: seed, model, hardware, profile, capacities, utilisations, trace report
+    # how the percentiles above (and health's wait p90s) were computed: "exact" (the columns kept) or "sketch"
+    # (a mergeable quantile sketch, kvplan.sim.quantiles), and the sketch's relative error bound (0 when exact)
+    percentile_method: str = "exact"
+    percentile_relative_error: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """``summary.json`` content: the metrics in field order, then the run context's keys."""
@@ -74,7 +78,9 @@ class Summary:
     def from_dict(cls, d: Mapping[str, Any]) -> Summary:
         """Back from a ``summary.json`` mapping (unknown keys go to ``run``)."""
         names = [f.name for f in fields(cls) if f.name != "run"]
-        return cls(**{n: d[n] for n in names}, run={k: v for k, v in d.items() if k not in names})
+        defaults: dict[str, Any] = {f.name: f.default for f in fields(cls) if f.name != "run"}  # older summaries lack some
+        return cls(**{n: d[n] if n in d else defaults[n] for n in names},
+                   run={k: v for k, v in d.items() if k not in names})
 
 
 def flatten(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ arrival time, so nothing changes but the event count.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -33,7 +34,8 @@ from kvplan.sim.workload import ConversationPlan
 
 def _view(a: np.ndarray, dtype: type[np.generic]) -> memoryview:
     """A memoryview of ``a`` as a contiguous ``dtype`` array (no copy when it is one): indexing it returns a Python
-    int/float, and ``len`` and slicing work as on a list."""
+    int/float, and ``len`` and slicing work as on a list. Callers type it ``Sequence[int]`` / ``Sequence[float]``
+    (the compiled build checks the items against that; typeshed calls every memoryview item an int)."""
     return np.ascontiguousarray(a, dtype=dtype).data
 
 
@@ -64,10 +66,10 @@ class Driver:
         self.send_id = ctx.scenario.policy.send_conversation_id
         # zero-copy views of the plan's arrays: indexing gives Python ints/floats at 0 extra bytes per turn (a list
         # of Python objects cost ~36 bytes per element and turn, ~100 bytes per turn for the three, issue 12)
-        self.offsets: memoryview = _view(plan.offsets, np.int64)
-        self.prompt: memoryview = _view(plan.prompt_tokens, np.int64)
-        self.output: memoryview = _view(plan.output_tokens, np.int64)
-        self.gap: memoryview = _view(plan.gap_s, np.float64)
+        self.offsets: Sequence[int] = _view(plan.offsets, np.int64)
+        self.prompt: Sequence[int] = _view(plan.prompt_tokens, np.int64)
+        self.output: Sequence[int] = _view(plan.output_tokens, np.int64)
+        self.gap: Sequence[float] = _view(plan.gap_s, np.float64)
         self.source: ArrivalSource
         if plan.arrival_s is not None:  # a trace brings its own clock
             self.source = TraceReplay(self, plan.arrival_s)
@@ -130,8 +132,8 @@ class OpenLoop:
         self.d = driver
         plan = driver.plan
         order = np.argsort(plan.start_s, kind="stable")
-        self.starts = _view(order[plan.turns[order] > 0], np.int64)
-        self.start_s = _view(plan.start_s, np.float64)
+        self.starts: Sequence[int] = _view(order[plan.turns[order] > 0], np.int64)
+        self.start_s: Sequence[float] = _view(plan.start_s, np.float64)
         self.next_start = 0
 
     def start(self) -> None:
@@ -164,9 +166,9 @@ class TraceReplay:
     def __init__(self, driver: Driver, arrival_s: np.ndarray) -> None:
         self.d = driver
         plan = driver.plan
-        self.arrival_s = _view(arrival_s, np.float64)
-        self.order = _view(np.argsort(arrival_s, kind="stable"), np.int64)
-        self.conv_of = _view(np.repeat(np.arange(len(plan.turns)), plan.turns), np.int64)
+        self.arrival_s: Sequence[float] = _view(arrival_s, np.float64)
+        self.order: Sequence[int] = _view(np.argsort(arrival_s, kind="stable"), np.int64)
+        self.conv_of: Sequence[int] = _view(np.repeat(np.arange(len(plan.turns)), plan.turns), np.int64)
         self.next_request = 0
 
     def start(self) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
 
-from simpy.events import NORMAL
+from simpy.events import NORMAL, URGENT
 
 
 class Wake:
@@ -50,6 +50,15 @@ def call_later(env: Any, delay: float, fn: Callable[[Any], None]) -> None:
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), Wake(fn)))
     except AttributeError:
         env.schedule(Wake(fn), NORMAL, delay)
+
+
+def call_first(env: Any, fn: Callable[[Any], None]) -> None:
+    """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
+    (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
+    try:
+        heappush(env._queue, (env._now, URGENT, next(env._eid), Wake(fn)))
+    except AttributeError:
+        env.schedule(Wake(fn), URGENT, 0.0)
 
 
 def run_until(env: Any, stop: float) -> None:

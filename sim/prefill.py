@@ -20,23 +20,19 @@ when D's first heartbeat comes after the initial lease (``docs/design/nixl_kv_ca
 PR #41383; ``nixl/base_scheduler.py`` ``on_new_request``). A lapsed lease frees the blocks and D's read
 then fails: D recomputes the prompt locally. Held blocks become prefix cache when freed.
 
-One engine step = one SimPy timeout whose length is the prefill cost of the chunks it holds.
+One engine step = one SimPy event at its end, after the prefill cost of the chunks it holds.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Generator
-from typing import Any
-
-import simpy
 
 from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_later
+from kvplan.sim.clock import call_first, call_later
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
@@ -71,9 +67,11 @@ class PrefillNode:
         self._pc = ctx.costs.prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._wake: simpy.Event | None = None
         self.busy_s = 0.0
-        self.env.process(self._loop())
+        self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
+        self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
+        # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
+        call_first(self.env, self._start)
 
     def cached_tokens(self, conv: int) -> int:
         """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
@@ -99,17 +97,29 @@ class PrefillNode:
         self._kick()
 
     def _kick(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        if self._idle:
+            self._idle = False
+            call_later(self.env, 0.0, self._woken)
 
-    def _loop(self) -> Generator[simpy.Event, Any, None]:
+    def _start(self, _e: object) -> None:
+        self._next_step(True)
+
+    def _woken(self, _e: object) -> None:
+        self._next_step(False)
+
+    def _next_step(self, check_idle: bool) -> None:
+        """V1's engine loop up to its next wait: idle until kicked, or the next step's batch and its end.
+
+        Written as callbacks (a generator process before; the events, their order and their ids are the
+        same: the wake is one event now, the step one event at its end).
+        """
         env = self.env
         log = self.rows
         while True:
-            if not self.running and (not self.waiting or self._blocked):
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+            if check_idle and not self.running and (not self.waiting or self._blocked):
+                self._idle = True
+                return
+            check_idle = True
             self._blocked = False
             budget = self.max_tokens
             batch: list[tuple[Request, int]] = []
@@ -147,16 +157,21 @@ class PrefillNode:
                 continue
             dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
             self.busy_s += dt
-            yield env.timeout(dt)
-            finished = False
-            for r, n in batch:
-                r.p_remaining -= n
-                r.p_ctx += n
-                if r.p_remaining == 0:
-                    finished = True
-                    self._finish(r)
-            if finished:
-                self.running = [r for r in self.running if r.p_remaining > 0]
+            self._batch = batch
+            call_later(env, dt, self._step_done)
+            return
+
+    def _step_done(self, _e: object) -> None:
+        finished = False
+        for r, n in self._batch:
+            r.p_remaining -= n
+            r.p_ctx += n
+            if r.p_remaining == 0:
+                finished = True
+                self._finish(r)
+        if finished:
+            self.running = [r for r in self.running if r.p_remaining > 0]
+        self._next_step(True)
 
     def _decide(self, r: Request) -> bool:
         """The connector decision at scheduling time. True when the request computes now."""

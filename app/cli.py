@@ -62,7 +62,10 @@ def fail(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     try:
-        app(args=argv, standalone_mode=False)
+        # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            return rv
     except KvplanInputError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2

@@ -160,3 +160,18 @@ def test_inlined_step_equals_simpy_step(monkeypatch: pytest.MonkeyPatch) -> None
         slow = run(scenario)
         assert fast.events.equals(slow.events), name
         assert json.dumps(fast.summary, sort_keys=True) == json.dumps(slow.summary, sort_keys=True), name
+
+
+def test_native_cli_status_and_build_report(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """``kvplan native status`` names the mode and the reason; ``build`` without mypyc fails with exit 1, one line."""
+    from kvplan.app.cli import main
+
+    assert main(["native", "status"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(("compiled:", "pure Python:")) and native.source_digest() in out
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path))  # an empty cache: nothing current
+    monkeypatch.setattr(native, "build", lambda quiet=True: (_ for _ in ()).throw(RuntimeError("mypyc is not installed")))
+    assert main(["native", "build"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: mypyc is not installed"]

@@ -12,8 +12,10 @@ typed chunk to :class:`RunStream`, which
 * accumulates counters and the pinned/held change points as they happen.
 
 Memory: the in-flight events, the reorder buffer, and the pinned/held change points (4 per turn, 17 bytes
-each, sorted once at the end). The columns behind means and percentiles (TTFT, TPOT, P leg, prefill queue, D
-queue, link wait, pull times) are kept only while the run is planned with at most
+each, sorted once at the end; a large streamed run folds the held ones into their statistics as it goes,
+:class:`StepStats`, and keeps only the pinned ones, which ``pinned.parquet`` needs). The columns behind
+means and percentiles (TTFT, TPOT, P leg, prefill queue, D queue, link wait, pull times) are kept only while
+the run is planned with at most
 :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns (then exact, bit for bit); a larger run
 keeps exact counts and sums and a mergeable quantile sketch per column instead (O(1), relative error
 :data:`~kvplan.sim.quantiles.ALPHA`; ``percentile_method`` in ``summary.json``).

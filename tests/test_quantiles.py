@@ -189,3 +189,18 @@ def test_large_streamed_run_folds_the_held_series_in_as_it_goes() -> None:
     assert sk.summary["p_held_kv_gib_peak"] == exact.summary["p_held_kv_gib_peak"] > 0
     assert sk.summary["p_held_kv_gib_mean"] == pytest.approx(exact.summary["p_held_kv_gib_mean"], rel=1e-12)
     assert sk.summary["pinned_kv_gib_mean"] == exact.summary["pinned_kv_gib_mean"]
+
+
+def test_summary_of_an_older_run_reads_back_as_exact() -> None:
+    """A summary.json written before the sketch existed (no percentile_method) still loads, as exact."""
+    from kvplan.sim.api import run
+    from kvplan.sim.scenario import load_scenario
+    from kvplan.sim.summary import Summary
+
+    sc = load_scenario(REF).model_dump()
+    sc["workload"]["conversations"] = 50
+    d = dict(run(sc).summary)
+    old = {k: v for k, v in d.items() if not k.startswith("percentile_")}
+    s = Summary.from_dict(old)
+    assert s.percentile_method == "exact" and s.percentile_relative_error == 0.0
+    assert "percentile_method" not in s.run and s.to_dict() == d

@@ -86,7 +86,7 @@ _GATHER: dict[str, tuple[Ev, str]] = {
 }
 
 
-def _gather(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
+def _gather(ev: EventChunk, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """One row per arrived turn (sorted by conversation, turn) with the raw columns of :data:`_GATHER`."""
     key = np.asarray(offsets, dtype=np.int64)[ev.conv] + ev.turn.astype(np.int64) - 1
     arrive = ev.kind == int(Ev.ARRIVE)
@@ -120,7 +120,7 @@ def _gather(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
         out[name] = v
     pre = events_of(Ev.D_PREEMPT)
     out["d_preemptions"] = np.bincount(pos[pre], minlength=n).astype(np.float64) if n else np.zeros(0)
-    return pd.DataFrame(out)
+    return out
 
 
 def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
@@ -133,37 +133,48 @@ def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     Token identity: ``prompt = local_hit + pulled + recomputed + failed`` (failed > 0 only on errors).
     ``tpot_s`` = (finish - first token) / (output - 1), empty for 1-token outputs (:func:`tpot_series`).
     """
-    df = _gather(ev, offsets)
-    err = df["decision_code"] == int(Decision.ERROR)
+    g = _gather(ev, offsets)  # NumPy columns: the arithmetic below is pandas' (NaN-propagating) on arrays
+
+    def zero_nan(x: np.ndarray) -> np.ndarray:
+        return np.where(np.isnan(x), 0.0, x)
+
+    def as_int(name: str, x: np.ndarray) -> np.ndarray:
+        if np.isnan(x).any():  # what pandas' astype refused
+            raise ValueError(f"turn column {name} has missing values")
+        return x.astype(np.int64)
+
+    err = g["decision_code"] == int(Decision.ERROR)
     for c in (
         "pulled_tokens", "d2p_bytes", "p2d_bytes", "p2d_tokens", "d_hit_tokens", "local_hit_tokens", "d_preemptions",
     ):
-        df[c] = df[c].fillna(0.0)
-    df["kv_pull_s"] = (df["pull_t1"] - df["pull_t0"]).fillna(0.0)
-    df["prefill_queue_s"] = df["p_comp"] - df["p_enq"] - df["kv_pull_s"]
-    df["overhead_s"] = (df["p_enq"] - df["arrival_s"]) + (df["d_enq"] - df["p_done"])
-    df["d_queue_s"] = df["d_admit"] - df["d_enq"]
-    df["p2d_transfer_s"] = (df["p2d_t1"] - df["p2d_t0"]).fillna(0.0)
-    ready = df["p2d_t1"].fillna(df["d_admit"])
-    df["first_decode_s"] = df["d_first"] - ready
-    df["ttft_s"] = df["d_first"] - df["arrival_s"]
-    df["p_leg_s"] = df["p_done"] - df["arrival_s"]
-    df["p_hold_s"] = (df["hold_t1"] - df["p_done"]).fillna(0.0)
-    df["tpot_s"] = tpot_series(df["d_first"], df["finish_s"], df["output_tokens"])
-    local = df["local_hit_tokens"]
-    df["failed_tokens"] = np.where(err, df["prompt_tokens"] - local, 0.0)
-    df["recomputed_tokens"] = np.where(err, 0.0, df["prompt_tokens"] - local - df["pulled_tokens"])
-    names = {int(k): v for k, v in DECISION_NAMES.items()}
-    df["decision"] = df["decision_code"].map(names)
-    df["router"] = df["router_code"].map(ROUTER_NAMES)
+        g[c] = zero_nan(g[c])
+    g["kv_pull_s"] = zero_nan(g["pull_t1"] - g["pull_t0"])
+    g["prefill_queue_s"] = g["p_comp"] - g["p_enq"] - g["kv_pull_s"]
+    g["overhead_s"] = (g["p_enq"] - g["arrival_s"]) + (g["d_enq"] - g["p_done"])
+    g["d_queue_s"] = g["d_admit"] - g["d_enq"]
+    g["p2d_transfer_s"] = zero_nan(g["p2d_t1"] - g["p2d_t0"])
+    ready = np.where(np.isnan(g["p2d_t1"]), g["d_admit"], g["p2d_t1"])
+    g["first_decode_s"] = g["d_first"] - ready
+    g["ttft_s"] = g["d_first"] - g["arrival_s"]
+    g["p_leg_s"] = g["p_done"] - g["arrival_s"]
+    g["p_hold_s"] = zero_nan(g["hold_t1"] - g["p_done"])
+    steps = g["output_tokens"] - 1.0  # tpot_series on arrays
+    g["tpot_s"] = (g["finish_s"] - g["d_first"]) / np.where(steps > 0, steps, np.nan)
+    local = g["local_hit_tokens"]
+    g["failed_tokens"] = np.where(err, g["prompt_tokens"] - local, 0.0)
+    g["recomputed_tokens"] = np.where(err, 0.0, g["prompt_tokens"] - local - g["pulled_tokens"])
     for c in (
         "prompt_tokens", "output_tokens", "local_hit_tokens", "pulled_tokens", "recomputed_tokens", "failed_tokens",
         "d_hit_tokens", "p2d_tokens", "d2p_bytes", "p2d_bytes", "d_preemptions",
     ):
-        df[c] = df[c].astype(np.int64)
-    df["d_node"] = df["d_node"].fillna(-1).astype(np.int64)
-    df["p_node"] = df["p_node"].fillna(-1).astype(np.int64)
-    df["conversation_id"] = df["conversation_id"].astype(np.int64)
+        g[c] = as_int(c, g[c])
+    g["d_node"] = np.where(np.isnan(g["d_node"]), -1.0, g["d_node"]).astype(np.int64)
+    g["p_node"] = np.where(np.isnan(g["p_node"]), -1.0, g["p_node"]).astype(np.int64)
+    g["conversation_id"] = g["conversation_id"].astype(np.int64)
+    names = {int(k): v for k, v in DECISION_NAMES.items()}
+    df = pd.DataFrame({c: g[c] for c in TURN_COLUMNS if c not in ("decision", "router")})
+    df["decision"] = pd.Series(g["decision_code"]).map(names)
+    df["router"] = pd.Series(g["router_code"]).map(ROUTER_NAMES)
     return df[TURN_COLUMNS]
 
 

@@ -170,7 +170,8 @@ class ColumnStat:
         """Fold a batch in (NaN values count for nothing but are kept in an exact column)."""
         v = np.asarray(values, dtype=np.float64)
         if self.exact:
-            self.parts.append(v)
+            # a copy: ``values`` may be a view of a whole frame's 2-D block, which it would keep alive
+            self.parts.append(v.copy())
             return
         ok = v[~np.isnan(v)]
         self.n += len(ok)

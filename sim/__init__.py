@@ -1,9 +1,5 @@
 """kvplan.sim: the SimPy model, sweeps and advice.
 
-Importing the package first lets :mod:`kvplan.sim.native` serve the hot modules from a compiled build of
-exactly the current sources, if one exists (pure Python otherwise; ``KVPLAN_NATIVE=0`` forces it).
+``import kvplan`` first lets :mod:`kvplan.sim.native` serve the hot modules from a compiled build of exactly
+the current sources, if one exists (pure Python otherwise; ``KVPLAN_NATIVE=0`` forces it).
 """
-
-from kvplan.sim import native as _native
-
-_native.install()

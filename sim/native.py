@@ -4,7 +4,7 @@ The model's hot modules (:data:`HOT_MODULES`: the request record, the prefill an
 batch, block pools, retention, links, router and driver) are plain typed Python. ``kvplan native build``
 (run by ``python3 dev.py``) compiles exactly those files with mypyc (the compiler shipped with mypy,
 ``pip install 'kvplan[native]'``) into a cache directory named by a digest of *every* source file of
-the ``kvplan`` package (plus the Python and mypyc versions). At import, :func:`install` serves the hot
+the ``kvplan`` package (plus the Python and mypyc versions). At ``import kvplan``, :func:`install` serves the hot
 modules from that build only when its digest equals the digest of the sources on disk now; after any
 edit to any source (or with ``KVPLAN_NATIVE=0``) the pure-Python modules are imported instead, so a
 stale build can never run. The two are the same program: ``tests/test_native.py`` requires
@@ -133,7 +133,9 @@ _STATE: dict[str, object] = {"active": False, "reason": "not checked"}
 
 
 def install() -> bool:
-    """Serve the hot modules from the current build if there is one (called by ``kvplan.sim`` at import)."""
+    """Serve the hot modules from the current build if there is one (called once, by ``kvplan/__init__.py``)."""
+    if _STATE["reason"] != "not checked":
+        return bool(_STATE["active"])
     if os.environ.get(ENV_SWITCH, "1") == "0":
         _STATE.update(active=False, reason=f"{ENV_SWITCH}=0")
         return False

@@ -175,3 +175,13 @@ def test_native_cli_status_and_build_report(capsys: pytest.CaptureFixture[str], 
     assert main(["native", "build"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: mypyc is not installed"]
+
+
+def test_compiled_build_serves_whatever_is_imported_first(compiled: None) -> None:
+    """``import kvplan`` installs the build, so importing a hot module through another path first (the cost
+    formulas through kvplan.models.costs, as `kvplan cost` and the calibration do) still gets the compiled one."""
+    env = {k: v for k, v in os.environ.items() if k != native.ENV_SWITCH}
+    code = ("import kvplan.models.costs, kvplan.models.formulas as f; from kvplan.sim import native; "
+            "print(native.status()['active'], f.__file__.endswith('.py'))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["True", "False"], res.stderr

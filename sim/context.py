@@ -115,17 +115,3 @@ class Ctx:
                 b = moved.get(self.nic(role, i, ingress), 0.0)
                 out[f"{role}{i}_{name}"] = b * self.per_byte_s / span_s if span_s > 0 else 0.0
         return out
-
-    def transfer(
-        self, p: int, d: int, direction: int, tokens: int, on_done: Any
-    ) -> tuple[float, float]:
-        """Start a NIXL READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
-
-        Returns (bytes summed over ranks, descriptors per rank); see :class:`kvplan.sim.xfer.Reads` (the
-        nodes call ``ctx.reads.start`` directly).
-        """
-        return self.reads.start(p, d, direction, tokens, on_done)
-
-    def xfer_bytes(self, direction: int, tokens: int) -> int:
-        """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
-        return tokens * self.plans[direction].total_bytes_per_token

@@ -381,7 +381,7 @@ class DecodeNode:
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.xfer_bytes(P2D, tokens)))
+        self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
         ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:

@@ -240,7 +240,7 @@ class PrefillNode:
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(D2P, tokens)))
+        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
         ctx.reads.start(self.idx, d, D2P, tokens, done)
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -254,7 +254,7 @@ class PrefillNode:
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.xfer_bytes(HOST2P, tokens)))
+        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
         ctx.reads.start(self.idx, d, HOST2P, tokens, done)
 
     def _allocate(self, r: Request) -> bool:

@@ -1,7 +1,7 @@
 """Starting a NIXL READ between a P and a D: descriptors, bytes through the busiest NIC, latency phases.
 
-Moved out of :class:`~kvplan.sim.context.Ctx` (which keeps ``Ctx.transfer`` as the entry point for other
-callers) so that it is compiled with the other hot modules (sim/native.py). The NIXL semantics are those
+Owned by :class:`~kvplan.sim.context.Ctx` (``ctx.reads``) and compiled with the other hot modules
+(sim/native.py). The NIXL semantics are those
 of models/costs.py: the reader pays request creation (``prep``, before NIXL's timer), xferDuration
 (fixed + per descriptor + per byte, the post inside it) and the step-boundary ``poll_s``; the one-off
 handshake the first time a reader contacts that remote engine (``pull_worker.start_load_kv``).
@@ -15,7 +15,7 @@ from typing import Any
 from kvplan.models.costs import post_time_s, prep_time_s, xfer_time_s
 from kvplan.sim.clock import call_later
 from kvplan.sim.link import Link
-from kvplan.sim.request import P2D
+from kvplan.sim.request import D2P, HOST2P, P2D
 
 
 class Reads:
@@ -27,21 +27,20 @@ class Reads:
         self.plans: dict[int, Any] = ctx.plans
         self.regions: int = ctx.regions
         self.block_size: int = ctx.block_size
+        # the reader pays: D reads P's blocks (P2D) with D's transfer costs, P reads D's (D2P, HOST2P) with P's
+        self.cost: dict[int, Any] = {P2D: ctx.d_costs.transfer, D2P: ctx.costs.transfer, HOST2P: ctx.costs.transfer}
         self.handshaken: set[tuple[int, int, int]] = set()
-        self.links: dict[tuple[int, int, int], Link] = {}
+        self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
         self.seq = 0
 
-    def start(
-        self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]
-    ) -> tuple[float, float]:
-        """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
+    def total_bytes(self, direction: int, tokens: int) -> int:
+        """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
+        return tokens * self.plans[direction].total_bytes_per_token
 
-        Returns (bytes summed over ranks, descriptors per rank).
-        """
-        ctx = self.ctx
+    def start(self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]) -> None:
+        """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it."""
         plan = self.plans[direction]
-        reader = ctx.d_costs if direction == P2D else ctx.costs
-        tc = reader.transfer
+        tc = self.cost[direction]
         # descriptors per reader rank = regions x blocks for each source rank it reads from
         desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
         nbytes_rank = float(tokens * plan.bottleneck_bytes_per_token)  # through the busiest NIC of the read
@@ -55,8 +54,7 @@ class Reads:
         self.seq += 1
         link = self.links.get(key3)
         if link is None:
-            link = ctx.link(p, d, direction)
-            self.links[key3] = link
+            link = self.ctx.link(p, d, direction)
         tail = pre + tc.poll_s
         env = self.env
 
@@ -71,4 +69,3 @@ class Reads:
                 on_done(xfer, post)
 
         link.send(self.seq, nbytes_rank, bw_done)
-        return float(tokens * plan.total_bytes_per_token), float(desc)

@@ -41,6 +41,7 @@ from kvplan.models.formulas import (
     prefill_time_s,
     prep_time_s,
     pull_visible_time_s,
+    steps_within,
     transfer_time_s,
     xfer_time_s,
 )
@@ -50,7 +51,7 @@ __all__ = [
     "ctx_attention_s", "decode_step_coefficients", "decode_step_increment_s", "decode_step_time_s",
     "decode_steps_time_s", "linear_s", "mixed_step_time_s", "piecewise_linear", "post_time_s", "prefill_gpu_step_s",
     "prefill_step_time_array", "prefill_step_time_s", "prefill_time_s", "prep_time_s", "pull_visible_time_s",
-    "scale_prefill_gpu", "transfer_time_s", "xfer_time_s",
+    "scale_prefill_gpu", "steps_within", "transfer_time_s", "xfer_time_s",
 ]
 
 
@@ -222,12 +223,13 @@ def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:
 
 def mixed_step_time_s(
     prefill: PrefillCost, decode: DecodeCost, prefill_tokens: int, pairs: float, decode_seqs: int,
-    decode_context_tokens: float,
+    decode_context_tokens: float, ctx_pairs: float = 0.0,
 ) -> float:
     """One step of an aggregated engine mixing prefill chunks and decode tokens (vLLM V1 chunked prefill).
 
-    With prefill tokens in the step: ``prefill_step_time_s(prefill, prefill_tokens, pairs) + decode.per_seq_s x B +
-    decode.per_context_token_s x S`` (``B`` decoding sequences holding ``S`` KV tokens): the prefill step's
+    With prefill tokens in the step: ``prefill_step_time_s(prefill, prefill_tokens, pairs, ctx_pairs) +
+    decode.per_seq_s x B + decode.per_context_token_s x S`` (``B`` decoding sequences holding ``S`` KV tokens;
+    ``ctx_pairs`` of the pairs against cached KV, priced as on a prefill node): the prefill step's
     fixed cost (launch, sampling, weight reads) is paid once and each decode token adds its marginal decode
     cost. A step without prefill tokens is a decode step, ``decode_step_time_s(decode, B, S)``.
     Assumption (stated, not measured): the marginal cost of a decode token is the same in a mixed step as in
@@ -236,7 +238,7 @@ def mixed_step_time_s(
     if prefill_tokens <= 0:
         return decode_step_time_s(decode, decode_seqs, decode_context_tokens)
     return (
-        prefill_step_time_s(prefill, prefill_tokens, pairs)
+        prefill_step_time_s(prefill, prefill_tokens, pairs, ctx_pairs)
         + decode.per_seq_s * decode_seqs
         + decode.per_context_token_s * decode_context_tokens
     )

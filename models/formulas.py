@@ -9,6 +9,7 @@ parameter objects are typed by the protocols below (the pydantic models satisfy 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from typing import Protocol
 
@@ -172,3 +173,26 @@ def decode_steps_time_s(cost: DecodeParams, batch: int, context_tokens: float, s
     k = steps
     first = decode_step_time_s(cost, batch, context_tokens)
     return k * first + decode_step_increment_s(cost, batch) * k * (k - 1) / 2
+
+
+def steps_within(elapsed_s: float, first_s: float, increment_s: float) -> int:
+    """Whole decode steps of an unchanged batch finished ``elapsed_s`` after its first began: the largest ``k``
+    with ``k first + increment k (k - 1) / 2 <= elapsed`` (the inverse of :func:`decode_steps_time_s`).
+
+    The quadratic's root is only the first guess; the answer is settled on the series itself.
+    """
+
+    def t(k: int) -> float:
+        return k * first_s + increment_s * k * (k - 1) / 2
+
+    if increment_s > 0:
+        a = first_s - increment_s / 2
+        k = int((-a + math.sqrt(a * a + 2 * increment_s * elapsed_s)) / increment_s)
+    else:
+        k = int(elapsed_s / first_s) if first_s > 0 else 0
+    k = max(k, 0)
+    while k > 0 and t(k) > elapsed_s:
+        k -= 1
+    while t(k + 1) <= elapsed_s:
+        k += 1
+    return k

@@ -29,7 +29,6 @@ Model:
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from collections.abc import Generator
 from typing import Any
@@ -37,7 +36,14 @@ from typing import Any
 import simpy
 
 from kvplan.errors import input_error
-from kvplan.models.costs import causal_pairs, decode_steps_time_s, mixed_step_time_s
+from kvplan.models.costs import (
+    causal_pairs,
+    decode_step_increment_s,
+    decode_step_time_s,
+    decode_steps_time_s,
+    mixed_step_time_s,
+    steps_within,
+)
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
@@ -151,12 +157,13 @@ class AggregatedNode:
 
     # ---- the engine loop -------------------------------------------------------------------------------------
 
-    def _schedule_step(self) -> tuple[list[tuple[Request, int]], list[Request], float, float]:
+    def _schedule_step(self) -> tuple[list[tuple[Request, int]], list[Request], float, float, float]:
         """One ``Scheduler.schedule`` pass: running first, then waiting FCFS under the token budget."""
         budget = self.max_tokens
         chunks: list[tuple[Request, int]] = []
         decoding: list[Request] = []
         pairs = 0.0
+        ctx_pairs = 0.0  # of ``pairs``, those against KV already in the cache (priced at context_attention_s)
         ctx_sum = 0.0
         left = self._left
         for r in self.running:
@@ -166,6 +173,7 @@ class AggregatedNode:
                 n = min(r.p_remaining, budget)
                 chunks.append((r, n))
                 pairs += causal_pairs(n, r.p_ctx)
+                ctx_pairs += n * r.p_ctx
                 budget -= n
             else:
                 decoding.append(r)
@@ -180,9 +188,10 @@ class AggregatedNode:
             n = min(r.p_remaining, budget)
             chunks.append((r, n))
             pairs += causal_pairs(n, r.p_ctx)
+            ctx_pairs += n * r.p_ctx
             budget -= n
         self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - budget)
-        return chunks, decoding, pairs, ctx_sum
+        return chunks, decoding, pairs, ctx_pairs, ctx_sum
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
@@ -192,7 +201,7 @@ class AggregatedNode:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
-            chunks, decoding, pairs, dec_ctx = self._schedule_step()
+            chunks, decoding, pairs, ctx_pairs, dec_ctx = self._schedule_step()
             if not chunks and not decoding:
                 # nothing can run: blocks are held by nothing running, so the head request can never fit
                 self._wake = env.event()
@@ -203,7 +212,7 @@ class AggregatedNode:
                 yield from self._decode_stretch(decoding, dec_ctx)
                 continue
             prefill_tokens = sum(n for _, n in chunks)
-            dt = mixed_step_time_s(costs.prefill, costs.decode, prefill_tokens, pairs, len(decoding), dec_ctx)
+            dt = mixed_step_time_s(costs.prefill, costs.decode, prefill_tokens, pairs, len(decoding), dec_ctx, ctx_pairs)
             self.busy_s += dt
             self.steps += 1
             self.mixed_steps += bool(decoding)
@@ -226,8 +235,7 @@ class AggregatedNode:
             self._wake = None
             e = env._now - t0
             if e < total:
-                done = _steps_within(e, dc.fixed_s + dc.per_seq_s * b + dc.per_context_token_s * ctx_sum,
-                                     dc.per_context_token_s * b)
+                done = steps_within(e, decode_step_time_s(dc, b, ctx_sum), decode_step_increment_s(dc, b))
                 k = min(done + 1, k)  # the step in progress ends at boundary done + 1
                 total = decode_steps_time_s(dc, b, ctx_sum, k)
                 if t0 + total > env._now:
@@ -271,25 +279,6 @@ class AggregatedNode:
         self.running_blocks -= self._held.pop(id(r))
         self._put_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV
         self.ctx.driver.d_done(r)
-
-
-def _steps_within(e: float, first: float, inc: float) -> int:
-    """Largest ``j`` with ``j first + inc j (j - 1) / 2 <= e`` (whole steps finished after ``e`` seconds)."""
-
-    def t(j: int) -> float:
-        return j * first + inc * j * (j - 1) / 2
-
-    if inc > 0:
-        a = first - inc / 2
-        j = int((-a + math.sqrt(a * a + 2 * inc * e)) / inc)
-    else:
-        j = int(e / first) if first > 0 else 0
-    j = max(j, 0)
-    while j > 0 and t(j) > e:
-        j -= 1
-    while t(j + 1) <= e:
-        j += 1
-    return j
 
 
 class AggregatedDriver(Driver):

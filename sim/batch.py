@@ -23,13 +23,12 @@ tests show both give the same per-turn times, preemptions included.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from typing import Protocol
 
 import simpy
 
-from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s
+from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s, steps_within
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
@@ -48,9 +47,6 @@ class BatchOwner(Protocol):
 
     def fit(self, step: int) -> bool:
         """Make the batch's blocks for ``step`` fit (evicting, then preempting the newest); True if it preempted."""
-
-    def room(self) -> int:
-        """Blocks the batch may hold at most without preemption (cache counts as free)."""
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
@@ -120,19 +116,7 @@ class DecodeBatch:
         n = self._last_n
         if not n or t <= self._plan_t0:
             return self._base
-        e = t - self._plan_t0
-        a, inc = self._plan_first, self._plan_inc
-        k = 0
-        if inc > 0:
-            k = int((-(a - inc / 2) + math.sqrt((a - inc / 2) ** 2 + 2 * inc * e)) / inc)
-        elif a > 0:
-            k = int(e / a)
-        k = max(k, 0)
-        while k > 0 and self._steps_time(k) > e:
-            k -= 1
-        while k + 1 < n and self._steps_time(k + 1) <= e:
-            k += 1
-        return self._base + min(k, n - 1)
+        return self._base + min(steps_within(t - self._plan_t0, self._plan_first, self._plan_inc), n - 1)
 
     def _add(self, r: Request, p: int, g0: int, rem: int) -> None:
         """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""
@@ -200,7 +184,12 @@ class DecodeBatch:
             self._schedule(h - self.step)
 
     def _horizon(self, lo: int, end: int) -> int:
-        """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``."""
+        """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``.
+
+        The room is the pool less pins and the blocks of admitted requests outside the batch (prefix cache is
+        evictable); ttl_evictable pins count too, so a stretch ends at the step whose growth reaches them and
+        the owner's ``fit`` evicts them there, before preempting anything.
+        """
         owner = self.owner
         pool = owner.pool
         room = pool.capacity - pool.pinned - owner.static
@@ -219,18 +208,7 @@ class DecodeBatch:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
     def _completed_in_stretch(self) -> int:
-        e = self.env._now - self._plan_t0
-        a, inc = self._plan_first, self._plan_inc
-        if inc > 0:
-            k = int((-(a - inc / 2) + math.sqrt((a - inc / 2) ** 2 + 2 * inc * e)) / inc)
-        else:
-            k = int(e / a) if a > 0 else 0
-        k = max(k, 0)
-        while k > 0 and self._steps_time(k) > e:
-            k -= 1
-        while self._steps_time(k + 1) <= e:
-            k += 1
-        return k
+        return steps_within(self.env._now - self._plan_t0, self._plan_first, self._plan_inc)
 
     def _cut_at_next_boundary(self) -> None:
         """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from kvplan.models.arch import ModelArch, kv_bytes_per_token_per_rank, kv_regions_per_rank
+from kvplan.models.arch import ModelArch, kv_regions_per_rank
 from kvplan.models.costs import CostModel
 from kvplan.sim.events import EventLog
 from kvplan.sim.link import Fabric, Link
@@ -45,7 +45,6 @@ class Ctx:
     links: dict[tuple[int, int, int], Link] = field(default_factory=dict)
     fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
-    kv_bytes_rank: int = 0
     block_size: int = 16
     host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
     p_tp: int = 0  # prefill TP (0: ``tp``)
@@ -61,7 +60,6 @@ class Ctx:
         # the reader pulls: D reads P's ranks (P->D), P reads D's ranks (D->P); vLLM PR #27274 mapping
         self.plans = {P2D: rank_plan(self.arch, self.d_tp, self.p_tp), D2P: rank_plan(self.arch, self.p_tp, self.d_tp)}
         self.plans[HOST2P] = self.plans[D2P]  # offload tier: P's ranks read D's host copy of the same layout
-        self.kv_bytes_rank = kv_bytes_per_token_per_rank(self.arch, self.tp)
         self.block_size = self.arch.block_size_tokens
         self.cross_layer = self.scenario.deployment.cross_layer_blocks
         self.regions = kv_regions_per_rank(self.arch, self.cross_layer)

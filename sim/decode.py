@@ -55,7 +55,6 @@ class DecodeNode:
         sc = ctx.scenario
         self.caching = sc.deployment.decode_prefix_caching
         self.bidirectional = sc.policy.bidirectional
-        self.ttl_s = sc.policy.decoder_kv_blocks_ttl_s
         self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
         self.chunk = sc.deployment.max_num_batched_tokens
         assert ctx.d_costs is not None
@@ -80,11 +79,6 @@ class DecodeNode:
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
         # last is the newest, preempted first
         self.running: dict[Request, None] = {}
-
-    @property
-    def capacity_blocks(self) -> int:
-        """KV blocks of this node's pool."""
-        return self.pool.capacity
 
     # ---- retention ---------------------------------------------------------------------------------------
 
@@ -156,14 +150,6 @@ class DecodeNode:
         held = pool.held = self.static + self.batch.alloc(step)
         if pool.capacity - held - pool.pinned - pool.cached < 0:
             pool.evict(0)
-
-    def room(self) -> int:
-        """Blocks the batch may hold without preemption (prefix cache is evictable).
-
-        ttl_evictable pins count here too: a stretch then ends at the step whose growth reaches them, and
-        :meth:`fit` evicts them at that step (before preempting anything).
-        """
-        return self.pool.capacity - self.pool.pinned - self.static
 
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: evict what that growth took from the cache."""

@@ -177,7 +177,11 @@ class EventChunk(NamedTuple):
     @staticmethod
     def from_tuples(rows: list[tuple[Any, ...]]) -> EventChunk:
         """Typed columns from a list of ``(t_s, kind, conv, turn, node, a, b)`` tuples."""
-        arr = np.fromiter(rows, dtype=_ROW, count=len(rows))
+        return EventChunk.from_rows(np.fromiter(rows, dtype=_ROW, count=len(rows)))
+
+    @staticmethod
+    def from_rows(arr: np.ndarray) -> EventChunk:
+        """Typed columns (copies) from an array of :data:`_ROW` records."""
         return EventChunk(
             arr["t_s"].copy(), arr["kind"].astype(np.int16), arr["conv"].copy(), arr["turn"].astype(np.int32),
             arr["node"].astype(np.int16), arr["a"].copy(), arr["b"].copy(),
@@ -227,11 +231,7 @@ class EventLog:
 
     def flush(self) -> EventChunk:
         """The events appended since the last flush as typed columns."""
-        arr = np.frombuffer(self.buf.take(), dtype=_ROW)
-        chunk = EventChunk(
-            arr["t_s"].copy(), arr["kind"].astype(np.int16), arr["conv"].copy(), arr["turn"].astype(np.int32),
-            arr["node"].astype(np.int16), arr["a"].copy(), arr["b"].copy(),
-        )
+        chunk = EventChunk.from_rows(np.frombuffer(self.buf.take(), dtype=_ROW))
         self.flushed += len(chunk)
         if self.keep and len(chunk):
             self.kept.append(chunk)

@@ -29,7 +29,6 @@ class Reads:
         self.block_size: int = ctx.block_size
         # the reader pays: D reads P's blocks (P2D) with D's transfer costs, P reads D's (D2P, HOST2P) with P's
         self.cost: dict[int, Any] = {P2D: ctx.d_costs.transfer, D2P: ctx.costs.transfer, HOST2P: ctx.costs.transfer}
-        self.handshaken: set[tuple[int, int, int]] = set()
         self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
         self.seq = 0
 
@@ -47,13 +46,10 @@ class Reads:
         post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
         lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
         pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
-        key3 = (p, d, direction)
-        if key3 not in self.handshaken:
-            self.handshaken.add(key3)
-            pre += tc.handshake_s
         self.seq += 1
-        link = self.links.get(key3)
-        if link is None:
+        link = self.links.get((p, d, direction))
+        if link is None:  # the reader's first read from that engine: it pays the handshake
+            pre += tc.handshake_s
             link = self.ctx.link(p, d, direction)
         tail = pre + tc.poll_s
         env = self.env

@@ -10,7 +10,6 @@ then constructs Python objects. Errors are one-line :class:`~kvplan.errors.Kvpla
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -103,14 +102,3 @@ def load_yaml_text(text: str, where: str) -> Any:
             raise input_error(f"{where}{_line(node)}", f"YAML error: {problem}") from None
     finally:
         loader.dispose()
-
-
-def load_yaml_file(path: str | Path, max_bytes: int, what: str = "file") -> Any:
-    """Read and parse a YAML file of at most ``max_bytes`` bytes (refused from ``stat`` before reading)."""
-    p = Path(path)
-    if not p.is_file():
-        raise input_error(str(p), f"no such {what}")
-    if p.stat().st_size > max_bytes:
-        raise input_error(str(p), f"{what} larger than {max_bytes // 1024**2} MiB",
-                          "put large samples in an empirical 'path' file")
-    return load_yaml_text(p.read_text(encoding="utf-8", errors="replace"), str(p))

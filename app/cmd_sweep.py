@@ -26,7 +26,6 @@ moment continues with --resume, recomputes nothing finished and ends with a byte
 """
 
 
-MAX_WORKERS = 256
 SUMMARY_COLUMNS = (("ttft_p50_s_mean", "TTFT p50"), ("ttft_p90_s_mean", "TTFT p90"), ("hit_rate_mean", "hit rate"),
                    ("pinned_kv_gib_peak_mean", "pinned peak GiB"), ("errors_mean", "errors"))
 MAX_TABLE_ROWS = 40
@@ -93,6 +92,7 @@ def register(app: typer.Typer) -> None:
             False, "--show-disagreements", help="List every point where the analytic screen disagrees."
         ),
     ) -> None:
+        from kvplan.app.flags import MAX_WORKERS
         from kvplan.app.output import console
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error

@@ -78,6 +78,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.traces.stats import json_ready
 
         check_output_file(out)
+        report_path = out.with_name(out.stem + ".fit.json")
+        check_output_file(report_path, "--out (report)")  # both refused before any work
         if gap_model not in ("empirical", "fit"):
             raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
@@ -89,8 +91,6 @@ def register(app: typer.Typer) -> None:
         report = json_ready(result.get("report", {}))
         from kvplan.atomic import atomic_write_bytes
 
-        report_path = out.with_name(out.stem + ".fit.json")
-        check_output_file(report_path, "--out (report)")
         # the YAML is a scenario (only its workload section): `kvplan simulate OUT` runs it as it is
         text = (
             f"# Fitted by `kvplan workload fit` from {trace.name}; a scenario with only its workload section\n"
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         arr = section.get("arrival", {})
         c.print(f"{section.get('conversations')} conversations at {float(arr.get('rate_per_s', 0)):.4g} new per s; "
                 f"turns per conversation: {_dist_text(section.get('turns'))}", markup=False)
-        gap = rep.get("turn_gap_s", {}) if isinstance(rep := result.get("report", {}), dict) else {}
+        gap = report.get("turn_gap_s", {}) if isinstance(report, dict) else {}
         chosen = gap.get("chosen_family") if isinstance(gap, dict) else None
         c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"
                 + (f" (best parametric family: {chosen})" if chosen else ""), markup=False)

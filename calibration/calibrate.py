@@ -84,7 +84,6 @@ from kvplan.models.profile import (
     Profile,
 )
 
-MIB = 2**20
 DEFAULT_CHUNK_TOKENS = 8192  # vLLM's max_num_batched_tokens on H100/H200-class GPUs
 
 

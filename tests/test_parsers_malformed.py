@@ -26,11 +26,7 @@ from kvplan.calibration.parsers import (
 )
 from kvplan.errors import KvplanInputError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-LLMD_DIR = SHARED / "external_traces" / "llmd_pd_benchmark_serving_a100"
-PUBLISHED = SHARED / "data" / "p5en_published.csv"
 DATA = Path(__file__).resolve().parent / "data"
-BUNDLED_BENCH = DATA / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
 
 
 # ------------------------------------------------------------------------------------- malformed input

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from conftest import full_costs, small
 
 from kvplan.sim.api import run

@@ -74,9 +74,6 @@ class Node(BaseModel):
     nic_gbps: float = Field(default=0.0, ge=0, description="Line rate of one network device, Gb/s.")
     gpudirect_rdma: bool = Field(default=False, description="NIC reads/writes GPU memory directly (GPUDirect RDMA).")
     usd_per_hour: float | None = Field(default=None, ge=0, description="On-demand price per node-hour (None: unknown).")
-    activation_reserve_bytes_per_gpu: float = Field(
-        default=4 * GIB, ge=0, description="HBM kept for activations, CUDA graphs and NCCL buffers."
-    )
     source: str = Field(default="", description="Where the numbers come from.")
     host_memory_gib: float = Field(default=0.0, ge=0, description="Host DRAM of the instance (GiB).")
     host_kv_gib: float = Field(default=0.0, ge=0, description="Host DRAM an offload tier may use for KV (GiB).")
@@ -158,9 +155,10 @@ H800 = GPU(
         "nvidia-smi's 81,559 MiB as on H100)"
     ),
     hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989.4 * TFLOPS,
-    fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=400 * GB, aic_system="",
+    fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=400 * GB, aic_system="h100_sxm",
     source="NVIDIA H800 SXM5 datasheet: the H100 SXM5's GH100 (80 GB HBM3 3.35 TB/s, BF16 989.4 / FP8 1,978.9 TFLOP/s"
-    " dense) with NVLink cut to 400 GB/s; no aiconfigurator data (its H100 kernels assume 900 GB/s NVLink)",
+    " dense) with NVLink cut to 400 GB/s. aiconfigurator has no H800 system: its kernel priors use the h100_sxm"
+    " tables, whose TP all-reduces run at H100's 900 GB/s NVLink (under-estimated here, more so at TP8 and long prompts)",
 )
 
 GPU_PRESETS: dict[str, GPU] = {

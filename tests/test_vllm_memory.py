@@ -148,3 +148,11 @@ def test_memory_command_json_keys_and_errors(capsys: pytest.CaptureFixture[str])
         assert main(["memory", "--model", "qwen3-8b", "--tp", "1", *bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and "Traceback" not in err
+
+
+def test_cost_reports_the_same_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--model", "llama-3.1-8b", "--hardware", "p5", "--tp", "1", "--tokens", "100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_cache_tokens"] == plan_memory(get_model("llama-3.1-8b"), H100, 1, 0.9, 8192, 1024).kv_cache_tokens
+    assert main(["cost", "--model", "glm-5-fp8", "--hardware", "p5en", "--tp", "1", "--tokens", "100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_cache_tokens"] is None

@@ -141,6 +141,13 @@ def plan_memory(
     per_token = kv_bytes_per_token_per_rank(arch, tp)
     block = arch.block_size_tokens
     blocks = int(available // (per_token * block)) if available > 0 else 0
+    if weights >= requested:
+        raise input_error(
+            f"model {arch.name}",
+            f"weights do not fit: {weights / GIB:.2f} GiB per GPU at TP{tp} against {requested / GIB:.2f} GiB requested "
+            f"({total / GIB:.2f} GiB x {gpu_memory_utilization} on {gpu.name})",
+            "raise deployment.tensor_parallel_size or gpu_memory_utilization",
+        )
     if blocks <= 0:
         raise input_error(
             f"model {arch.name}",

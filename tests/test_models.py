@@ -61,7 +61,7 @@ def test_capacity_from_vllm_memory_accounting() -> None:
     act = 38 * 1024 * 151936 + 8192 * 5120 * 2 + 0.05 * gib
     expected = (139.81 * gib * 0.9 - 32.76e9 * 2 / 8 - act - 1.0 * gib) // (32768 * 16) * 16
     assert cap == expected
-    with pytest.raises(KvplanInputError, match="no memory left for the KV cache"):
+    with pytest.raises(KvplanInputError, match="weights do not fit"):
         kv_capacity_tokens(GLM_5_FP8, 1, H200, gpu_memory_utilization=0.9)
 
 

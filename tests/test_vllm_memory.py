@@ -169,3 +169,13 @@ def test_activation_peak_fit_residuals() -> None:
     assert activation_peak_bytes(QWEN3_32B, 1, 8192, 256) < activation_peak_bytes(QWEN3_32B, 1, 8192, 1024) / 3
     big = activation_peak_bytes(QWEN3_32B, 1, 131072, 8)
     assert big > 131072 * 3 * 25600 * 2
+
+
+def test_bad_memory_fields_are_one_line_errors() -> None:
+    for field, value in (("kv_cache_dtype", "int4"), ("gpu_memory_utilization", 0), ("cudagraph_memory_profiling", "x")):
+        with pytest.raises(KvplanInputError, match=f"deployment.{field}"):
+            scenario_from_dict({"deployment": {field: value}})
+    # the weights of a 32B model leave nothing at TP1 on an 80 GB GPU at 0.8: refused at resolve, naming the fix
+    with pytest.raises(KvplanInputError, match="gpu_memory_utilization"):
+        resolve(scenario_from_dict({"hardware": "p5", "deployment": {"tensor_parallel_size": 1,
+                                                                     "gpu_memory_utilization": 0.8}}))

@@ -120,7 +120,7 @@ H200 = GPU(
     name="H200-SXM-141GB", torch_total_memory_bytes=139.81 * GIB,
     torch_total_memory_source=(
         "vLLM 'Free memory on device (139.21/139.81 GiB) on startup' in public H200 start-up logs"
-        " (an H200 TP2 Qwen3-Next engine, vLLM 0.11)"
+        " (an H200 TP2 Qwen3-Next engine, vLLM 0.10.2)"
     ),
     hbm_bytes=141 * GB, hbm_bandwidth_bytes_per_s=4.8e12, bf16_dense_flops=989.4 * TFLOPS,
     fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=900 * GB, aic_system="h200_sxm",

@@ -34,9 +34,10 @@ What vLLM measures on the GPU kvplan must model; each model states its data and 
   0.05 GiB; the forward's MLP transient ``B x 3 x intermediate/tp x 2 B`` takes over only when it is larger.
   Fitted to the five H100 engines of llm-d-benchmark ``config_explorer/empirical-vllm-memory-results.md``
   (Llama-3.1-8B 4.76 GiB, Llama-3.3-70B-FP8 TP1/TP2 4.84, Qwen3-0.6B 5.56, Qwen3-32B 5.64, gpt-oss-20b
-  7.38): residual <= 0.02 GiB; also 5.58 GiB on an H200 TP2 Qwen3-Next log (5.59 modelled, out of sample). vLLM 0.10 with
-  the FlashInfer top-k/top-p sampler peaks far lower (~0.4 GiB at 256 sequences on A100), see
-  ``tests/data/vllm_startup_logs.json``.
+  7.38): residual <= 0.02 GiB; out of sample, 5.58 GiB on an H200 TP2 Qwen3-Next vLLM 0.10.2 log that says
+  "FlashInfer is not available. Falling back to the PyTorch-native implementation of top-p & top-k sampling"
+  (5.59 modelled). vLLM 0.10.1.1 "Using FlashInfer for top-p & top-k sampling" peaks far lower (~0.4 GiB at 256
+  sequences on A100): the modelled path is the PyTorch-native sampler, see ``tests/data/vllm_startup_logs.json``.
 * **non-torch memory** (assumption, :data:`NON_TORCH_BYTES_TP1`, :data:`NON_TORCH_BYTES_TP`): 0.13 GiB at
   TP1 (0.13-0.14 in the llm-d logs); 1.0 GiB at TP >= 2, the mean of 0.55 GiB (H100 TP2, llm-d) and
   1.38 GiB (H200 TP2 log), error +-0.45 GiB; TP4/TP8 not measured.

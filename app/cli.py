@@ -16,6 +16,7 @@ from kvplan.app import (
     cmd_compare,
     cmd_cost,
     cmd_dashboard,
+    cmd_memory,
     cmd_native,
     cmd_profile,
     cmd_recommend,
@@ -29,8 +30,8 @@ from kvplan.errors import KvplanInputError
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
 COMMAND_MODULES = (
-    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity, cmd_compare,
-    cmd_workload,
+    cmd_simulate, cmd_calibrate, cmd_reproduce, cmd_cost, cmd_memory, cmd_profile, cmd_sweep, cmd_recommend, cmd_capacity,
+    cmd_compare, cmd_workload,
     cmd_dashboard, cmd_validate, cmd_native,
 )
 

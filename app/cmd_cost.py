@@ -18,7 +18,20 @@ link: request creation before the post (outside NIXL's timer) + NIXL xferDuratio
 --context X tokens each, default C + N). The profile is the one a simulation of --model on --hardware at --tp
 would use (or --profile P). --json prints prefill_s, kv_transfer_s (visible pull), kv_xfer_s (what NIXL
 reports as xferDuration, and the engine log as Avg xfer time), kv_pull_visible_s (= kv_transfer_s),
-decode_step_s and what the profile is made of."""
+decode_step_s, kv_cache_tokens (the KV pool of one instance under vLLM's memory accounting at the scenario
+defaults, gpu_memory_utilization 0.9 and max_num_seqs 1024; null when the weights leave no room) and what the
+profile is made of."""
+
+
+def _pool_tokens(arch: Any, gpu: Any, tp: int, chunk_tokens: int) -> int | None:
+    """The KV pool a simulation of this deployment gets at the scenario defaults (None: no room for KV)."""
+    from kvplan.errors import KvplanInputError
+    from kvplan.models.memory import plan_memory
+
+    try:
+        return plan_memory(arch, gpu, tp, 0.9, chunk_tokens, 1024).kv_cache_tokens
+    except KvplanInputError:
+        return None
 
 
 def register(app: typer.Typer) -> None:
@@ -70,6 +83,7 @@ def register(app: typer.Typer) -> None:
         nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
         desc = descriptors_per_transfer(arch, tokens)
         ctx = context if context is not None else cached_tokens + tokens
+        pool = _pool_tokens(arch, node.gpu, n_tp, chunk_tokens)
         out: dict[str, Any] = {
             "prefill_s": prefill_time_s(c.prefill, tokens, cached_tokens, chunk_tokens),
             "kv_transfer_s": pull_visible_time_s(c.transfer, nbytes, desc),
@@ -82,6 +96,7 @@ def register(app: typer.Typer) -> None:
             "profile": prof.name,
             "profile_status": prof.status,
             "components": prof.component_status,
+            "kv_cache_tokens": pool,
         }
         if json_out:
             typer.echo(json.dumps(out, indent=2))
@@ -98,5 +113,8 @@ def register(app: typer.Typer) -> None:
                   f"+ request creation {prep_time_s(c.transfer, desc) * 1e3:.2f} ms "
                   f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
         con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
+        con.print(f"KV pool per instance: {pool:,} tokens (vLLM's accounting at gpu_memory_utilization 0.9, "
+                  f"max_num_batched_tokens {chunk_tokens}, max_num_seqs 1024; kvplan memory for the terms)"
+                  if pool is not None else "KV pool per instance: none (the weights leave no memory for KV)")
         for k, v in sorted(prof.component_status.items()):
             con.print(f"  {k}: {v}")

@@ -23,15 +23,16 @@ from typing import Any
 from kvplan.atomic import atomic_write_bytes
 from kvplan.calibration.derive import AIC_MODEL_PATHS, AIC_VLLM_VERSION, AicSession, derive_prior, prior_name, require_aic
 from kvplan.models.arch import get_model, kv_capacity_tokens
-from kvplan.models.hardware import GIB, GPU_PRESETS
+from kvplan.models.hardware import GPU_PRESETS
 from kvplan.models.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIORS = ROOT / "models" / "priors"
 REFERENCE = ROOT / "tests" / "data" / "aic_reference.json"
-MODELS = ("qwen3-32b", "llama-3.3-70b", "llama-3.1-8b", "glm-5-fp8")
-#: GPU presets with aiconfigurator vLLM data (A100 40 and 80 GB share the a100_sxm kernels; 80 GB is shipped).
-GPUS = ("h100-sxm", "h200", "b200", "a100-sxm-80gb", "l40s")
+MODELS = ("qwen3-32b", "llama-3.3-70b", "llama-3.1-8b", "glm-5-fp8", "qwen3-8b")
+#: GPU presets with aiconfigurator vLLM data (A100 40 and 80 GB share the a100_sxm kernels; 80 GB is shipped; the H800
+#: uses the h100_sxm tables, see its preset).
+GPUS = ("h100-sxm", "h200", "b200", "a100-sxm-80gb", "l40s", "h800")
 TPS = (1, 2, 4, 8)
 #: Acceptance points (issue 9, acceptance 1 and 2).
 REF_MODELS = ("qwen3-32b", "llama-3.3-70b")
@@ -49,7 +50,7 @@ def text_of(profile: Profile) -> str:
 def weights_fit(model: str, gpu: str, tp: int) -> bool:
     """Whether the weights leave room for KV at gpu_memory_utilization 0.9 (kvplan's sizing)."""
     try:
-        kv_capacity_tokens(get_model(model), tp, GPU_PRESETS[gpu].hbm_bytes, 0.9, 4 * GIB)
+        kv_capacity_tokens(get_model(model), tp, GPU_PRESETS[gpu], gpu_memory_utilization=0.9)
     except Exception:
         return False
     return True

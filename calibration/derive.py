@@ -53,6 +53,7 @@ AIC_MODEL_PATHS = {
     "qwen3-32b": "Qwen/Qwen3-32B",
     "llama-3.3-70b": "meta-llama/Meta-Llama-3.1-70B",  # same architecture as Llama-3.3-70B
     "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
     "glm-5-fp8": "zai-org/GLM-5-FP8",
 }
 #: aiconfigurator's vLLM perf-database version per system (the newest with GEMM and attention tables).

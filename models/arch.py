@@ -9,7 +9,7 @@ Units are in the names: ``*_bytes``, ``*_tokens``. A *rank* is one tensor-parall
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -151,29 +151,16 @@ def attention_flops_per_pair(arch: ModelArch) -> float:
     return 2 * FLOPS_PER_MAC * arch.num_q_heads * head_dim * arch.num_layers
 
 
-def kv_capacity_tokens(
-    arch: ModelArch,
-    tp: int,
-    hbm_bytes_per_gpu: float,
-    gpu_memory_utilization: float,
-    activation_reserve_bytes_per_gpu: float,
-) -> int:
-    """Tokens of KV one instance (``tp`` GPUs) can hold, as vLLM sizes its block pool.
+def kv_capacity_tokens(arch: ModelArch, tp: int, gpu: Any, **settings: Any) -> int:
+    """Tokens of KV one instance (``tp`` GPUs) holds: vLLM's ``num_gpu_blocks x block_size``.
 
-    ``(hbm x gpu_memory_utilization - weights per GPU - activation/graph reserve) / KV bytes per token per
-    rank``, rounded down to whole blocks. Every rank holds its slice of every token, so the per-GPU token
-    count is the instance's token count. Measure ``num_gpu_blocks`` from a real startup log when you can.
+    The one accounting is :func:`kvplan.models.memory.plan_memory` (total memory x gpu_memory_utilization -
+    weights - activation peak - non-torch - CUDA graphs, whole blocks); ``settings`` are its keyword arguments.
+    Every rank holds its slice of every token, so the per-GPU token count is the instance's.
     """
-    budget = hbm_bytes_per_gpu * gpu_memory_utilization - weights_bytes_per_gpu(arch, tp)
-    budget -= activation_reserve_bytes_per_gpu
-    if budget <= 0:
-        raise input_error(
-            f"model {arch.name}",
-            f"weights do not fit: {weights_bytes_per_gpu(arch, tp) / 1e9:.1f} GB per GPU at TP{tp}",
-            "raise deployment.tensor_parallel_size or gpu_memory_utilization",
-        )
-    tokens = int(budget // kv_bytes_per_token_per_rank(arch, tp))
-    return full_blocks_tokens(tokens, arch.block_size_tokens)
+    from kvplan.models.memory import plan_memory
+
+    return plan_memory(arch, gpu, tp, **settings).kv_cache_tokens
 
 
 # --- presets -------------------------------------------------------------------------------------------
@@ -258,7 +245,29 @@ LLAMA_3_1_8B = ModelArch(
     max_model_len=131072,  # config.json max_position_embeddings
 )
 
-MODEL_PRESETS: dict[str, ModelArch] = {m.name: m for m in (QWEN3_32B, GLM_5_FP8, LLAMA_3_3_70B, LLAMA_3_1_8B)}
+QWEN3_8B = ModelArch(
+    # Qwen/Qwen3-8B config.json (the copy aiconfigurator-core 0.12.0 ships, model_configs/Qwen--Qwen3-8B_config.json):
+    # 36 layers, hidden 4096, 32 q / 8 kv heads x 128, FFN 12288, vocab 151936, untied embeddings, max_position 40960.
+    name="qwen3-8b",
+    hf_id="Qwen/Qwen3-8B",
+    attention="gqa",
+    num_layers=36,
+    hidden_size=4096,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    block_size_tokens=16,
+    intermediate_size=12288,
+    vocab_size=151936,
+    params_total=8.19e9,  # 36 x 192.95 M + embedding and lm_head 2 x 622.3 M (the model card: 8.2 B)
+    params_active=6.95e9,  # non-embedding (the model card: 6.95 B)
+    weight_bytes_total=8.19e9 * BYTES_PER_BF16,
+    max_model_len=40960,  # config.json max_position_embeddings (vLLM's default max_model_len)
+)
+
+MODEL_PRESETS: dict[str, ModelArch] = {
+    m.name: m for m in (QWEN3_32B, GLM_5_FP8, LLAMA_3_3_70B, LLAMA_3_1_8B, QWEN3_8B)
+}
 
 
 def get_model(name_or_spec: str | dict[str, object] | ModelArch) -> ModelArch:

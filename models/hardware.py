@@ -29,7 +29,11 @@ class GPU(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="GPU name.")
-    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
+    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes (datasheet).")
+    torch_total_memory_bytes: float = Field(
+        default=0.0, ge=0, description="Device memory torch/the driver reports (vLLM's total_memory; 0 = hbm_bytes)."
+    )
+    torch_total_memory_source: str = Field(default="", description="Where torch_total_memory_bytes comes from.")
     hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="HBM bandwidth.")
     bf16_dense_flops: float = Field(gt=0, description="Dense BF16 tensor peak, FLOP/s.")
     fp8_dense_flops: float = Field(default=0.0, ge=0, description="Dense FP8 tensor peak, FLOP/s (0: no FP8 cores).")
@@ -70,9 +74,6 @@ class Node(BaseModel):
     nic_gbps: float = Field(default=0.0, ge=0, description="Line rate of one network device, Gb/s.")
     gpudirect_rdma: bool = Field(default=False, description="NIC reads/writes GPU memory directly (GPUDirect RDMA).")
     usd_per_hour: float | None = Field(default=None, ge=0, description="On-demand price per node-hour (None: unknown).")
-    activation_reserve_bytes_per_gpu: float = Field(
-        default=4 * GIB, ge=0, description="HBM kept for activations, CUDA graphs and NCCL buffers."
-    )
     source: str = Field(default="", description="Where the numbers come from.")
     host_memory_gib: float = Field(default=0.0, ge=0, description="Host DRAM of the instance (GiB).")
     host_kv_gib: float = Field(default=0.0, ge=0, description="Host DRAM an offload tier may use for KV (GiB).")
@@ -84,35 +85,80 @@ class Node(BaseModel):
 # --- GPUs ----------------------------------------------------------------------------------------------------
 
 A100_40 = GPU(
-    name="A100-SXM4-40GB", hbm_bytes=40 * GB, hbm_bandwidth_bytes_per_s=1.555e12, bf16_dense_flops=312 * TFLOPS,
+    name="A100-SXM4-40GB", torch_total_memory_bytes=39.50 * GIB,
+    torch_total_memory_source=(
+        "torch OOM message 'GPU 0 has a total capacity of 39.50 GiB' on an A100 40 GB "
+        "(TianheWu/CoSeR issue #10)"
+    ),
+    hbm_bytes=40 * GB, hbm_bandwidth_bytes_per_s=1.555e12, bf16_dense_flops=312 * TFLOPS,
     fp8_dense_flops=0.0, nvlink_bytes_per_s=600 * GB, aic_system="a100_sxm",
     source="NVIDIA A100 datasheet: 40 GB HBM2 1,555 GB/s, BF16 312 TFLOP/s dense, no FP8, NVLink3 600 GB/s",
 )
 A100_80 = GPU(
-    name="A100-SXM4-80GB", hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=2.039e12, bf16_dense_flops=312 * TFLOPS,
+    name="A100-SXM4-80GB", torch_total_memory_bytes=79.25 * GIB,
+    torch_total_memory_source=(
+        "torch '79.25 GiB total capacity' on an A100 80 GB (levihsu/OOTDiffusion issue #235); "
+        "79.28 +- 0.04 GiB solved from two vLLM 0.10.1.1 A100-80GB logs at gpu_memory_utilization"
+        " 0.25 and 0.5 (dennislee22/vLLM-benchmarking log/vllm-7B-1gpuA10080GB-0.25GRAM.log, "
+        "-0.5GRAM.log)"
+    ),
+    hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=2.039e12, bf16_dense_flops=312 * TFLOPS,
     fp8_dense_flops=0.0, nvlink_bytes_per_s=600 * GB, aic_system="a100_sxm",
     source="NVIDIA A100 datasheet: 80 GB HBM2e 2,039 GB/s, BF16 312 TFLOP/s dense, no FP8, NVLink3 600 GB/s",
 )
 H100 = GPU(
-    name="H100-SXM-80GB", hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989.4 * TFLOPS,
+    name="H100-SXM-80GB", torch_total_memory_bytes=79.18 * GIB,
+    torch_total_memory_source=(
+        "vLLM 'Free memory on device: 78.57/79.18 GiB' on H100 80 GB (llm-d/llm-d-benchmark "
+        "config_explorer/empirical-vllm-memory-results.md)"
+    ),
+    hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989.4 * TFLOPS,
     fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=900 * GB, aic_system="h100_sxm",
     source="NVIDIA H100 datasheet (SXM5): 80 GB HBM3 3.35 TB/s, BF16 989.4 / FP8 1,978.9 TFLOP/s dense, NVLink4 900 GB/s",
 )
 H200 = GPU(
-    name="H200-SXM-141GB", hbm_bytes=141 * GB, hbm_bandwidth_bytes_per_s=4.8e12, bf16_dense_flops=989.4 * TFLOPS,
+    name="H200-SXM-141GB", torch_total_memory_bytes=139.81 * GIB,
+    torch_total_memory_source=(
+        "vLLM 'Free memory on device (139.21/139.81 GiB) on startup' in public H200 start-up logs"
+        " (an H200 TP2 Qwen3-Next engine, vLLM 0.10.2)"
+    ),
+    hbm_bytes=141 * GB, hbm_bandwidth_bytes_per_s=4.8e12, bf16_dense_flops=989.4 * TFLOPS,
     fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=900 * GB, aic_system="h200_sxm",
     source="NVIDIA H200 datasheet: 141 GB HBM3e 4.8 TB/s, GH100 tensor peaks as H100, NVLink4 900 GB/s (VLLM_BEHAVIOUR 4)",
 )
 B200 = GPU(
-    name="B200-SXM-180GB", hbm_bytes=180 * GB, hbm_bandwidth_bytes_per_s=7.7e12, bf16_dense_flops=2250 * TFLOPS,
+    name="B200-SXM-180GB", torch_total_memory_bytes=178.5 * GIB,
+    torch_total_memory_source=(
+        "[derived] nvidia-smi 183,359 MiB less the ~0.47 GiB the driver keeps on H100 (81,559 MiB"
+        " -> 79.18 GiB); not seen in a log"
+    ),
+    hbm_bytes=180 * GB, hbm_bandwidth_bytes_per_s=7.7e12, bf16_dense_flops=2250 * TFLOPS,
     fp8_dense_flops=4500 * TFLOPS, nvlink_bytes_per_s=1800 * GB, aic_system="b200_sxm",
     source="NVIDIA HGX B200 datasheet: 1,440 GB HBM3e over 8 GPUs (AWS p6-b200: 179 GB usable each), ~7.7 TB/s per GPU,"
     " BF16 2.25 / FP8 4.5 PFLOP/s dense per GPU (half the sparse figures), NVLink5 1.8 TB/s",
 )
 L40S = GPU(
-    name="L40S-48GB", hbm_bytes=48 * GB, hbm_bandwidth_bytes_per_s=864 * GB, bf16_dense_flops=362.05 * TFLOPS,
+    name="L40S-48GB", torch_total_memory_bytes=44.40 * GIB,
+    torch_total_memory_source=(
+        "torch 'GPU 0 has a total capacity of 44.40 GiB' on an L40 (QwenLM/Qwen3-VL issue #2097),"
+        " the same 48 GB GDDR6 board (46,068 MiB in nvidia-smi) as the L40S"
+    ),
+    hbm_bytes=48 * GB, hbm_bandwidth_bytes_per_s=864 * GB, bf16_dense_flops=362.05 * TFLOPS,
     fp8_dense_flops=733 * TFLOPS, nvlink_bytes_per_s=0.0, aic_system="l40s",
     source="NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s, BF16 362 / FP8 733 TFLOP/s dense, no NVLink (PCIe Gen4 x16)",
+)
+
+H800 = GPU(
+    name="H800-SXM-80GB", torch_total_memory_bytes=79.18 * GIB,
+    torch_total_memory_source=(
+        "[assumption] the H100 SXM5's: the same 80 GB HBM3 part (Mooncake's H800 runs report '81GB', "
+        "nvidia-smi's 81,559 MiB as on H100)"
+    ),
+    hbm_bytes=80 * GB, hbm_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989.4 * TFLOPS,
+    fp8_dense_flops=1978.9 * TFLOPS, nvlink_bytes_per_s=400 * GB, aic_system="h100_sxm",
+    source="NVIDIA H800 SXM5 datasheet: the H100 SXM5's GH100 (80 GB HBM3 3.35 TB/s, BF16 989.4 / FP8 1,978.9 TFLOP/s"
+    " dense) with NVLink cut to 400 GB/s. aiconfigurator has no H800 system: its kernel priors use the h100_sxm"
+    " tables, whose TP all-reduces run at H100's 900 GB/s NVLink (under-estimated here, more so at TP8 and long prompts)",
 )
 
 GPU_PRESETS: dict[str, GPU] = {
@@ -122,6 +168,7 @@ GPU_PRESETS: dict[str, GPU] = {
     "h200": H200,
     "b200": B200,
     "l40s": L40S,
+    "h800": H800,
 }
 
 #: Other spellings accepted for a GPU preset (aiconfigurator system names included).
@@ -192,7 +239,18 @@ P6_B200 = _node("p6-b200", B200, 8, "v4", 8, 400, True, None,
 G6E = _node("g6e", L40S, 8, "v1", 4, 100, False, None,
             f"{_AWS} (G6e.48xlarge): 8x L40S 48 GB, 400 Gb/s network with EFA, no GPUDirect RDMA")
 
-_EFA_NODES = (P4D, P4DE, P5, P5E, P5EN, P6_B200, G6E)
+#: Mooncake's H800 nodes (kvcache-ai/Mooncake docs/source/performance/vllm/vllm-v1-pd-performance.md): 8x H800 81GB,
+#: 8x ConnectX-7 RoCE per node. ConnectX-7 is 400 Gb/s per port (NVIDIA ConnectX-7 datasheet); GPUDirect RDMA.
+H800_NODE = Node(
+    name="h800", gpu=H800, gpus_per_node=8,
+    link=Link(name="roce-h800", bandwidth_bytes_per_s_per_rank=8 * 400 * GBIT_BYTES / 8,
+              description="h800: 8x400 Gb/s ConnectX-7 RoCE, ~50.0 GB/s per GPU, GPUDirect RDMA"),
+    nics=8, nic_gbps=400, gpudirect_rdma=True,
+    source="Mooncake vLLM PD benchmark setup: 8x H800 81GB and 8x ConnectX-7 RoCE per node, GPUDirect RDMA;"
+    " host memory not stated (no offload tier)",
+)
+
+_EFA_NODES = (P4D, P4DE, P5, P5E, P5EN, P6_B200, G6E, H800_NODE)
 
 
 def _tcp_twin(node: Node) -> Node:

@@ -14,10 +14,11 @@ import numpy as np
 import simpy
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model, kv_capacity_tokens
+from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model
 from kvplan.models.bounds import bound_violations
 from kvplan.models.costs import CostModel
 from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
+from kvplan.models.memory import MemoryPlan, plan_memory, with_kv_cache_dtype
 from kvplan.models.profile import Profile
 from kvplan.models.resolve import resolve_profile
 from kvplan.sim.clock import queue_access, run_until
@@ -45,6 +46,7 @@ class Resolved:
     decode_capacity_tokens: int
     prefill_capacity_tokens: int
     notes: tuple[str, ...]
+    memory: MemoryPlan | None = None
 
 
 def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
@@ -86,17 +88,20 @@ def resolve(scenario: Scenario) -> Resolved:
         per_byte_s = 1.0 / link.bandwidth_bytes_per_s_per_rank
         notes.append(f"link overridden: {link.description}")
     dep = scenario.deployment
-    # P and D are the same kind of node: one pool size from HBM unless overridden per role
-    pool = kv_capacity_tokens(
-        arch, tp, node.gpu.hbm_bytes, dep.gpu_memory_utilization, node.activation_reserve_bytes_per_gpu
+    arch = with_kv_cache_dtype(arch, dep.kv_cache_dtype)
+    # P and D are the same kind of node: one pool size, vLLM's memory accounting, unless overridden per role
+    mem = plan_memory(
+        arch, node.gpu, tp, dep.gpu_memory_utilization, dep.max_num_batched_tokens, dep.max_num_seqs,
+        cudagraph_memory_profiling=dep.cudagraph_memory_profiling,
     )
+    pool = mem.kv_cache_tokens
     d_cap = pool if dep.decode_kv_capacity_tokens is None else full_blocks_tokens(
         dep.decode_kv_capacity_tokens, arch.block_size_tokens
     )
     p_cap = dep.prefill_kv_capacity_tokens or pool
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
-    return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes))
+    return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes), mem)
 
 
 def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]:

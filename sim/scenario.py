@@ -178,7 +178,18 @@ class Deployment(_Frozen):
     replicas: int = Field(
         default=1, gt=0, le=512, description="Aggregated mode: engines (one node of TP GPUs each); P/D counts unused."
     )
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1,
+        description="vLLM --gpu-memory-utilization: the share of the device's total memory the engine sizes its KV pool in.",
+    )
+    kv_cache_dtype: Literal["auto", "bf16", "fp8", "fp8_e4m3", "fp8_ds_mla"] = Field(
+        default="auto",
+        description="vLLM --kv-cache-dtype (auto: the model preset's; fp8 halves KV bytes per token, pool and transfers).",
+    )
+    cudagraph_memory_profiling: bool = Field(
+        default=False,
+        description="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (vLLM >= 0.19 default): CUDA-graph memory leaves the pool.",
+    )
     decode_kv_capacity_tokens: int | None = Field(
         default=None, gt=0, le=10**12, description="Override D's KV pool (tokens); default from HBM and weights."
     )

@@ -23,7 +23,7 @@ def _agg(deployment: dict[str, Any] | None = None, **over: Any) -> dict[str, Any
 def _mm1(rho: float, n: int, seed: int) -> float:
     sc = {
         "deployment": {"mode": "aggregated", "replicas": 1, "max_num_seqs": 1, "prefill_prefix_caching": False,
-                       "max_num_batched_tokens": 10**7},
+                       "max_num_batched_tokens": 2**17},
         "workload": {"conversations": n, "arrival": {"kind": "poisson", "rate_per_s": rho / 0.1},
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "exponential", "mean": 1000},
                      "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 1}},

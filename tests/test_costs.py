@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,8 +288,20 @@ def test_regenerate_a_shipped_prior_matches(tmp_path: Path, capsys: pytest.Captu
     from importlib import resources
 
     shipped = Path(str(resources.files("kvplan.models").joinpath("priors", "qwen3-32b-h200-tp8.json")))
-    assert json.loads(out.read_text()) == json.loads(shipped.read_text())
+    # as loaded profiles (the shipped file predates the transfer.prep_* fields, which default to 0); the same fit
+    # to the same aiconfigurator tables, but a different numpy/BLAS build moves the 15th digit
+    got, want = load_profile(out).model_dump(mode="json"), load_profile(shipped).model_dump(mode="json")
+    assert got == _approx_tree(want)
     assert "wrote" in capsys.readouterr().out
+
+
+def _approx_tree(x: Any) -> Any:
+    """``x`` with every float wrapped in ``pytest.approx`` (rel 1e-6), for comparing fitted JSON across builds."""
+    if isinstance(x, dict):
+        return {k: _approx_tree(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_approx_tree(v) for v in x]
+    return pytest.approx(x, rel=1e-6) if isinstance(x, float) else x
 
 
 QWEN3_8B_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36,
@@ -315,13 +328,14 @@ def test_derive_a_model_from_its_config_json(tmp_path: Path, capsys: pytest.Capt
     cfg.mkdir()
     (cfg / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
     out = tmp_path / "q8.json"
-    assert main(["profile", "derive", "--model", "qwen3-8b", "--gpu", "h200", "--tp", "1", "--model-config", str(cfg),
+    # a new name: qwen3-8b itself is a preset now (issue 19), whose architecture needs no config.json
+    assert main(["profile", "derive", "--model", "qwen3-8b-hf", "--gpu", "h200", "--tp", "1", "--model-config", str(cfg),
                  "--out", str(out)]) == 0
     prof = load_profile(out)
     assert prof.fit_report["prefill_max_abs_rel_error"] < 0.08 and prof.provenance["architecture"]["num_layers"] == 36
     capsys.readouterr()
     res = _cost_json(capsys, ["--profile", str(out), "--hardware", "p5en", "--tp", "1", "--tokens", "8000"])
-    assert res["model"] == "qwen3-8b" and res["components"]["prefill.gpu"].startswith("kernel-derived (requested prior")
+    assert res["model"] == "qwen3-8b-hf" and res["components"]["prefill.gpu"].startswith("kernel-derived (requested prior")
     # the 8B model on one H200 is faster than the 32B one
     assert res["prefill_s"] < _cost(capsys, "--tp", "1", "--tokens", "8000")["prefill_s"] / 3
 

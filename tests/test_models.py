@@ -29,7 +29,7 @@ from kvplan.models.costs import (
     transfer_time_s,
     xfer_time_s,
 )
-from kvplan.models.hardware import H200, P5EN, get_hardware
+from kvplan.models.hardware import H200, get_hardware
 from kvplan.models.profile import load_profile, shipped_profiles
 
 
@@ -54,12 +54,15 @@ def test_llama_and_weights() -> None:
     assert weights_bytes_per_gpu(QWEN3_32B, 8) == pytest.approx(8.19e9, rel=1e-3)
 
 
-def test_capacity_from_hbm() -> None:
-    cap = kv_capacity_tokens(QWEN3_32B, 8, H200.hbm_bytes, 0.9, P5EN.activation_reserve_bytes_per_gpu)
-    expected = (141e9 * 0.9 - 32.76e9 * 2 / 8 - 4 * 1024**3) // 32768
-    assert abs(cap - expected) < 16
+def test_capacity_from_vllm_memory_accounting() -> None:
+    """vLLM's terms: torch total x util - weights - activation peak - non-torch, whole 16-token blocks."""
+    cap = kv_capacity_tokens(QWEN3_32B, 8, H200, gpu_memory_utilization=0.9)
+    gib = 1024**3
+    act = 38 * 1024 * 151936 + 8192 * 5120 * 2 + 0.05 * gib
+    expected = (139.81 * gib * 0.9 - 32.76e9 * 2 / 8 - act - 1.0 * gib) // (32768 * 16) * 16
+    assert cap == expected
     with pytest.raises(KvplanInputError, match="weights do not fit"):
-        kv_capacity_tokens(GLM_5_FP8, 1, H200.hbm_bytes, 0.9, 0)
+        kv_capacity_tokens(GLM_5_FP8, 1, H200, gpu_memory_utilization=0.9)
 
 
 def test_cost_formulas() -> None:

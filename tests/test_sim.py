@@ -168,7 +168,9 @@ def test_closed_loop_matches_benchmark_shape() -> None:
 
 def _single_server(rho: float, prompt: dict, costs: dict, n: int, seed: int) -> pd.DataFrame:
     sc = {
-        "deployment": {"max_num_seqs": 1, "prefill_prefix_caching": False, "max_num_batched_tokens": 10**7},
+        # 2**17: no prompt is chunked (exponential, mean 1000); vLLM profiles one forward of max_num_batched_tokens
+        # tokens at start-up, so 10**7 leaves no memory for KV under its accounting
+        "deployment": {"max_num_seqs": 1, "prefill_prefix_caching": False, "max_num_batched_tokens": 2**17},
         "workload": {"conversations": n, "arrival": {"kind": "poisson", "rate_per_s": rho / 0.1},
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": prompt,
                      "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 1}},

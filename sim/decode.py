@@ -269,6 +269,8 @@ class DecodeNode:
             hit, owned = min(pin.tokens, cap), pin.blocks
         elif entry is not None:
             hit, owned = min(entry[0], cap), entry[1]
+        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
+            hit = (r.reuse // bs) * bs
         if hit <= 0:
             hit = owned = 0
         return pid, entry, hit, owned

@@ -185,7 +185,8 @@ class PrefillNode:
         if params is None:
             decision = Decision.MISS
         else:
-            n = min(params.remote_num_tokens, prompt) - local
+            # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
+            n = min(params.remote_num_tokens, prompt, r.reuse) - local
             dnode = ctx.decode[params.decode_node]
             if n <= 0:
                 decision = Decision.LOCAL
@@ -265,6 +266,8 @@ class PrefillNode:
         local = owned = 0
         if entry is not None:
             local = min(entry[0], ((r.prompt - 1) // bs) * bs)
+            if r.reuse < local:  # the prompt repeats less of the context: the hash prefix, full blocks
+                local = (r.reuse // bs) * bs
             owned = entry[1] if local > 0 else 0
         total = -(-r.prompt // bs)
         want = max(total - owned, 0) + (entry[1] if entry is not None else 0)

@@ -265,9 +265,14 @@ Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kin
 class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
-    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL or CSV).")
-    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"] | None = Field(
-        default=None, description="Trace format (default: detected from the content)."
+    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV, weka JSON) "
+                      "or a directory of weka files.")
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
+        default=None, description="Trace format (default: detected from the content; a directory is weka)."
+    )
+    timing: Literal["think", "original"] | None = Field(
+        default=None, description="weka only: think (default) sends each request think_time after the previous "
+        "answer; original replays every request at its recorded t."
     )
     time_scale: float = Field(
         default=1.0, ge=1e-6, le=MAX_TIME_SCALE, description="Speed-up of arrivals (2 = twice as fast)."

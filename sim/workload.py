@@ -127,6 +127,9 @@ class ConversationPlan:
     truncated_conversations: int
     arrival_s: np.ndarray | None = None  # per-turn arrival times (trace replay: open loop on the trace clock)
     trace_report: dict[str, Any] | None = None
+    # per turn: tokens of the previous turn's context (prompt + output) the prompt repeats token for token
+    # (sim/history.py); None = all of it (verbatim history)
+    reuse_tokens: np.ndarray | None = None
 
     @property
     def total_turns(self) -> int:
@@ -236,10 +239,18 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     with ``input + output`` above ``max_model_len`` are skipped or truncated as ``source.overlong`` says,
     and counted in ``trace_report``. ``seed`` only drives session sampling.
     """
-    from kvplan.traces.readers import load_trace
+    from kvplan.traces.readers import detect_trace_format, load_trace
     from kvplan.traces.select import select
 
-    trace = load_trace(source.path, source.format)
+    fmt = source.format if source.format is not None else detect_trace_format(source.path)
+    if fmt == "weka":
+        from kvplan.sim.weka_plan import plan_from_weka
+
+        return plan_from_weka(source, seed, max_model_len)
+    if source.timing is not None:
+        raise input_error(f"workload.trace '{source.path}': timing", f"applies to format weka only, not {fmt}",
+                          "remove it (other formats replay their own clock)")
+    trace = load_trace(source.path, fmt)
     sel, report = select(
         trace,
         time_scale=source.time_scale,

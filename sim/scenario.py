@@ -307,6 +307,22 @@ class Workload(_Frozen):
     trace: TraceSource | None = Field(
         default=None, description="Replay a trace instead: replaces every synthetic field above."
     )
+    history: Literal["verbatim", "prompt_only", "partial"] | None = Field(
+        default=None, description="What of the previous turn the next prompt repeats token for token (sim/history.py): "
+        "verbatim (default: prompt and output), prompt_only (the output is re-rendered, e.g. reasoning dropped) or "
+        "partial (the first history_kept_share of the previous context).",
+    )
+    history_kept_share: float | None = Field(
+        default=None, ge=0, le=1, description="history: partial only: share of the previous context (prompt + output) "
+        "the next prompt repeats as its prefix.",
+    )
+
+    @model_validator(mode="after")
+    def _history(self) -> Workload:
+        if (self.history == "partial") != (self.history_kept_share is not None):
+            raise ValueError("history_kept_share goes with history: partial, and history: partial needs it "
+                             "(e.g. history_kept_share: 0.5)")
+        return self
 
     @model_validator(mode="after")
     def _sizes(self) -> Workload:

@@ -9,7 +9,7 @@ Drawing everything vectorised up front is also what keeps the simulator fast.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
+from kvplan.sim.history import combine_reuse, history_reuse
 from kvplan.sim.scenario import (
     MAX_EMPIRICAL_VALUES,
     MAX_SIM_TIME_S,
@@ -145,7 +146,11 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     last turn that fits; the count is reported as ``truncated_conversations``, never silently.
     """
     if workload.trace is not None:
-        return plan_from_trace(workload.trace, seed, max_model_len)
+        plan = plan_from_trace(workload.trace, seed, max_model_len)
+        if workload.history is None:
+            return plan
+        reuse = history_reuse(workload, plan.prompt_tokens, plan.output_tokens, plan.offsets)
+        return replace(plan, reuse_tokens=combine_reuse(plan.reuse_tokens, reuse))
     seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
     rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
     n = workload.conversations
@@ -201,14 +206,16 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         turns = keep_turns
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(turns, out=offsets[1:])
+    prompt, out = prompt.astype(np.int64), out.astype(np.int64)
     return ConversationPlan(
         start_s=start,
         turns=turns,
         offsets=offsets,
-        prompt_tokens=prompt.astype(np.int64),
-        output_tokens=out.astype(np.int64),
+        prompt_tokens=prompt,
+        output_tokens=out,
         gap_s=gaps.astype(float),
         truncated_conversations=truncated,
+        reuse_tokens=history_reuse(workload, prompt, out, offsets),
     )
 
 

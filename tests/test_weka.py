@@ -192,3 +192,21 @@ def test_shared_replay_recomputes_between_hash_bounds(agentx: Path) -> None:
     assert lo < hi
     assert 0.9 * lo <= s["recomputed_tokens"] <= 1.1 * hi
     assert s["errors"] == 0 and s["hit_rate"] == 1.0
+
+
+def test_workload_show_agentic_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvplan.app.cli import main
+
+    assert main(["workload", "show", str(SMALL), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["weka"]
+    assert st["sessions"] == 2 and st["subagent_sessions"] == 1 and st["requests"] == 7
+    assert st["compactions"] == 1 and st["compaction_kept_tokens"]["p50"] == 320.0  # request 4 keeps 5 blocks
+    # reuse share: hash-prefix reuse over the follow-ups' prompt tokens
+    assert st["reuse_share"] == pytest.approx((1400 + 1600 + 320 + 980 + 750) / (1600 + 1700 + 900 + 1100 + 900))
+    assert st["think_time_s"]["p50"] == 8.0  # follow-ups' think times 8, 15, 18, 8, 2
+    growth = st["growth_tokens_per_request"]  # non-compaction follow-ups: +300, +100, +200 (main), +200 (sub)
+    assert growth["n"] == 4 and growth["p50"] == 200.0
+    assert [r["compactions"] for r in st["per_session"]] == [1, 0]
+    assert main(["workload", "show", str(SMALL)]) == 0
+    out = capsys.readouterr().out
+    assert "compaction events" in out and "synthetic_agent/agent_001" in out

@@ -189,6 +189,9 @@ def simulate(
         log=EventLog(keep=keep),
     )
     ctx.roles = (rs_p, rs_d)
+    if plan.shared_group is not None:  # a prefix shared by conversations (sim/shared.py), zero-copy views
+        ctx.shared_group = np.ascontiguousarray(plan.shared_group, dtype=np.int64).data
+        ctx.shared_tokens = np.ascontiguousarray(plan.shared_tokens, dtype=np.int64).data
     arrival = scenario.workload.arrival
     closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
     if aggregated:

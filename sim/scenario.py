@@ -282,6 +282,10 @@ class TraceSource(_Frozen):
     overlong: Literal["skip", "truncate"] = Field(
         default="skip", description="Requests beyond the model's context limit: skip or truncate (counted)."
     )
+    shared_prefix: bool | None = Field(
+        default=None, description="weka only: sessions with the same tool_tokens and system_tokens share those "
+        "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> TraceSource:
@@ -317,8 +321,20 @@ class Workload(_Frozen):
         "the next prompt repeats as its prefix.",
     )
 
+    shared_prefix_tokens: int | None = Field(
+        default=None, ge=0, le=MAX_TOKENS, description="Tokens at the start of every conversation's first prompt "
+        "(within prefix_tokens) that all conversations of a group share (system prompt, tool definitions): computed, "
+        "stored and pinned once per node (sim/shared.py).",
+    )
+    shared_prefix_groups: int | None = Field(
+        default=None, ge=1, le=MAX_CONVERSATIONS, description="Groups sharing a prefix each (conversation c in "
+        "group c mod groups; default 1: one prefix shared by all).",
+    )
+
     @model_validator(mode="after")
     def _history(self) -> Workload:
+        if self.shared_prefix_groups is not None and self.shared_prefix_tokens is None:
+            raise ValueError("shared_prefix_groups needs shared_prefix_tokens (the tokens each group shares)")
         if (self.history == "partial") != (self.history_kept_share is not None):
             raise ValueError("history_kept_share goes with history: partial, and history: partial needs it "
                              "(e.g. history_kept_share: 0.5)")

@@ -133,11 +133,25 @@ def plan_from_weka(source: TraceSource, seed: int, max_model_len: int) -> Conver
     prompt = np.asarray(b.prompt, dtype=np.int64)
     reuse = np.asarray(b.reuse, dtype=np.int64)
     report = _report(tr, b, source, prompt, reuse, np.asarray(b.reuse_no_out, dtype=np.int64), first, timing)
+    group = shared = None
+    if source.shared_prefix:
+        group, shared = _shared_prefix(tr, b.session_of, prompt[first])
+        report["shared_prefix_groups"] = int(np.unique(group).size)
     return ConversationPlan(
         start_s=start, turns=turns, offsets=offsets, prompt_tokens=prompt,
         output_tokens=np.asarray(b.out, dtype=np.int64), gap_s=gap, truncated_conversations=0,
-        arrival_s=arrival, trace_report=report, reuse_tokens=reuse,
+        arrival_s=arrival, trace_report=report, reuse_tokens=reuse, shared_group=group, shared_tokens=shared,
     )
+
+
+def _shared_prefix(tr: WekaTrace, session_of: list[int], first_prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per conversation: its group (sessions with equal tool_tokens and system_tokens; an ASSUMPTION: the hashes
+    are local to a file, so equal counts stand for equal tool definitions and system prompt) and its shared
+    tokens (tool + system, within its first prompt)."""
+    keys: dict[tuple[int, int], int] = {}
+    group = np.asarray([keys.setdefault(tr.sessions[s].prefix_key, len(keys)) for s in session_of], dtype=np.int64)
+    tokens = np.asarray([tr.sessions[s].shared_tokens for s in session_of], dtype=np.int64)
+    return group, np.minimum(tokens, first_prompt)
 
 
 def _report(tr: WekaTrace, b: _Builder, source: TraceSource, prompt: np.ndarray, reuse: np.ndarray,

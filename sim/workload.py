@@ -131,6 +131,9 @@ class ConversationPlan:
     # per turn: tokens of the previous turn's context (prompt + output) the prompt repeats token for token
     # (sim/history.py); None = all of it (verbatim history)
     reuse_tokens: np.ndarray | None = None
+    # per conversation: its shared-prefix group (-1: none) and its tokens of that prefix (sim/shared.py)
+    shared_group: np.ndarray | None = None
+    shared_tokens: np.ndarray | None = None
 
     @property
     def total_turns(self) -> int:
@@ -147,10 +150,13 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     """
     if workload.trace is not None:
         plan = plan_from_trace(workload.trace, seed, max_model_len)
-        if workload.history is None:
-            return plan
-        reuse = history_reuse(workload, plan.prompt_tokens, plan.output_tokens, plan.offsets)
-        return replace(plan, reuse_tokens=combine_reuse(plan.reuse_tokens, reuse))
+        if workload.history is not None:
+            reuse = history_reuse(workload, plan.prompt_tokens, plan.output_tokens, plan.offsets)
+            plan = replace(plan, reuse_tokens=combine_reuse(plan.reuse_tokens, reuse))
+        if workload.shared_prefix_tokens is not None:
+            group, shared = shared_groups(workload, plan.prompt_tokens[plan.offsets[:-1]])
+            plan = replace(plan, shared_group=group, shared_tokens=shared)
+        return plan
     seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
     rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
     n = workload.conversations
@@ -207,6 +213,7 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(turns, out=offsets[1:])
     prompt, out = prompt.astype(np.int64), out.astype(np.int64)
+    group, shared = shared_groups(workload, prefix)
     return ConversationPlan(
         start_s=start,
         turns=turns,
@@ -216,7 +223,19 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         gap_s=gaps.astype(float),
         truncated_conversations=truncated,
         reuse_tokens=history_reuse(workload, prompt, out, offsets),
+        shared_group=group,
+        shared_tokens=shared,
     )
+
+
+def shared_groups(workload: Workload, prefix: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``shared_group`` / ``shared_tokens`` of the plan (sim/shared.py): conversation ``c`` in group
+    ``c mod shared_prefix_groups``, sharing ``min(shared_prefix_tokens, its prefix)`` tokens; nothing without them."""
+    if workload.shared_prefix_tokens is None:
+        return None, None
+    groups = workload.shared_prefix_groups or 1
+    return (np.arange(len(prefix), dtype=np.int64) % groups,
+            np.minimum(np.asarray(prefix, dtype=np.int64), workload.shared_prefix_tokens))
 
 
 def _tokens(x: np.ndarray, low: int) -> np.ndarray:

@@ -57,6 +57,7 @@ class WekaSession:
     start_s: float  # on the file's clock: 0 for the main agent, the marker's absolute t for a sub-agent
     depth: int
     shared_tokens: int  # tool_tokens + system_tokens of the agent (shared by all its requests)
+    prefix_key: tuple[int, int] = (0, 0)  # (tool_tokens, system_tokens): sessions with equal keys share them
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,12 +116,12 @@ class _Reader:
     def agent(self, obj: dict[str, Any], label: str, name: str, parent: int, start_s: float, depth: int) -> None:
         if depth > MAX_WEKA_DEPTH:
             raise input_error(f"{label}: {name}", f"sub-agents nested more than {MAX_WEKA_DEPTH} deep")
-        shared = sum(_count(obj.get(k, 0), k, f"{label}: {name}") for k in ("tool_tokens", "system_tokens"))
+        tool, system = (_count(obj.get(k, 0), k, f"{label}: {name}") for k in ("tool_tokens", "system_tokens"))
         reqs = _get(obj, "requests", f"{label}: {name}")
         if not isinstance(reqs, list):
             raise input_error(f"{label}: {name}", f"field 'requests' is {_short(reqs)}, not a list")
         idx = len(self.sessions)
-        self.sessions.append(WekaSession(name, label, parent, start_s, depth, shared))
+        self.sessions.append(WekaSession(name, label, parent, start_s, depth, tool + system, (tool, system)))
         last_t = -np.inf
         for k, r in enumerate(reqs):
             where = f"{label}: {name}: request {k}"

@@ -187,6 +187,10 @@ class Deployment(_Frozen):
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+    max_model_len: int | None = Field(
+        default=None, ge=2, le=MAX_TOKENS, description="vLLM --max-model-len: context limit of this deployment (default: "
+        "the model's; at most it). Requests beyond it are cut (synthetic) or skipped/truncated (traces).",
+    )
     kv_watermark: float = Field(
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",

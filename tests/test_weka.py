@@ -210,3 +210,28 @@ def test_workload_show_agentic_statistics(capsys: pytest.CaptureFixture[str]) ->
     assert main(["workload", "show", str(SMALL)]) == 0
     out = capsys.readouterr().out
     assert "compaction events" in out and "synthetic_agent/agent_001" in out
+
+
+def test_coding_agent_preset_is_the_agentx_fit(agentx: Path) -> None:
+    """The coding-agent preset's constants are what kvplan.traces.weka_stats.coding_agent_fit gives on the sample."""
+    from kvplan.sim import presets as P
+    from kvplan.traces.weka_stats import coding_agent_fit
+
+    fit = coding_agent_fit(read_weka(agentx))
+    assert fit["tool_gap_share"] == pytest.approx(P.CODING_TOOL_SHARE, abs=5e-4)
+    assert fit["tool_gap_p50_p90_s"] == pytest.approx((P.CODING_TOOL_P50_S, P.CODING_TOOL_P90_S), abs=0.5)
+    assert fit["user_gap_p50_p90_s"] == pytest.approx((P.CODING_HUMAN_P50_S, P.CODING_HUMAN_P90_S), abs=0.5)
+    assert fit["first_prompt_p50_p90"] == pytest.approx(P.CODING_FIRST_PROMPT, abs=0.5)
+    assert fit["new_tokens_p50_p90"] == pytest.approx(P.CODING_APPEND, abs=0.5)
+    assert fit["output_p50_p90"] == pytest.approx(P.CODING_OUTPUT, abs=0.5)
+    assert tuple(fit["turns"]) == P.CODING_TURNS
+    assert fit["shared_prefix_tokens"] == P.CODING_SHARED_PREFIX
+
+
+def test_max_model_len_per_scenario() -> None:
+    sc = {"model": "qwen3-32b", "deployment": {"max_model_len": 1650},
+          "workload": {"trace": {"path": str(SMALL)}}}
+    s = run(sc).summary
+    assert s["turns"] == 5 and s["trace"]["skipped_overlong"] == 2  # 1600 + 120 and 1700 + 50 > 1,650
+    with pytest.raises(KvplanInputError, match="max_model_len"):
+        run({"model": "qwen3-32b", "deployment": {"max_model_len": 100000}})

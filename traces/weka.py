@@ -80,6 +80,7 @@ class WekaTrace:
     output_tokens: np.ndarray
     hashes: np.ndarray
     hash_off: np.ndarray
+    tool_result: np.ndarray | None = None  # the request answers a tool call (``input_types`` has tool_result)
 
     @property
     def n_requests(self) -> int:
@@ -96,7 +97,7 @@ class _Reader:
 
     def __init__(self) -> None:
         self.sessions: list[WekaSession] = []
-        self.cols: dict[str, list[Any]] = {k: [] for k in ("session", "t", "think", "api", "in", "out")}
+        self.cols: dict[str, list[Any]] = {k: [] for k in ("session", "t", "think", "api", "in", "out", "tool")}
         self.ids: list[np.ndarray] = []
         self.n_ids = 0
 
@@ -162,7 +163,10 @@ class _Reader:
             raise input_error(where, f"more than {MAX_WEKA_REQUESTS:,} requests or {MAX_WEKA_HASH_IDS:,} hash ids",
                               "replay fewer files")
         self.ids.append(arr.astype(np.int64, copy=False))
-        for key, v in (("session", session), ("t", t), ("think", think), ("api", api), ("in", n_in), ("out", n_out)):
+        types = r.get("input_types")
+        tool = isinstance(types, list) and "tool_result" in types
+        for key, v in (("session", session), ("t", t), ("think", think), ("api", api), ("in", n_in), ("out", n_out),
+                       ("tool", tool)):
             self.cols[key].append(v)
 
 
@@ -223,6 +227,7 @@ def read_weka(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) 
         t_s=np.asarray(c["t"], dtype=float)[order], think_s=np.asarray(c["think"], dtype=float)[order],
         api_s=np.asarray(c["api"], dtype=float)[order], input_tokens=np.asarray(c["in"], dtype=np.int64)[order],
         output_tokens=np.asarray(c["out"], dtype=np.int64)[order], hashes=hashes, hash_off=off,
+        tool_result=np.asarray(c["tool"], dtype=bool)[order],
     )
 
 

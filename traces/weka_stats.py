@@ -89,3 +89,39 @@ def weka_table(st: Mapping[str, Any]) -> list[tuple[str, str]]:
         pct("tool + system tokens per session p10 / p50 / p90 / p99", st["shared_prefix_tokens"]),
     ]
     return rows
+
+
+def coding_agent_fit(tr: WekaTrace) -> dict[str, Any]:
+    """The ``coding-agent`` preset's parameters from an AgentX sample (``kvplan.sim.presets`` holds the values
+    for the shared 50-trace sample; ``benchmarks/derive_agentx_preset.py`` prints them, a test re-derives them).
+
+    Lognormals are given by (p50, p90) as the other presets: idle gaps after a tool result and after a user
+    message (``input_types``) with their shares; the first request's input; the new tokens of a follow-up
+    (``in - previous in - previous out``, compactions left out, negative values counted as 0); outputs. Turns
+    per session are the sessions' request counts; the shared prefix is the median ``tool_tokens`` (the system
+    prompt carries per-session details and is not shared across sessions).
+    """
+    reuse, lcp = session_reuse(tr)
+    first = np.ones(tr.n_requests, dtype=bool)
+    first[1:] = tr.session[1:] != tr.session[:-1]
+    follow = ~first
+    prev_in = np.r_[0, tr.input_tokens[:-1]]
+    prev_out = np.r_[0, tr.output_tokens[:-1]]
+    compaction = follow & (lcp * WEKA_BLOCK_TOKENS < COMPACTION_SHARE * prev_in)
+    user = np.maximum(tr.input_tokens - prev_in - prev_out, 0)[follow & ~compaction]
+    tool = tr.tool_result if tr.tool_result is not None else np.ones(tr.n_requests, dtype=bool)
+    gaps_tool, gaps_user = tr.think_s[follow & tool], tr.think_s[follow & ~tool]
+
+    def p50_p90(x: np.ndarray) -> tuple[float, float]:
+        return float(np.percentile(x, 50)), float(np.percentile(x, 90))
+
+    return {
+        "tool_gap_share": float(len(gaps_tool) / max(int(follow.sum()), 1)),
+        "tool_gap_p50_p90_s": p50_p90(gaps_tool), "user_gap_p50_p90_s": p50_p90(gaps_user),
+        "first_prompt_p50_p90": p50_p90(tr.input_tokens[first]), "new_tokens_p50_p90": p50_p90(user),
+        "output_p50_p90": p50_p90(tr.output_tokens),
+        "turns": sorted(np.bincount(tr.session, minlength=len(tr.sessions)).tolist()),
+        "shared_prefix_tokens": int(np.median([s.prefix_key[0] for s in tr.sessions])),
+        "compaction_share": float(compaction.sum() / max(int(follow.sum()), 1)),
+        "reuse_share": float(reuse[follow].sum() / max(int(tr.input_tokens[follow].sum()), 1)),
+    }

@@ -7,6 +7,7 @@ pinned to one core (``os.sched_setaffinity``) and is timed (wall and CPU, readin
   50,000 s: longer than every think time): the target is under 10 s;
 * ``1P1D`` and ``4P8D`` at vLLM's defaults (TTL 480 s, threshold 64, router 450 s, failure policy fail), and
   4P8D at a TTL of 1,800 s (recompute on a failed load): TTFT, hit rate and pinned decode KV;
+* 4P8D at the defaults with ``shared_prefix: true`` (sessions with equal tool and system tokens share them);
 * ``4P8D original``: the same with ``timing: original`` (every request at its recorded t).
 
 Writes benchmarks/results/agentx.json.
@@ -44,6 +45,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "4P8D vLLM defaults": _scenario(4, 8, {}),
     "4P8D TTL 1,800 s": _scenario(4, 8, {"decoder_kv_blocks_ttl_s": 1800, "router_ttl_s": 1800,
                                          "kv_load_failure_policy": "recompute"}),
+    "4P8D vLLM defaults, shared tool + system prefixes": _scenario(4, 8, {}, shared_prefix=True),
     "4P8D original timing, vLLM defaults": _scenario(4, 8, {}, timing="original"),
 }
 

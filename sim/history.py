@@ -70,12 +70,26 @@ def follow_up_tail_tokens(workload: Workload, user_tokens: float, output_tokens:
 def history_assumption(workload: Workload) -> str:
     """One sentence naming the history assumption a run or a recommendation used."""
     h = workload.history or "verbatim"
-    if workload.trace is not None and workload.trace.format == "weka":
+    if workload.trace is not None and _is_weka(workload.trace.path, workload.trace.format):
+        extra = f"; workload.history {h} caps it further" if workload.history not in (None, "verbatim") else ""
         return ("History: the weka trace's hash prefixes decide what each prompt repeats of the previous context "
-                f"(workload.history {h} applied on top).")
+                f"(longest common prefix of hash_ids, plus the previous output where the context was extended){extra}.")
     text = {
         "verbatim": "the whole previous context (prompt and output) is repeated token for token",
         "prompt_only": "only the previous prompt is repeated token for token; the previous output is recomputed",
         "partial": f"the first {workload.history_kept_share} of the previous context is repeated token for token",
     }[h]
     return f"History (workload.history = {h}): {text}."
+
+
+def _is_weka(path: str, fmt: str | None) -> bool:
+    """Whether a trace source is (or is detected as) the weka format."""
+    if fmt is not None:
+        return fmt == "weka"
+    from kvplan.errors import KvplanInputError
+    from kvplan.traces.readers import detect_trace_format
+
+    try:
+        return detect_trace_format(path) == "weka"
+    except KvplanInputError:
+        return False

@@ -235,3 +235,13 @@ def test_max_model_len_per_scenario() -> None:
     assert s["turns"] == 5 and s["trace"]["skipped_overlong"] == 2  # 1600 + 120 and 1700 + 50 > 1,650
     with pytest.raises(KvplanInputError, match="max_model_len"):
         run({"model": "qwen3-32b", "deployment": {"max_model_len": 100000}})
+
+
+def test_directory_replays_every_file_with_distinct_sessions(tmp_path: Path) -> None:
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    (tmp_path / "notes.txt").write_text("not a trace")  # only *.json files are read
+    tr = load_trace(tmp_path)
+    assert tr.n_requests == 14 and tr.n_sessions == 4
+    s = run({"policy": {"bidirectional": True}, "workload": {"trace": {"path": str(tmp_path)}}}).summary
+    assert s["turns"] == 14 and s["conversations"] == 4 and s["trace"]["files"] == 2

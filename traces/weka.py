@@ -100,6 +100,7 @@ class _Reader:
         self.cols: dict[str, list[Any]] = {k: [] for k in ("session", "t", "think", "api", "in", "out", "tool")}
         self.ids: list[np.ndarray] = []
         self.n_ids = 0
+        self.ids_seen: set[str] = set()
 
     def file(self, obj: Any, label: str) -> None:
         if not isinstance(obj, dict):
@@ -112,7 +113,11 @@ class _Reader:
         name = obj.get("id", Path(label).stem)
         if isinstance(name, bool) or not isinstance(name, str | int) or not str(name).strip():
             raise input_error(label, f"field 'id' is {_short(name)}, not a non-empty string")
-        self.agent(obj, label, str(name), -1, 0.0, 0)
+        sid = str(name)
+        if sid in self.ids_seen:  # two files with one id (a copy): keep their sessions apart
+            sid = f"{sid}@{Path(label).name}"
+        self.ids_seen.add(sid)
+        self.agent(obj, label, sid, -1, 0.0, 0)
 
     def agent(self, obj: dict[str, Any], label: str, name: str, parent: int, start_s: float, depth: int) -> None:
         if depth > MAX_WEKA_DEPTH:

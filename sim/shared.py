@@ -16,7 +16,8 @@ once while at least one pin of the group holds them, and each pin counts only it
 
 What this does not model (stated): P's evictable cache and D's running requests still count a
 conversation's whole context (shared blocks included), an overstatement of evictable cache and of running
-requests' blocks, never of pinned KV; and the shared prefix on a node is never evicted.
+requests' blocks, never of pinned KV; the shared prefix on a node is never evicted; aggregated mode
+(``sim/aggregated.py``) does not share prefixes across conversations.
 """
 
 from __future__ import annotations

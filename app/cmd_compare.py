@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         else:
             sc = preset_scenario(workload or "", model, hardware, rate_per_s=rate, conversations=conversations)
         if trace is not None:
-            if not trace.is_file():
+            if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         from kvplan.app.cmd_sweep import _progress_bar

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 import yaml
+
+if TYPE_CHECKING:
+    from kvplan.traces.trace import Trace
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +21,9 @@ def register(app: typer.Typer) -> None:
     @wl.command("show")
     def show(
         trace: Path = typer.Argument(..., help="Trace file (mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV)."),
-        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench (detected)."),
+        fmt: str | None = typer.Option(
+            None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench|weka (detected; a directory is weka)."
+        ),
         ttls: str = typer.Option("30,60,120,300,480,600,900", "--ttls", help="TTLs (s) for follow-up probabilities."),
         threshold: int = typer.Option(64, "--threshold", min=0, help="kv_recompute_threshold for the output share."),
         html: Path | None = typer.Option(None, "--html", help="Also write a plotly HTML figure."),
@@ -30,8 +36,11 @@ def register(app: typer.Typer) -> None:
         from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
         ttl_list = seconds_list("--ttls", ttls)
-        tr = load_trace(trace, fmt)
+        agentic = _weka_stats(trace, fmt)  # a weka trace (AgentX): read once, its agentic statistics too
+        tr = agentic[0] if agentic is not None else load_trace(trace, fmt)
         stats = workload_stats(tr, ttl_list, threshold)
+        if agentic is not None:
+            stats["weka"] = agentic[1]
         if json_out:
             typer.echo(json.dumps(json_ready(stats), indent=2, sort_keys=True))
         else:
@@ -47,6 +56,8 @@ def register(app: typer.Typer) -> None:
                 "method: sessions as given by the trace's ids, or for Mooncake rebuilt from 512-token hash-prefix"
                 " chains (see kvplan.traces); gaps are arrival to arrival."
             )
+            if agentic is not None:
+                _print_weka(agentic[1], trace.name)
         if html is not None:
             from kvplan.atomic import atomic_write_bytes, check_output_file
 
@@ -58,7 +69,9 @@ def register(app: typer.Typer) -> None:
     def fit(
         trace: Path = typer.Argument(..., help="Trace file."),
         out: Path = typer.Option(..., "--out", help="Workload YAML to write (a scenario 'workload:' section)."),
-        fmt: str | None = typer.Option(None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench (detected)."),
+        fmt: str | None = typer.Option(
+            None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench|weka (detected; a directory is weka)."
+        ),
         gap_model: str = typer.Option(
             "empirical", "--gap-model", help="empirical (measured idle gaps, default) or fit (best parametric family)."
         ),
@@ -112,6 +125,43 @@ def register(app: typer.Typer) -> None:
         c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"
                 + (f" (best parametric family: {chosen})" if chosen else ""), markup=False)
         c.print(f"wrote {out} (simulate it as it is) and {report_path} (goodness of fit)", markup=False)
+
+
+def _weka_stats(trace: Path, fmt: str | None) -> tuple[Trace, dict[str, object]] | None:
+    """(common trace frame, agentic statistics) of a weka trace; None for any other format."""
+    from kvplan.traces.readers import detect_trace_format
+
+    if (fmt or detect_trace_format(trace)) != "weka":
+        return None
+    from kvplan.traces.weka import read_weka, to_trace
+    from kvplan.traces.weka_stats import weka_stats
+
+    wt = read_weka(trace)
+    return to_trace(wt), weka_stats(wt)
+
+
+def _print_weka(st: dict[str, object], name: str) -> None:
+    """The agentic table: reuse, think-time percentiles, context growth, compactions; then per session."""
+    from rich.table import Table
+
+    from kvplan.app.output import console
+    from kvplan.traces.weka_stats import weka_table
+
+    t = Table(title=f"agentic statistics of {name} (weka: 64-token hash prefixes)")
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    for k, v in weka_table(st):
+        t.add_row(k, v)
+    console().print(t)
+    per = Table(title="per session")
+    for col in ("session", "requests", "first / max input", "reuse share", "compactions"):
+        per.add_column(col, justify="left" if col == "session" else "right")
+    rows = st["per_session"]
+    assert isinstance(rows, list)
+    for r in rows:
+        per.add_row(str(r["session"]), str(r["requests"]), f"{r['first_input_tokens']:,} / {r['max_input_tokens']:,}",
+                    f"{r['reuse_share']:.1%}", str(r["compactions"]))
+    console().print(per)
 
 
 def _dist_text(d: object) -> str:

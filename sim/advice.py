@@ -60,6 +60,7 @@ from kvplan.sim.advice_rules import (
 from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks
+from kvplan.sim.history import follow_up_tail_tokens, history_assumption
 from kvplan.sim.results import json_safe
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
@@ -192,7 +193,7 @@ def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
     prev_prompt = prefix + user * km1 + out * (km1 - 1)
     same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
     local = int(prev_prompt) if (dep.prefill_prefix_caching and same_p) else 0
-    return local, int(round(user)) + 1
+    return local, follow_up_tail_tokens(wl, user, out, prev_prompt + out)  # sim/history.py: what the prompt repeats
 
 
 # --- recommend -------------------------------------------------------------------------------------------------
@@ -294,6 +295,7 @@ def recommend(
 
     rec = replace(_decide(setup, _simulate_stages(setup, runner)),
                   inputs=recommendation_inputs(setup.sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    rec = replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload)))
     if not policies or setup.sc.deployment.mode == "aggregated":
         return rec
     from kvplan.sim.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides

@@ -118,6 +118,8 @@ class AggregatedNode:
         if entry is not None:
             self.cache_blocks -= entry[1]  # taken out so the eviction below cannot take it
         hit = min(entry[0], ((r.prompt - 1) // bs) * bs) if entry is not None else 0
+        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
+            hit = (r.reuse // bs) * bs
         owned = entry[1] if entry is not None and hit > 0 else 0
         need = max(total - owned, 0)
         while self._free_blocks() < need and self.cache:

@@ -51,6 +51,9 @@ class Ctx:
     d_tp: int = 0  # decode TP (0: ``tp``)
     d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)
     roles: tuple[Any, ...] = ()  # (P's, D's) resolved scenario (engine.Resolved)
+    # shared prefixes (sim/shared.py): per conversation its group (-1: none) and its shared tokens; None: none
+    shared_group: Any = None
+    shared_tokens: Any = None
 
     def __post_init__(self) -> None:
         self.p_tp = self.p_tp or self.tp

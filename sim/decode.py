@@ -42,6 +42,7 @@ from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
+from kvplan.sim.shared import SharedPrefixes
 
 
 class DecodeNode:
@@ -79,6 +80,9 @@ class DecodeNode:
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
         # last is the newest, preempted first
         self.running: dict[Request, None] = {}
+        self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
+        if ctx.shared_group is not None:
+            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, ctx.block_size)
 
     # ---- retention ---------------------------------------------------------------------------------------
 
@@ -104,12 +108,29 @@ class DecodeNode:
             # the growth before ``t`` took its blocks (evicting cache) before this release frees any
             self._sync(self.batch.step_at(t))
         self.pool.pinned -= pin.blocks
-        self.rows.append((t, Ev.UNPIN, pin.conv, -1, self.idx, pin.tokens, why))
+        unpinned = pin.tokens
+        if pin.shared > 0 and self.shared is not None:  # the group's prefix goes with its last pin
+            unpinned = pin.tokens - pin.shared + self._unpin_shared(pin.conv)
+        self.rows.append((t, Ev.UNPIN, pin.conv, -1, self.idx, unpinned, why))
         if self.host is not None and why in (Release.EXPIRED, Release.EVICTED):
             self.host.put(pin.conv, pin.tokens)  # offload tier: the blocks are copied to host memory
         if why not in (Release.REUSED, Release.EVICTED):  # evicted blocks are taken by the allocation
             self.pool.to_cache(pin.conv, pin.tokens)
         return True
+
+    def _unpin_shared(self, conv: int) -> int:
+        """A pin of the conversation's shared-prefix group is gone: tokens the group unpins with it."""
+        assert self.shared is not None
+        tokens = self.shared.unpin(conv)
+        self.pool.pinned -= tokens // self.ctx.block_size
+        return tokens
+
+    def _pin_shared(self, r: Request, kv_tokens: int) -> tuple[int, int]:
+        """(tokens the pin leaves to its group, tokens the group pins now) for a finished request."""
+        assert self.shared is not None
+        left, new = self.shared.pin(r.conv, kv_tokens)
+        self.pool.pinned += new // self.ctx.block_size
+        return left, new
 
     def _evict_pins(self, want: int, keep: int | None = None) -> None:
         """ttl_evictable: release pins (not ``keep``), least recently pinned first, until ``want`` blocks are free."""
@@ -269,6 +290,12 @@ class DecodeNode:
             hit, owned = min(pin.tokens, cap), pin.blocks
         elif entry is not None:
             hit, owned = min(entry[0], cap), entry[1]
+        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
+            hit = (r.reuse // bs) * bs
+        if self.shared is not None:  # a prefix shared with other conversations, already here (sim/shared.py)
+            s_hit = self.shared.hit(r.conv, cap)
+            if s_hit > hit:
+                hit = s_hit
         if hit <= 0:
             hit = owned = 0
         return pid, entry, hit, owned
@@ -409,14 +436,20 @@ class DecodeNode:
         r.d_state = 0
         self.running.pop(r, None)
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
+        if self.shared is not None:
+            self.shared.see(r.conv)
         if self.bidirectional:
-            blocks = -(-kv_tokens // ctx.block_size)
+            left = new = 0
+            if self.shared is not None:  # shared blocks are pinned once per group, not in this pin's blocks
+                left, new = self._pin_shared(r, kv_tokens)
+            blocks = -(-(kv_tokens - left) // ctx.block_size)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
+            self.retention.pins[pid].shared = left
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, Release.EXPIRED, now)
             self.pool.pinned += blocks
-            self.rows.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens, expiry))
+            self.rows.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
             ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)

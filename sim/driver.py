@@ -70,6 +70,8 @@ class Driver:
         self.prompt: Sequence[int] = _view(plan.prompt_tokens, np.int64)
         self.output: Sequence[int] = _view(plan.output_tokens, np.int64)
         self.gap: Sequence[float] = _view(plan.gap_s, np.float64)
+        # per turn: tokens of the previous context the prompt repeats (None: all of it, verbatim history)
+        self.reuse: Sequence[int] | None = None if plan.reuse_tokens is None else _view(plan.reuse_tokens, np.int64)
         self.source: ArrivalSource
         if plan.arrival_s is not None:  # a trace brings its own clock
             self.source = TraceReplay(self, plan.arrival_s)
@@ -100,7 +102,10 @@ class Driver:
         log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
-        self._submit(Request(c, turn, i, prompt, self.output[i], params))
+        r = Request(c, turn, i, prompt, self.output[i], params)
+        if self.reuse is not None:
+            r.reuse = self.reuse[i]
+        self._submit(r)
 
     def _submit(self, r: Request) -> None:
         """The P leg reaches the chosen P's engine (aggregated mode overrides it: the chosen replica)."""

@@ -101,6 +101,15 @@ def resolve(scenario: Scenario) -> Resolved:
     p_cap = dep.prefill_kv_capacity_tokens or pool
     if d_cap < arch.block_size_tokens:
         raise input_error("deployment.decode_kv_capacity_tokens", "smaller than one KV block")
+    if dep.max_model_len is not None:  # vLLM --max-model-len (after the profile: priors are keyed by the preset)
+        if dep.max_model_len > arch.max_model_len:
+            raise input_error(
+                "deployment.max_model_len", f"{dep.max_model_len} exceeds {arch.name}'s limit of {arch.max_model_len} "
+                "(vLLM refuses it without RoPE scaling)", "lower it, or give an inline model with a larger max_model_len",
+            )
+        arch = arch.model_copy(update={"max_model_len": dep.max_model_len})
+        notes.append(f"max_model_len {dep.max_model_len} (deployment.max_model_len; the model allows "
+                     f"{get_model(scenario.model).max_model_len})")
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes), mem)
 
 
@@ -194,6 +203,9 @@ def simulate(
         log=EventLog(keep=keep),
     )
     ctx.roles = (rs_p, rs_d)
+    if plan.shared_group is not None:  # a prefix shared by conversations (sim/shared.py), zero-copy views
+        ctx.shared_group = np.ascontiguousarray(plan.shared_group, dtype=np.int64).data
+        ctx.shared_tokens = np.ascontiguousarray(plan.shared_tokens, dtype=np.int64).data
     arrival = scenario.workload.arrival
     closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
     if aggregated:

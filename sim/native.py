@@ -39,6 +39,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.blocks",
     "kvplan.sim.batch",
     "kvplan.sim.retention",
+    "kvplan.sim.shared",
     "kvplan.sim.link",
     "kvplan.sim.xfer",
     "kvplan.sim.router",

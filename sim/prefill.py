@@ -36,6 +36,7 @@ from kvplan.sim.clock import call_first, call_later
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.shared import SharedPrefixes
 
 
 class PrefillNode:
@@ -70,6 +71,9 @@ class PrefillNode:
         self.busy_s = 0.0
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
+        self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
+        if ctx.shared_group is not None and self.pool.caching:
+            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, ctx.block_size)
         # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
         call_first(self.env, self._start)
 
@@ -185,7 +189,8 @@ class PrefillNode:
         if params is None:
             decision = Decision.MISS
         else:
-            n = min(params.remote_num_tokens, prompt) - local
+            # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
+            n = min(params.remote_num_tokens, prompt, r.reuse) - local
             dnode = ctx.decode[params.decode_node]
             if n <= 0:
                 decision = Decision.LOCAL
@@ -265,7 +270,14 @@ class PrefillNode:
         local = owned = 0
         if entry is not None:
             local = min(entry[0], ((r.prompt - 1) // bs) * bs)
+            if r.reuse < local:  # the prompt repeats less of the context: the hash prefix, full blocks
+                local = (r.reuse // bs) * bs
             owned = entry[1] if local > 0 else 0
+        own_local = local
+        if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
+            s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
+            if s_hit > local:
+                local = s_hit
         total = -(-r.prompt // bs)
         want = max(total - owned, 0) + (entry[1] if entry is not None else 0)
         if pool.free() < want:
@@ -276,7 +288,7 @@ class PrefillNode:
                     pool.put_back(r.conv, entry)
                 self._wake_at_next_lapse()
                 return False
-        if entry is not None and local == 0:
+        if entry is not None and own_local == 0:
             pool.to_cache(r.conv, entry[0])
         pool.held += total
         pool.check()
@@ -294,6 +306,8 @@ class PrefillNode:
         )
         pool.held -= r.p_blocks
         pool.pinned += r.p_blocks
+        if self.shared is not None:
+            self.shared.see(r.conv)
         r.p_hold = True
         r.p_lease_expiry = now + self.lease_s
         if self.can_lapse:

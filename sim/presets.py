@@ -13,8 +13,10 @@ so a preset with P(follow-up) = 0.4 holds ~60% of its retained KV for conversati
 * ``chat``: human chat assistant. Gaps lognormal, median 130 s, p90 480 s (Mooncake/Kimi, computed in
   WORKLOADS.md 1 and 3.1: p50 126 s, p90 480 s); P(follow-up) 0.4 per turn (Mooncake >= 0.39, RAGPulse
   0.44), so turns ~ geometric, mean 1/(1-0.4) = 1.67, at most 40.
-* ``coding-agent``: Claude Code / Codex style. 90% of gaps follow a tool call (TraceLab tool latency p50
-  0.3 s, p90 13.6 s), 10% a human (p50 86 s, p90 20.6 min); long contexts growing by small appends.
+* ``coding-agent``: Claude Code sessions fitted from the AgentX / Weka sample (``external_traces/agentx_weka``):
+  80% of gaps follow a tool call (p50 10 s, p90 102 s), 20% a user message (p50 129 s, p90 52 min); first
+  prompts p50 19.6k tokens, ~75 requests per session, an 11.9k-token tool prefix shared by all sessions.
+  Contexts grow past 100k tokens: use a long-context model (``glm-5-fp8``: 202,752) or ``max_model_len``.
 * ``tool-agent``: headless function-calling agent (BFCL / SWE-bench runner): ~8 steps, ~1 s tool gaps.
 * ``p5en-benchmark``: the published P5en write-up's closed-loop benchmark (``sim.defaults``).
 """
@@ -108,19 +110,27 @@ CHAT_RATE_PER_S = 1.0  # ASSUMPTION: new conversations/s on 1P1D; ~1.7 turns/s, 
 CHAT_CONVERSATIONS = 4000  # ~4000 s of arrivals: steady state for TTLs up to ~30 min
 
 # --- coding agent ------------------------------------------------------------------------------------------
-CODING_TOOL_SHARE = 0.9  # TraceLab: ~89% of LLM calls follow a tool result (WORKLOADS.md 1 item 4)
-CODING_TOOL_P50_S, CODING_TOOL_P90_S = 0.3, 14.0  # TraceLab tool latency p50 0.3 s, p90 13.6 s (4.1)
-CODING_HUMAN_P50_S, CODING_HUMAN_P90_S = 90.0, 1200.0  # TraceLab human wait p50 86 s, p90 20.6 min (4.1)
-CODING_MEAN_STEPS = 20.0  # LLM calls per session: Copilot 3.95 user turns x 7.83 calls = 31; TraceLab tool
-# steps p50 15 per session (4.1, 4.3). ASSUMPTION: 20, geometric, at most 120
-CODING_MAX_STEPS = 120
-CODING_FIRST_PROMPT = (12000.0, 0.3)  # ASSUMPTION: system prompt + tool schemas + repository context, scaled
-# into the 32k window of the shipped models (TraceLab cached prefixes are 116-126k tokens)
-CODING_APPEND = (300.0, 0.9)  # > 90% of steps append < 1k tokens (TraceLab 4.1); the >= 10k appends would
-# overflow a 32k window and are left out
-CODING_OUTPUT = (220.0, 1.0)  # TraceLab output median 184-252 (4.1)
-CODING_RATE_PER_S = 0.1  # ASSUMPTION: new sessions/s on 1P1D (~2 LLM calls/s)
-CODING_CONVERSATIONS = 400
+# Fitted from the AgentX / Weka kv-cache-tester sample (../shared/external_traces/agentx_weka, SOURCE.md: 50
+# real Claude Code sessions, 4,118 requests, 5 sub-agents; sessions are the 50 main agents and 5 sub-agents):
+# kvplan.traces.weka_stats.coding_agent_fit, printed by benchmarks/derive_agentx_preset.py and re-derived by
+# tests/test_weka.py. Lognormals are given by (p50, p90) of the sample.
+CODING_TOOL_SHARE = 0.797  # 79.7% of follow-ups answer a tool result (input_types), the rest a user message
+CODING_TOOL_P50_S, CODING_TOOL_P90_S = 10.0, 102.0  # think_time after a tool call: p50 10 s, p90 102 s
+CODING_HUMAN_P50_S, CODING_HUMAN_P90_S = 129.0, 3106.0  # think_time before a user message: p50 129 s, p90 52 min
+CODING_TURNS = (3, 4, 4, 4, 4, 4, 5, 6, 7, 7, 10, 12, 18, 18, 19, 19, 20, 21, 21, 24, 24, 28, 29, 34, 35, 36, 47, 57,
+                62, 64, 67, 68, 68, 71, 71, 89, 95, 96, 99, 103, 123, 130, 136, 136, 144, 148, 152, 163, 189, 196,
+                201, 210, 219, 226, 272)  # requests per session (the 55 sessions; mean 74.9)
+CODING_FIRST_PROMPT = (19641.0, 161541.0)  # first request's input: p50 19.6k, p90 162k (resumed sessions)
+CODING_APPEND = (280.0, 3019.0)  # new tokens per follow-up (in - previous in - previous out; compactions out)
+CODING_OUTPUT = (218.0, 937.0)  # output tokens p50 218, p90 937 (SOURCE.md)
+CODING_SHARED_PREFIX = 11899  # median tool_tokens: the tool definitions every session of the agent starts with
+# (ASSUMPTION: equal across sessions of one agent version; the system prompt, median 2,765, carries
+# per-session details); the sample's follow-ups repeat 97.6% of their prompt (hash prefixes) and 1.7% are
+# compactions, so history stays verbatim
+CODING_RATE_PER_S = 0.005  # ASSUMPTION (the traces are independent captures, no arrival process): new
+# sessions/s, ~0.4 LLM calls/s at 74.9 requests per session; on 1P1D qwen3-32b (contexts cut at 40,960) D's
+# pinned peak stays under 10% of the pool; GLM-5-FP8's 285k-token pool per p5en node holds ~2 such sessions
+CODING_CONVERSATIONS = 100
 
 # --- tool agent --------------------------------------------------------------------------------------------
 TOOL_MEAN_STEPS = 8.0  # BFCL 6.3, SWE-bench/mini-swe-agent 10.9 turns per task (WORKLOADS.md 4.4, 5)
@@ -158,11 +168,12 @@ def _coding(rate: float, conversations: int) -> dict[str, Any]:
     return {
         "conversations": conversations,
         "arrival": {"kind": "poisson", "rate_per_s": rate},
-        "turns": _empirical(geometric_turns_sample(1 - 1 / CODING_MEAN_STEPS, CODING_MAX_STEPS)),
-        "prefix_tokens": _lognormal(*CODING_FIRST_PROMPT),
-        "user_tokens": _lognormal(*CODING_APPEND),
-        "output_tokens": _lognormal(*CODING_OUTPUT),
+        "turns": _empirical(tuple(float(t) for t in CODING_TURNS)),
+        "prefix_tokens": _lognormal(CODING_FIRST_PROMPT[0], sigma_from_p50_p90(*CODING_FIRST_PROMPT)),
+        "user_tokens": _lognormal(CODING_APPEND[0], sigma_from_p50_p90(*CODING_APPEND)),
+        "output_tokens": _lognormal(CODING_OUTPUT[0], sigma_from_p50_p90(*CODING_OUTPUT)),
         "turn_gap_s": _empirical(gaps),
+        "shared_prefix_tokens": CODING_SHARED_PREFIX,
     }
 
 
@@ -191,8 +202,9 @@ PRESETS: dict[str, PresetInfo] = {
         CHAT_CONVERSATIONS, ("Mooncake FAST'25 conversation trace (computed)", "RAGPulse", "Azure LLM 2023", "LMSYS"),
     ),
     "coding-agent": PresetInfo(
-        "coding-agent", "coding agent: 90% sub-minute tool gaps, 10% human waits, long growing contexts",
-        CODING_RATE_PER_S, CODING_CONVERSATIONS, ("TraceLab (published)", "Copilot coding agent 2026 dataset card"),
+        "coding-agent", "coding agent (AgentX sample): 80% tool gaps (p50 10 s), 20% user waits, contexts to 200k, "
+        "a shared tool prefix", CODING_RATE_PER_S, CODING_CONVERSATIONS,
+        ("AgentX / Weka kv-cache-tester traces (50 real Claude Code sessions, external_traces/agentx_weka)",),
     ),
     "tool-agent": PresetInfo(
         "tool-agent", "headless function-calling agent: ~8 steps with ~1 s tool gaps", TOOL_RATE_PER_S,

@@ -7,6 +7,8 @@ from kvplan.sim.router import KVParams
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
 P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
 HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
+#: ``Request.reuse`` when the prompt repeats the conversation's whole previous context (verbatim history)
+REUSE_ALL = 1 << 62
 
 
 class Request:
@@ -45,6 +47,7 @@ class Request:
         "p_lease_expiry",
         "p_tracked",
         "p_lapsed",
+        "reuse",
     )
 
     def __init__(
@@ -84,3 +87,6 @@ class Request:
         self.p_lease_expiry = 0.0  # P's initial lease deadline
         self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
         self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
+        # tokens of the conversation's previous context (prompt + output) this prompt repeats token for token
+        # (sim/history.py: workload.history, or a weka trace's hash prefix); REUSE_ALL = all of it
+        self.reuse = REUSE_ALL

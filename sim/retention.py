@@ -19,7 +19,7 @@ from collections.abc import Iterator
 class Pin:
     """Blocks a finished request keeps for a possible D->P read."""
 
-    __slots__ = ("conv", "tokens", "blocks", "expiry_s", "reading")
+    __slots__ = ("conv", "tokens", "blocks", "expiry_s", "reading", "shared")
 
     def __init__(self, conv: int, tokens: int, blocks: int, expiry_s: float) -> None:
         self.conv = conv
@@ -27,6 +27,7 @@ class Pin:
         self.blocks = blocks
         self.expiry_s = expiry_s
         self.reading = False
+        self.shared = 0  # tokens of a shared prefix (sim/shared.py) pinned once for the group, not in ``blocks``
 
 
 class Retention:

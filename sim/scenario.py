@@ -198,6 +198,10 @@ class Deployment(_Frozen):
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+    max_model_len: int | None = Field(
+        default=None, ge=2, le=MAX_TOKENS, description="vLLM --max-model-len: context limit of this deployment (default: "
+        "the model's; at most it). Requests beyond it are cut (synthetic) or skipped/truncated (traces).",
+    )
     kv_watermark: float = Field(
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
@@ -276,9 +280,14 @@ Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kin
 class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
-    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL or CSV).")
-    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"] | None = Field(
-        default=None, description="Trace format (default: detected from the content)."
+    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV, weka JSON) "
+                      "or a directory of weka files.")
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
+        default=None, description="Trace format (default: detected from the content; a directory is weka)."
+    )
+    timing: Literal["think", "original"] | None = Field(
+        default=None, description="weka only: think (default) sends each request think_time after the previous "
+        "answer; original replays every request at its recorded t."
     )
     time_scale: float = Field(
         default=1.0, ge=1e-6, le=MAX_TIME_SCALE, description="Speed-up of arrivals (2 = twice as fast)."
@@ -287,6 +296,10 @@ class TraceSource(_Frozen):
     sample_sessions: float | None = Field(default=None, gt=0, le=1, description="Fraction of sessions to keep.")
     overlong: Literal["skip", "truncate"] = Field(
         default="skip", description="Requests beyond the model's context limit: skip or truncate (counted)."
+    )
+    shared_prefix: bool | None = Field(
+        default=None, description="weka only: sessions with the same tool_tokens and system_tokens share those "
+        "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
     )
 
     @model_validator(mode="after")
@@ -313,6 +326,34 @@ class Workload(_Frozen):
     trace: TraceSource | None = Field(
         default=None, description="Replay a trace instead: replaces every synthetic field above."
     )
+    history: Literal["verbatim", "prompt_only", "partial"] | None = Field(
+        default=None, description="What of the previous turn the next prompt repeats token for token (sim/history.py): "
+        "verbatim (default: prompt and output), prompt_only (the output is re-rendered, e.g. reasoning dropped) or "
+        "partial (the first history_kept_share of the previous context).",
+    )
+    history_kept_share: float | None = Field(
+        default=None, ge=0, le=1, description="history: partial only: share of the previous context (prompt + output) "
+        "the next prompt repeats as its prefix.",
+    )
+
+    shared_prefix_tokens: int | None = Field(
+        default=None, ge=0, le=MAX_TOKENS, description="Tokens at the start of every conversation's first prompt "
+        "(within prefix_tokens) that all conversations of a group share (system prompt, tool definitions): computed, "
+        "stored and pinned once per node (sim/shared.py).",
+    )
+    shared_prefix_groups: int | None = Field(
+        default=None, ge=1, le=MAX_CONVERSATIONS, description="Groups sharing a prefix each (conversation c in "
+        "group c mod groups; default 1: one prefix shared by all).",
+    )
+
+    @model_validator(mode="after")
+    def _history(self) -> Workload:
+        if self.shared_prefix_groups is not None and self.shared_prefix_tokens is None:
+            raise ValueError("shared_prefix_groups needs shared_prefix_tokens (the tokens each group shares)")
+        if (self.history == "partial") != (self.history_kept_share is not None):
+            raise ValueError("history_kept_share goes with history: partial, and history: partial needs it "
+                             "(e.g. history_kept_share: 0.5)")
+        return self
 
     @model_validator(mode="after")
     def _sizes(self) -> Workload:

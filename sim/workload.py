@@ -9,7 +9,7 @@ Drawing everything vectorised up front is also what keeps the simulator fast.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
+from kvplan.sim.history import combine_reuse, history_reuse
 from kvplan.sim.scenario import (
     MAX_EMPIRICAL_VALUES,
     MAX_SIM_TIME_S,
@@ -127,6 +128,12 @@ class ConversationPlan:
     truncated_conversations: int
     arrival_s: np.ndarray | None = None  # per-turn arrival times (trace replay: open loop on the trace clock)
     trace_report: dict[str, Any] | None = None
+    # per turn: tokens of the previous turn's context (prompt + output) the prompt repeats token for token
+    # (sim/history.py); None = all of it (verbatim history)
+    reuse_tokens: np.ndarray | None = None
+    # per conversation: its shared-prefix group (-1: none) and its tokens of that prefix (sim/shared.py)
+    shared_group: np.ndarray | None = None
+    shared_tokens: np.ndarray | None = None
 
     @property
     def total_turns(self) -> int:
@@ -142,7 +149,14 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     last turn that fits; the count is reported as ``truncated_conversations``, never silently.
     """
     if workload.trace is not None:
-        return plan_from_trace(workload.trace, seed, max_model_len)
+        plan = plan_from_trace(workload.trace, seed, max_model_len)
+        if workload.history is not None:
+            reuse = history_reuse(workload, plan.prompt_tokens, plan.output_tokens, plan.offsets)
+            plan = replace(plan, reuse_tokens=combine_reuse(plan.reuse_tokens, reuse))
+        if workload.shared_prefix_tokens is not None:
+            group, shared = shared_groups(workload, plan.prompt_tokens[plan.offsets[:-1]])
+            plan = replace(plan, shared_group=group, shared_tokens=shared)
+        return plan
     seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
     rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
     n = workload.conversations
@@ -198,15 +212,30 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         turns = keep_turns
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(turns, out=offsets[1:])
+    prompt, out = prompt.astype(np.int64), out.astype(np.int64)
+    group, shared = shared_groups(workload, prefix)
     return ConversationPlan(
         start_s=start,
         turns=turns,
         offsets=offsets,
-        prompt_tokens=prompt.astype(np.int64),
-        output_tokens=out.astype(np.int64),
+        prompt_tokens=prompt,
+        output_tokens=out,
         gap_s=gaps.astype(float),
         truncated_conversations=truncated,
+        reuse_tokens=history_reuse(workload, prompt, out, offsets),
+        shared_group=group,
+        shared_tokens=shared,
     )
+
+
+def shared_groups(workload: Workload, prefix: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``shared_group`` / ``shared_tokens`` of the plan (sim/shared.py): conversation ``c`` in group
+    ``c mod shared_prefix_groups``, sharing ``min(shared_prefix_tokens, its prefix)`` tokens; nothing without them."""
+    if workload.shared_prefix_tokens is None:
+        return None, None
+    groups = workload.shared_prefix_groups or 1
+    return (np.arange(len(prefix), dtype=np.int64) % groups,
+            np.minimum(np.asarray(prefix, dtype=np.int64), workload.shared_prefix_tokens))
 
 
 def _tokens(x: np.ndarray, low: int) -> np.ndarray:
@@ -236,10 +265,18 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     with ``input + output`` above ``max_model_len`` are skipped or truncated as ``source.overlong`` says,
     and counted in ``trace_report``. ``seed`` only drives session sampling.
     """
-    from kvplan.traces.readers import load_trace
+    from kvplan.traces.readers import detect_trace_format, load_trace
     from kvplan.traces.select import select
 
-    trace = load_trace(source.path, source.format)
+    fmt = source.format if source.format is not None else detect_trace_format(source.path)
+    if fmt == "weka":
+        from kvplan.sim.weka_plan import plan_from_weka
+
+        return plan_from_weka(source, seed, max_model_len)
+    if source.timing is not None:
+        raise input_error(f"workload.trace '{source.path}': timing", f"applies to format weka only, not {fmt}",
+                          "remove it (other formats replay their own clock)")
+    trace = load_trace(source.path, fmt)
     sel, report = select(
         trace,
         time_scale=source.time_scale,

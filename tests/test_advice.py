@@ -186,11 +186,12 @@ def test_presets_match_their_sources() -> None:
     code_gap = preset_scenario("coding-agent").workload.turn_gap_s
     assert isinstance(code_gap, Empirical)
     code = np.array(code_gap.values)
-    # mixture 0.9 x lognormal(p50 0.3 s, p90 14 s) + 0.1 x lognormal(p50 90 s, p90 1200 s), capped at 1 h
-    tool = stats.lognorm(s=math.log(14 / 0.3) / 1.2816, scale=0.3)
-    human = stats.lognorm(s=math.log(1200 / 90) / 1.2816, scale=90)
-    for x in (0.3, 14.0, 90.0, 1200.0):
-        assert np.mean(code <= x) == pytest.approx(0.9 * tool.cdf(x) + 0.1 * human.cdf(x), abs=0.005)
+    # AgentX sample: mixture 0.797 x lognormal(p50 10 s, p90 102 s) + 0.203 x lognormal(p50 129 s, p90 3106 s),
+    # capped at 1 h
+    tool = stats.lognorm(s=math.log(102 / 10) / 1.2816, scale=10)
+    human = stats.lognorm(s=math.log(3106 / 129) / 1.2816, scale=129)
+    for x in (10.0, 102.0, 129.0, 1200.0):
+        assert np.mean(code <= x) == pytest.approx(0.797 * tool.cdf(x) + 0.203 * human.cdf(x), abs=0.005)
     assert code.max() == 3600.0
     # deterministic across processes (no unseeded randomness, no dependence on hash randomisation): a fresh
     # interpreter with another PYTHONHASHSEED builds byte-identical presets

@@ -56,6 +56,14 @@ def _scenarios() -> dict[str, dict[str, Any]]:
         ),
         "aggregated": small(deployment={"mode": "aggregated", "replicas": 2, "max_num_seqs": 64,
                                         "prefill_prefix_caching": True}),
+        # issue 21: hash-prefix reuse, sub-agents and shared prefixes of a weka trace; history and shared prefix
+        "weka_shared_prefix": {"policy": {"bidirectional": True},
+                               "workload": {"trace": {"path": str(TRACES / "weka_small.json"), "shared_prefix": True}}},
+        "history_shared_prefix": small(
+            deployment={**two, "max_num_seqs": 64},
+            workload={**small()["workload"], "history": "prompt_only", "shared_prefix_tokens": 1500,
+                      "shared_prefix_groups": 3},
+        ),
     }
 
 

@@ -320,6 +320,8 @@ def _read_lmbench(text: str, label: str) -> pd.DataFrame:
 def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> TraceFormat:
     """Guess the format of a trace file from its first record (see the module docstring)."""
     label = os.fspath(path)
+    if os.path.isdir(path):
+        return "weka"  # a folder of kv-cache-tester traces (the only format read from a directory)
     check_file(path, max_bytes)
     with open(path, "rb") as fh:
         head = fh.read(65536).decode("utf-8-sig", errors="replace")
@@ -337,6 +339,8 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
                 return "ragpulse"
             if {"timestamp", "input_length", "hash_ids"} <= obj.keys():
                 return "mooncake"
+        if _looks_weka(stripped):
+            return "weka"
     else:
         header = tuple(c.strip() for c in first.split(","))
         known: dict[tuple[str, ...], TraceFormat] = {CSV_HEADER: "csv", AZURE_HEADER: "azure", LMBENCH_HEADER: "lmbench"}
@@ -350,6 +354,11 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         "output_length, hash_ids), RAGPulse JSONL (with session_id) or a multi-turn stats JSON array; or set "
         "the format (workload.trace.format, --format)",
     )
+
+
+def _looks_weka(head: str) -> bool:
+    """A kv-cache-tester trace: one JSON object (often one long line) with a ``requests`` list of hashed requests."""
+    return '"requests"' in head and ('"hash_ids"' in head or '"block_size"' in head)
 
 
 def load_trace(
@@ -372,6 +381,10 @@ def load_trace(
         raise input_error(label, f"unknown trace format {fmt!r}", f"use one of {', '.join(TRACE_FORMATS)}")
     if on_clock_restart not in ("sort", "append"):
         raise input_error(label, f"on_clock_restart is {on_clock_restart!r}", "use 'sort' or 'append'")
+    if fmt == "weka":
+        from kvplan.traces.weka import read_weka, to_trace
+
+        return to_trace(read_weka(path, max_bytes))
     text, digest = _read_source(path, max_bytes)
     linking: dict[str, Any] | None = None
     notes: dict[str, Any] = {}

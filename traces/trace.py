@@ -17,7 +17,7 @@ import pandas as pd
 from kvplan.errors import input_error
 from kvplan.inputfile import _short, decode_text, read_bytes
 
-TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"]
+TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
 
 #: Tokens per Mooncake hash block (FAST'25 traces).

@@ -1,0 +1,247 @@
+"""The weka trace format (AgentX / Weka kv-cache-tester coding-agent sessions): reading, reuse from hash
+prefixes, sub-agents, replay timing, the context limit, malformed input, and the replay of the shared sample.
+
+``tests/data/traces/weka_small.json`` is hand-built (its README lists the expected reuse of every request);
+the 50 real traces in ``../shared/external_traces/agentx_weka`` are skipped when absent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+from conftest import need_shared
+
+from kvplan.errors import KvplanInputError
+from kvplan.sim.api import run
+from kvplan.sim.scenario import TraceSource
+from kvplan.sim.weka_plan import plan_from_weka
+from kvplan.traces.readers import detect_trace_format, load_trace
+from kvplan.traces.weka import read_weka, session_reuse
+
+DATA = Path(__file__).resolve().parent / "data" / "traces"
+SMALL = DATA / "weka_small.json"
+
+
+def test_small_file_sessions_reuse_and_subagent() -> None:
+    tr = read_weka(SMALL)
+    assert [s.name for s in tr.sessions] == ["synthetic_agent", "synthetic_agent/agent_001"]
+    assert [s.start_s for s in tr.sessions] == [0.0, 12.0]  # the sub-agent starts at its marker
+    assert [s.shared_tokens for s in tr.sessions] == [1280, 600]
+    assert tr.session.tolist() == [0, 0, 0, 0, 0, 1, 1]
+    reuse, lcp = session_reuse(tr)
+    # extended with room for the output; all blocks but no room; compaction; extended; sub-agent extended
+    assert reuse.tolist() == [0, 1300 + 100, 25 * 64, 5 * 64, 900 + 80, 0, 700 + 50]
+    assert lcp.tolist() == [0, 20, 25, 5, 14, 0, 10]
+    no_out, _ = session_reuse(tr, with_output=False)
+    assert no_out.tolist() == [0, 20 * 64, 25 * 64, 5 * 64, 14 * 64, 0, 10 * 64]
+
+
+def test_detect_and_common_frame() -> None:
+    assert detect_trace_format(SMALL) == "weka"
+    assert detect_trace_format(DATA) == "weka"  # a directory is a folder of weka files
+    tr = load_trace(SMALL)
+    df = tr.requests
+    assert tr.format == "weka" and tr.n_requests == 7 and tr.n_sessions == 2
+    assert df["arrival_s"].is_monotonic_increasing
+    sub = df[df["session_id"] == "synthetic_agent/agent_001"]
+    assert sub["arrival_s"].tolist() == [12.0, 15.0] and sub["turn"].tolist() == [1, 2]
+    assert df["service_s"].iloc[0] == 2.0  # api_time
+
+
+def test_plan_think_timing_and_original() -> None:
+    plan = plan_from_weka(TraceSource(path=str(SMALL)), 0, 40960)
+    assert plan.turns.tolist() == [5, 2] and plan.start_s.tolist() == [0.0, 12.0]
+    # gap after turn i = the next request's think_time (none after a conversation's last turn)
+    assert plan.gap_s.tolist() == [8.0, 15.0, 18.0, 8.0, 0.0, 2.0, 0.0]
+    assert plan.arrival_s is None and plan.reuse_tokens is not None
+    assert plan.reuse_tokens.tolist() == [0, 1400, 1600, 320, 980, 0, 750]
+    orig = plan_from_weka(TraceSource(path=str(SMALL), timing="original", time_scale=2), 0, 40960)
+    assert orig.arrival_s is not None
+    assert orig.arrival_s.tolist() == [0.0, 5.0, 15.0, 25.0, 30.0, 6.0, 7.5]  # (start + t) / time_scale
+    rep = plan.trace_report
+    assert rep is not None and rep["requests_replayed"] + rep["skipped_overlong"] == rep["input_requests"] == 7
+    assert rep["hash_recompute_tokens"] == {"with_previous_output": 2000 + 200 + 100 + 580 + 120 + 150,
+                                            "without_previous_output": 2000 + 320 + 100 + 580 + 204 + 260}
+
+
+def test_context_limit_skips_or_truncates_and_counts() -> None:
+    skip = plan_from_weka(TraceSource(path=str(SMALL)), 0, 1700)
+    rep = skip.trace_report
+    assert rep is not None and rep["skipped_overlong"] == 2  # 1600 + 120 and 1700 + 50 exceed 1,700
+    assert skip.prompt_tokens.tolist() == [1300, 900, 1100, 700, 900]
+    # reuse against the previous *kept* request; the skipped requests' think + API time join the next gap
+    assert skip.reuse_tokens is not None and skip.reuse_tokens.tolist() == [0, 320, 980, 0, 750]
+    assert skip.gap_s.tolist()[0] == 8.0 + 2.0 + 15.0 + 2.0 + 18.0
+    cut = plan_from_weka(TraceSource(path=str(SMALL), overlong="truncate"), 0, 1700)
+    assert cut.trace_report is not None and cut.trace_report["truncated_overlong"] == 2
+    assert cut.prompt_tokens.tolist()[1:3] == [1580, 1650]
+    assert (cut.prompt_tokens + cut.output_tokens <= 1700).all()
+
+
+def _write(tmp: Path, obj: Any, name: str = "t.json") -> Path:
+    p = tmp / name
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return p
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["requests"][0].pop("in"), "missing field 'in'"),
+    (lambda d: d["requests"][0].update(hash_ids=[1, 2]), "field 'hash_ids' has 2 ids"),
+    (lambda d: d["requests"][0].update(hash_ids=[1.5] * 20), "integer ids"),
+    (lambda d: d["requests"][1].update(t=-1.0), "field 't'"),
+    (lambda d: d.update(block_size=16), "block_size"),
+    (lambda d: d["requests"][0].update(think_time="x"), "think_time"),
+    (lambda d: d.update(requests={}), "not a list"),
+])
+def test_malformed_is_one_line(tmp_path: Path, mutate: Any, needle: str) -> None:
+    doc = json.loads(SMALL.read_text())
+    mutate(doc)
+    with pytest.raises(KvplanInputError) as exc:
+        read_weka(_write(tmp_path, doc))
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bounds_depth_json_and_empty_dir(tmp_path: Path) -> None:
+    deep: dict[str, Any] = {"t": 0.0, "type": "subagent", "requests": []}
+    node = deep
+    for _ in range(12):
+        child: dict[str, Any] = {"t": 0.0, "type": "subagent", "requests": []}
+        node["requests"].append(child)
+        node = child
+    with pytest.raises(KvplanInputError, match="nested more than"):
+        read_weka(_write(tmp_path, {"id": "x", "requests": [deep]}))
+    with pytest.raises(KvplanInputError, match="not valid JSON"):
+        read_weka(_write(tmp_path, '{"id": "x", "requests": [', "bad.json"))
+    with pytest.raises(KvplanInputError, match="not a JSON object"):
+        read_weka(_write(tmp_path, "[1, 2]", "list.json"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(KvplanInputError, match="no \\*.json"):
+        read_weka(empty)
+    with pytest.raises(KvplanInputError, match="larger than"):
+        read_weka(SMALL, max_bytes=100)
+
+
+def test_timing_refused_for_other_formats() -> None:
+    sc = {"workload": {"trace": {"path": str(DATA / "sessions_small.csv"), "timing": "think"}}}
+    with pytest.raises(KvplanInputError, match="weka only"):
+        run(sc)
+
+
+def _replay(path: Path, **trace: Any) -> dict[str, Any]:
+    sc = {"model": "qwen3-32b", "hardware": "p5en", "policy": {"bidirectional": True},
+          "deployment": {"prefill_prefix_caching": False},
+          "workload": {"trace": {"path": str(path), "format": "weka", **trace}}}
+    return run(sc).summary
+
+
+def test_replay_small_every_request_a_turn_and_reuse_capped_by_hashes() -> None:
+    s = _replay(SMALL)
+    assert s["turns"] == 7 and s["conversations"] == 2
+    # P caching off, TTL 480 s > every gap: every follow-up pulls min(D's context (prompt + output - 1), what the
+    # hashes say it repeats); the first turns and the rest are recomputed
+    assert s["decisions"].get("pull", 0) == 5
+    assert s["pulled_tokens"] == 1399 + 1600 + 320 + 979 + 749
+    assert s["recomputed_tokens"] == 1300 + (1600 - 1399) + (1700 - 1600) + (900 - 320) + (1100 - 979) + 700 + (900 - 749)
+
+
+# --- the shared AgentX sample ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agentx() -> Path:
+    return need_shared("external_traces/agentx_weka")
+
+
+def test_shared_every_request_is_a_turn_or_counted(agentx: Path) -> None:
+    tr = read_weka(agentx)
+    assert len(tr.files) == 50 and tr.n_requests == 4118  # SOURCE.md: 4,118 requests
+    subs = [i for i, s in enumerate(tr.sessions) if s.parent >= 0]
+    assert len(subs) == 5  # SOURCE.md: 5 sub-agent groups
+    cases: tuple[tuple[int, Literal["skip", "truncate"]], ...] = ((202752, "skip"), (40960, "truncate"), (40960, "skip"))
+    for limit, overlong in cases:
+        plan = plan_from_weka(TraceSource(path=str(agentx), overlong=overlong), 0, limit)
+        rep = plan.trace_report
+        assert rep is not None
+        assert rep["requests_replayed"] + rep["skipped_overlong"] == 4118
+        assert (plan.prompt_tokens + plan.output_tokens <= limit).all()
+        if overlong == "truncate":
+            assert rep["requests_replayed"] == 4118 and rep["truncated_overlong"] > 0
+    # sub-agent requests are conversations of their own
+    plan = plan_from_weka(TraceSource(path=str(agentx)), 0, 10**9)
+    assert len(plan.turns) == 55 and plan.total_turns == 4118
+    sizes = sorted(np.bincount(tr.session)[subs].tolist())
+    assert sizes == [5, 6, 7, 10, 12]
+
+
+def test_shared_replay_recomputes_between_hash_bounds(agentx: Path) -> None:
+    """GLM-5-FP8 on p5en, a TTL (and router TTL) longer than every gap, enough nodes that nothing saturates:
+    the recomputed tokens lie between the hash bounds (reuse with and without the previous output), +-10%."""
+    sc = {"model": "glm-5-fp8", "hardware": "p5en",
+          "deployment": {"prefill_nodes": 64, "decode_nodes": 64, "routing": "session_affinity"},
+          "policy": {"bidirectional": True, "decoder_kv_blocks_ttl_s": 50000, "router_ttl_s": 50000,
+                     "kv_load_failure_policy": "recompute"},
+          "workload": {"trace": {"path": str(agentx), "format": "weka"}}}
+    s = run(sc).summary
+    lo = s["trace"]["hash_recompute_tokens"]["with_previous_output"]
+    hi = s["trace"]["hash_recompute_tokens"]["without_previous_output"]
+    assert lo < hi
+    assert 0.9 * lo <= s["recomputed_tokens"] <= 1.1 * hi
+    assert s["errors"] == 0 and s["hit_rate"] == 1.0
+
+
+def test_workload_show_agentic_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvplan.app.cli import main
+
+    assert main(["workload", "show", str(SMALL), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["weka"]
+    assert st["sessions"] == 2 and st["subagent_sessions"] == 1 and st["requests"] == 7
+    assert st["compactions"] == 1 and st["compaction_kept_tokens"]["p50"] == 320.0  # request 4 keeps 5 blocks
+    # reuse share: hash-prefix reuse over the follow-ups' prompt tokens
+    assert st["reuse_share"] == pytest.approx((1400 + 1600 + 320 + 980 + 750) / (1600 + 1700 + 900 + 1100 + 900))
+    assert st["think_time_s"]["p50"] == 8.0  # follow-ups' think times 8, 15, 18, 8, 2
+    growth = st["growth_tokens_per_request"]  # non-compaction follow-ups: +300, +100, +200 (main), +200 (sub)
+    assert growth["n"] == 4 and growth["p50"] == 200.0
+    assert [r["compactions"] for r in st["per_session"]] == [1, 0]
+    assert main(["workload", "show", str(SMALL)]) == 0
+    out = capsys.readouterr().out
+    assert "compaction events" in out and "synthetic_agent/agent_001" in out
+
+
+def test_coding_agent_preset_is_the_agentx_fit(agentx: Path) -> None:
+    """The coding-agent preset's constants are what kvplan.traces.weka_stats.coding_agent_fit gives on the sample."""
+    from kvplan.sim import presets as P
+    from kvplan.traces.weka_stats import coding_agent_fit
+
+    fit = coding_agent_fit(read_weka(agentx))
+    assert fit["tool_gap_share"] == pytest.approx(P.CODING_TOOL_SHARE, abs=5e-4)
+    assert fit["tool_gap_p50_p90_s"] == pytest.approx((P.CODING_TOOL_P50_S, P.CODING_TOOL_P90_S), abs=0.5)
+    assert fit["user_gap_p50_p90_s"] == pytest.approx((P.CODING_HUMAN_P50_S, P.CODING_HUMAN_P90_S), abs=0.5)
+    assert fit["first_prompt_p50_p90"] == pytest.approx(P.CODING_FIRST_PROMPT, abs=0.5)
+    assert fit["new_tokens_p50_p90"] == pytest.approx(P.CODING_APPEND, abs=0.5)
+    assert fit["output_p50_p90"] == pytest.approx(P.CODING_OUTPUT, abs=0.5)
+    assert tuple(fit["turns"]) == P.CODING_TURNS
+    assert fit["shared_prefix_tokens"] == P.CODING_SHARED_PREFIX
+
+
+def test_max_model_len_per_scenario() -> None:
+    sc = {"model": "qwen3-32b", "deployment": {"max_model_len": 1650},
+          "workload": {"trace": {"path": str(SMALL)}}}
+    s = run(sc).summary
+    assert s["turns"] == 5 and s["trace"]["skipped_overlong"] == 2  # 1600 + 120 and 1700 + 50 > 1,650
+    with pytest.raises(KvplanInputError, match="max_model_len"):
+        run({"model": "qwen3-32b", "deployment": {"max_model_len": 100000}})
+
+
+def test_directory_replays_every_file_with_distinct_sessions(tmp_path: Path) -> None:
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    (tmp_path / "notes.txt").write_text("not a trace")  # only *.json files are read
+    tr = load_trace(tmp_path)
+    assert tr.n_requests == 14 and tr.n_sessions == 4
+    s = run({"policy": {"bidirectional": True}, "workload": {"trace": {"path": str(tmp_path)}}}).summary
+    assert s["turns"] == 14 and s["conversations"] == 4 and s["trace"]["files"] == 2

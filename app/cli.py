@@ -6,7 +6,11 @@ never a traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import typer
 
@@ -59,8 +63,43 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, so that a run ends like on Ctrl-C (clean-up included)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextmanager
+def _signals_end_like_sigint() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
+    saved: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                saved[sig] = signal.signal(sig, _raise_terminated)
+    except ValueError:  # not the main thread: leave the handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
+    """Console-script entry point. SIGINT, SIGTERM and SIGHUP end a run the same way: its temporary files
+    are removed, nothing half-written is left, and the exit status is 128 + the signal's number."""
+    with _signals_end_like_sigint():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command
         rv = app(args=argv, standalone_mode=False)
@@ -79,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
         typer.echo(f"error: cannot access{where}: {exc.strerror or exc}", err=True)
         return 2
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT)
+        typer.echo(f"interrupted ({signal.Signals(signum).name})", err=True)
+        return 128 + signum
     except Exception as exc:
         # click usage errors (typer vendors click, so match by behaviour rather than by class)
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)

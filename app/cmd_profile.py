@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
         model_config: str | None = typer.Option(
             None, "--model-config", help="Directory with a Hugging Face config.json (for models aiconfigurator lacks)."
         ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.calibration.derive import arch_from_hf_config, check_model_config, check_tp, derive_prior, require_aic
@@ -40,10 +43,13 @@ def register(app: typer.Typer) -> None:
             arch = get_model(model)
         g = get_gpu(gpu)
         check_tp(arch, tp)
-        check_output_file(out, "--out")
+        from pathlib import Path
+
+        inputs = [Path(model_config) / "config.json"] if model_config is not None else []
+        check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)
         require_aic()
         d = derive_prior(arch, g, tp, model_path=model_config)
-        save_profile(d.profile, out)
+        save_profile(d.profile, out, overwrite=overwrite, inputs=inputs)
         fr = d.profile.fit_report
         typer.echo(f"wrote {out}: {d.profile.name}, {len(d.prefill)} prefill and {len(d.decode)} decode points, max "
                    f"|error| prefill {fr['prefill_max_abs_rel_error']:.1%}, decode {fr['decode_max_abs_rel_error']:.1%}")

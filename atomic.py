@@ -56,6 +56,11 @@ def _rename(src: PathLike, dst: PathLike) -> None:
     os.replace(src, dst)
 
 
+def _rename_new_dir(src: PathLike, dst: PathLike) -> None:
+    """``os.rename`` of a complete new result directory onto a path that must not exist yet."""
+    os.rename(src, dst)
+
+
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
     """Hold SIGINT/SIGTERM/SIGHUP back while the block runs (a commit step): they are delivered after it."""

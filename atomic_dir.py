@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -30,10 +31,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import kvplan.atomic as _atomic
 from kvplan.atomic import (
     RESULT_MANIFEST,
     PathLike,
-    _rename,
     bytes_digest,
     deferred_signals,
     file_digest,
@@ -48,6 +49,7 @@ from kvplan.errors import input_error
 JOURNAL = ".kvplan-commit.json"
 STAGE_MARK = ".kvplan-staging"
 _STAGE = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.stream$")
+_LOCK = re.compile(r"^\.(?P<name>.+)\.kvplan-lock$")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 Entries = dict[str, dict[str, Any]]
@@ -132,13 +134,20 @@ class ResultDirLock:
 
 def clean_stale_stages(parent: Path, own: str | None = None) -> list[str]:
     """Remove kvplan staging folders in ``parent`` left by killed runs (their directory's lock is free, or it
-    is ``own``'s, whose lock the caller holds). Returns the names removed."""
+    is ``own``'s, whose lock the caller holds), and free lock files of killed runs. Returns the folders removed."""
     removed: list[str] = []
     try:
         entries = list(os.scandir(parent))
     except OSError:
         return removed
     for e in entries:
+        lk = _LOCK.match(e.name)
+        if lk and lk["name"] != own and e.is_file(follow_symlinks=False):
+            other = ResultDirLock(parent / lk["name"])
+            with contextlib.suppress(Exception):
+                if other.try_acquire():
+                    other.release()  # a lock file left by a killed run: removed with the lock
+            continue
         m = _STAGE.match(e.name)
         if not m or not e.is_dir(follow_symlinks=False) or not os.path.isfile(os.path.join(e.path, STAGE_MARK)):
             continue
@@ -238,7 +247,7 @@ def recover(p: Path) -> str | None:
                 (p / n).unlink()  # a new file already in place: not part of the old result
         for n, a in aside.items():
             if matches(p / a, [old[n]]) and not os.path.lexists(p / n):
-                _rename(p / a, p / n)
+                _atomic._rename(p / a, p / n)
         if old:
             write_record(p / RESULT_MANIFEST, {"writer": "kvplan", "files": old})
     _clean_temps(p, set(old) | set(new) | {RESULT_MANIFEST, JOURNAL})
@@ -379,11 +388,11 @@ def _commit_new(p: Path, staged: dict[str, Path], files: dict[str, bytes], new: 
         os.chmod(build, 0o777 & ~_umask())
         for n, src in staged.items():
             os.chmod(src, mode)
-            _rename(src, build / n)
+            _atomic._rename(src, build / n)
         for n, data in files.items():
             write_new_file(build / n, data, mode=mode)
         write_record(build / RESULT_MANIFEST, {"writer": "kvplan", "files": new})
-        os.rename(build, p)  # fails if someone created ``out`` meanwhile: then nothing is replaced
+        _atomic._rename_new_dir(build, p)  # fails if someone created ``out`` meanwhile: then nothing is replaced
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -397,10 +406,10 @@ def _commit_existing(p: Path, staged: dict[str, Path], files: dict[str, bytes], 
     try:
         (p / RESULT_MANIFEST).unlink(missing_ok=True)
         for n in old:
-            _rename(p / n, p / aside[n])
+            _atomic._rename(p / n, p / aside[n])
         for n, src in staged.items():
             os.chmod(src, mode)
-            _rename(src, p / n)
+            _atomic._rename(src, p / n)
         for n, data in files.items():
             write_new_file(p / n, data, mode=mode)
         write_record(p / RESULT_MANIFEST, {"writer": "kvplan", "files": new})

@@ -71,16 +71,21 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+_RECEIVED: list[int] = []  # signals of this run (typer turns the interrupt into a bare exit status 130)
+
+
 def _raise_terminated(signum: int, _frame: object) -> None:
+    _RECEIVED.append(signum)
     raise Terminated(signum)
 
 
 @contextmanager
 def _signals_end_like_sigint() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
     saved: dict[int, Any] = {}
+    _RECEIVED.clear()
     try:
-        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is not None:
                 saved[sig] = signal.signal(sig, _raise_terminated)
     except ValueError:  # not the main thread: leave the handlers alone
@@ -90,6 +95,13 @@ def _signals_end_like_sigint() -> Iterator[None]:
     finally:
         for sig, old in saved.items():
             signal.signal(sig, old)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """One line on stderr and the exit status 128 + N of the signal (SIGINT, or SIGTERM/SIGHUP)."""
+    signum = exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT)
+    typer.echo(f"interrupted ({signal.Signals(signum).name}): nothing half-written was left", err=True)
+    return 128 + signum
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,12 +115,16 @@ def _main(argv: list[str] | None) -> int:
     try:
         # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command
         rv = app(args=argv, standalone_mode=False)
+        if rv == 130 and _RECEIVED:  # typer's status for any interrupt: give the signal's own
+            return _interrupted(Terminated(_RECEIVED[-1]))
         if isinstance(rv, int) and not isinstance(rv, bool):
             return rv
     except KvplanInputError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
     except typer.Exit as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            return _interrupted(exc.__cause__)
         return int(exc.exit_code or 0)
     except SystemExit as exc:  # pragma: no cover - click may still raise it
         return int(exc.code or 0) if isinstance(exc.code, int) else 2
@@ -119,9 +135,7 @@ def _main(argv: list[str] | None) -> int:
         typer.echo(f"error: cannot access{where}: {exc.strerror or exc}", err=True)
         return 2
     except KeyboardInterrupt as exc:
-        signum = exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT)
-        typer.echo(f"interrupted ({signal.Signals(signum).name})", err=True)
-        return 128 + signum
+        return _interrupted(exc)
     except Exception as exc:
         # click usage errors (typer vendors click, so match by behaviour rather than by class)
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)

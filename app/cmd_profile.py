@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 DERIVE_HELP = """Query aiconfigurator-core (pip install 'kvplan[aic]') for --model on --gpu at --tp over a grid (prefill:
@@ -36,6 +38,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.hardware import get_gpu
         from kvplan.models.profile import save_profile
 
+        inputs = [Path(model_config) / "config.json"] if model_config is not None else []
+        check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
         cfg = check_model_config(model_config) if model_config is not None else None
         if cfg is not None and model not in MODEL_PRESETS:
             arch = arch_from_hf_config(model, cfg)  # a model kvplan has no preset for: its architecture from config.json
@@ -43,10 +47,6 @@ def register(app: typer.Typer) -> None:
             arch = get_model(model)
         g = get_gpu(gpu)
         check_tp(arch, tp)
-        from pathlib import Path
-
-        inputs = [Path(model_config) / "config.json"] if model_config is not None else []
-        check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)
         require_aic()
         d = derive_prior(arch, g, tp, model_path=model_config)
         save_profile(d.profile, out, overwrite=overwrite, inputs=inputs)

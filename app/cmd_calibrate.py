@@ -3,9 +3,9 @@
 Regenerate the shipped profiles (deterministic, ~10 s each; ``benchmarks/bench_calibrate.py`` times it)::
 
     kvplan calibrate --published calibration/data/p5en_published.csv --model qwen3-32b --hardware p5en \\
-        --out models/profiles/p5en-qwen3-32b.json
+        --out models/profiles/p5en-qwen3-32b.json --overwrite
     kvplan calibrate --published calibration/data/p5en_published.csv --model glm-5-fp8 --hardware p5en \\
-        --out models/profiles/p5en-glm-5-fp8.json
+        --out models/profiles/p5en-glm-5-fp8.json --overwrite
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ GRID = {"base": BASE, "axes": {"policy.decoder_kv_blocks_ttl_s": [10, 60, 480], 
 def session_processes(sid: int) -> dict[int, str]:
     """pid -> command line of every live process in session ``sid`` (psutil when installed, else /proc)."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
     except ImportError:
         psutil = None
     found: dict[int, str] = {}

@@ -29,7 +29,7 @@ profile is fitted by simulating the published P5en benchmark instead (how the sh
 
 \b
   kvplan calibrate --published calibration/data/p5en_published.csv --model qwen3-32b --hardware p5en \\
-      --out models/profiles/p5en-qwen3-32b.json
+      --out models/profiles/p5en-qwen3-32b.json --overwrite
 """
 
 

@@ -82,7 +82,13 @@ class ResultDirLock:
             st = os.lstat(self.path)
         except FileNotFoundError:
             return
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 32:
+        ok = stat.S_ISREG(st.st_mode) and st.st_size <= 32
+        if ok:
+            try:
+                ok = re.fullmatch(rb"\d*\n?", self.path.read_bytes()) is not None  # empty, or the pid of a run
+            except OSError:
+                ok = False
+        if not ok:
             raise input_error(f"{self.flag} {self.out}", f"'{self.path}' exists and is not a kvplan lock file",
                               "move it away")
 

@@ -363,3 +363,13 @@ def test_a_signalled_simulate_leaves_nothing_or_is_cleaned_by_the_next_run(tmp_p
         assert code == 128 + sig, err
         assert "interrupted" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_user_file_named_like_a_lock_file_is_never_touched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / ".r.kvplan-lock"
+    mine.write_text("my notes")
+    assert main(["simulate", "--out", str(tmp_path / "r")]) == 2
+    assert "not a kvplan lock file" in capsys.readouterr().err
+    assert main(["simulate", "--out", str(tmp_path / "other")]) == 0  # its stale-lock sweep leaves it alone too
+    assert mine.read_text() == "my notes"
+    assert not (tmp_path / "r").exists()

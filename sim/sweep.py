@@ -318,13 +318,20 @@ def sweep_outputs(out: str | Path) -> list[tuple[str, Path]]:
 
 def check_sweep_outputs(out: str | Path, overwrite: bool = False, inputs: Iterable[Any] = (),
                         extra: Iterable[tuple[str, Any]] = ()) -> None:
-    """Apply the output rule (:func:`kvplan.atomic.check_output_file`) to every file of a sweep, before any work."""
+    """Apply the output rule (:func:`kvplan.atomic.check_output_file`) to every file of a sweep, and refuse a
+    parts directory holding anything kvplan did not write, before any work."""
     inputs = list(inputs)
     outs = [*sweep_outputs(out), *extra]
     check_distinct(outs)
     for flag, p in outs:
         if p is not None:
             check_output_file(p, flag, inputs=inputs, overwrite=overwrite)
+    parts = parts_dir(out)
+    for d in (parts.with_name(f".{parts.name}.done"), parts):
+        stray = foreign_in_parts(d) if os.path.lexists(d) else None
+        if stray is not None:
+            raise input_error(str(parts), f"holds '{stray}', which was not written by kvplan sweep",
+                              "move it away or use another --out")
 
 
 def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str, overwrite: bool = False,

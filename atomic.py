@@ -153,7 +153,11 @@ def locked_dir(directory: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``directory`` itself for the block (writers of one directory take turns)."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:  # a file system without flock on directories (some NFS): the rename is still atomic
+            if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
         yield
     finally:
         os.close(fd)

@@ -1,171 +1,311 @@
-"""Atomic file output: a result file either appears complete or not at all, and user paths are checked first."""
+"""The one output rule of kvplan and its single file writer.
+
+Every file kvplan writes goes through :func:`atomic_write_bytes` (result directories through
+:mod:`kvplan.atomic_dir`, which uses the same pieces). The rule, checked by :func:`check_output_file` before any
+work and again, under a lock, just before the rename:
+
+* the path is a regular file or nothing: never a directory, a device node, a FIFO, a socket or a symbolic
+  link (``os.replace`` would replace the node or the link itself, not write into it);
+* it is never the same file (``st_dev``, ``st_ino``) as any input of the command (each command passes them);
+* an existing file that kvplan did not write is refused unless ``overwrite`` (``--overwrite``).
+
+How kvplan knows it wrote a file: each directory that receives a kvplan output file gets a small ledger,
+``.kvplan-outputs.json``, naming each file kvplan wrote there with the size and sha256 of what it wrote
+(the formats kvplan writes, CSV among them, have no room for a marker of their own). A file is kvplan's only
+while its bytes still match: a file the user edited afterwards, or one a forged ledger names with other
+bytes, is the user's. The ledger is updated under an exclusive ``flock`` of the directory, around the
+rename: the entry accepts the old and the new digest while the rename is under way, then only the new one,
+so a writer killed at any instant never leaves a kvplan file that looks foreign, nor the reverse.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
 import os
+import signal
+import stat
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kvplan.errors import input_error
 
+LEDGER = ".kvplan-outputs.json"
+"""Per-directory record of the single files kvplan wrote there: ``{"files": {name: [{size, sha256}]}}``."""
+MAX_LEDGER_BYTES = 4 * 1024**2
+_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
-def check_output_file(path: str | Path, flag: str = "--out") -> Path:
-    """Refuse an output path that is an existing directory or whose parent cannot hold files."""
-    p = Path(path)
-    if p.is_dir():
-        raise input_error(f"{flag} {p}", "is an existing directory", "give a file path")
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise input_error(f"{flag} {p}", f"'{parent}' is not a directory", "give a path inside a directory")
-    return p
+PathLike = str | Path
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, flag: str = "--out", *, fsync: bool = False) -> Path:
-    """Write ``data`` to ``path`` via a uniquely named temporary sibling and a rename.
+# --- low-level pieces (also the fault-injection points of the tests) ---------------------------------------
 
-    The only file writer of kvplan (results, profiles, sweep parts and manifests, figures, uploads). The
-    temporary file (``.NAME.XXXXXXXX.tmp``, unique, so concurrent writers of the same path never share one)
-    never survives, whatever is raised (also ``KeyboardInterrupt``). ``fsync`` flushes the data to disk
-    before the rename (the sweep's final file). The file gets mode 0644 (``mkstemp`` creates 0600). An
-    ``OSError`` becomes a one-line :class:`~kvplan.errors.KvplanInputError` naming ``flag`` and the path.
-    """
-    p = check_output_file(path, flag)
-    tmp: str | None = None
+
+def _write_all(fh: Any, data: bytes) -> None:
+    """Write ``data`` to the open binary file ``fh`` (every byte kvplan writes itself goes through here)."""
+    fh.write(data)
+
+
+def _rename(src: PathLike, dst: PathLike) -> None:
+    """``os.replace`` (every rename of a commit goes through here)."""
+    os.replace(src, dst)
+
+
+def _rename_new_dir(src: PathLike, dst: PathLike) -> None:
+    """``os.rename`` of a complete new result directory onto a path that must not exist yet."""
+    os.rename(src, dst)
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP back while the block runs (a commit step): they are delivered after it."""
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - platforms without pthread_sigmask
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+
+
+def file_digest(path: PathLike) -> tuple[int, str] | None:
+    """``(size, sha256 hex)`` of a regular file (not following a final symlink), or None if it is not one.
+
+    Cached per (device, inode, size, mtime) for the life of the process: a commit checks the same big
+    ``turns.parquet`` more than once.
+    """
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _DIGESTS:
+            with open(path, "rb") as fh:
+                _DIGESTS[key] = hashlib.file_digest(fh, "sha256").hexdigest()
+        return st.st_size, _DIGESTS[key]
+    except OSError:
+        return None
+
+
+def bytes_digest(data: bytes) -> tuple[int, str]:
+    """``(size, sha256 hex)`` of ``data``."""
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def matches(path: PathLike, entries: Iterable[Any]) -> bool:
+    """True when the regular file at ``path`` has the size and sha256 of one of ``entries`` ({size, sha256})."""
+    got = file_digest(path)
+    if got is None:
+        return False
+    for e in entries:
+        if isinstance(e, dict) and e.get("size") == got[0] and e.get("sha256") == got[1]:
+            return True
+    return False
+
+
+def read_json_record(path: PathLike) -> Any:
+    """A small kvplan JSON record (ledger, manifest, journal), or None when absent, not regular or unreadable."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LEDGER_BYTES:
+            return None
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def write_record(path: Path, record: Any) -> None:
+    """Write a small JSON record atomically (unique temporary sibling + rename)."""
+    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    write_new_file(path, data, mode=0o644)
+
+
+def write_new_file(path: Path, data: bytes, *, mode: int = 0o644, fsync: bool = False) -> None:
+    """Write ``data`` to a unique temporary sibling of ``path`` and rename it over ``path`` (no checks)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            _write_all(fh, data)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-        tmp = None
-    except OSError as exc:
-        raise input_error(f"{flag} {p}", f"cannot write ({exc.strerror or exc})") from None
+        os.chmod(tmp, mode)
+        _rename(tmp, path)
+        tmp = ""
     finally:
-        if tmp is not None:
+        if tmp:
             Path(tmp).unlink(missing_ok=True)
-    return p
 
 
-# --- result directories ------------------------------------------------------------------------------------
-
-RESULT_MANIFEST = ".kvplan-result.json"
-"""Written last into every result directory: the files kvplan wrote there (the only ones it may replace)."""
-
-
-def _manifest_files(out: Path) -> set[str] | None:
-    """Names listed in ``out``'s kvplan manifest, or None when there is none (or it is unreadable)."""
-    import json
-
+@contextlib.contextmanager
+def locked_dir(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` itself for the block (writers of one directory take turns)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        data = json.loads((out / RESULT_MANIFEST).read_text())
-        files = data.get("files") if isinstance(data, dict) else None
-        if isinstance(files, list) and all(isinstance(f, str) for f in files):
-            return set(files)
-    except (OSError, ValueError):
-        pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:  # a file system without flock on directories (some NFS): the rename is still atomic
+            if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
+# --- the ledger of single files ----------------------------------------------------------------------------
+
+
+def _ledger(directory: Path) -> dict[str, list[dict[str, Any]]]:
+    data = read_json_record(directory / LEDGER)
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {str(k): [e for e in v if isinstance(e, dict)] for k, v in files.items() if isinstance(v, list)}
+
+
+def written_by_kvplan(path: PathLike) -> bool:
+    """True when the ledger of the file's directory names it with its current size and sha256."""
+    p = Path(path)
+    return matches(p, _ledger(p.parent).get(p.name, []))
+
+
+def _set_ledger(directory: Path, name: str, entries: list[dict[str, Any]]) -> None:
+    files = _ledger(directory)
+    files[name] = entries
+    files = {k: v for k, v in files.items() if k == name or os.path.lexists(directory / k)}  # drop gone files
+    write_record(directory / LEDGER, {"writer": "kvplan", "files": dict(sorted(files.items()))})
+
+
+# --- the rule ----------------------------------------------------------------------------------------------
+
+
+def _node_problem(st: os.stat_result) -> str | None:
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link (kvplan replaces only regular files)"
+    if stat.S_ISDIR(st.st_mode):
+        return "is an existing directory"
+    kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "a device node" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+    return f"is {kind}, not a regular file"
+
+
+def same_as_input(path: PathLike, inputs: Iterable[PathLike | None]) -> str | None:
+    """The first input that is the same file as ``path`` (by device and inode), else None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for src in inputs:
+        if src is None or str(src) == "":
+            continue
+        try:
+            s = os.stat(src)
+        except OSError:
+            continue
+        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+            return str(src)
     return None
 
 
-def check_result_dir(out: str | Path, names: list[str] | tuple[str, ...], overwrite: bool, flag: str = "--out") -> Path:
-    """Check before any work that ``out`` can receive the result files ``names`` without losing anything.
+def check_output_file(
+    path: PathLike, flag: str = "--out", *, inputs: Iterable[PathLike | None] = (), overwrite: bool = False,
+    ledger: bool = True,
+) -> Path:
+    """Refuse, with a one-line error naming ``flag``, an output path that breaks the output rule (module doc).
 
-    A new or empty directory is fine. A non-empty one is refused unless ``overwrite``; with it, only files
-    that kvplan wrote there earlier (listed in its manifest) may be replaced, and every other file is kept.
+    ``inputs``: every file the command reads. ``overwrite``: replace an existing regular file kvplan did not
+    write. ``ledger=False``: a location kvplan owns (sweep parts): only the node-type and input checks apply.
     """
-    if str(out).strip() == "":
-        raise input_error(flag, "is empty", "give a directory name, e.g. --out results/run1")
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise input_error(f"{flag} {p}", "exists and is not a directory", "give a new or existing directory")
-    parent = p.resolve().parent
+    if str(path).strip() == "":
+        raise input_error(flag, "is empty", "give a file path")
+    p = Path(path)
+    where = f"{flag} {p}"
+    if p.name in (LEDGER, "..", ".") or p.name == "":
+        raise input_error(where, "is not a file name kvplan may write", "give another file name")
+    parent = p.parent if str(p.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
-        raise input_error(f"{flag} {p}", f"'{parent}' is not a directory", "give a path inside a directory")
-    if not p.exists():
-        return p
+        raise input_error(where, f"'{parent}' is not a directory", "give a path inside a directory")
     try:
-        entries = sorted(e.name for e in p.iterdir())
-    except OSError as exc:
-        raise input_error(f"{flag} {p}", f"cannot read the directory ({exc.strerror or exc})") from None
-    if not entries:
+        st = os.lstat(p)
+    except FileNotFoundError:
         return p
-    if not overwrite:
-        raise input_error(
-            f"{flag} {p}", f"is not empty ({len(entries)} entries)",
-            "choose a new directory, or pass --overwrite to replace kvplan's own result files there (other files are kept)",
-        )
-    listed = _manifest_files(p)
-    own = set() if listed is None else listed | {RESULT_MANIFEST}
-    foreign = [n for n in names if (p / n).exists() and n not in own]
-    if foreign:
-        raise input_error(
-            f"{flag} {p}", f"holds '{foreign[0]}', which kvplan did not write there",
-            "move that file away or choose another directory (kvplan never overwrites files it did not write)",
-        )
+    except OSError as exc:
+        raise input_error(where, f"cannot inspect the path ({exc.strerror or exc})") from None
+    problem = _node_problem(st)
+    if problem is not None:
+        raise input_error(where, problem, "give the path of a regular file or of a new one")
+    clash = same_as_input(p, list(inputs))
+    if clash is not None:
+        raise input_error(where, f"is the same file as the input '{clash}'", "write the output to another path")
+    if ledger and not overwrite and not written_by_kvplan(p):
+        raise input_error(where, "exists and was not written by kvplan (or was changed since)",
+                          "choose another path, or pass --overwrite to replace it")
     return p
 
 
-def write_result_dir_files(
-    out: str | Path, files: dict[str, bytes], overwrite: bool, flag: str = "--out", staged: dict[str, Path] | None = None
+def check_distinct(paths: Iterable[tuple[str, PathLike | None]]) -> None:
+    """Refuse two outputs of one command at the same path (``flag``, path pairs; None skipped)."""
+    seen: dict[str, str] = {}
+    for flag, path in paths:
+        if path is None:
+            continue
+        key = os.path.abspath(path)
+        if key in seen:
+            raise input_error(f"{flag} {path}", f"is also the path of {seen[key]}", "give each output its own path")
+        seen[key] = flag
+
+
+def atomic_write_bytes(
+    path: PathLike, data: bytes, flag: str = "--out", *, fsync: bool = False, inputs: Iterable[PathLike | None] = (),
+    overwrite: bool = False, ledger: bool = True,
 ) -> Path:
-    """Write ``files`` (name -> bytes) into the directory ``out`` so that nothing foreign is ever lost.
+    """Write ``data`` to ``path`` under the output rule, via a uniquely named temporary sibling and a rename.
 
-    ``staged`` (name -> path) are files already written in full elsewhere on the same file system (streamed
-    while a run went, under temporary names): they are moved in by rename like the others and listed in
-    the manifest; ``files`` go in after them, in their order (put the one whose presence means "complete" last).
-
-    - ``out`` missing: files go to a temporary sibling directory that is renamed to ``out`` when complete.
-    - ``out`` existing: checked by :func:`check_result_dir`; the old manifest goes first (the directory then no
-      longer claims a complete result), then kvplan's own old files, then each new file via a temporary file
-      and a rename, the manifest last. A run killed midway leaves no manifest, so it never looks complete.
+    The only single-file writer of kvplan (profiles, figures, workload fits, sweep results and parts,
+    uploads). The rule is checked again under an exclusive lock of the directory, right before the rename;
+    the temporary file (``.NAME.XXXXXXXX.tmp``) never survives an exception (``KeyboardInterrupt`` and the
+    SIGTERM/SIGHUP the CLI turns into one included). ``fsync`` flushes the data before the rename. The file
+    gets mode 0644. With ``ledger`` (the default) the directory's ledger records the file as kvplan's.
+    An ``OSError`` becomes a one-line :class:`~kvplan.errors.KvplanInputError` naming ``flag`` and the path.
     """
-    import json
-    import shutil
-    import tempfile
-
-    staged = dict(staged or {})
-    names = [*staged, *files, RESULT_MANIFEST]
-    p = check_result_dir(out, names, overwrite, flag)
-    manifest = (json.dumps({"writer": "kvplan", "files": sorted([*staged, *files])}, indent=2) + "\n").encode()
-    umask = os.umask(0)
-    os.umask(umask)
+    inputs = list(inputs)
+    p = check_output_file(path, flag, inputs=inputs, overwrite=overwrite, ledger=ledger)
     try:
-        if not p.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
-            try:
-                os.chmod(tmp, 0o777 & ~umask)
-                for name, src in staged.items():
-                    os.chmod(src, 0o666 & ~umask)
-                    os.replace(src, tmp / name)
-                for name, data in files.items():
-                    (tmp / name).write_bytes(data)
-                (tmp / RESULT_MANIFEST).write_bytes(manifest)
-                os.rename(tmp, p)  # fails if someone created ``out`` meanwhile: then nothing is replaced
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            return p
-        old_own = _manifest_files(p) or set()
-        (p / RESULT_MANIFEST).unlink(missing_ok=True)
-        for name in sorted(old_own - set(files) - set(staged)):
-            if "/" not in name and name != RESULT_MANIFEST:
-                (p / name).unlink(missing_ok=True)  # a kvplan file of an earlier run that this run does not write
-        for name, src in staged.items():
-            os.chmod(src, 0o666 & ~umask)
-            os.replace(src, p / name)
-        for name, data in [*files.items(), (RESULT_MANIFEST, manifest)]:
-            tmp_file = p / f".{name}.tmp"
-            try:
-                tmp_file.write_bytes(data)
-                os.chmod(tmp_file, 0o666 & ~umask)
-                os.replace(tmp_file, p / name)
-            except BaseException:
-                tmp_file.unlink(missing_ok=True)
-                raise
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with locked_dir(p.parent):
+            check_output_file(p, flag, inputs=inputs, overwrite=overwrite, ledger=ledger)  # nothing changed meanwhile
+            if not ledger:
+                write_new_file(p, data, fsync=fsync)
+                return p
+            old = [e for e in _ledger(p.parent).get(p.name, []) if matches(p, [e])]
+            size, sha = bytes_digest(data)
+            new = {"size": size, "sha256": sha}
+            with deferred_signals():
+                _set_ledger(p.parent, p.name, [*old, new])  # old or new bytes: kvplan's either way
+                write_new_file(p, data, fsync=fsync)
+                _set_ledger(p.parent, p.name, [new])
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise input_error(f"{flag} {p}", "cannot write (no space left on device); nothing was replaced") from None
         raise input_error(f"{flag} {p}", f"cannot write ({exc.strerror or exc})") from None
     return p
+
+
+# --- result directories ---------------------------------------------------------------------------------
+
+RESULT_MANIFEST = ".kvplan-result.json"
+"""Written last into every result directory (:mod:`kvplan.atomic_dir`): each file of the result with its
+size and sha256 (only files that still match are kvplan's)."""

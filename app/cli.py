@@ -6,7 +6,11 @@ never a traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import typer
 
@@ -60,17 +64,68 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, so that a run ends like on Ctrl-C (clean-up included)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_RECEIVED: list[int] = []  # signals of this run (typer turns the interrupt into a bare exit status 130)
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    _RECEIVED.append(signum)
+    raise Terminated(signum)
+
+
+@contextmanager
+def _signals_end_like_sigint() -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
+    saved: dict[int, Any] = {}
+    _RECEIVED.clear()
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                saved[sig] = signal.signal(sig, _raise_terminated)
+    except ValueError:  # not the main thread: leave the handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """One line on stderr and the exit status 128 + N of the signal (SIGINT, or SIGTERM/SIGHUP)."""
+    signum = exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT)
+    typer.echo(f"interrupted ({signal.Signals(signum).name}): nothing half-written was left", err=True)
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
+    """Console-script entry point. SIGINT, SIGTERM and SIGHUP end a run the same way: its temporary files
+    are removed, nothing half-written is left, and the exit status is 128 + the signal's number."""
+    with _signals_end_like_sigint():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command
         rv = app(args=argv, standalone_mode=False)
+        if rv == 130 and _RECEIVED:  # typer's status for any interrupt: give the signal's own
+            return _interrupted(Terminated(_RECEIVED[-1]))
         if isinstance(rv, int) and not isinstance(rv, bool):
             return rv
     except KvplanInputError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
     except typer.Exit as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            return _interrupted(exc.__cause__)
         return int(exc.exit_code or 0)
     except SystemExit as exc:  # pragma: no cover - click may still raise it
         return int(exc.code or 0) if isinstance(exc.code, int) else 2
@@ -80,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
         typer.echo(f"error: cannot access{where}: {exc.strerror or exc}", err=True)
         return 2
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except Exception as exc:
         # click usage errors (typer vendors click, so match by behaviour rather than by class)
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)

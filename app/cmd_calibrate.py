@@ -3,9 +3,9 @@
 Regenerate the shipped profiles (deterministic, ~10 s each; ``benchmarks/bench_calibrate.py`` times it)::
 
     kvplan calibrate --published calibration/data/p5en_published.csv --model qwen3-32b --hardware p5en \\
-        --out models/profiles/p5en-qwen3-32b.json
+        --out models/profiles/p5en-qwen3-32b.json --overwrite
     kvplan calibrate --published calibration/data/p5en_published.csv --model glm-5-fp8 --hardware p5en \\
-        --out models/profiles/p5en-glm-5-fp8.json
+        --out models/profiles/p5en-glm-5-fp8.json --overwrite
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ profile is fitted by simulating the published P5en benchmark instead (how the sh
 
 \b
   kvplan calibrate --published calibration/data/p5en_published.csv --model qwen3-32b --hardware p5en \\
-      --out models/profiles/p5en-qwen3-32b.json
+      --out models/profiles/p5en-qwen3-32b.json --overwrite
 """
 
 
@@ -54,11 +54,15 @@ def register(app: typer.Typer) -> None:
             False, "--include-first-turn", help="--published: average every turn (default: turns 2..5, warm-up off)."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the fit report as JSON."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
         allow_model_mismatch: bool = typer.Option(
             False, "--allow-model-mismatch",
             help="Fit --bench files of another model_id anyway; the profile is labelled status 'proxy', not calibrated.",
         ),
     ) -> None:
+        from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_hardware
@@ -69,10 +73,12 @@ def register(app: typer.Typer) -> None:
         if not out.parent.is_dir():
             raise input_error(f"--out {out}", "the directory does not exist", "create it first")
         traces = {"bench": bench, "multiturn": multiturn, "log": log, "prometheus": prometheus, "points": points}
+        inputs = [published, *(f for files in traces.values() for f in files or [])]
+        check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
         if published is not None:
             if any(traces.values()):
                 raise input_error("--published", "cannot be combined with trace files", "run two calibrations")
-            _published(published, arch.name, node.name, tp, out, include_first_turn, json_out)
+            _published(published, arch.name, node.name, tp, out, include_first_turn, json_out, overwrite)
             return
         from kvplan.calibration.calibrate import calibrate
         from kvplan.calibration.checks import check_bench_model
@@ -98,14 +104,15 @@ def register(app: typer.Typer) -> None:
             prof = result.profile.model_copy(update={"status": "proxy", "notes": [*result.profile.notes, note]})
             result = dataclasses.replace(result, profile=prof)
             result.report.setdefault("notes", []).append(note)
-        save_profile(result.profile, out)
+        save_profile(result.profile, out, overwrite=overwrite, inputs=inputs)
         if json_out:
             typer.echo(json.dumps(_clean(result.report), indent=2, sort_keys=True))
             return
         _print_trace_report(result, out)
 
 
-def _published(path: Path, model: str, hardware: str, tp: int, out: Path, include_first: bool, json_out: bool) -> None:
+def _published(path: Path, model: str, hardware: str, tp: int, out: Path, include_first: bool, json_out: bool,
+               overwrite: bool = False) -> None:
     from kvplan.app.output import console
     from kvplan.calibration.calibrate import sha256_of
     from kvplan.calibration.published import Aggregation, fit_published, published_points
@@ -122,7 +129,7 @@ def _published(path: Path, model: str, hardware: str, tp: int, out: Path, includ
         source_name=path.name,
         progress=None if json_out else (lambda msg: console().print(msg)),
     )
-    save_profile(fit.profile, out)
+    save_profile(fit.profile, out, overwrite=overwrite, inputs=[path])
     if json_out:
         typer.echo(json.dumps(_clean(fit.report), indent=2, sort_keys=True))
         return

@@ -42,10 +42,14 @@ def register(app: typer.Typer) -> None:
             None, "--recommendation",
             help="`kvplan recommend --json` output for this scenario: ttl_recommended reuses it (same rows) instead "
                  "of rerunning the advisor; refused if made for another scenario, replication count, SLO, budget or grid."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing --html file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.sim.compare import compare, compare_json, parse_policies
+        from kvplan.sim.grid import scenario_input_files
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 
@@ -53,8 +57,9 @@ def register(app: typer.Typer) -> None:
         rec = load_recommendation(recommendation) if recommendation is not None else None
         if not 1 <= replications <= 1000:
             raise input_error("--replications", f"must be in [1, 1000], got {replications}")
+        inputs: list[Path | str | None] = [scenario, trace, recommendation]
         if html is not None:
-            check_output_file(html, "--html")
+            check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)
         if (scenario is None) == (workload is None):
             raise input_error("compare", "give SCENARIO.yaml or --workload PRESET (one of them)")
         if scenario is not None:
@@ -69,6 +74,9 @@ def register(app: typer.Typer) -> None:
             if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        inputs += scenario_input_files(sc)
+        if html is not None:
+            check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)
         from kvplan.app.cmd_sweep import _progress_bar
 
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
@@ -81,7 +89,8 @@ def register(app: typer.Typer) -> None:
             from kvplan.atomic import atomic_write_bytes
 
             fig = compare_figure(rows)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True).encode(), "--html")
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True).encode(), "--html",
+                               overwrite=overwrite, inputs=inputs)
         if json_out:
             sys.stdout.write(compare_json(rows) + "\n")
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 DERIVE_HELP = """Query aiconfigurator-core (pip install 'kvplan[aic]') for --model on --gpu at --tp over a grid (prefill:
@@ -26,6 +28,9 @@ def register(app: typer.Typer) -> None:
         model_config: str | None = typer.Option(
             None, "--model-config", help="Directory with a Hugging Face config.json (for models aiconfigurator lacks)."
         ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         from kvplan.atomic import check_output_file
         from kvplan.calibration.derive import arch_from_hf_config, check_model_config, check_tp, derive_prior, require_aic
@@ -33,6 +38,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.hardware import get_gpu
         from kvplan.models.profile import save_profile
 
+        inputs = [Path(model_config) / "config.json"] if model_config is not None else []
+        check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
         cfg = check_model_config(model_config) if model_config is not None else None
         if cfg is not None and model not in MODEL_PRESETS:
             arch = arch_from_hf_config(model, cfg)  # a model kvplan has no preset for: its architecture from config.json
@@ -40,10 +47,9 @@ def register(app: typer.Typer) -> None:
             arch = get_model(model)
         g = get_gpu(gpu)
         check_tp(arch, tp)
-        check_output_file(out, "--out")
         require_aic()
         d = derive_prior(arch, g, tp, model_path=model_config)
-        save_profile(d.profile, out)
+        save_profile(d.profile, out, overwrite=overwrite, inputs=inputs)
         fr = d.profile.fit_report
         typer.echo(f"wrote {out}: {d.profile.name}, {len(d.prefill)} prefill and {len(d.decode)} decode points, max "
                    f"|error| prefill {fr['prefill_max_abs_rel_error']:.1%}, decode {fr['decode_max_abs_rel_error']:.1%}")

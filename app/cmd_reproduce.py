@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
         include_first_turn: bool = typer.Option(
             False, "--include-first-turn", help="Average every turn (default: turns 2..5, as --warmup-step measures)."
         ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         from kvplan.calibration.reproduce import ROW_KEYS, TOLERANCE, ratio_checks, reproduce_rows, within_tolerance
         from kvplan.errors import input_error
@@ -36,13 +39,14 @@ def register(app: typer.Typer) -> None:
         if html is not None:
             from kvplan.atomic import check_output_file
 
-            check_output_file(html, "--html")
+            check_output_file(html, "--html", inputs=[profile], overwrite=overwrite)
         rows = reproduce_rows(model=model, profile=profile, include_first_turn=include_first_turn)
         published = [{k: r[k] for k in ROW_KEYS} for r in rows if r["published_ms"] is not None]
         if html is not None:
             from kvplan.calibration.figures import reproduce_figures, write_html
 
-            write_html(reproduce_figures(rows), html, title="kvplan reproduce: published P5en vs simulated")
+            write_html(reproduce_figures(rows), html, title="kvplan reproduce: published P5en vs simulated",
+                       overwrite=overwrite, inputs=[profile])
         if json_out:
             typer.echo(json.dumps(published, indent=2))
             return

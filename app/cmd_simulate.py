@@ -50,14 +50,16 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", help="Also list the modelling assumptions of the run."),
     ) -> None:
         from kvplan.app.output import print_summary
-        from kvplan.atomic import check_result_dir
+        from kvplan.atomic_dir import check_result_dir
         from kvplan.sim.api import run
         from kvplan.sim.defaults import default_scenario
+        from kvplan.sim.grid import scenario_input_files
         from kvplan.sim.results import ResultDirWriter, result_file_names
         from kvplan.sim.scenario import load_scenario, with_overrides
 
         names = result_file_names(None, fmt)
-        check_result_dir(out, names, overwrite)  # before any work: never lose a user's files
+        inputs: list[Path | str | None] = [scenario, trace]
+        check_result_dir(out, names, overwrite, inputs=inputs)  # before any work: never lose a user's files
         sc = load_scenario(scenario) if scenario is not None else default_scenario()
         if trace is not None and sc.workload.trace is not None:
             from kvplan.errors import input_error
@@ -66,7 +68,7 @@ def register(app: typer.Typer) -> None:
                               "remove one of them")
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
-        writer = ResultDirWriter(out, fmt, overwrite)
+        writer = ResultDirWriter(out, fmt, overwrite, inputs=[*inputs, *scenario_input_files(sc)])
         try:
             with sim_progress(enabled=not json_out) as hook:
                 result = run(sc, seed, keep=False, sink=writer.write_turns, progress=hook)

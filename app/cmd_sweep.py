@@ -73,6 +73,22 @@ def _progress_bar() -> tuple[Any, Any]:
     return bar, cb
 
 
+def grid_inputs(grid: Path) -> list[Path]:
+    """The grid file and, when its ``base:`` names one, the base scenario file (relative to the grid)."""
+    out = [grid]
+    from kvplan.errors import KvplanInputError
+    from kvplan.sim.scenario import read_yaml_file
+
+    try:
+        data = read_yaml_file(grid, "grid")
+    except (KvplanInputError, OSError):  # load_grid reports a bad grid file in one line
+        return out
+    base = data.get("base") if isinstance(data, dict) else None
+    if isinstance(base, str):
+        out.append(grid.parent / base)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
@@ -91,20 +107,21 @@ def register(app: typer.Typer) -> None:
         show_disagreements: bool = typer.Option(
             False, "--show-disagreements", help="List every point where the analytic screen disagrees."
         ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace existing output files kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         from kvplan.app.flags import MAX_WORKERS
         from kvplan.app.output import console
-        from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.sim.grid import MAX_REPLICATIONS, load_grid
-        from kvplan.sim.sweep import run_grid, screen_path, summary_path
+        from kvplan.sim.sweep import check_sweep_outputs, run_grid, screen_path, summary_path
 
         if out.suffix != ".parquet":
             raise input_error(f"--out {out}", "results are Parquet files", f"give a path ending in .parquet "
                               f"(e.g. {out.with_suffix('.parquet')}); --csv {out.with_suffix('.csv')} writes a CSV too")
-        check_output_file(out)
-        if csv_out is not None:
-            check_output_file(csv_out, "--csv")
+        inputs = grid_inputs(grid)
+        check_sweep_outputs(out, overwrite, inputs, [("--csv", csv_out)])  # every output, before any work
         if backend not in ("local", "ray"):
             raise input_error("--backend", f"'{backend}' is not a backend", "use local or ray")
         if workers > MAX_WORKERS:
@@ -112,11 +129,12 @@ def register(app: typer.Typer) -> None:
         if replications is not None and not 1 <= replications <= MAX_REPLICATIONS:
             raise input_error("--replications", f"{replications} is not in 1..{MAX_REPLICATIONS}")
         g = load_grid(grid, yes=yes)
+        check_sweep_outputs(out, overwrite, [*inputs, *g.input_files()], [("--csv", csv_out)])
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
         bar, cb = _progress_bar()
         with bar:
             df = run_grid(g, replications=replications, backend=backend, workers=n_workers, ray_address=ray_address,
-                          progress=cb, out=out, resume=resume, yes=yes, prune=prune)
+                          progress=cb, out=out, resume=resume, yes=yes, prune=prune, overwrite=overwrite, inputs=inputs)
         import pandas as pd
 
         c = console()
@@ -131,7 +149,8 @@ def register(app: typer.Typer) -> None:
         if csv_out is not None:
             from kvplan.atomic import atomic_write_bytes
 
-            atomic_write_bytes(csv_out, summ.to_csv(index=False, float_format="%.9g", lineterminator="\n").encode(), "--csv")
+            atomic_write_bytes(csv_out, summ.to_csv(index=False, float_format="%.9g", lineterminator="\n").encode(), "--csv",
+                               overwrite=overwrite, inputs=[*inputs, *g.input_files()])
             c.print(f"wrote {csv_out}")
         scr = pd.read_parquet(screen_path(out))
         dis = scr[scr["disagreements"] != ""]

@@ -28,6 +28,9 @@ def register(app: typer.Typer) -> None:
         threshold: int = typer.Option(64, "--threshold", min=0, help="kv_recompute_threshold for the output share."),
         html: Path | None = typer.Option(None, "--html", help="Also write a plotly HTML figure."),
         json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
         from kvplan.app.flags import seconds_list
@@ -36,6 +39,10 @@ def register(app: typer.Typer) -> None:
         from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
         ttl_list = seconds_list("--ttls", ttls)
+        if html is not None:
+            from kvplan.atomic import check_output_file
+
+            check_output_file(html, "--html", inputs=[trace], overwrite=overwrite)  # before any work
         agentic = _weka_stats(trace, fmt)  # a weka trace (AgentX): read once, its agentic statistics too
         tr = agentic[0] if agentic is not None else load_trace(trace, fmt)
         stats = workload_stats(tr, ttl_list, threshold)
@@ -59,11 +66,11 @@ def register(app: typer.Typer) -> None:
             if agentic is not None:
                 _print_weka(agentic[1], trace.name)
         if html is not None:
-            from kvplan.atomic import atomic_write_bytes, check_output_file
+            from kvplan.atomic import atomic_write_bytes
 
-            check_output_file(html, "--html")
             fig = stats_figure(tr, stats)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs="cdn").encode(), "--html")
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs="cdn").encode(), "--html", inputs=[trace],
+                               overwrite=overwrite)
 
     @wl.command("fit")
     def fit(
@@ -79,10 +86,13 @@ def register(app: typer.Typer) -> None:
             None, "--scenario", help="Scenario whose model/hardware/profile estimate service times (default p5en qwen3-32b)."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the fit report (goodness of fit) as JSON."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing output file kvplan did not write (its own it replaces anyway)."
+        ),
     ) -> None:
         """Fit turns per conversation, turn gaps (idle, with goodness of fit), new tokens and outputs."""
         from kvplan.app.output import console
-        from kvplan.atomic import check_output_file
+        from kvplan.atomic import check_distinct, check_output_file
         from kvplan.calibration.workload_fit import fit_workload, workload_section
         from kvplan.errors import input_error
         from kvplan.sim.scenario import Scenario, load_scenario
@@ -90,9 +100,11 @@ def register(app: typer.Typer) -> None:
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready
 
-        check_output_file(out)
         report_path = out.with_name(out.stem + ".fit.json")
-        check_output_file(report_path, "--out (report)")  # both refused before any work
+        inputs = [trace, scenario]
+        check_distinct([("--out", out), ("--out (report)", report_path)])
+        check_output_file(out, inputs=inputs, overwrite=overwrite)
+        check_output_file(report_path, "--out (report)", inputs=inputs, overwrite=overwrite)  # both before any work
         if gap_model not in ("empirical", "fit"):
             raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
@@ -111,8 +123,9 @@ def register(app: typer.Typer) -> None:
             f"# Goodness of fit and the fitting method: {report_path.name}\n"
             + yaml.safe_dump({"workload": section}, sort_keys=False, default_flow_style=None, width=120)
         )
-        atomic_write_bytes(out, text.encode())
-        atomic_write_bytes(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode(), "--out")
+        atomic_write_bytes(out, text.encode(), inputs=inputs, overwrite=overwrite)
+        atomic_write_bytes(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode(), "--out (report)",
+                           inputs=inputs, overwrite=overwrite)
         if json_out:
             typer.echo(json.dumps(report, indent=2, sort_keys=True))
             return

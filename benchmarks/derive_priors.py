@@ -136,7 +136,7 @@ def main() -> int:
         return 1 if changed else 0
     PRIORS.mkdir(parents=True, exist_ok=True)
     for path in sorted(outputs):
-        atomic_write_bytes(path, outputs[path].encode("utf-8"))
+        atomic_write_bytes(path, outputs[path].encode("utf-8"), ledger=False)  # files of the repository
     skipped = index["skipped"]
     print(f"{len(files)} priors, {len(skipped)} skipped, reference table: {REFERENCE.name} "
           f"({time.perf_counter() - t0:.1f} s)")

@@ -101,12 +101,14 @@ def reproduce_figures(rows: Sequence[Mapping[str, Any]], model: str | None = Non
     return figs
 
 
-def write_html(figures: Sequence[go.Figure], path: str | Path, title: str = "kvplan reproduce") -> Path:
-    """Write the figures into one self-contained HTML file (plotly.js embedded: no network), atomically."""
+def write_html(figures: Sequence[go.Figure], path: str | Path, title: str = "kvplan reproduce", *,
+               overwrite: bool = False, inputs: Sequence[Any] = ()) -> Path:
+    """Write the figures into one self-contained HTML file (plotly.js embedded: no network), atomically, under
+    kvplan's output rule (``overwrite`` replaces a file kvplan did not write; never one of ``inputs``)."""
     out = Path(path)
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)
     ]
     html = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>" + "".join(parts)
     html += "</body></html>\n"
-    return atomic_write_bytes(out, html.encode("utf-8"), flag="--html")
+    return atomic_write_bytes(out, html.encode("utf-8"), flag="--html", overwrite=overwrite, inputs=inputs)

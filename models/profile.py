@@ -139,10 +139,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return profile
 
 
-def save_profile(profile: Profile, path: str | Path) -> None:
-    """Write a profile as JSON atomically (temp file + rename)."""
+def save_profile(profile: Profile, path: str | Path, *, overwrite: bool = False, inputs: Any = ()) -> None:
+    """Write a profile as JSON atomically (temp file + rename) under kvplan's output rule
+    (:func:`kvplan.atomic.check_output_file`: ``overwrite`` replaces a file kvplan did not write; never an input)."""
     text = json.dumps(profile.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite, inputs=inputs)
 
 
 def default_profile_name(model: str, hardware: str) -> str:

@@ -251,7 +251,32 @@ def _run_pool(dump: dict[str, Any], base_key: str, queue: deque[Task], on_result
         except BaseException:
             for fut in pending:
                 fut.cancel()
+            _stop_workers(ex)
             raise
+
+
+def _stop_workers(ex: ProcessPoolExecutor, grace_s: float = 5.0) -> None:
+    """End the pool's worker processes now (an interrupted sweep: SIGINT, SIGTERM, SIGHUP, an error).
+
+    ``shutdown`` alone waits for the running tasks (minutes for a long point) and a parent that dies meanwhile
+    orphans the workers, which keep the resource tracker alive. The workers get SIGTERM, then SIGKILL after
+    ``grace_s``; the forkserver and the resource tracker end by themselves once this process exits (their
+    pipes close). Finished runs are already committed, so ``--resume`` loses nothing.
+    """
+    import time
+
+    procs = list((getattr(ex, "_processes", None) or {}).values())  # CPython's own table (3.14 has terminate_workers)
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(deadline - time.monotonic(), 0.0))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
 
 
 def _run_ray(

@@ -138,6 +138,12 @@ def _referenced_files(value: Any, key: str = "") -> set[str]:
     return set()
 
 
+def scenario_input_files(scenario: Any) -> list[str]:
+    """The files a scenario reads (its ``path`` and ``profile`` strings; a shipped profile's name too, which
+    names no file): the inputs an output must never replace."""
+    return sorted(_referenced_files(scenario.model_dump(mode="json")))
+
+
 def _file_digest(path: str) -> str | None:
     """sha256 of the file's bytes (None when it is absent: validation reports that separately)."""
     p = Path(path)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from kvplan.atomic import check_result_dir, write_result_dir_files
+from kvplan.atomic_dir import open_result_dir, write_result_dir_files
 from kvplan.sim.events import Release, RouterResult
 
 GIB = 1024**3
@@ -134,22 +134,14 @@ class ResultDirWriter:
     staging directory, never anything at ``out`` that looks complete; :meth:`abort` removes it.
     """
 
-    def __init__(self, out: str | Path, fmt: str = "parquet", overwrite: bool = False) -> None:
-        import tempfile
-
+    def __init__(self, out: str | Path, fmt: str = "parquet", overwrite: bool = False, inputs: Any = ()) -> None:
         self.out = Path(out)
         self.formats = _formats(fmt)
         self.fmt = fmt
         self.overwrite = overwrite
-        check_result_dir(out, result_file_names(None, fmt), overwrite)
-        parent = self.out.resolve().parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".stream", dir=parent))
-        except OSError as exc:
-            from kvplan.errors import input_error
-
-            raise input_error(f"--out {self.out}", f"cannot write ({exc.strerror or exc})") from None
+        self.inputs = list(inputs)
+        # checks, takes the directory's lock (held until commit/abort), repairs an interrupted commit
+        self.lock, self.stage = open_result_dir(out, result_file_names(None, fmt), overwrite, inputs=self.inputs)
         self._pq: Any = None
         self._csv: Any = None
         self._pending: list[pd.DataFrame] = []
@@ -214,9 +206,11 @@ class ResultDirWriter:
             ).encode()
             files.update(extra_files or {})
             files["summary.json"] = summary_json_bytes(result.summary)  # last: its presence means the rest is there
-            return write_result_dir_files(self.out, files, self.overwrite, staged=staged)
+            return write_result_dir_files(self.out, files, self.overwrite, staged=staged, inputs=self.inputs,
+                                          lock=self.lock)
         finally:
             shutil.rmtree(self.stage, ignore_errors=True)
+            self.lock.release()
 
     def abort(self) -> None:
         """Drop the staged files (a failed or interrupted run)."""
@@ -231,6 +225,7 @@ class ResultDirWriter:
             except Exception:  # noqa: BLE001 - best effort: the staging directory goes anyway
                 pass
         shutil.rmtree(self.stage, ignore_errors=True)
+        self.lock.release()
 
 
 PINNED_SLICE_ROWS = 1_000_000  # pinned rows written per slice (a day's series never exists twice in memory)
@@ -267,14 +262,14 @@ def _stage_pinned(series: pd.DataFrame, stage: Path, formats: tuple[str, ...]) -
 
 def write_result_dir(
     result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False,
-    fmt: str = "csv",
+    fmt: str = "csv", inputs: Any = (),
 ) -> Path:
     """Write a kept run's ``turns.*``, ``summary.json``, ``pinned.*`` and ``scenario.yaml`` into ``out``.
 
     A new directory appears only when complete; an existing non-empty one is refused unless ``overwrite``,
     which replaces only kvplan's own files there and keeps every other file (:mod:`kvplan.atomic`).
     """
-    w = ResultDirWriter(out, fmt, overwrite)
+    w = ResultDirWriter(out, fmt, overwrite, inputs)
     try:
         w.write_turns(result.turns)
     except BaseException:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvplan.atomic import atomic_write_bytes
+from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file
 from kvplan.errors import input_error
 from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.sim.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
@@ -103,8 +104,18 @@ class PartStore:
         return self.dir / "manifest.json"
 
     def open(self, resume: bool) -> dict[tuple[int, int], dict[str, Any]]:
-        """Prepare the directory; with ``resume`` return the rows already committed."""
+        """Prepare the directory; with ``resume`` return the rows already committed.
+
+        Refused (before any work) when the parts directory, or the trash of a killed clean-up, holds anything
+        kvplan did not write there (:func:`foreign_in_parts`): such a directory is never deleted.
+        """
         trash = self.dir.with_name(f".{self.dir.name}.done")
+        for d in (trash, self.dir):
+            if os.path.lexists(d):
+                stray = foreign_in_parts(d)
+                if stray is not None:
+                    raise input_error(str(self.dir), f"holds '{stray}', which was not written by kvplan sweep",
+                                      "move it away or use another --out")
         if trash.exists():  # a previous sweep was killed while deleting its finished parts
             shutil.rmtree(trash, ignore_errors=True)
         if self.dir.exists():
@@ -132,7 +143,7 @@ class PartStore:
                 )
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
-        atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode())
+        atomic_write_bytes(self._manifest(), json.dumps({"fingerprint": self.fingerprint}).encode(), ledger=False)
         return {}
 
     def _load(self) -> dict[tuple[int, int], dict[str, Any]]:
@@ -155,16 +166,70 @@ class PartStore:
         """Write one finished run atomically."""
         shard = self.dir / f"{point // SHARD:06d}"
         shard.mkdir(exist_ok=True)
-        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode())
+        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode(), ledger=False)
 
     def remove(self) -> None:
-        """Drop the parts once the final files are written (rename first, so a kill never half-deletes)."""
+        """Drop the parts once the final files are written (rename first, so a kill never half-deletes).
+
+        A parts directory that came to hold a file kvplan did not write is kept as it is (with a warning).
+        """
         if self.dir.exists():
+            stray = foreign_in_parts(self.dir)
+            if stray is not None:
+                log.warning("%s holds '%s', which kvplan did not write: the directory is kept", self.dir, stray)
+                return
             trash = self.dir.with_name(f".{self.dir.name}.done")
             if trash.exists():
                 shutil.rmtree(trash)
             os.replace(self.dir, trash)
             shutil.rmtree(trash, ignore_errors=True)
+
+
+_SHARD_NAME = re.compile(r"^\d{6}$")
+_PART_NAME = re.compile(r"^(\d+)-(\d+)\.json$")
+_PART_TEMP = re.compile(r"^\.\d+-\d+\.json\.[a-z0-9_]{8}\.tmp$")
+_MANIFEST_TEMP = re.compile(r"^\.manifest\.json\.[a-z0-9_]{8}\.tmp$")
+
+
+def foreign_in_parts(d: Path) -> str | None:
+    """The first entry of the parts directory ``d`` that kvplan sweep did not write there, else None.
+
+    kvplan writes only ``manifest.json`` (a JSON object with the grid's fingerprint), shard folders
+    ``NNNNNN/`` of part files ``P-K.json`` (each a JSON object with an ``error`` key) and the temporary files of
+    those writes; a part's shard is ``P // 1000``.
+    """
+    if d.is_symlink() or not d.is_dir():
+        return d.name
+    for e in sorted(d.iterdir()):
+        if e.name == "manifest.json" and e.is_file() and not e.is_symlink():
+            data = _json_object(e)
+            if data is None or "fingerprint" not in data:
+                return e.name
+        elif _MANIFEST_TEMP.match(e.name) and e.is_file() and not e.is_symlink():
+            continue
+        elif _SHARD_NAME.match(e.name) and e.is_dir() and not e.is_symlink():
+            for f in sorted(e.iterdir()):
+                m = _PART_NAME.match(f.name)
+                if _PART_TEMP.match(f.name) and f.is_file() and not f.is_symlink():
+                    continue
+                if not m or f.is_symlink() or not f.is_file() or int(m[1]) // SHARD != int(e.name):
+                    return f"{e.name}/{f.name}"
+                data = _json_object(f)
+                if data is None or "error" not in data:
+                    return f"{e.name}/{f.name}"
+        else:
+            return e.name
+    return None
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.stat().st_size > 16 * 1024**2:
+            return None
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # --- assembly ----------------------------------------------------------------------------------------------
@@ -244,14 +309,40 @@ def aggregate(df: pd.DataFrame, grid: Grid) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str) -> None:
+def sweep_outputs(out: str | Path) -> list[tuple[str, Path]]:
+    """Every file a sweep into ``out`` writes, with the flag an error names: ``OUT.parquet``, the summary and
+    the screen table (``OUT.parts/`` is checked by :class:`PartStore`)."""
+    o = _out_path(out)
+    return [("--out", o), ("--out (summary)", summary_path(o)), ("--out (screen)", screen_path(o))]
+
+
+def check_sweep_outputs(out: str | Path, overwrite: bool = False, inputs: Iterable[Any] = (),
+                        extra: Iterable[tuple[str, Any]] = ()) -> None:
+    """Apply the output rule (:func:`kvplan.atomic.check_output_file`) to every file of a sweep, and refuse a
+    parts directory holding anything kvplan did not write, before any work."""
+    inputs = list(inputs)
+    outs = [*sweep_outputs(out), *extra]
+    check_distinct(outs)
+    for flag, p in outs:
+        if p is not None:
+            check_output_file(p, flag, inputs=inputs, overwrite=overwrite)
+    parts = parts_dir(out)
+    for d in (parts.with_name(f".{parts.name}.done"), parts):
+        stray = foreign_in_parts(d) if os.path.lexists(d) else None
+        if stray is not None:
+            raise input_error(str(parts), f"holds '{stray}', which was not written by kvplan sweep",
+                              "move it away or use another --out")
+
+
+def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str, overwrite: bool = False,
+                   inputs: Iterable[Any] = ()) -> None:
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[FINGERPRINT_KEY] = fingerprint.encode()
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True, overwrite=overwrite, inputs=inputs)
 
 
 def _final_fingerprint(path: Path) -> str | None:
@@ -304,6 +395,8 @@ def run_grid(
     yes: bool = False,
     order: str = "screen",
     prune: bool = False,
+    overwrite: bool = False,
+    inputs: Iterable[Any] = (),
 ) -> pd.DataFrame:
     """Run every (point, replication) of ``grid`` and return one row each, in canonical order.
 
@@ -315,7 +408,9 @@ def run_grid(
     interrupted sweep of the same grid. ``order='screen'`` runs the longest predicted points first
     (``'canonical'`` in point order). ``prune=True`` runs one replication of points the screen deems
     infeasible and the rest only if the simulator disagrees (the simulator wins). The returned rows and
-    the files never depend on backend, workers, order or interruptions.
+    the files never depend on backend, workers, order or interruptions. The output files follow kvplan's
+    output rule, checked before any work: an existing file kvplan did not write is replaced only with
+    ``overwrite``, and none may be one of ``inputs`` (the grid's files are added to them).
     """
     g = as_grid(grid, yes=yes)
     if replications is not None:
@@ -323,12 +418,15 @@ def run_grid(
         check_runs(g.n_points, g.replications, g.source, yes)
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
+    inputs = [*inputs, *g.input_files()]
+    if out_p is not None:
+        check_sweep_outputs(out_p, overwrite, inputs)
     fp = g.fingerprint()
     if out_p is not None and resume and not parts_dir(out_p).exists() and _final_fingerprint(out_p) == fp:
         if progress:
             total = len(pd.read_parquet(out_p))
             progress(total, total)
-        _finish_files(g, pd.read_parquet(out_p), out_p, fp, None)
+        _finish_files(g, pd.read_parquet(out_p), out_p, fp, None, overwrite, inputs)
         return pd.read_parquet(out_p)
     store = PartStore(out_p, g) if out_p is not None else None
     if out_p is not None:
@@ -347,8 +445,8 @@ def run_grid(
     keys = sorted(rows)
     df = assemble(g, keys, [rows[k] for k in keys])
     if out_p is not None and store is not None:
-        _write_parquet(df, out_p, fp)
-        _finish_files(g, df, out_p, fp, screen)
+        _write_parquet(df, out_p, fp, overwrite, inputs)
+        _finish_files(g, df, out_p, fp, screen, overwrite, inputs)
         store.remove()
         return pd.read_parquet(out_p)
     return df
@@ -395,11 +493,12 @@ class _Collector:
         return more
 
 
-def _finish_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str, screen: pd.DataFrame | None) -> None:
+def _finish_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str, screen: pd.DataFrame | None,
+                  overwrite: bool = False, inputs: Iterable[Any] = ()) -> None:
     summ = aggregate(df, grid)
-    _write_parquet(summ, summary_path(out), fp)
+    _write_parquet(summ, summary_path(out), fp, overwrite, inputs)
     rep = screen_report(grid, summ, screen)
-    _write_parquet(rep, screen_path(out), fp)
+    _write_parquet(rep, screen_path(out), fp, overwrite, inputs)
 
 
 def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -7,9 +7,9 @@ base scenario's), ``zip:`` (a list of groups ``{path: [...], path2: [...]}`` of 
 values vary together, one dimension each) and ``ties:`` (``{path: "axis.path - 10"}``: a value computed from
 an axis of the point, :mod:`kvplan.sim.grid_ties`, parsed, never evaluated). Points are the cartesian product
 of the axes in file order and then the zipped groups, the last varying fastest; point ``i`` is decoded from
-``i`` in mixed radix. A point's values are the axes', then the zipped paths', then the tied paths'. Replication ``k`` of every point runs with seed
-``replication_seeds(seed, K)[k]``, spawned from ``SeedSequence(seed)`` (common random numbers: the same
-draws across points).
+``i`` in mixed radix. A point's values are the axes', then the zipped paths', then the tied paths'.
+Replication ``k`` of every point runs with seed ``replication_seeds(seed, K)[k]``, spawned from
+``SeedSequence(seed)`` (common random numbers: the same draws across points).
 
 Everything a sweep could trip over is checked before any simulation starts and reported as one-line
 :class:`~kvplan.errors.KvplanInputError`: unknown top-level keys, unknown dotted paths (with a

@@ -49,7 +49,7 @@ from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
 from kvplan.sim.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S
 from kvplan.sim.advice_rules import mean_ci
-from kvplan.sim.capacity import conversations_for
+from kvplan.sim.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.sim.compare_rules import (
     BEST_CANDIDATES,
     BEST_RULE,
@@ -60,7 +60,7 @@ from kvplan.sim.compare_rules import (
     cross_layer_note,
 )
 from kvplan.sim.executor import run_tasks
-from kvplan.sim.pricing import COST_BASIS, usd_per_million_turns
+from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
@@ -175,15 +175,12 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                          ("TTL 480 s, host tier from the hardware preset, router keeps entries (the host tier bounds "
                           "them), failure policy recompute",))
     if base == "aggregated":
-        routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
+        routing = arg or default_aggregated_routing(sc)
         if gpus % tp:
             raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
                               "set deployment.tensor_parallel_size to a divisor of the GPU count")
         nodes = gpus // tp
-        overrides = {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None}
-        return PolicyRun(name, {**overrides, "deployment.mode": "aggregated", "deployment.replicas": nodes,
-                                "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
-                                "policy.bidirectional": False}, gpus, nodes,
+        return PolicyRun(name, aggregated_overrides(nodes, routing), gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 
@@ -407,7 +404,8 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
         row["description"] += f" ({rec_what})"
     if r.name.endswith(CROSS_LAYER):
         row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
-    row["usd_per_million_turns"] = usd_per_million_turns(r.nodes, usd, agg["steady_served_turns_per_s"])
+    billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
+    row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     row["cost_basis"] = COST_BASIS
     row["notes"] = list(r.notes)
     return row

@@ -7,7 +7,8 @@ hardware, TP, workload (or trace) and policy and answers three columns:
   threshold chosen at each size as below;
 * ``without_bidirectional``: the smallest xPyD with it off (plain P/D);
 * ``aggregated``: the fewest aggregated vLLM replicas of the same TP (both phases per engine, prefix caching
-  on, routed as ``compare``'s aggregated row: :func:`aggregated_overrides`).
+  on, routed as ``compare``'s aggregated row: :func:`aggregated_overrides`), searched from the P/D answer's
+  instance count (doubled until the SLO is met, then bisected), with the check of one replica fewer.
 
 Search (the screen prunes, the simulator decides):
 
@@ -242,18 +243,21 @@ class _Planner:
             found = (nx, ny, q)
         return found, closest, checks
 
-    def aggregated(self, routing: str, tp: int) -> tuple[int | None, Pick | None, list[dict[str, Any]], Pick | None]:
-        """(replicas, pick, the check of one replica fewer, closest) of the aggregated column: bisection over
-        ``1..max_nodes`` replicas (meeting the SLO taken as monotone in the count), then the check of R - 1."""
+    def aggregated(self, routing: str, tp: int, guess: int | None
+                   ) -> tuple[int | None, Pick | None, list[dict[str, Any]], Pick | None]:
+        """(replicas, pick, the check of one replica fewer, closest) of the aggregated column. Meeting the SLO is
+        taken as monotone in the replica count: from ``guess`` (the P/D answer's instance count) doubling up to
+        ``max_nodes`` until one meets, then bisection below it; the check of R - 1 is simulated."""
         def at(r: int) -> Pick:
             ov = {**aggregated_overrides(r, routing), **self.rate_ov}
             m = self.ev.one(ov)
             return Pick(meets(m, self.slo_s), m, ov, {"replicas": r, "routing": routing, "tensor_parallel_size": tp})
 
-        top = at(self.max_nodes)
-        if not top.ok:
-            return None, None, [], top
-        lo, hi = 0, self.max_nodes  # at(lo) misses (0 replicas serve nothing), at(hi) meets
+        lo, hi = 0, min(max(guess or self.max_nodes, 1), self.max_nodes)  # at(lo) misses: 0 replicas serve nothing
+        while not (top := at(hi)).ok:
+            if hi == self.max_nodes:
+                return None, None, [], top
+            lo, hi = hi, min(2 * hi, self.max_nodes)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if at(mid).ok else (mid, hi)
@@ -418,9 +422,9 @@ def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> 
     return out
 
 
-def _agg_column(pl: _Planner, inp: _Inputs, routing: str, with_max_rate: bool) -> dict[str, Any]:
+def _agg_column(pl: _Planner, inp: _Inputs, routing: str, with_max_rate: bool, guess: int | None) -> dict[str, Any]:
     tp = inp.sc.deployment.tensor_parallel_size
-    n, pick, checks, closest = pl.aggregated(routing, tp)
+    n, pick, checks, closest = pl.aggregated(routing, tp, guess)
     if n is None or pick is None:
         return {**_not_meeting((f"{inp.max_nodes} replicas", closest) if closest else None,
                                f"{inp.max_nodes} replicas", inp.slo_s), "routing": routing}
@@ -459,7 +463,8 @@ def plan_capacity(
     notes = _notes(sc, inp, replications, threshold, routing)
     on = _pd_column(pl, inp, True, max_rate)
     off = _pd_column(pl, inp, False, max_rate)
-    agg = _agg_column(pl, inp, routing, max_rate)
+    guesses = [m["nodes"] for m in (on, off) if m.get("meets_slo")]
+    agg = _agg_column(pl, inp, routing, max_rate, min(guesses) if guesses else None)
     tpc = next((m.get("turns_per_conversation") for m in (on, off, agg) if m.get("turns_per_conversation")), None)
     return CapacityPlan(
         rate_per_s=inp.rate, slo_ttft_p90_ms=float(slo_ttft_p90_ms), usd_per_node_hour=inp.usd,

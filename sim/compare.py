@@ -24,15 +24,15 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; the cost per million turns ``nodes x $/node-hour / served turns
-per hour x 10^6`` on the steady-state basis (:mod:`kvplan.sim.pricing`: turns served inside the steady window,
-not over the drain). When the pulls of the fastest bidirectional policy take at least
+modelled); prefill (engine) utilisation; the cost per million turns ``node-hours x $/node-hour / served turns
+x 10^6`` on the steady-state basis (:mod:`kvplan.sim.pricing`: GPUs over GPUs per node, turns served inside the
+steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
 policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer``, vLLM's
 ``enable_cross_layers_blocks``: one region per block instead of one per layer, so a pull posts
 ``layers``-times fewer NIXL descriptors), and its note states the descriptors and the modelled pull of the
-mean pulled size with and without. With an SLO, the maximum Poisson rate of new conversations whose mean TTFT p90 meets it
-(and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
+mean pulled size with and without. With an SLO, the maximum Poisson rate of new conversations whose mean
+TTFT p90 meets it (and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
 most 5 times), then bisected 4 times (~6%), the arrival horizon kept
 (:func:`kvplan.sim.capacity.conversations_for`).
 """

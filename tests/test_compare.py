@@ -42,6 +42,11 @@ def test_compare_json_keys_and_identical_seeds(tmp_path: Path, capsys: pytest.Ca
     assert off["pinned_kv_gib_mean"] == 0 and ttl["pinned_kv_gib_mean"] > 0 and agg["pinned_kv_gib_peak"] == 0
     assert ttl["hit_rate"] > off["hit_rate"] == 0
     assert agg["settings"]["deployment.replicas"] == 2
+    from kvplan.sim.pricing import COST_BASIS
+
+    assert all(r["cost_basis"] == COST_BASIS and len(r["ttft_p90_s_by_replication"]) == 2 for r in rows)
+    assert main(args[:-1]) == 0
+    assert COST_BASIS in capsys.readouterr().out  # the text output states the basis too
 
 
 def test_compare_tpot_from_turns() -> None:

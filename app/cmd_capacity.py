@@ -1,78 +1,164 @@
-"""``kvplan capacity``: smallest xPyD meeting a TTFT p90 SLO, with and without bidirectional transfer."""
+"""``kvplan capacity``: the smallest deployment meeting a TTFT p90 SLO (P/D with and without bidirectional
+transfer, aggregated replicas) for a scenario, a preset or a trace."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import typer
+
+CAPACITY_HELP = """Find the smallest deployment meeting --slo-ttft-p90-ms for SCENARIO.yaml (its model, hardware, TP,
+workload and policy), a --workload preset, or a --trace replay: P/D with bidirectional KV transfer on (the TTL
+searched at each size, router TTL = TTL - margin - skew - that run's p99 arrival-to-decision), off, and
+aggregated replicas of the same TP. One P fewer and one D fewer are simulated and must miss the SLO. Prints
+the maximum sustainable load of each and the cost per million turns on the steady-state basis (node-hours of
+the steady state, not the drain, as compare)."""
+
+
+def _scenario(scenario: Path | None, workload: str | None, model: str, hardware: str, rate: float | None,
+              conversations: int | None, trace: Path | None) -> Any:
+    import math
+
+    from kvplan.errors import input_error
+    from kvplan.sim.capacity import MAX_CONVERSATIONS
+    from kvplan.sim.presets import preset_scenario
+    from kvplan.sim.scenario import load_scenario, with_overrides
+
+    if scenario is not None and workload is not None:
+        raise input_error("capacity", "give SCENARIO.yaml or --workload PRESET, not both")
+    if scenario is not None:
+        sc = load_scenario(scenario)
+        if conversations is not None:
+            sc = with_overrides(sc, {"workload.conversations": conversations})
+    else:
+        name = workload or "chat"
+        sc = preset_scenario(name, model, hardware, rate_per_s=rate, conversations=conversations)
+        if conversations is None and rate is not None and sc.workload.trace is None:
+            # the default run must outlast retention (2 x TTL of arrivals), or decode pressure is underestimated
+            need = math.ceil(rate * 2 * sc.policy.decoder_kv_blocks_ttl_s)
+            if sc.workload.conversations < need:
+                sc = with_overrides(sc, {"workload.conversations": min(need, MAX_CONVERSATIONS)})
+    if trace is not None:
+        if not trace.is_file():
+            raise input_error(f"--trace {trace}", "no such file")
+        sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+    return sc
+
+
+def _ttl_grid(text: str | None) -> tuple[float, ...]:
+    from kvplan.errors import input_error
+    from kvplan.sim.capacity import DEFAULT_TTL_GRID_S
+
+    if text is None:
+        return DEFAULT_TTL_GRID_S
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise input_error("--ttl-grid", f"not a comma-separated list of seconds: {text!r}", "e.g. 60,120,240") from None
+    if not vals or len(vals) > 12:
+        raise input_error("--ttl-grid", "give 1 to 12 TTLs in seconds", "e.g. 60,120,240")
+    return vals
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("capacity")
+    @app.command("capacity", help=CAPACITY_HELP)
     def capacity_cmd(
-        rate: float = typer.Option(..., "--rate", help="New conversations per second."),
+        scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
         slo_ttft_p90_ms: float = typer.Option(..., "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms."),
-        workload: str = typer.Option("chat", "--workload", help="chat | coding-agent | tool-agent."),
-        model: str = typer.Option("qwen3-32b", "--model", help="Model preset."),
-        hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset."),
+        rate: float | None = typer.Option(None, "--rate", help="New conversations per second (default: the scenario's)."),
+        workload: str | None = typer.Option(None, "--workload", help="chat | coding-agent | tool-agent (default chat)."),
+        model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
+        hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
+        trace: Path | None = typer.Option(None, "--trace", help="Replay this trace instead of the synthetic workload."),
         usd: float | None = typer.Option(None, "--usd-per-node-hour", help="Node price (default: hardware's, p5en 63.3)."),
-        max_nodes: int = typer.Option(16, "--max-nodes", help="Largest xPyD (x + y) to consider."),
+        max_nodes: int = typer.Option(16, "--max-nodes", help="Largest xPyD (x + y) and replica count to consider."),
         conversations: int | None = typer.Option(
-            None, "--conversations", help="Conversations per run at --rate (default: the preset's; scaled with the rate)."
+            None, "--conversations", help="Conversations per run at the rate (default: the scenario's; scaled with it)."
         ),
         replications: int = typer.Option(2, "--replications", min=1, help="Seeded replications per configuration."),
+        ttl_grid: str | None = typer.Option(
+            None, "--ttl-grid", help="TTLs (s) searched with bidirectional on (60,120,240,480)."
+        ),
+        aggregated_routing: str | None = typer.Option(
+            None, "--aggregated-routing", help="round_robin | session_affinity | prefix_aware (default: the scenario's)."),
+        max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Search each answer's maximum load."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     ) -> None:
-        """Find the smallest xPyD meeting the SLO at the load, with and without bidirectional KV transfer;
-        the maximum sustainable load of each and the cost per million turns."""
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.flags import common_run_flags, int_range, positive_finite
-        from kvplan.app.output import console
+        from kvplan.errors import input_error
         from kvplan.sim.capacity import plan_capacity
-        from kvplan.sim.presets import preset_scenario
+        from kvplan.sim.compare import ROUTINGS
 
         common_run_flags(replications, workers, conversations)
         positive_finite("--rate", rate, upper=1e6)
         positive_finite("--slo-ttft-p90-ms", slo_ttft_p90_ms, upper=1e10)
         positive_finite("--usd-per-node-hour", usd, upper=1e6, allow_zero=True)
         int_range("--max-nodes", max_nodes, 2, 64)
-        sc = preset_scenario(workload, model, hardware, rate_per_s=rate, conversations=conversations)
-        if conversations is None:
-            # the default run must outlast retention (2 x TTL of arrivals), or decode pressure is underestimated
-            import math
-
-            from kvplan.sim.capacity import MAX_CONVERSATIONS
-            from kvplan.sim.scenario import with_overrides
-
-            need = math.ceil(rate * 2 * sc.policy.decoder_kv_blocks_ttl_s)
-            if sc.workload.conversations < need:
-                sc = with_overrides(sc, {"workload.conversations": min(need, MAX_CONVERSATIONS)})
+        if aggregated_routing is not None and aggregated_routing not in ROUTINGS[:3]:
+            raise input_error("--aggregated-routing", f"unknown routing '{aggregated_routing}'",
+                              f"use one of {', '.join(ROUTINGS[:3])}")
+        grid = _ttl_grid(ttl_grid)
+        sc = _scenario(scenario, workload, model, hardware, rate, conversations, trace)
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,
                                  replications=replications, workers=workers if workers > 0 else (os.cpu_count() or 1),
-                                 progress=cb)
+                                 progress=cb, ttl_grid=grid, aggregated_routing=aggregated_routing, max_rate=max_rate)
         if json_out:
             sys.stdout.write(plan.to_json() + "\n")
             return
+        from kvplan.app.output import console
+
         c = console()
-        c.print(f"{workload} at {rate:g} conversations/s, TTFT p90 SLO {slo_ttft_p90_ms:g} ms, "
-                f"${plan.usd_per_node_hour:g}/node-hour"
-                + (f", {plan.turns_per_conversation:.2f} turns/conversation" if plan.turns_per_conversation > 0 else ""))
-        for name, m in (("bidirectional on", plan.with_bidirectional), ("bidirectional off", plan.without_bidirectional)):
-            if not m.get("meets_slo"):
-                c.print(f"{name}: {m.get('note')}")
-                continue
-            c.print(f"{name}: {m['xpyd']} ({m['nodes']} nodes, ${m['usd_per_hour']:.1f}/h): TTFT p90 "
-                    f"{m['ttft_p90_ms']:.0f} ms, hit rate {m['hit_rate']:.1%}; max load "
-                    f"{'>= ' if m['max_rate_capped'] else ''}{m['max_sustainable_rate_per_s']:.3g}/s; "
-                    f"${m['usd_per_million_turns_at_rate']:.0f} per million turns at {rate:g}/s, "
-                    f"${m['usd_per_million_turns_at_max_rate']:.0f} at max load")
-        for n in plan.notes:
-            c.print(f"note: {n}", markup=False)
-        for d in plan.disagreements:
-            c.print(f"disagreement (the simulator wins): {d}", markup=False)
+        for line in render_text(plan, str(scenario or trace or workload or "chat")):
+            c.print(line, markup=False)
+
+
+def _human(ms: float | None) -> str:
+    from kvplan.app.output import human_s
+
+    return "-" if ms is None else human_s(ms / 1000)
+
+
+def render_text(plan: Any, what: str) -> list[str]:
+    """The plan as lines (the CLI prints them)."""
+    load = f"{plan.rate_per_s:g} conversations/s" if plan.rate_per_s is not None else "the trace's clock"
+    out = [f"{what} at {load}, TTFT p90 SLO {_human(plan.slo_ttft_p90_ms)}, ${plan.usd_per_node_hour:g}/node-hour"
+           + (f", {plan.turns_per_conversation:.2f} turns/conversation" if plan.turns_per_conversation > 0 else "")]
+    for name, m in (("bidirectional on", plan.with_bidirectional), ("bidirectional off", plan.without_bidirectional),
+                    ("aggregated", plan.aggregated)):
+        if not m.get("meets_slo"):
+            out.append(f"{name}: {m.get('note')}")
+            continue
+        pol = ""
+        if m.get("decoder_kv_blocks_ttl_s") is not None:
+            pol = (f" TTL {m['decoder_kv_blocks_ttl_s']:g} s, router TTL {m['router_ttl_s']:g} s, threshold "
+                   f"{m['kv_recompute_threshold_tokens']};")
+        if name == "aggregated":
+            pol = f" routing {m['routing']};"
+        checks = ", ".join(f"{c.get('xpyd') or str(c['replicas']) + ' replicas'} "
+                           f"{'meets' if c['meets_slo'] else 'misses'} ({_human(c['ttft_p90_ms'])})"
+                           for c in m["neighbour_checks"])
+        mx = m.get("max_sustainable_rate_per_s")
+        at_max = m.get("usd_per_million_turns_at_max_rate")
+        usd_rate = m.get("usd_per_million_turns_at_rate")
+        out.append(
+            f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {m['billed_nodes']:g} nodes, ${m['usd_per_hour']:.1f}/h):{pol} "
+            f"TTFT p90 "
+            f"{_human(m['ttft_p90_ms'])}, hit rate {m['hit_rate']:.1%}"
+            + (f"; max load {'>= ' if m['max_rate_capped'] else ''}{mx:.3g}/s" if mx is not None else "")
+            + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
+            + (f", ${at_max:,.0f} at max load" if at_max is not None else "")
+            + (f"; one fewer: {checks}" if checks else ""))
+    out.append(plan.cost_basis)
+    out.append(f"{plan.simulations} simulations")
+    out.extend(f"note: {n}" for n in plan.notes)
+    out.extend(f"disagreement (the simulator wins): {d}" for d in plan.disagreements)
+    return out

@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
         rate: float | None = typer.Option(None, "--rate", help="New conversations per second (with --workload)."),
         policies: str | None = typer.Option(None, "--policies", help="Comma-separated list (default: every modelled one)."),
-        replications: int = typer.Option(3, "--replications", help="Seeded replications per policy (seed + k)."),
+        replications: int = typer.Option(
+            3, "--replications", help="Seeded replications per policy (seeds spawned from the scenario's seed)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
         html: Path | None = typer.Option(None, "--html", help="Write the figures to this HTML file."),
         slo_ttft_p90_ms: float | None = typer.Option(None, "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms (max load)."),
@@ -171,8 +172,10 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
             continue
         out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
     reps = rows[0]["replications"]
-    seeds = f"seed {rows[0]['seed']}" if reps == 1 else f"seeds {rows[0]['seed']}..{rows[0]['seed'] + reps - 1}"
+    seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
     out.append(f"(± 95% CI over {reps} replication(s), {seeds}; '-' = not modelled or not applicable)")
+    if rows[0].get("cost_basis"):
+        out.append(rows[0]["cost_basis"])
     if rows[0].get("slo_ttft_p90_ms") is not None:
         out.append(f"max load: new conversations/s with mean TTFT p90 <= {rows[0]['slo_ttft_p90_ms']:g} ms and <= 1% errors")
     for r in rows:

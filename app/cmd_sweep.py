@@ -18,6 +18,10 @@ GRID.yaml:
   axes:                          # dotted scenario path -> list of values (cartesian product)
     policy.decoder_kv_blocks_ttl_s: [30, 60, 120, 300, 480, 900]
     workload.turn_gap_s.mean: [5, 30, 120]   # a parameter of the base's distribution (exponential: mean)
+  ties:                          # optional: a path computed from an axis (PATH [* N] [+|- N], parsed, never eval'd)
+    policy.router_ttl_s: "policy.decoder_kv_blocks_ttl_s - 10"
+  zip:                           # optional: groups of equal-length lists that vary together (one dimension each)
+    - {deployment.prefill_nodes: [1, 2], deployment.decode_nodes: [2, 4]}
   replications: 3                # optional (--replications overrides); replication k: seed k of SeedSequence(seed).spawn
   seed: 0                        # optional base seed (default: the base scenario's)
 

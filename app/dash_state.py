@@ -175,6 +175,19 @@ def preset_names() -> list[str]:
     return names
 
 
+def cli_prefix_caching_default(workload: str) -> bool:
+    """P prefix caching as the CLI sets it for this workload choice: the published benchmark's (off) for it and
+    for a trace (``kvplan simulate --trace`` replays on the default scenario), the preset's for a preset, vLLM's
+    default (on, the ``Deployment`` field default) for a custom workload."""
+    from kvplan.sim.scenario import Deployment
+
+    if workload in (PUBLISHED, TRACE):
+        return bool(PUBLISHED_BENCHMARK["deployment"]["prefill_prefix_caching"])
+    if workload == CUSTOM:
+        return bool(Deployment.model_fields["prefill_prefix_caching"].default)
+    return bool(presets.preset_scenario(workload).deployment.prefill_prefix_caching)
+
+
 def build_scenario(inputs: ScenarioInputs) -> Scenario:
     """The validated scenario the widgets describe (raises a one-line :class:`KvplanInputError`).
 
@@ -372,8 +385,13 @@ def scenario_sidebar() -> Scenario | None:
     p_nodes = _w(c1.number_input, "prefill nodes (xP)", "p_nodes", min_value=1, max_value=64, value=d.prefill_nodes)
     d_nodes = _w(c2.number_input, "decode nodes (yD)", "d_nodes", min_value=1, max_value=64, value=d.decode_nodes)
     tp = _w(sb.selectbox, "tensor parallel size", "tp", options=(1, 2, 4, 8), index=3)
-    p_cache = _w(sb.checkbox, "prefix caching on P", "p_cache", value=d.prefill_prefix_caching,
-                 help="The published runs disable it to emulate a P node that evicted the conversation.")
+    wl_now = str(st.session_state.get("sc_workload", preset_names()[0]))
+    if st.session_state.get("sc_p_cache_for") != wl_now:  # a new workload choice: its CLI default again
+        st.session_state["sc_p_cache"] = cli_prefix_caching_default(wl_now)
+        st.session_state["sc_p_cache_for"] = wl_now
+    p_cache = _w(sb.checkbox, "prefix caching on P", "p_cache",
+                 help="Default as the CLI: off for the published benchmark and `simulate --trace` (they emulate a P "
+                      "node that evicted the conversation), on for the presets and a custom workload (vLLM's default).")
     sb.subheader("Policy")
     bidir = _w(sb.toggle, "bidirectional KV transfer", "bidir", value=d.bidirectional)
     ttl = _w(sb.number_input, "decoder_kv_blocks_ttl (s)", "ttl", min_value=0.0, value=d.ttl_s, step=10.0,

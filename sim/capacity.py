@@ -1,19 +1,41 @@
-"""Capacity planning: the smallest xPyD meeting a TTFT p90 SLO at a load, with and without bidirectional.
+"""Capacity planning: the smallest deployment meeting a TTFT p90 SLO at a load, for any scenario or trace.
 
-``plan_capacity(scenario, rate_per_s, slo_ttft_p90_ms, ...) -> CapacityPlan``:
+``plan_capacity(scenario, rate_per_s, slo_ttft_p90_ms, ...) -> CapacityPlan`` keeps the scenario's model,
+hardware, TP, workload (or trace) and policy and answers three columns:
 
-1. The analytic screen (:mod:`kvplan.sim.screen`) rates every (prefill nodes x, decode nodes y) with
-   ``x + y <= max_nodes`` by its slack ``max(prefill utilisation, decode KV demand)``.
-2. Totals ``x + y`` are simulated from the smallest the screen finds plausible (slack < 1.2) upwards, the
-   three best splits of each total, ``replications`` seeds each; the first total with a split whose mean
-   TTFT p90 meets the SLO wins (lowest p90 among its splits). The simulator wins over the screen: the best
-   split one node smaller is simulated too, and if it meets the SLO the search goes down.
-3. The maximum sustainable load of the chosen xPyD: the rate is doubled until the SLO breaks, then
-   bisected (5 steps, ~3%).
-4. Cost per million turns = nodes x $/node-hour / (turns per hour) x 10^6 at the target load and at the
-   maximum load (turns per conversation as simulated).
+* ``with_bidirectional``: the smallest xPyD with ``bidirectional_kv_xfer`` on, the TTL, router TTL and
+  threshold chosen at each size as below;
+* ``without_bidirectional``: the smallest xPyD with it off (plain P/D);
+* ``aggregated``: the fewest aggregated vLLM replicas of the same TP (both phases per engine, prefix caching
+  on, routed as ``compare``'s aggregated row: :func:`aggregated_overrides`), searched from the P/D answer's
+  instance count (doubled until the SLO is met, then bisected), with the check of one replica fewer.
 
-The policy is the scenario's (vLLM defaults unless set); ``kvplan recommend`` tunes TTL and threshold.
+Search (the screen prunes, the simulator decides):
+
+1. The analytic screen (:mod:`kvplan.sim.screen`) rates every (P nodes x, D nodes y) with ``x + y <=
+   max_nodes`` by its slack ``max(prefill utilisation, decode KV demand)`` (with bidirectional, at the TTL of
+   the grid that screens best). Totals ``x + y`` are simulated upwards from the smallest the screen finds
+   plausible (slack < :data:`PLAUSIBLE_SLACK`; from 2 on a trace, which the screen cannot see), the
+   :data:`SPLITS_PER_TOTAL` best splits of each; the first total with a split meeting the SLO gives the
+   candidate (its lowest p90).
+2. Neighbour checks: ``(x-1, y)`` and ``(x, y-1)`` are simulated; while one of them meets the SLO the answer
+   moves there (a disagreement with the screen). The answer is the smallest in that sense: one P fewer and
+   one D fewer both miss the SLO, and the checks are reported (``neighbour_checks``).
+3. Bidirectional policy at a size: for each TTL of the grid (ascending; TTLs whose screened decode KV demand is
+   >= :data:`PLAUSIBLE_SLACK` are pruned unless none is left), the router TTL is ``TTL - expiry margin -
+   clock skew - p99(arrival -> P's connector decision)`` measured on that candidate's own run at this size
+   (first run with the margin and skew only; rerun when the p99 lowers the whole-second router TTL): P
+   declines a read within the margin of D's expiry (``nixl/pull_scheduler.py``, PR #47021), so the proxy must
+   forget a D earlier by the time its requests wait before P decides. A TTL whose router TTL would be below
+   1 s is skipped. The shortest TTL meeting the SLO is chosen (the least pinned HBM), else the lowest p90 is
+   reported. The threshold is the analytic pull-vs-recompute break-even (:mod:`kvplan.sim.breakeven`) of the
+   workload's mean follow-up.
+4. The maximum sustainable load of the answer (its policy held): the rate is doubled until the SLO breaks,
+   then bisected (:data:`BISECTION_STEPS` steps); not on a trace (the trace brings its own clock).
+5. Cost per million turns on the steady-state basis (:mod:`kvplan.sim.pricing`), as ``compare`` prices it.
+
+Every candidate runs with ``replications`` seeds spawned from the scenario's seed (``compare``'s seeds), and
+meets the SLO when its mean TTFT p90 is at most the SLO with at most 1% of turns errored.
 """
 
 from __future__ import annotations
@@ -29,29 +51,35 @@ import numpy as np
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.sim.executor import run_tasks
+from kvplan.sim.capacity_eval import Evaluator, Metrics, meets
+from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import screen_scenarios
-from kvplan.sim.seeds import replication_seeds
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
 SPLITS_PER_TOTAL = 3
 BISECTION_STEPS = 5
 MAX_DOUBLINGS = 5
 MAX_CONVERSATIONS = 200_000  # bound on one run when the rate grows (the horizon is kept otherwise)
+DEFAULT_TTL_GRID_S = (60.0, 120.0, 240.0, 480.0)
+MIN_ROUTER_TTL_S = 1.0
+KV_AWARE_ROUTING = ("session_affinity", "prefix_aware", "sticky")
 
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    """Smallest deployments meeting the SLO, with and without bidirectional transfer, and their costs."""
+    """Smallest deployments meeting the SLO (bidirectional on, off, aggregated replicas) and their costs."""
 
-    rate_per_s: float
+    rate_per_s: float | None
     slo_ttft_p90_ms: float
     usd_per_node_hour: float
     turns_per_conversation: float
     with_bidirectional: dict[str, Any]
     without_bidirectional: dict[str, Any]
+    aggregated: dict[str, Any] = field(default_factory=dict)
+    cost_basis: str = COST_BASIS
+    simulations: int = 0
     notes: tuple[str, ...] = ()
     disagreements: tuple[str, ...] = field(default_factory=tuple)
 
@@ -61,50 +89,6 @@ class CapacityPlan:
         return json.dumps(json_safe(asdict(self)), indent=2, sort_keys=True)
 
 
-class _Eval:
-    """Simulates (x, y, rate) configurations of one mode, memoised, with progress."""
-
-    def __init__(self, base: Scenario, bidirectional: bool, reps: int, workers: int, backend: str,
-                 progress: Callable[[int, int], None] | None, counter: list[int]) -> None:
-        self.base, self.bidir, self.reps = base, bidirectional, reps
-        self.workers, self.backend, self.progress, self.counter = workers, backend, progress, counter
-        self.cache: dict[tuple[int, int, float], dict[str, float]] = {}
-        self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
-
-    def overrides(self, x: int, y: int, rate: float) -> dict[str, Any]:
-        return {"deployment.prefill_nodes": x, "deployment.decode_nodes": y, "policy.bidirectional": self.bidir,
-                "workload.arrival.rate_per_s": rate, "workload.conversations": conversations_for(self.base, rate)}
-
-    def many(self, configs: list[tuple[int, int, float]]) -> list[dict[str, float]]:
-        todo = [c for c in dict.fromkeys(configs) if c not in self.cache]
-        rows: dict[tuple[int, int, float], list[dict[str, Any]]] = {c: [] for c in todo}
-        seeds = replication_seeds(self.base.seed, self.reps)
-        tasks = [(c, self.overrides(*c), seeds[k]) for c in todo for k in range(self.reps)]
-
-        def on_result(key: Any, row: dict[str, Any]) -> None:
-            rows[key].append(row)
-            self.counter[0] += 1
-            if self.progress:
-                self.progress(self.counter[0], max(self.counter[0], self.counter[1]))
-
-        self.counter[1] += len(tasks)
-        run_tasks(self.base, self.key, tasks, on_result, self.backend, self.workers)
-        for c, rs in rows.items():
-            ok = [r for r in rs if r.get("error") is None]
-            p90 = [r["ttft_p90_s"] for r in ok]
-            self.cache[c] = {
-                "ttft_p90_s": float(np.mean(p90)) if len(ok) == len(rs) else math.inf,
-                "ttft_p90_s_sd": float(np.std(p90, ddof=1)) if len(p90) > 1 else math.nan,
-                "ttft_mean_s": float(np.mean([r["ttft_mean_s"] for r in ok])) if ok else math.inf,
-                "hit_rate": float(np.mean([r["hit_rate"] for r in ok])) if ok else math.nan,
-                "prefill_utilization": float(np.mean([r["prefill_utilization"] for r in ok])) if ok else math.nan,
-                "turns_per_conversation": (
-                    float(np.mean([r["turns"] / max(r["conversations"], 1) for r in ok])) if ok else math.nan),
-                "errors": float(np.mean([r["errors"] for r in ok])) if ok else math.nan,
-            }
-        return [self.cache[c] for c in configs]
-
-
 def conversations_for(base: Scenario, rate: float) -> int:
     """Conversations that keep the base scenario's arrival horizon (conversations / rate) at another rate."""
     arr = base.workload.arrival
@@ -112,117 +96,210 @@ def conversations_for(base: Scenario, rate: float) -> int:
     return int(min(max(math.ceil(rate * horizon), 1), MAX_CONVERSATIONS))
 
 
-def _screen_slack(base: Scenario, bidir: bool, rate: float, max_nodes: int) -> list[tuple[int, int, float]]:
-    pairs = [(x, y) for x in range(1, max_nodes) for y in range(1, max_nodes) if x + y <= max_nodes]
-    scen = [with_overrides(base, {"deployment.prefill_nodes": x, "deployment.decode_nodes": y,
-                                  "policy.bidirectional": bidir, "workload.arrival.rate_per_s": rate}) for x, y in pairs]
-    scr = screen_scenarios(scen)
-    slack = np.maximum(scr["screen_prefill_utilization"].to_numpy(), scr["screen_decode_kv_demand"].to_numpy())
-    return [(x, y, float(s)) for (x, y), s in zip(pairs, slack, strict=True)]
+def aggregated_overrides(replicas: int, routing: str) -> dict[str, Any]:
+    """Overrides turning a P/D scenario into ``replicas`` aggregated replicas of its TP, routed by ``routing``."""
+    return {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None,
+            "deployment.mode": "aggregated", "deployment.replicas": replicas, "deployment.routing": routing,
+            "deployment.prefill_prefix_caching": True, "policy.bidirectional": False}
 
 
-def _best_at(total: int, slack: list[tuple[int, int, float]], loose: bool) -> list[tuple[int, int]]:
-    at = sorted((s, x, y) for x, y, s in slack if x + y == total and (not loose or s < PLAUSIBLE_SLACK))
-    return [(x, y) for _, x, y in at[:SPLITS_PER_TOTAL]]
+def default_aggregated_routing(sc: Scenario) -> str:
+    """``compare``'s aggregated routing: the scenario's, ``sticky`` as ``session_affinity``."""
+    return "session_affinity" if sc.deployment.routing == "sticky" else sc.deployment.routing
 
 
-#: (TTFT p90, (P nodes, D nodes), the run's metrics) of the best deployment tried
-Closest = tuple[float, tuple[int, int], dict[str, float]]
+@dataclass
+class Pick:
+    """One deployment size simulated under its policy: whether it meets the SLO, its metrics and policy."""
+
+    ok: bool
+    metrics: Metrics
+    overrides: dict[str, Any]
+    policy: dict[str, Any]
+    candidates: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _not_meeting(closest: Closest | None, max_nodes: int,
-                 slo_s: float) -> dict[str, Any]:
-    """The answer when no deployment up to ``max_nodes`` meets the SLO: the closest one tried and its p90."""
-    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {max_nodes} nodes meets the SLO"}
-    if closest is not None:
-        p90, (cx, cy), best = closest
-        out.update({
-            "closest_xpyd": f"{cx}P{cy}D", "closest_ttft_p90_ms": p90 * 1000, "hit_rate": best["hit_rate"],
-            "turns_per_conversation": best["turns_per_conversation"],
-            "prefill_utilization": best["prefill_utilization"],
-        })
-        achieved = f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else "runs failed"
-        out["note"] += (f"; closest tried: {cx}P{cy}D with {achieved} (SLO {slo_s * 1000:g} ms): raise "
-                        "--max-nodes, relax the SLO or lower the load")
-    return out
+def _check(x: int, y: int, pick: Pick) -> dict[str, Any]:
+    return {"xpyd": f"{x}P{y}D", "prefill_nodes": x, "decode_nodes": y, "meets_slo": pick.ok,
+            "ttft_p90_ms": pick.metrics["ttft_p90_s"] * 1000, **pick.policy}
 
 
-def _plan_mode(ev: _Eval, rate: float, slo_s: float, max_nodes: int, usd: float, notes: list[str],
-               disagreements: list[str]) -> dict[str, Any]:
-    slack = _screen_slack(ev.base, ev.bidir, rate, max_nodes)
-    found, closest = _smallest_meeting(ev, slack, rate, slo_s, max_nodes, disagreements)
-    if found is None:
-        return _not_meeting(closest, max_nodes, slo_s)
-    x, y = found
-    at = ev.many([(x, y, rate)])[0]
-    lo, capped = _max_rate(ev, x, y, rate, slo_s)
-    if capped:
-        notes.append(f"bidirectional {'on' if ev.bidir else 'off'}: the SLO still holds at {lo:g}/s (search capped)")
-    tpc = at["turns_per_conversation"]
-    nodes = x + y
+class _Planner:
+    """The search of one plan: the screen, the per-size policy, the smallest-deployment walk."""
 
-    def per_m(rate_c: float) -> float:
-        return nodes * usd * 1e6 / (rate_c * tpc * 3600) if rate_c > 0 and tpc > 0 else math.nan
+    def __init__(self, ev: Evaluator, slo_s: float, max_nodes: int, ttl_grid: tuple[float, ...], threshold: int,
+                 rate_ov: dict[str, Any], screened: bool) -> None:
+        self.ev, self.slo_s, self.max_nodes, self.ttl_grid = ev, slo_s, max_nodes, ttl_grid
+        self.threshold, self.rate_ov, self.screened = threshold, rate_ov, screened
+        self.disagreements: list[str] = []
+        pol = ev.base.policy
+        self.allowance_s = pol.expiry_safety_margin_s + pol.clock_skew_s
+        self.pairs = [(x, y) for x in range(1, max_nodes) for y in range(1, max_nodes) if x + y <= max_nodes]
+        self.demand: dict[tuple[int, int, float], float] = {}
 
-    return {
-        "meets_slo": True,
-        "xpyd": f"{x}P{y}D",
-        "prefill_nodes": x,
-        "decode_nodes": y,
-        "nodes": nodes,
-        "usd_per_hour": nodes * usd,
-        "ttft_p90_ms": at["ttft_p90_s"] * 1000,
-        "ttft_mean_ms": at["ttft_mean_s"] * 1000,
-        "hit_rate": at["hit_rate"],
-        "turns_per_conversation": tpc,
-        "prefill_utilization": at["prefill_utilization"],
-        "max_sustainable_rate_per_s": lo,
-        "max_rate_capped": capped,
-        "usd_per_million_turns_at_rate": per_m(rate),
-        "usd_per_million_turns_at_max_rate": per_m(lo),
-    }
+    # --- the screen ----------------------------------------------------------------------------------------
+
+    def slack(self, bidir: bool) -> dict[tuple[int, int], float]:
+        """Screen slack of every (x, y): max(prefill utilisation, decode KV demand), best TTL with bidirectional."""
+        ttls = self.ttl_grid if bidir else (self.ev.base.policy.decoder_kv_blocks_ttl_s,)
+        keys = [(x, y, t) for x, y in self.pairs for t in ttls]
+        scen = [with_overrides(self.ev.base, {**self._size(x, y), **self._policy_ov(bidir, t, t)}) for x, y, t in keys]
+        scr = screen_scenarios(scen)
+        util = scr["screen_prefill_utilization"].to_numpy()
+        dem = scr["screen_decode_kv_demand"].to_numpy()
+        out: dict[tuple[int, int], float] = {}
+        for (x, y, t), u, d in zip(keys, util, dem, strict=True):
+            self.demand[(x, y, t)] = float(d)
+            s = float(max(u, d)) if math.isfinite(u) and math.isfinite(d) else math.inf
+            out[(x, y)] = min(out.get((x, y), math.inf), s)
+        return out
+
+    def _size(self, x: int, y: int) -> dict[str, Any]:
+        return {"deployment.prefill_nodes": x, "deployment.decode_nodes": y, **self.rate_ov}
+
+    def _policy_ov(self, bidir: bool, ttl: float, router: float) -> dict[str, Any]:
+        if not bidir:
+            return {"policy.bidirectional": False}
+        return {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": ttl, "policy.router_ttl_s": router,
+                "policy.kv_recompute_threshold_tokens": self.threshold}
+
+    # --- one size ------------------------------------------------------------------------------------------
+
+    def off_at(self, x: int, y: int) -> Pick:
+        """Bidirectional off at xPyD."""
+        ov = {**self._size(x, y), **self._policy_ov(False, 0.0, 0.0)}
+        m = self.ev.one(ov)
+        return Pick(meets(m, self.slo_s), m, ov, {"decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
+                                                   "kv_recompute_threshold_tokens": None})
+
+    def _ttls_at(self, x: int, y: int) -> list[float]:
+        keep = [t for t in self.ttl_grid if self.demand.get((x, y, t), 0.0) < PLAUSIBLE_SLACK or not self.screened]
+        return keep or [min(self.ttl_grid)]
+
+    def bidir_at(self, x: int, y: int) -> Pick:
+        """Bidirectional on at xPyD: the shortest TTL of the grid meeting the SLO, each with its own router TTL."""
+        tried: list[Pick] = []
+        cands: list[dict[str, Any]] = []
+        for ttl in self._ttls_at(x, y):
+            first = math.floor(ttl - self.allowance_s)
+            if first < MIN_ROUTER_TTL_S:
+                cands.append({"decoder_kv_blocks_ttl_s": ttl, "skipped": "TTL within the expiry margin + skew"})
+                continue
+            m0 = self.ev.one({**self._size(x, y), **self._policy_ov(True, ttl, first)})
+            router = math.floor(ttl - self.allowance_s - m0["p_decide_p99_s"]) if math.isfinite(
+                m0["p_decide_p99_s"]) else first
+            cand: dict[str, Any] = {"decoder_kv_blocks_ttl_s": ttl, "p_decide_p99_s": m0["p_decide_p99_s"]}
+            if router < MIN_ROUTER_TTL_S:
+                cands.append({**cand, "router_ttl_s": router, "skipped": "P decides later than TTL - margin - skew"})
+                continue
+            ov = {**self._size(x, y), **self._policy_ov(True, ttl, float(router))}
+            m = m0 if router == first else self.ev.one(ov)
+            pick = Pick(meets(m, self.slo_s), m, ov, {"decoder_kv_blocks_ttl_s": ttl, "router_ttl_s": float(router),
+                                                       "kv_recompute_threshold_tokens": self.threshold})
+            cands.append({**cand, "router_ttl_s": float(router), "ttft_p90_ms": m["ttft_p90_s"] * 1000,
+                          "meets_slo": pick.ok})
+            tried.append(pick)
+            if pick.ok:
+                break
+        if not tried:
+            inf: Metrics = {"ttft_p90_s": math.inf}
+            return Pick(False, inf, {}, {"decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
+                                         "kv_recompute_threshold_tokens": self.threshold}, cands)
+        best = next((p for p in tried if p.ok), min(tried, key=lambda p: p.metrics["ttft_p90_s"]))
+        best.candidates = cands
+        return best
+
+    # --- the walk ------------------------------------------------------------------------------------------
+
+    def smallest(self, at: Callable[[int, int], Pick], slack: dict[tuple[int, int], float],
+                 label: str) -> tuple[tuple[int, int, Pick] | None, tuple[int, int, Pick] | None, list[dict[str, Any]]]:
+        """(answer, closest tried, neighbour checks) of one column."""
+        closest: tuple[int, int, Pick] | None = None
+        found: tuple[int, int, Pick] | None = None
+        plausible = [x + y for (x, y), s in slack.items() if s < PLAUSIBLE_SLACK] if self.screened else []
+        total = min(plausible) if plausible else 2
+        while total <= self.max_nodes and found is None:
+            splits = sorted((s, x, y) for (x, y), s in slack.items() if x + y == total)[:SPLITS_PER_TOTAL]
+            picks = [(x, y, at(x, y)) for _, x, y in splits]
+            for x, y, p in picks:
+                if closest is None or p.metrics["ttft_p90_s"] < closest[2].metrics["ttft_p90_s"]:
+                    closest = (x, y, p)
+            ok = [(p.metrics["ttft_p90_s"], x, y, p) for x, y, p in picks if p.ok]
+            if ok:
+                _, x, y, p = min(ok, key=lambda t: t[:3])
+                found = (x, y, p)
+            total += 1
+        checks: list[dict[str, Any]] = []
+        while found is not None:
+            x, y, p = found
+            nbrs = [(x - 1, y)] * (x > 1) + [(x, y - 1)] * (y > 1)
+            res = [(nx, ny, at(nx, ny)) for nx, ny in nbrs]
+            checks = [_check(nx, ny, q) for nx, ny, q in res]
+            better = [(q.metrics["ttft_p90_s"], nx, ny, q) for nx, ny, q in res if q.ok]
+            if not better:
+                break
+            _, nx, ny, q = min(better, key=lambda t: t[:3])
+            self.disagreements.append(f"{label}: {nx}P{ny}D meets the SLO too (the search started above it)")
+            found = (nx, ny, q)
+        return found, closest, checks
+
+    def aggregated(self, routing: str, tp: int, guess: int | None
+                   ) -> tuple[int | None, Pick | None, list[dict[str, Any]], Pick | None]:
+        """(replicas, pick, the check of one replica fewer, closest) of the aggregated column. Meeting the SLO is
+        taken as monotone in the replica count: from ``guess`` (the P/D answer's instance count) doubling up to
+        ``max_nodes`` until one meets, then bisection below it; the check of R - 1 is simulated."""
+        def at(r: int) -> Pick:
+            ov = {**aggregated_overrides(r, routing), **self.rate_ov}
+            m = self.ev.one(ov)
+            return Pick(meets(m, self.slo_s), m, ov, {"replicas": r, "routing": routing, "tensor_parallel_size": tp})
+
+        lo, hi = 0, min(max(guess or self.max_nodes, 1), self.max_nodes)  # at(lo) misses: 0 replicas serve nothing
+        while not (top := at(hi)).ok:
+            if hi == self.max_nodes:
+                return None, None, [], top
+            lo, hi = hi, min(2 * hi, self.max_nodes)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if at(mid).ok else (mid, hi)
+        best = at(hi)
+        checks = []
+        if hi > 1:
+            below = at(hi - 1)
+            checks = [{"replicas": hi - 1, "meets_slo": below.ok, "ttft_p90_ms": below.metrics["ttft_p90_s"] * 1000}]
+        return hi, best, checks, best
 
 
-def _meeting(ev: _Eval, splits: list[tuple[int, int]], rate: float, slo_s: float,
-             closest: list[Closest]) -> tuple[int, int] | None:
-    """The split of ``splits`` with the lowest simulated TTFT p90 within the SLO, if any; ``closest`` keeps
-    the lowest p90 seen (for the answer when nothing meets the SLO)."""
-    res = ev.many([(x, y, rate) for x, y in splits])
-    for row, split in zip(res, splits, strict=True):
-        if not closest or row["ttft_p90_s"] < closest[0][0]:
-            closest[:] = [(row["ttft_p90_s"], split, row)]
-    ok = [(r["ttft_p90_s"], s) for r, s in zip(res, splits, strict=True) if r["ttft_p90_s"] <= slo_s]
-    return min(ok)[1] if ok else None
+def break_even_threshold(sc: Scenario) -> int:
+    """The threshold ``recommend``'s rule starts from: the analytic pull-vs-recompute break-even of the mean
+    follow-up turn (local prefix on P when it has one, the new user tokens as the tail)."""
+    from kvplan.sim.breakeven import break_even
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.screen import quantile_sample
+
+    wl, dep = sc.workload, sc.deployment
+    t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
+    et, et2 = float(t.mean()), float((t * t).mean())
+    prefix = float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean())
+    user = float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean())
+    out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
+    km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0  # mean turn index - 1 of a follow-up
+    prev_prompt = prefix + user * km1 + out * (km1 - 1)
+    same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
+    local = int(prev_prompt) if dep.prefill_prefix_caching and same_p else 0
+    return int(break_even(resolve(sc), local, int(round(user)) + 1).tokens)
 
 
-def _smallest_meeting(ev: _Eval, slack: list[tuple[int, int, float]], rate: float, slo_s: float, max_nodes: int,
-                      disagreements: list[str]) -> tuple[tuple[int, int] | None, Closest | None]:
-    """Grow the node count from the screen's plausible minimum until a split meets the SLO, then shrink
-    while the simulator still meets it there (the simulator wins over the screen)."""
-    plausible = [x + y for x, y, s in slack if s < PLAUSIBLE_SLACK]
-    found: tuple[int, int] | None = None
-    closest: list[Closest] = []
-    total = min(plausible) if plausible else 2
-    while total <= max_nodes and found is None:
-        found = _meeting(ev, _best_at(total, slack, loose=False), rate, slo_s, closest)
-        total += 1
-    while found is not None and found[0] + found[1] > 2:
-        smaller = _meeting(ev, _best_at(found[0] + found[1] - 1, slack, loose=False), rate, slo_s, [])
-        if smaller is None:
-            break
-        disagreements.append(f"bidirectional {'on' if ev.bidir else 'off'}: the screen ruled out "
-                             f"{smaller[0]}P{smaller[1]}D, the simulator meets the SLO there")
-        found = smaller
-    return found, (closest[0] if closest else None)
+def _max_rate(ev: Evaluator, ov: dict[str, Any], rate: float, slo_s: float) -> tuple[float, bool]:
+    """The largest load the answer sustains within the SLO, its policy held: doublings, then bisection."""
+    def ok(r: float) -> bool:
+        return meets(ev.one({**ov, "workload.arrival.rate_per_s": r,
+                             "workload.conversations": conversations_for(ev.base, r)}), slo_s)
 
-
-def _max_rate(ev: _Eval, x: int, y: int, rate: float, slo_s: float) -> tuple[float, bool]:
-    """The largest load ``xPyD`` sustains within the SLO: doublings, then bisection; (rate, search capped)."""
     lo, hi = rate, math.inf
     r = rate
     for _ in range(MAX_DOUBLINGS):
         r *= 2
-        if ev.many([(x, y, r)])[0]["ttft_p90_s"] <= slo_s:
+        if ok(r):
             lo = r
         else:
             hi = r
@@ -231,16 +308,135 @@ def _max_rate(ev: _Eval, x: int, y: int, rate: float, slo_s: float) -> tuple[flo
         return lo, True
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2
-        if ev.many([(x, y, mid)])[0]["ttft_p90_s"] <= slo_s:
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo, False
+
+
+def _gpus(sc: Scenario, ov: dict[str, Any]) -> int:
+    v = with_overrides(sc, ov).deployment
+    if v.mode == "aggregated":
+        return v.replicas * v.tensor_parallel_size
+    return (v.prefill_nodes * (v.prefill_tensor_parallel_size or v.tensor_parallel_size)
+            + v.decode_nodes * (v.decode_tensor_parallel_size or v.tensor_parallel_size))
+
+
+def _answer(pick: Pick, nodes: int, usd: float, rate: float | None, max_rate: tuple[float, bool] | None,
+            ev: Evaluator) -> dict[str, Any]:
+    m = pick.metrics
+    gpus = _gpus(ev.base, pick.overrides)
+    billed = node_equivalents(gpus, get_hardware(ev.base.hardware).gpus_per_node)
+    out: dict[str, Any] = {
+        "meets_slo": True, "nodes": nodes, "gpus": gpus, "billed_nodes": billed, "usd_per_hour": billed * usd,
+        "ttft_p90_ms": m["ttft_p90_s"] * 1000, "ttft_p50_ms": m["ttft_p50_s"] * 1000,
+        "ttft_mean_ms": m["ttft_mean_s"] * 1000, "hit_rate": m["hit_rate"],
+        "turns_per_conversation": m["turns_per_conversation"], "prefill_utilization": m["prefill_utilization"],
+        "steady_served_turns_per_s": m["steady_served_turns_per_s"], "errors": m["errors"],
+        "pinned_kv_gib_peak": m["pinned_kv_gib_peak"],
+        "usd_per_million_turns_at_rate": usd_per_million_turns(billed, usd, m["steady_served_turns_per_s"]),
+        **pick.policy,
+    }
+    if max_rate is not None and rate is not None:
+        lo, capped = max_rate
+        at_max = ev.one({**pick.overrides, "workload.arrival.rate_per_s": lo,
+                         "workload.conversations": conversations_for(ev.base, lo)}) if lo != rate else m
+        out.update({"max_sustainable_rate_per_s": lo, "max_rate_capped": capped,
+                    "usd_per_million_turns_at_max_rate": usd_per_million_turns(
+                        billed, usd, at_max["steady_served_turns_per_s"])})
+    else:
+        out.update({"max_sustainable_rate_per_s": None, "max_rate_capped": None,
+                    "usd_per_million_turns_at_max_rate": None})
+    return out
+
+
+def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> dict[str, Any]:
+    """The answer when nothing up to the bound meets the SLO: the closest one tried and its p90."""
+    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {what} meets the SLO"}
+    if closest is not None:
+        name, p = closest
+        p90 = p.metrics["ttft_p90_s"]
+        out.update({"closest": name, "closest_xpyd": name, "closest_ttft_p90_ms": p90 * 1000,
+                    "hit_rate": p.metrics.get("hit_rate"), **p.policy,
+                    "turns_per_conversation": p.metrics.get("turns_per_conversation"),
+                    "prefill_utilization": p.metrics.get("prefill_utilization")})
+        achieved = f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else "runs failed"
+        out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms): raise "
+                        "--max-nodes, relax the SLO or lower the load")
+    return out
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    sc: Scenario
+    rate: float | None
+    slo_s: float
+    usd: float
+    max_nodes: int
+    ttl_grid: tuple[float, ...]
+
+
+def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: float | None, slo_ttft_p90_ms: float,
+              usd_per_node_hour: float | None, max_nodes: int, ttl_grid: Any) -> _Inputs:
+    sc = as_scenario(scenario)
+    if sc.deployment.mode == "aggregated":
+        raise input_error("deployment.mode", "capacity starts from a disaggregated (P/D) scenario",
+                          "give the P/D deployment; the aggregated column uses the same TP")
+    trace = sc.workload.trace is not None
+    if isinstance(sc.workload.arrival, ClosedLoopArrival) and not trace:
+        raise input_error("workload.arrival", "capacity planning needs an open-loop (poisson) workload or a trace")
+    if rate_per_s is not None and trace:
+        raise input_error("--rate", "a trace brings its own clock", "leave out --rate (or scale the trace in a sweep)")
+    for name, v in (("--rate", rate_per_s), ("--slo-ttft-p90-ms", slo_ttft_p90_ms)):
+        if v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+            raise input_error(name, f"must be a positive number, got {v!r}")
+    if not isinstance(max_nodes, int) or max_nodes < 2:
+        raise input_error("max_nodes", "must be an integer >= 2")
+    grid = tuple(float(t) for t in ttl_grid)
+    if not grid or any(not (math.isfinite(t) and t > 0) for t in grid):
+        raise input_error("--ttl-grid", f"must be positive TTLs in seconds, got {ttl_grid!r}")
+    usd = usd_per_node_hour if usd_per_node_hour is not None else get_hardware(sc.hardware).usd_per_hour
+    if usd is None:
+        raise input_error("--usd-per-node-hour", f"no on-demand price is known for hardware '{sc.hardware}'",
+                          "pass --usd-per-node-hour")
+    if not (math.isfinite(usd) and usd >= 0):
+        raise input_error("--usd-per-node-hour", f"must be >= 0, got {usd!r}")
+    arr = sc.workload.arrival
+    rate = None if trace or isinstance(arr, ClosedLoopArrival) else float(
+        rate_per_s if rate_per_s is not None else arr.rate_per_s)
+    return _Inputs(sc, rate, slo_ttft_p90_ms / 1000, float(usd), max_nodes, tuple(sorted(set(grid))))
+
+
+def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> dict[str, Any]:
+    label = f"bidirectional {'on' if bidir else 'off'}"
+    at = pl.bidir_at if bidir else pl.off_at
+    found, closest, checks = pl.smallest(at, pl.slack(bidir), label)
+    if found is None:
+        return _not_meeting((f"{closest[0]}P{closest[1]}D", closest[2]) if closest else None,
+                            f"{inp.max_nodes} nodes", inp.slo_s)
+    x, y, pick = found
+    mr = _max_rate(pl.ev, pick.overrides, inp.rate, inp.slo_s) if with_max_rate and inp.rate is not None else None
+    out = {"xpyd": f"{x}P{y}D", "prefill_nodes": x, "decode_nodes": y, "bidirectional": bidir,
+           **_answer(pick, x + y, inp.usd, inp.rate, mr, pl.ev), "neighbour_checks": checks,
+           "smallest_verified": all(not c["meets_slo"] for c in checks)}
+    if bidir:
+        out["ttl_candidates"] = pick.candidates
+    return out
+
+
+def _agg_column(pl: _Planner, inp: _Inputs, routing: str, with_max_rate: bool, guess: int | None) -> dict[str, Any]:
+    tp = inp.sc.deployment.tensor_parallel_size
+    n, pick, checks, closest = pl.aggregated(routing, tp, guess)
+    if n is None or pick is None:
+        return {**_not_meeting((f"{inp.max_nodes} replicas", closest) if closest else None,
+                               f"{inp.max_nodes} replicas", inp.slo_s), "routing": routing}
+    mr = _max_rate(pl.ev, pick.overrides, inp.rate, inp.slo_s) if with_max_rate and inp.rate is not None else None
+    return {"replicas": n, "tensor_parallel_size": tp, "routing": routing, "prefix_caching": True,
+            "xpyd": f"{n} aggregated", **_answer(pick, n, inp.usd, inp.rate, mr, pl.ev), "neighbour_checks": checks,
+            "smallest_verified": all(not c["meets_slo"] for c in checks)}
 
 
 def plan_capacity(
     scenario: Scenario | dict[str, Any] | str | Path,
-    rate_per_s: float,
+    rate_per_s: float | None,
     slo_ttft_p90_ms: float,
     usd_per_node_hour: float | None = None,
     max_nodes: int = 16,
@@ -248,50 +444,58 @@ def plan_capacity(
     workers: int = 1,
     backend: str = "local",
     progress: Callable[[int, int], None] | None = None,
+    ttl_grid: tuple[float, ...] = DEFAULT_TTL_GRID_S,
+    aggregated_routing: str | None = None,
+    max_rate: bool = True,
 ) -> CapacityPlan:
-    """Smallest xPyD meeting ``slo_ttft_p90_ms`` at ``rate_per_s`` new conversations/s, with and without
-    bidirectional transfer; their maximum sustainable loads and cost per million turns."""
-    sc = as_scenario(scenario)
-    if isinstance(sc.workload.arrival, ClosedLoopArrival):
-        raise input_error("--workload", "capacity planning needs an open-loop (poisson) workload")
-    for name, v in (("--rate", rate_per_s), ("--slo-ttft-p90-ms", slo_ttft_p90_ms)):
-        if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-            raise input_error(name, f"must be a positive number, got {v!r}")
-    if not isinstance(max_nodes, int) or max_nodes < 2:
-        raise input_error("max_nodes", "must be an integer >= 2")
-    usd = usd_per_node_hour if usd_per_node_hour is not None else get_hardware(sc.hardware).usd_per_hour
-    if usd is None:
-        raise input_error("--usd-per-node-hour", f"no on-demand price is known for hardware '{sc.hardware}'",
-                          "pass --usd-per-node-hour")
-    if not (math.isfinite(usd) and usd >= 0):
-        raise input_error("--usd-per-node-hour", f"must be >= 0, got {usd!r}")
-    base = with_overrides(sc, {"workload.arrival.rate_per_s": float(rate_per_s),
-                               "workload.conversations": conversations_for(sc, float(rate_per_s))})
-    horizon = base.workload.conversations / float(rate_per_s)
-    notes: list[str] = [f"policy as in the scenario: TTL {base.policy.decoder_kv_blocks_ttl_s:g} s, threshold "
-                        f"{base.policy.kv_recompute_threshold_tokens}, router TTL {base.policy.router_ttl_s:g} s "
-                        "(tune them with `kvplan recommend`)",
-                        f"SLO met when the mean TTFT p90 over {replications} replications is <= the SLO",
-                        f"every run keeps {horizon:.0f} s of arrivals (conversations scale with the rate)"]
-    if horizon < 2 * base.policy.decoder_kv_blocks_ttl_s:
-        notes.append(f"WARNING: {horizon:.0f} s of arrivals is short against the {base.policy.decoder_kv_blocks_ttl_s:g} s "
-                     "TTL: retention never reaches steady state, so decode HBM pressure is underestimated")
-    dis: list[str] = []
-    counter = [0, 0]
-    modes = {}
-    for bidir in (True, False):
-        ev = _Eval(base, bidir, replications, workers, backend, progress, counter)
-        modes[bidir] = _plan_mode(ev, float(rate_per_s), slo_ttft_p90_ms / 1000, max_nodes, usd, notes, dis)
-    tpc = next((m.get("turns_per_conversation") for m in modes.values() if m.get("turns_per_conversation")), None)
-    if tpc is None:
-        tpc = float("nan")
+    """Smallest deployments meeting ``slo_ttft_p90_ms`` at ``rate_per_s`` new conversations/s (default: the
+    scenario's; a trace replays at its own clock): P/D with and without bidirectional transfer, and aggregated
+    replicas; their policies, neighbour checks, maximum sustainable loads and cost per million turns."""
+    inp = _validate(scenario, rate_per_s, slo_ttft_p90_ms, usd_per_node_hour, max_nodes, ttl_grid)
+    sc = inp.sc
+    rate_ov: dict[str, Any] = {}
+    if inp.rate is not None:
+        rate_ov = {"workload.arrival.rate_per_s": inp.rate, "workload.conversations": conversations_for(sc, inp.rate)}
+    routing = aggregated_routing or default_aggregated_routing(sc)
+    ev = Evaluator(sc, replications, workers, backend, progress)
+    threshold = break_even_threshold(sc)
+    pl = _Planner(ev, inp.slo_s, max_nodes, inp.ttl_grid, threshold, rate_ov, screened=sc.workload.trace is None)
+    notes = _notes(sc, inp, replications, threshold, routing)
+    on = _pd_column(pl, inp, True, max_rate)
+    off = _pd_column(pl, inp, False, max_rate)
+    guesses = [m["nodes"] for m in (on, off) if m.get("meets_slo")]
+    agg = _agg_column(pl, inp, routing, max_rate, min(guesses) if guesses else None)
+    tpc = next((m.get("turns_per_conversation") for m in (on, off, agg) if m.get("turns_per_conversation")), None)
     return CapacityPlan(
-        rate_per_s=float(rate_per_s),
-        slo_ttft_p90_ms=float(slo_ttft_p90_ms),
-        usd_per_node_hour=float(usd),
-        turns_per_conversation=float(tpc),
-        with_bidirectional=modes[True],
-        without_bidirectional=modes[False],
-        notes=tuple(notes),
-        disagreements=tuple(dis),
-    )
+        rate_per_s=inp.rate, slo_ttft_p90_ms=float(slo_ttft_p90_ms), usd_per_node_hour=inp.usd,
+        turns_per_conversation=float(tpc) if tpc is not None else math.nan,
+        with_bidirectional=on, without_bidirectional=off, aggregated=agg, simulations=ev.runs,
+        notes=tuple(notes), disagreements=tuple(pl.disagreements))
+
+
+def _base_rate(sc: Scenario) -> float:
+    arr = sc.workload.arrival
+    return arr.rate_per_s if not isinstance(arr, ClosedLoopArrival) else math.nan
+
+
+def _notes(sc: Scenario, inp: _Inputs, replications: int, threshold: int, routing: str) -> list[str]:
+    pol = sc.policy
+    notes = [
+        f"bidirectional on: TTL searched over {', '.join(f'{t:g}' for t in inp.ttl_grid)} s at each size (the "
+        f"shortest meeting the SLO), router TTL = TTL - {pol.expiry_safety_margin_s:g} s margin - "
+        f"{pol.clock_skew_s:g} s skew - that run's p99 arrival-to-decision, threshold {threshold} tokens "
+        "(pull-vs-recompute break-even); other policy fields as in the scenario",
+        f"SLO met when the mean TTFT p90 over {replications} replications is <= the SLO with <= 1% of turns errored",
+        f"aggregated: replicas of TP{sc.deployment.tensor_parallel_size}, prefix caching on, routing {routing}",
+        "smallest: one P fewer and one D fewer (one replica fewer) are simulated and miss the SLO "
+        "(neighbour_checks)",
+    ]
+    if inp.rate is None:
+        notes.append("trace replay: no rate to search (max load not computed); every size starts from 1P1D")
+        return notes
+    horizon = sc.workload.conversations / _base_rate(sc)  # kept at every rate (conversations_for)
+    notes.append(f"every run keeps {horizon:.0f} s of arrivals (conversations scale with the rate)")
+    if horizon < 2 * max(inp.ttl_grid):
+        notes.append(f"WARNING: {horizon:.0f} s of arrivals is short against TTLs up to {max(inp.ttl_grid):g} s: "
+                     "retention may not reach steady state, so decode HBM pressure can be underestimated")
+    return notes

@@ -1,8 +1,8 @@
 """The alternatives an operator weighs, at equal GPUs, workload and seeds: ``compare(scenario, policies) -> rows``.
 
 Every policy is a variant of the same scenario (dotted overrides, :func:`policy_overrides`), simulated with
-the same seeds ``seed + k`` for ``k < replications`` (common random numbers), so the rows differ only by
-the policy:
+the same seeds ``replication_seeds(seed, K)[k]`` for ``k < K`` replications (common random numbers, the
+seeds of sweeps and ``capacity``), so the rows differ only by the policy:
 
 * ``off``: ``bidirectional_kv_xfer`` off (plain P/D: every follow-up recomputes what P does not cache).
 * ``ttl``: bidirectional at vLLM's defaults (``decoder_kv_blocks_ttl`` 480 s, ``kv_recompute_threshold`` 64,
@@ -24,9 +24,15 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; the cost per million turns ``nodes x $/node-hour / served turns
-per hour x 10^6``. With an SLO, the maximum Poisson rate of new conversations whose mean TTFT p90 meets it
-(and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
+modelled); prefill (engine) utilisation; the cost per million turns ``node-hours x $/node-hour / served turns
+x 10^6`` on the steady-state basis (:mod:`kvplan.sim.pricing`: GPUs over GPUs per node, turns served inside the
+steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
+:data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
+policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer``, vLLM's
+``enable_cross_layers_blocks``: one region per block instead of one per layer, so a pull posts
+``layers``-times fewer NIXL descriptors), and its note states the descriptors and the modelled pull of the
+mean pulled size with and without. With an SLO, the maximum Poisson rate of new conversations whose mean
+TTFT p90 meets it (and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
 most 5 times), then bisected 4 times (~6%), the arrival horizon kept
 (:func:`kvplan.sim.capacity.conversations_for`).
 """
@@ -43,10 +49,21 @@ from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
 from kvplan.sim.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S
 from kvplan.sim.advice_rules import mean_ci
-from kvplan.sim.capacity import conversations_for
+from kvplan.sim.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
+from kvplan.sim.compare_rules import (
+    BEST_CANDIDATES,
+    BEST_RULE,
+    CROSS_LAYER,
+    CROSS_LAYER_PULL_SHARE,
+    best_policy,
+    cross_layer_candidate,
+    cross_layer_note,
+)
 from kvplan.sim.executor import run_tasks
+from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
+from kvplan.sim.seeds import replication_seeds
 
 DEFAULT_POLICIES = ("off", "ttl", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
 POLICY_HELP = {
@@ -63,7 +80,8 @@ ROUTINGS = ("round_robin", "session_affinity", "prefix_aware", "sticky")
 METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate", "reuse_rate",
            "pinned_kv_gib_mean",
            "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
-           "preemptions", "prefill_utilization", "served_turns_per_s", "turns")
+           "preemptions", "prefill_utilization", "served_turns_per_s", "steady_served_turns_per_s", "turns",
+           "kv_pull_mean_s", "pull_rate")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
 SOURCE = {"preemptions": "d_preemptions", "held_kv_gib_mean": "p_held_kv_gib_mean",
           "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
@@ -71,6 +89,7 @@ MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5
 BISECTIONS = 4
+__all__ = ["BEST_CANDIDATES", "BEST_RULE", "CROSS_LAYER_PULL_SHARE", "best_policy", "compare", "compare_json"]
 
 
 @dataclass(frozen=True)
@@ -156,15 +175,12 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                          ("TTL 480 s, host tier from the hardware preset, router keeps entries (the host tier bounds "
                           "them), failure policy recompute",))
     if base == "aggregated":
-        routing = arg or ("session_affinity" if dep.routing == "sticky" else dep.routing)
+        routing = arg or default_aggregated_routing(sc)
         if gpus % tp:
             raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
                               "set deployment.tensor_parallel_size to a divisor of the GPU count")
         nodes = gpus // tp
-        overrides = {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None}
-        return PolicyRun(name, {**overrides, "deployment.mode": "aggregated", "deployment.replicas": nodes,
-                                "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
-                                "policy.bidirectional": False}, gpus, nodes,
+        return PolicyRun(name, aggregated_overrides(nodes, routing), gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 
@@ -223,6 +239,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[k], out[f"{k}_ci95"] = None, None
             continue
         out[k], out[f"{k}_ci95"] = mean_ci([_value(r, src) for r in rows])
+    out["ttft_p90_s_by_replication"] = [_value(r, "ttft_p90_s") for r in rows]  # for paired differences (CRN)
     return out
 
 
@@ -237,7 +254,8 @@ class _Batch:
 
     def run(self, variants: dict[Any, dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
         rows: dict[Any, list[dict[str, Any]]] = {k: [{} for _ in range(self.reps)] for k in variants}
-        tasks = [((name, k), ov, self.base.seed + k) for name, ov in variants.items() for k in range(self.reps)]
+        seeds = replication_seeds(self.base.seed, self.reps)
+        tasks = [((name, k), ov, seeds[k]) for name, ov in variants.items() for k in range(self.reps)]
         self.total += len(tasks)
 
         def on_result(key: Any, row: dict[str, Any]) -> None:
@@ -358,52 +376,44 @@ def compare(
 
     batch = _Batch(sc, replications, workers, batch_progress)
     rows_by = batch.run({r.name: r.overrides for r in runs})
-    out = []
-    for r in runs:
-        agg = _aggregate(rows_by[r.name])
-        row: dict[str, Any] = {"policy": r.name, "gpus": r.gpus, "nodes": r.nodes, "replications": replications,
-                               "seed": sc.seed, "description": POLICY_HELP[r.name.split(":")[0]],
-                               "settings": dict(sorted(r.overrides.items())), **agg}
-        if r.name == "ttl_recommended":
-            row["description"] += f" ({rec_what})"
-        tps = agg["served_turns_per_s"]
-        row["usd_per_million_turns"] = r.nodes * usd / 3600 / tps * 1e6 if usd is not None and tps and tps > 0 else None
-        row["slo_ttft_p90_ms"] = slo_ttft_p90_ms
+    out = [_policy_row(r, rows_by[r.name], sc, replications, usd, rec_what) for r in runs]
+    xl = cross_layer_candidate(sc, out)
+    if xl is not None:
+        src = next(r for r in runs if r.name == xl["policy"])
+        extra = PolicyRun(src.name + CROSS_LAYER, {**src.overrides, "deployment.cross_layer_blocks": True}, src.gpus,
+                          src.nodes, (*src.notes, cross_layer_note(sc, rows_by[src.name], xl)))
+        runs.append(extra)
+        out.append(_policy_row(extra, batch.run({extra.name: extra.overrides})[extra.name], sc, replications, usd,
+                               rec_what))
+    for r, row in zip(runs, out, strict=True):
         row["max_rate_per_s_meeting_slo"] = (
-            _max_rate(batch, sc, r.overrides, slo_ttft_p90_ms / 1000, agg) if slo_ttft_p90_ms is not None else None)
-        row["notes"] = list(r.notes)
-        out.append(row)
+            _max_rate(batch, sc, r.overrides, slo_ttft_p90_ms / 1000, row) if slo_ttft_p90_ms is not None else None)
+        row["slo_ttft_p90_ms"] = slo_ttft_p90_ms
     return out
+
+
+def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replications: int, usd: float | None,
+                rec_what: str) -> dict[str, Any]:
+    """One output row: the aggregated metrics of ``reps``, the settings and the steady-state cost."""
+    agg = _aggregate(reps)
+    base = r.name.split(":")[0].removesuffix(CROSS_LAYER)
+    row: dict[str, Any] = {"policy": r.name, "gpus": r.gpus, "nodes": r.nodes, "replications": replications,
+                           "seed": sc.seed, "description": POLICY_HELP[base],
+                           "settings": dict(sorted(r.overrides.items())), **agg}
+    if base == "ttl_recommended":
+        row["description"] += f" ({rec_what})"
+    if r.name.endswith(CROSS_LAYER):
+        row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
+    billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
+    row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
+    row["cost_basis"] = COST_BASIS
+    row["notes"] = list(r.notes)
+    return row
 
 
 def compare_json(rows: list[dict[str, Any]]) -> str:
     """JSON text of the rows (sorted keys, NaN/inf as null): identical inputs give identical bytes."""
     return json.dumps(json_safe(rows), indent=2, sort_keys=True)
-
-
-BEST_RULE = ("best policy: among the policies whose mean TTFT p90 is within 1% (or the 95% CI) of the lowest, with "
-             "at most 1% of turns errored, within the decode HBM budget (peak pinned KV) and meeting the SLO when "
-             "given, the one holding the least pinned decode KV (time-weighted mean); ties in list order")
-BEST_CANDIDATES = ("off", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
-
-
-def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None,
-                budget_gib: float | None = None) -> dict[str, Any]:
-    """Apply :data:`BEST_RULE` to compare rows: ``{'policy', 'ttft_p90_s', 'pinned_kv_gib_mean', 'rule', 'why'}``."""
-    ok = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
-          and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
-          and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
-    why = ""
-    if not ok:
-        ok, why = list(rows), "no policy meets every constraint: the lowest TTFT p90 decides"
-    low = min(r["ttft_p90_s"] for r in ok)
-    near = [r for r in ok if r["ttft_p90_s"] <= low * 1.01 + (r["ttft_p90_s_ci95"] or 0.0)
-            or r["ttft_p90_s"] == low]
-    best = min(near, key=lambda r: (r["pinned_kv_gib_mean"], rows.index(r)))
-    return {"policy": best["policy"], "ttft_p90_s": best["ttft_p90_s"], "pinned_kv_gib_mean": best["pinned_kv_gib_mean"],
-            "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why,
-            "compared": [{k: r[k] for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean", "errors")}
-                         for r in rows]}
 
 
 FRAME_COLUMNS = ("policy", "gpus", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate",

@@ -71,7 +71,10 @@ def run_extras(result: Any) -> dict[str, float]:
     ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
     ``p_decide_p99_s``: p99 of
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
-    ``served_turns_per_s``: finished turns over first arrival -> last finish; ``tpot_mean_s`` (unless the
+    ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
+    ``steady_served_turns_per_s``: turns finished without error inside the steady window over its length (the
+    basis every cost per million turns uses, :mod:`kvplan.sim.pricing`; ``served_turns_per_s`` when the window
+    is empty); ``tpot_mean_s`` (unless the
     summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that reused any KV of their
     context (a local prefix hit on P or an aggregated replica, or a pull), whatever the decision was.
     """
@@ -108,6 +111,10 @@ def run_extras(result: Any) -> dict[str, float]:
     out["finished_turns_per_s"] = float(len(turns) / s["sim_end_s"]) if s.get("sim_end_s") else 0.0
     span = float(turns["finish_s"].max() - turns["arrival_s"].min()) if len(turns) else 0.0
     out["served_turns_per_s"] = float(ok["finish_s"].notna().sum() / span) if span > 0 else 0.0
+    fin = ok["finish_s"].to_numpy(dtype=float)
+    window = t_b - t_a
+    out["steady_served_turns_per_s"] = (
+        float(((fin >= t_a) & (fin <= t_b)).sum() / window) if window > 0 else out["served_turns_per_s"])
     follow = turns[turns["turn"] >= 2]
     reused = (follow["local_hit_tokens"] + follow["pulled_tokens"]) > 0
     out["reuse_rate"] = float(reused.mean()) if len(follow) else 0.0

@@ -3,10 +3,13 @@
 A grid file (YAML) has ``base:`` (an inline scenario mapping, or a path to a scenario file, relative to
 the grid file) and ``axes:`` (``{dotted.path: [values...]}``, e.g. ``policy.decoder_kv_blocks_ttl_s:
 [30, 60, 120]``), plus optional ``replications:`` (default 1) and ``seed:`` (the base seed; default the
-base scenario's). Points are the cartesian product of the axes in file order, the last axis varying
-fastest; point ``i`` is decoded from ``i`` in mixed radix. Replication ``k`` of every point runs with seed
-``replication_seeds(seed, K)[k]``, spawned from ``SeedSequence(seed)`` (common random numbers: the same
-draws across points).
+base scenario's), ``zip:`` (a list of groups ``{path: [...], path2: [...]}`` of equal-length lists whose
+values vary together, one dimension each) and ``ties:`` (``{path: "axis.path - 10"}``: a value computed from
+an axis of the point, :mod:`kvplan.sim.grid_ties`, parsed, never evaluated). Points are the cartesian product
+of the axes in file order and then the zipped groups, the last varying fastest; point ``i`` is decoded from
+``i`` in mixed radix. A point's values are the axes', then the zipped paths', then the tied paths'.
+Replication ``k`` of every point runs with seed ``replication_seeds(seed, K)[k]``, spawned from
+``SeedSequence(seed)`` (common random numbers: the same draws across points).
 
 Everything a sweep could trip over is checked before any simulation starts and reported as one-line
 :class:`~kvplan.errors.KvplanInputError`: unknown top-level keys, unknown dotted paths (with a
@@ -29,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.sim.grid_ties import Tie, parse_tie, parse_zip
 from kvplan.sim.scenario import (
     Scenario,
     load_scenario,
@@ -41,7 +45,7 @@ from kvplan.sim.seeds import replication_seeds
 MAX_POINTS = 10_000  # above it (or MAX_RUNS runs) only with --yes: validating 10,000 points takes ~1 s
 MAX_RUNS = 100_000  # points x replications (each run is a full simulation)
 MAX_REPLICATIONS = 1_000
-GRID_KEYS = ("base", "axes", "replications", "seed")
+GRID_KEYS = ("base", "axes", "replications", "seed", "zip", "ties")
 FORMAT_VERSION = 1  # bump when the row schema or the seeding rule changes (invalidates resumable parts)
 
 
@@ -54,16 +58,19 @@ class Grid:
     replications: int = 1
     base_seed: int = 0
     source: str = "grid"
+    zips: tuple[tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]], ...] = ()
+    ties: tuple[tuple[str, Tie], ...] = ()
 
     @property
     def axis_names(self) -> list[str]:
-        """Dotted paths of the axes, in grid order."""
-        return [name for name, _ in self.axes]
+        """Dotted paths of the axes, the zipped groups and the ties, in grid order (the columns of a sweep)."""
+        return ([name for name, _ in self.axes] + [n for names, _ in self.zips for n in names]
+                + [name for name, _ in self.ties])
 
     @property
     def n_points(self) -> int:
-        """Number of points (product of the axis lengths; 1 for a grid without axes)."""
-        return math.prod(len(v) for _, v in self.axes)
+        """Number of points (product of the axis and zipped-group lengths; 1 for a grid without axes)."""
+        return math.prod(len(v) for _, v in self.axes) * math.prod(len(rows) for _, rows in self.zips)
 
     @property
     def seeds(self) -> list[int]:
@@ -71,12 +78,20 @@ class Grid:
         return replication_seeds(self.base_seed, self.replications)
 
     def point_values(self, i: int) -> tuple[Any, ...]:
-        """Axis values of point ``i`` (mixed radix, last axis fastest)."""
-        out: list[Any] = []
-        for _, vals in reversed(self.axes):
-            i, r = divmod(i, len(vals))
-            out.append(vals[r])
-        return tuple(reversed(out))
+        """Values of point ``i`` in :attr:`axis_names` order (mixed radix over the axes then the zipped groups,
+        the last fastest; tied values computed from them)."""
+        dims: list[tuple[Any, ...]] = [tuple((v,) for v in vals) for _, vals in self.axes]
+        dims += [rows for _, rows in self.zips]
+        picked: list[tuple[Any, ...]] = []
+        for rows in reversed(dims):
+            i, r = divmod(i, len(rows))
+            picked.append(rows[r])
+        flat = [v for row in reversed(picked) for v in row]
+        if not self.ties:
+            return tuple(flat)
+        known = dict(zip(self.axis_names, flat, strict=False))
+        where = self.source + ": tie"
+        return (*flat, *(tie.value(known[tie.source], f"{where} '{name}'") for name, tie in self.ties))
 
     def point_overrides(self, i: int) -> dict[str, Any]:
         """``{dotted path: value}`` of point ``i``, for :func:`~kvplan.sim.scenario.with_overrides`."""
@@ -101,6 +116,10 @@ class Grid:
             "replications": self.replications,
             "base_seed": self.base_seed,
         }
+        if self.zips:  # absent when unused, so that the fingerprints of older grids (and --resume) stay valid
+            payload["zip"] = [[list(names), [list(r) for r in rows]] for names, rows in self.zips]
+        if self.ties:
+            payload["ties"] = [[name, t.text] for name, t in self.ties]
         text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -111,6 +130,9 @@ class Grid:
         found = _referenced_files(self.base.model_dump(mode="json"))
         for name, values in self.axes:
             found |= _referenced_files(list(values), name.rsplit(".", 1)[-1])
+        for names, rows in self.zips:
+            for j, name in enumerate(names):
+                found |= _referenced_files([r[j] for r in rows], name.rsplit(".", 1)[-1])
         return sorted(found)
 
     def with_replications(self, replications: int) -> Grid:
@@ -304,7 +326,13 @@ def grid_from_dict(
     if "base" not in data:
         raise input_error(where, "missing 'base:' (an inline scenario or a path to one)")
     axes = _axes(data.get("axes") or {}, where)
-    n_points = math.prod(len(v) for _, v in axes)
+    zips = _zips(data.get("zip") or [], where)
+    names = [n for n, _ in axes] + [n for group, _ in zips for n in group]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise input_error(f"{where}: '{twice[0]}'", "is an axis twice (in axes and/or zip groups)", "keep one")
+    ties = _ties(data.get("ties") or {}, where, names)
+    n_points = math.prod(len(v) for _, v in axes) * math.prod(len(rows) for _, rows in zips)
     if n_points > MAX_POINTS and not yes:
         raise input_error(
             where, f"{n_points:,} points (more than {MAX_POINTS:,})", "pass --yes (API: yes=True) to run it anyway"
@@ -317,7 +345,8 @@ def grid_from_dict(
     seed = data.get("seed", base.seed)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
-    grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where)
+    grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where, zips=tuple(zips),
+                ties=tuple(ties))
     if validate_points:
         resolved: dict[str, Any] = {}
         for i in range(grid.n_points):
@@ -339,13 +368,47 @@ def _axes(axes_raw: Any, where: str) -> list[tuple[str, tuple[Any, ...]]]:
             raise input_error(f"{where}: axis '{name}'", "is empty", "give at least one value or remove the axis")
         axes.append((name, tuple(vals)))
     for name, _ in axes:
-        if name == "seed" or name.startswith("seed."):
-            raise input_error(f"{where}: axis 'seed'", "seeds are set by the grid", "use replications and 'seed:'")
-        try:
-            check_path(name)
-        except KvplanInputError as exc:
-            raise KvplanInputError(f"{where}: {exc}") from None
+        _check_axis_path(name, where)
     return axes
+
+
+def _check_axis_path(name: str, where: str) -> None:
+    if name == "seed" or name.startswith("seed."):
+        raise input_error(f"{where}: axis 'seed'", "seeds are set by the grid", "use replications and 'seed:'")
+    try:
+        check_path(name)
+    except KvplanInputError as exc:
+        raise KvplanInputError(f"{where}: {exc}") from None
+
+
+def _zips(raw: Any, where: str) -> list[tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]]:
+    """The zipped groups (``zip:`` is a list of mappings of equal-length lists), each path checked."""
+    if not isinstance(raw, list):
+        raise input_error(f"{where}: zip", "must be a list of groups {dotted.path: [values, ...], ...}")
+    out = [parse_zip(g, f"{where}: zip group {k}") for k, g in enumerate(raw)]
+    for names, _ in out:
+        for name in names:
+            _check_axis_path(name, where)
+    return out
+
+
+def _ties(raw: Any, where: str, axis_names: list[str]) -> list[tuple[str, Tie]]:
+    """The ties ``{path: "axis.path - 10"}``: each target a scenario path that is no axis, each source an axis."""
+    if not isinstance(raw, dict):
+        raise input_error(f"{where}: ties", 'must be a mapping {dotted.path: "axis.path - 10"}')
+    out: list[tuple[str, Tie]] = []
+    for name, text in raw.items():
+        if not isinstance(name, str) or not name:
+            raise input_error(f"{where}: ties", f"tied name {name!r} must be a dotted scenario path")
+        _check_axis_path(name, where)
+        if name in axis_names:
+            raise input_error(f"{where}: tie '{name}'", "is also an axis", "remove it from the axes or from ties")
+        tie = parse_tie(text, f"{where}: tie '{name}'")
+        if tie.source not in axis_names:
+            raise input_error(f"{where}: tie '{name}'", f"'{tie.source}' is not an axis of the grid",
+                              f"tie to one of {', '.join(axis_names) or '(no axes)'}")
+        out.append((name, tie))
+    return out
 
 
 def load_grid(path: str | Path, yes: bool = False) -> Grid:

@@ -42,6 +42,11 @@ def test_compare_json_keys_and_identical_seeds(tmp_path: Path, capsys: pytest.Ca
     assert off["pinned_kv_gib_mean"] == 0 and ttl["pinned_kv_gib_mean"] > 0 and agg["pinned_kv_gib_peak"] == 0
     assert ttl["hit_rate"] > off["hit_rate"] == 0
     assert agg["settings"]["deployment.replicas"] == 2
+    from kvplan.sim.pricing import COST_BASIS
+
+    assert all(r["cost_basis"] == COST_BASIS and len(r["ttft_p90_s_by_replication"]) == 2 for r in rows)
+    assert main(args[:-1]) == 0
+    assert COST_BASIS in capsys.readouterr().out  # the text output states the basis too
 
 
 def test_compare_tpot_from_turns() -> None:
@@ -164,3 +169,57 @@ def test_ttl_recommended_reuses_a_recommendation(tmp_path: Path, capsys: pytest.
     assert main([*args, "--recommendation", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --recommendation {bad}: field 'kv_recompute_threshold_tokens'") and "Traceback" not in err
+
+
+def test_best_policy_on_paired_differences_ties_to_the_cheaper() -> None:
+    """The pick uses per-seed differences (common random numbers), not each row's own CI width: a policy always
+    0.1 s slower is significantly worse even with wide per-row CIs; one whose difference is noise ties, and the
+    tie goes to the cheaper policy (less pinned KV at equal $/M turns)."""
+    from kvplan.sim.compare import best_policy
+
+    def row(policy: str, reps: list[float], pinned: float, usd: float = 1000.0) -> dict:
+        mean = sum(reps) / len(reps)
+        return {**_row(policy, mean, pinned, ci=2.5), "ttft_p90_s_by_replication": reps, "usd_per_million_turns": usd}
+
+    lo = row("ttl_recommended", [1.0, 2.0, 3.0], 50.0)
+    slower = row("lease", [1.1, 2.1, 3.1], 10.0)  # +0.1 s at every seed: significant, beyond 1%
+    noisy = row("aggregated", [0.5, 2.5, 3.3], 0.0)  # +0.1 s on average, differences -0.5..+0.5: not significant
+    assert best_policy([lo, slower])["policy"] == "ttl_recommended"  # the old CI-width rule picked lease here
+    best = best_policy([lo, slower, noisy])
+    assert best["policy"] == "aggregated" and best["ties"] == ["ttl_recommended", "aggregated"]
+    assert best["lowest_ttft_p90_policy"] == "ttl_recommended"
+    # a tie that costs more per million turns loses to the cheaper one whatever its pinned KV
+    assert best_policy([lo, row("aggregated", [0.5, 2.5, 3.3], 0.0, usd=1100.0)])["policy"] == "ttl_recommended"
+    # one replication: within 1% is a tie, beyond it is not
+    assert best_policy([row("a", [1.0], 5.0), row("b", [1.005], 1.0)])["policy"] == "b"
+    assert best_policy([row("a", [1.0], 5.0), row("b", [1.05], 1.0)])["policy"] == "a"
+
+
+def _long_pull_scenario() -> dict:
+    d = small()
+    d["workload"].update({"prefix_tokens": {"dist": "constant", "value": 30000}, "conversations": 30,
+                          "turns": {"dist": "constant", "value": 4}})
+    return d
+
+
+def test_compare_tries_cross_layer_blocks_when_the_pull_dominates() -> None:
+    from kvplan.models.arch import descriptors_per_transfer, get_model
+
+    rows = compare(scenario_from_dict(_long_pull_scenario()), ["off", "ttl"], replications=1)
+    assert [r["policy"] for r in rows] == ["off", "ttl", "ttl+cross_layer"]
+    ttl, xl = rows[1], rows[2]
+    assert ttl["kv_pull_mean_s"] >= 0.3 * ttl["ttft_mean_s"]
+    assert xl["settings"]["deployment.cross_layer_blocks"] is True and xl["kv_pull_mean_s"] < ttl["kv_pull_mean_s"] / 5
+    arch = get_model("qwen3-32b")
+    note = xl["notes"][-1]
+    n = int(note.split("a mean pull of ")[1].split(" tokens")[0].replace(",", ""))
+    assert f"{descriptors_per_transfer(arch, n):,} NIXL descriptors" in note
+    assert f"{descriptors_per_transfer(arch, n, True):,} with cross-layer" in note
+    # already on, or pulls a small part of TTFT: no extra row
+    on = _long_pull_scenario()
+    on["deployment"]["cross_layer_blocks"] = True
+    assert [r["policy"] for r in compare(scenario_from_dict(on), ["ttl"], replications=1)] == ["ttl"]
+    short = small()
+    short["workload"]["prefix_tokens"] = {"dist": "constant", "value": 100}
+    rows = compare(scenario_from_dict(short), ["ttl"], replications=1)
+    assert [r["policy"] for r in rows] == ["ttl"] and rows[0]["kv_pull_mean_s"] < 0.3 * rows[0]["ttft_mean_s"]

@@ -346,18 +346,39 @@ def test_advice_page_runs() -> None:
 
 
 def test_compare_page_matches_the_api() -> None:
+    """The page shows compare's rows in human time units, its best policy, the cost basis, a caption naming the
+    sidebar's deployment, and offers aggregated replicas with prefix-aware routing."""
     at = _page(_app(), "compare.py")
-    at.multiselect(key="compare_policies").set_value(["off", "lease", "aggregated"])
+    policies = ["off", "lease", "aggregated", "aggregated:prefix_aware"]
+    at.multiselect(key="compare_policies").set_value(policies)
     at.number_input(key="compare_reps").set_value(1)
     at.button(key="compare_run").click().run(timeout=120)
     assert not at.exception and not at.error
-    from kvplan.sim.compare import compare
+    from kvplan.sim.compare import best_policy, compare
+    from kvplan.sim.pricing import COST_BASIS
+    from kvplan.units import human_s
 
-    rows = compare(published_benchmark(), ["off", "lease", "aggregated"], replications=1)
+    rows = compare(published_benchmark(), policies, replications=1)
     shown = at.dataframe[0].value
-    assert list(shown["policy"]) == ["off", "lease", "aggregated"]
-    assert list(shown["ttft_p90_s"]) == pytest.approx([r["ttft_p90_s"] for r in rows])
+    # the 24k-token pulls of the published benchmark make compare add lease with cross-layer blocks
+    assert list(shown["policy"]) == [r["policy"] for r in rows] == [*policies, "lease+cross_layer"]
+    assert list(shown["TTFT p90"]) == [human_s(r["ttft_p90_s"]) for r in rows]  # "1.23 s", never "1234.5 ms"
+    assert all(not v.endswith(" ms") or float(v.split()[0]) < 1000 for v in shown["TTFT p90"])
+    assert any(f"Best policy: {best_policy(rows)['policy']}" in m.value for m in at.markdown)
+    captions = [c.value for c in at.caption]
+    assert COST_BASIS in captions and any(c.startswith("1P1D TP8 (16 GPUs") for c in captions), captions
     assert _plotly_count(at) == 1
+
+
+def test_sidebar_prefix_caching_default_is_the_clis() -> None:
+    """P prefix caching starts as the CLI sets it for the chosen workload, and follows a new workload choice."""
+    from kvplan.sim.presets import preset_scenario
+
+    at = _app()
+    assert at.checkbox(key="sc_p_cache").value is published_benchmark().deployment.prefill_prefix_caching is False
+    at.selectbox(key="sc_workload").set_value("chat").run()
+    assert not at.exception
+    assert at.checkbox(key="sc_p_cache").value is preset_scenario("chat").deployment.prefill_prefix_caching is True
 
 
 def test_whatif_policy_selector_runs_the_variant() -> None:

@@ -77,6 +77,17 @@ BAD = [
     ("seed axis", grid(axes={"seed": [1, 2]}), "seeds are set by the grid"),
     ("bad replications", grid(replications=0), "replications"),
     ("no base", {"axes": {}}, "missing 'base:'"),
+    ("tie not parsed", grid(ties={"policy.router_ttl_s": "__import__('os').system('x')"}), "cannot parse"),
+    ("tie call", grid(ties={"policy.router_ttl_s": "abs(policy.decoder_kv_blocks_ttl_s)"}), "cannot parse"),
+    ("tie to a non-axis", grid(ties={"policy.router_ttl_s": "policy.clock_skew_s - 1"}), "is not an axis"),
+    ("tie on an axis", grid(ties={"workload.turn_gap_s.mean": "policy.decoder_kv_blocks_ttl_s"}), "is also an axis"),
+    ("tie unknown path", grid(ties={"policy.router_tl": "policy.decoder_kv_blocks_ttl_s"}), "unknown scenario field"),
+    ("tie out of range", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 100"}),
+     "router_ttl_s"),
+    ("ties not a mapping", grid(ties=["a"]), "ties"),
+    ("zip lengths", grid(zip=[{"policy.router_ttl_s": [1, 2], "policy.clock_skew_s": [1]}]), "same length"),
+    ("zip twice", grid(zip=[{"policy.decoder_kv_blocks_ttl_s": [1, 2]}]), "is an axis twice"),
+    ("zip not a list", grid(zip={"policy.router_ttl_s": [1]}), "must be a list of groups"),
 ]
 
 
@@ -108,6 +119,38 @@ def test_yes_allows_large_grid_count() -> None:
     g = grid_from_dict(grid(axes=axes), yes=True, validate_points=False)
     assert g.n_points == 1_001_000 > MAX_POINTS
     assert g.point_overrides(1_000_999) == {"policy.decoder_kv_blocks_ttl_s": 1000, "policy.router_ttl_s": 999}
+
+
+def test_ties_and_zipped_axes() -> None:
+    """A tied path follows its axis (parsed, never evaluated); zipped paths vary together as one dimension; both
+    are sweep columns and enter the --resume fingerprint, which stays the same for a grid that uses neither."""
+    g = grid_from_dict(grid(axes={"policy.decoder_kv_blocks_ttl_s": [60, 90, 120]},
+                            zip=[{"workload.turn_gap_s.mean": [5, 50], "workload.conversations": [20, 10]}],
+                            ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 10",
+                                  "policy.clock_skew_s": "0.01 * policy.decoder_kv_blocks_ttl_s"}))
+    assert g.n_points == 6
+    assert g.axis_names == ["policy.decoder_kv_blocks_ttl_s", "workload.turn_gap_s.mean", "workload.conversations",
+                            "policy.router_ttl_s", "policy.clock_skew_s"]
+    assert [g.point_values(i) for i in (0, 1, 5)] == [(60, 5, 20, 50, 0.6), (60, 50, 10, 50, 0.6),
+                                                      (120, 50, 10, 110, 1.2)]
+    assert isinstance(g.point_values(0)[3], int)
+    assert g.scenario(3).policy.router_ttl_s == 80 and g.scenario(3).workload.conversations == 10
+    plain = grid_from_dict(grid(axes={"policy.decoder_kv_blocks_ttl_s": [60, 90, 120]}))
+    other = grid_from_dict(grid(axes={"policy.decoder_kv_blocks_ttl_s": [60, 90, 120]},
+                                ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 20"}))
+    tied = grid_from_dict(grid(axes={"policy.decoder_kv_blocks_ttl_s": [60, 90, 120]},
+                               ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 10"}))
+    assert len({plain.fingerprint(), other.fingerprint(), tied.fingerprint(), g.fingerprint()}) == 4
+    import dataclasses
+    assert dataclasses.replace(tied, ties=()).fingerprint() == plain.fingerprint()
+
+
+def test_tied_sweep_writes_the_tied_column(tmp_path: Path) -> None:
+    data = grid(axes={"policy.decoder_kv_blocks_ttl_s": [30, 60]}, replications=1,
+                ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 10"})
+    df = run_grid(data, out=tmp_path / "t.parquet")
+    assert df["policy.router_ttl_s"].tolist() == [20, 50]
+    assert df["policy.decoder_kv_blocks_ttl_s"].tolist() == [30, 60]
 
 
 # --- rows, seeds, aggregate ---------------------------------------------------------------------------------

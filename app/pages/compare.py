@@ -6,11 +6,13 @@ import json
 
 import streamlit as st
 
+from kvplan.app import dash_compare as dc
 from kvplan.app import dash_state as ds
 from kvplan.app import dash_sweeps as sw
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
 from kvplan.sim import compare as cmp
+from kvplan.sim.pricing import COST_BASIS
 
 ds.page_guard()
 
@@ -18,13 +20,13 @@ scenario = ds.scenario_sidebar()
 st.title("Compare: retention off, TTL, lease, evictable pins, offload, aggregated serving")
 if scenario is None:
     st.stop()
-st.caption("kvplan.sim.compare.compare simulates the sidebar scenario under each policy on the same GPUs, workload and "
-           "seeds (seed + k for replication k). ttl_recommended reuses the Advice page's recommendation for this "
-           "scenario (no SLO, no budget, the same replications) when there is one, else first runs the advisor's "
-           "sweeps (slow).")
-names = [n for n in cmp.DEFAULT_POLICIES if cmp.implemented(n)]
+st.caption(dc.compare_caption(scenario))
+names = dc.compare_policy_choices()
 c1, c2 = st.columns([3, 1])
-chosen = c1.multiselect("policies", names, default=[n for n in names if n != "ttl_recommended"], key="compare_policies")
+chosen = c1.multiselect("policies", names, default=[n for n in names if n != "ttl_recommended" and ":" not in n],
+                        key="compare_policies",
+                        help="aggregated:prefix_aware / aggregated:session_affinity route the aggregated replicas "
+                             "KV-aware (llm-d style) instead of the sidebar's routing.")
 reps = c2.number_input("replications", min_value=1, max_value=20, value=sw.DEFAULT_REPLICATIONS, key="compare_reps")
 key = json.dumps([ds.scenario_key(scenario), chosen, int(reps)])
 if st.button("Compare", type="primary", key="compare_run"):
@@ -44,8 +46,13 @@ rows = st.session_state.get(key)
 if rows is None:
     st.info("Choose policies and press Compare.")
     st.stop()
-st.dataframe(cmp.compare_frame(rows), hide_index=True)
+best = cmp.best_policy(rows)
+st.markdown(dc.best_policy_text(best))
+st.dataframe(dc.compare_display_frame(rows), hide_index=True)
+st.caption(COST_BASIS)
 st.plotly_chart(figures.compare_figure(rows), key="compare_figure")
 st.markdown("\n".join(f"- **{r['policy']}**: {r['description']}" + "".join(f"; {n}" for n in r["notes"]) for r in rows))
+with st.expander("best-policy rule"):
+    st.write(best["rule"])
 with st.expander("JSON (as `kvplan compare --json`)"):
     st.code(cmp.compare_json(rows), language="json")

@@ -1,0 +1,87 @@
+"""The Compare page's plain data: the policy choices, a caption naming the deployment shown, the rows in human
+units and the best policy (``kvplan compare``'s rule, :func:`kvplan.sim.compare.best_policy`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from kvplan.sim import compare as cmp
+from kvplan.sim.scenario import Scenario
+from kvplan.units import human_s
+
+#: KV-aware routings of the aggregated replicas the page offers next to the sidebar's.
+AGGREGATED_ROUTED = ("aggregated:prefix_aware", "aggregated:session_affinity")
+
+
+def compare_policy_choices() -> list[str]:
+    """Every modelled policy, then the aggregated replicas with prefix-aware and session-affinity routing."""
+    names = [n for n in cmp.DEFAULT_POLICIES if cmp.implemented(n)]
+    return names + [n for n in AGGREGATED_ROUTED if cmp.implemented(n)]
+
+
+def compare_caption(sc: Scenario) -> str:
+    """What the page simulates, naming the deployment of the sidebar (its P/D counts, TP and GPUs)."""
+    dep = sc.deployment
+    tp = dep.tensor_parallel_size
+    p_tp = dep.prefill_tensor_parallel_size or tp
+    d_tp = dep.decode_tensor_parallel_size or tp
+    gpus = dep.prefill_nodes * p_tp + dep.decode_nodes * d_tp
+    tps = f"TP{tp}" if p_tp == d_tp else f"P TP{p_tp}, D TP{d_tp}"
+    where = "a trace replay" if sc.workload.trace is not None else f"{sc.workload.conversations:,} conversations"
+    return (f"{dep.prefill_nodes}P{dep.decode_nodes}D {tps} ({gpus} GPUs, {sc.model} on {sc.hardware}), {where}: "
+            "every policy on these GPUs (aggregated: the same GPUs as replicas of the same TP), the same workload and "
+            "the same replication seeds (spawned from the sidebar's seed, as `kvplan compare`). ttl_recommended "
+            "reuses the Advice page's recommendation for this scenario (no SLO, no budget, the same replications) "
+            "when there is one, else first runs the advisor's sweeps (slow).")
+
+
+TIME_COLUMNS = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("TTFT p99", "ttft_p99_s"),
+                ("TTFT mean", "ttft_mean_s"), ("TPOT mean", "tpot_mean_s"))
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.1%}"
+
+
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(float(v), fmt)
+
+
+def _time(r: Mapping[str, Any], key: str) -> str:
+    text = human_s(r.get(key))
+    ci = r.get(f"{key}_ci95")
+    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
+        text += f" ± {human_s(ci)}"
+    return text
+
+
+def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The rows for people: times scaled (ms, s, min, h) with their 95% CI, shares as %, GiB, $ per M turns."""
+    out = []
+    for r in rows:
+        row: dict[str, Any] = {"policy": r["policy"], "GPUs": r["gpus"]}
+        row.update({label: _time(r, key) for label, key in TIME_COLUMNS})
+        row.update({
+            "hit rate": _pct(r.get("hit_rate")), "reuse rate": _pct(r.get("reuse_rate")),
+            "pinned KV mean GiB": _num(r.get("pinned_kv_gib_mean"), ".1f"),
+            "pinned KV peak GiB": _num(r.get("pinned_kv_gib_peak"), ".1f"),
+            "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
+            "prefill/engine util": _pct(r.get("prefill_utilization")),
+            "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f"),
+        })
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def best_policy_text(best: Mapping[str, Any]) -> str:
+    """One line: the best policy, its TTFT p90 and pinned KV, and the policies it tied with."""
+    ties = [p for p in best.get("ties", []) if p != best["policy"]]
+    tie = (f"; not significantly slower than {best['lowest_ttft_p90_policy']} (paired over the same seeds), tied "
+           f"with {', '.join(ties)}, the cheaper wins" if ties else "")
+    why = f" ({best['why']})" if best.get("why") else ""
+    return (f"**Best policy: {best['policy']}** (TTFT p90 {human_s(best['ttft_p90_s'])}, pinned KV mean "
+            f"{best['pinned_kv_gib_mean']:.1f} GiB){tie}{why}")

@@ -1,0 +1,92 @@
+"""Simulating capacity candidates: memoised runs of (deployment, policy, rate) overrides and the SLO test.
+
+One :class:`Evaluator` per capacity plan runs every candidate with the same replication seeds
+(:func:`kvplan.sim.seeds.replication_seeds`, the seeds of ``compare`` and sweeps, so that the same deployment
+and load give the same rows in both), and keeps each candidate's mean metrics. A candidate meets the SLO when
+the mean TTFT p90 over the replications is at most the SLO, at most 1% of turns errored (``compare``'s rule)
+and no run failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kvplan.sim.executor import run_tasks
+from kvplan.sim.scenario import Scenario
+from kvplan.sim.seeds import replication_seeds
+
+MAX_ERROR_SHARE = 0.01
+Metrics = dict[str, float]
+
+
+def _mean(ok: list[dict[str, Any]], key: str) -> float:
+    vals = [float(r[key]) for r in ok if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def metrics_of(rows: list[dict[str, Any]]) -> Metrics:
+    """Mean metrics of one candidate's replications (TTFT p90 infinite when a run failed)."""
+    ok = [r for r in rows if r.get("error") is None]
+    p90 = [float(r["ttft_p90_s"]) for r in ok]
+    out: Metrics = {k: _mean(ok, k) for k in ("ttft_mean_s", "ttft_p50_s", "hit_rate", "prefill_utilization",
+                                             "steady_served_turns_per_s", "errors", "turns", "pinned_kv_gib_peak",
+                                             "steady_pinned_kv_gib_mean")}
+    out["ttft_p90_s"] = float(np.mean(p90)) if ok and len(ok) == len(rows) else math.inf
+    out["ttft_p90_s_sd"] = float(np.std(p90, ddof=1)) if len(p90) > 1 else math.nan
+    # the router-TTL rule needs the worst replication's p99 of arrival -> P's decision on this very run
+    out["p_decide_p99_s"] = max((float(r["p_decide_p99_s"]) for r in ok), default=math.nan)
+    conv = [r["turns"] / max(r["conversations"], 1) for r in ok]
+    out["turns_per_conversation"] = float(np.mean(conv)) if conv else math.nan
+    return out
+
+
+def meets(m: Metrics, slo_s: float) -> bool:
+    """The SLO test: mean TTFT p90 <= SLO and at most 1% of turns errored."""
+    return bool(m["ttft_p90_s"] <= slo_s and (m["errors"] or 0.0) <= MAX_ERROR_SHARE * (m["turns"] or 0.0))
+
+
+class Evaluator:
+    """Runs override sets x replications through the executor, memoised by the overrides, with progress."""
+
+    def __init__(self, base: Scenario, reps: int, workers: int, backend: str,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.base, self.reps, self.workers, self.backend, self.progress = base, reps, workers, backend, progress
+        self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
+        self.seeds = replication_seeds(base.seed, reps)
+        self.cache: dict[str, Metrics] = {}
+        self.done = 0
+        self.total = 0
+
+    def many(self, variants: list[dict[str, Any]]) -> list[Metrics]:
+        """The metrics of each override set (simulated once per distinct set, in parallel)."""
+        keys = [json.dumps(v, sort_keys=True) for v in variants]
+        todo = {k: v for k, v in zip(keys, variants, strict=True) if k not in self.cache}
+        rows: dict[str, list[dict[str, Any]]] = {k: [{} for _ in range(self.reps)] for k in todo}
+        tasks = [((k, j), v, self.seeds[j]) for k, v in todo.items() for j in range(self.reps)]
+
+        def on_result(key: Any, row: dict[str, Any]) -> None:
+            rows[key[0]][key[1]] = row
+            self.done += 1
+            if self.progress:
+                self.progress(self.done, max(self.done, self.total))
+
+        self.total += len(tasks)
+        if tasks:
+            run_tasks(self.base, self.key, tasks, on_result, self.backend, self.workers)
+        for k, rs in rows.items():
+            self.cache[k] = metrics_of(rs)
+        return [self.cache[k] for k in keys]
+
+    def one(self, variant: dict[str, Any]) -> Metrics:
+        """The metrics of one override set."""
+        return self.many([variant])[0]
+
+    @property
+    def runs(self) -> int:
+        """Simulations run so far."""
+        return self.done

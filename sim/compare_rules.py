@@ -1,0 +1,124 @@
+"""Rules over ``compare`` rows: the best policy (paired differences over common random numbers, ties to the
+cheaper policy) and when to try ``cross_layer_blocks`` (the pull is a large part of TTFT).
+
+Pure functions of the rows, except :func:`cross_layer_note`, which evaluates the calibrated transfer cost
+(:mod:`kvplan.models.formulas`) for the mean pulled size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvplan.sim.advice_rules import mean_ci
+from kvplan.sim.scenario import Scenario
+
+#: mean TTFT p90 differences within this share of the lowest p90 are ties even when significant
+PRACTICAL_TIE = 0.01
+MAX_ERROR_SHARE = 0.01
+BEST_RULE = ("best policy: among the policies with at most 1% of turns errored, within the decode HBM budget (peak "
+             "pinned KV) and meeting the SLO when given, those whose TTFT p90 is not significantly above the lowest "
+             "one's: the per-replication differences (same seeds, common random numbers) have a mean within 1% of "
+             "the lowest p90 or a 95% t-interval that reaches 0 (one replication: within 1%); ties go to the cheaper "
+             "policy: lowest $ per million turns (within 1%), then the least pinned decode KV (time-weighted mean), "
+             "then list order")
+BEST_CANDIDATES = ("off", "ttl_recommended", "lease", "ttl_evictable", "offload", "aggregated")
+#: Pulls taking at least this share of the mean TTFT make compare try ``cross_layer_blocks`` (the advisor's
+#: link-binding rule uses one half; at a third most of a long pull's time is per-descriptor cost already).
+CROSS_LAYER_PULL_SHARE = 0.3
+CROSS_LAYER = "+cross_layer"
+
+
+def _by_rep(row: dict[str, Any]) -> list[float] | None:
+    v = row.get("ttft_p90_s_by_replication")
+    if not isinstance(v, list) or not v or not all(isinstance(x, int | float) and math.isfinite(x) for x in v):
+        return None
+    return [float(x) for x in v]
+
+
+def paired_difference(row: dict[str, Any], ref: dict[str, Any]) -> tuple[float, float]:
+    """Mean and 95% t half-width of ``row - ref`` TTFT p90 over replications with the same seeds (NaN half-width
+    with one replication or without per-replication values: then the difference of the means)."""
+    a, b = _by_rep(row), _by_rep(ref)
+    if a is None or b is None or len(a) != len(b):
+        return float(row["ttft_p90_s"]) - float(ref["ttft_p90_s"]), math.nan
+    return mean_ci([x - y for x, y in zip(a, b, strict=True)])
+
+
+def not_worse(row: dict[str, Any], ref: dict[str, Any]) -> bool:
+    """Whether ``row``'s TTFT p90 is not significantly above ``ref``'s (see :data:`BEST_RULE`)."""
+    if row is ref:
+        return True
+    diff, half = paired_difference(row, ref)
+    if diff <= PRACTICAL_TIE * float(ref["ttft_p90_s"]):
+        return True
+    return math.isfinite(half) and diff - half <= 0.0
+
+
+def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None,
+                budget_gib: float | None = None) -> dict[str, Any]:
+    """Apply :data:`BEST_RULE` to compare rows: ``{'policy', 'ttft_p90_s', 'pinned_kv_gib_mean', 'rule', 'why',
+    'ties', 'compared'}`` (``compared`` has each row's paired difference to the lowest p90)."""
+    ok = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
+          and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
+          and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
+    why = ""
+    if not ok:
+        ok, why = list(rows), "no policy meets every constraint: the lowest TTFT p90 decides"
+    ref = min(ok, key=lambda r: (r["ttft_p90_s"], rows.index(r)))
+    ties = [r for r in ok if not_worse(r, ref)]
+    usd = [r.get("usd_per_million_turns") for r in ties]
+    known = [u for u in usd if isinstance(u, int | float) and math.isfinite(u)]
+    cheapest = min(known) if known else None
+
+    def cost_key(r: dict[str, Any]) -> tuple[int, float, int]:
+        u = r.get("usd_per_million_turns")
+        dearer = cheapest is not None and isinstance(u, int | float) and u > cheapest * (1 + PRACTICAL_TIE)
+        return int(dearer), float(r["pinned_kv_gib_mean"]), rows.index(r)
+
+    best = min(ties, key=cost_key)
+    compared = []
+    for r in rows:
+        d, h = paired_difference(r, ref)
+        compared.append({**{k: r.get(k) for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean",
+                                                   "errors", "usd_per_million_turns")},
+                         "ttft_p90_diff_to_lowest_s": d, "ttft_p90_diff_ci95": h})
+    return {"policy": best["policy"], "ttft_p90_s": best["ttft_p90_s"], "pinned_kv_gib_mean": best["pinned_kv_gib_mean"],
+            "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why, "lowest_ttft_p90_policy": ref["policy"],
+            "ties": [r["policy"] for r in ties], "compared": compared}
+
+
+def _bidirectional_pd(row: dict[str, Any]) -> bool:
+    st = row.get("settings") or {}
+    return bool(st.get("policy.bidirectional")) and st.get("deployment.mode") != "aggregated"
+
+
+def cross_layer_candidate(sc: Scenario, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest bidirectional P/D row whose pulls take >= :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT,
+    when the scenario does not already use cross-layer blocks (else None)."""
+    if sc.deployment.cross_layer_blocks:
+        return None
+    big = [r for r in rows if _bidirectional_pd(r) and (r.get("pull_rate") or 0) > 0
+           and math.isfinite(r.get("kv_pull_mean_s") or math.nan)
+           and r["kv_pull_mean_s"] >= CROSS_LAYER_PULL_SHARE * r["ttft_mean_s"]]
+    return min(big, key=lambda r: (r["ttft_p90_s"], rows.index(r))) if big else None
+
+
+def cross_layer_note(sc: Scenario, reps: list[dict[str, Any]], row: dict[str, Any]) -> str:
+    """What the descriptors cost: NIXL descriptors per rank and the modelled idle-link pull of the mean pulled size,
+    without and with cross-layer blocks, against the measured pull and TTFT."""
+    from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
+    from kvplan.models.costs import TransferCost, transfer_time_s
+    from kvplan.sim.engine import resolve
+
+    pulls = [(r.get("pulled_tokens") or 0, r.get("decisions.pull") or 0) for r in reps]
+    per = [t / n for t, n in pulls if n]
+    tokens = int(round(sum(per) / len(per))) if per else 0
+    rs = resolve(sc)
+    tc = TransferCost.model_validate({**rs.costs.transfer.model_dump(), "per_byte_s": rs.per_byte_s})
+    nbytes = tokens * kv_bytes_per_token_per_rank(rs.arch, sc.deployment.tensor_parallel_size)
+    d0, d1 = (descriptors_per_transfer(rs.arch, tokens, x) for x in (False, True))
+    t0, t1 = (transfer_time_s(tc, nbytes, d) for d in (d0, d1))
+    return (f"pulls take {row['kv_pull_mean_s'] * 1000:.0f} ms of a {row['ttft_mean_s'] * 1000:.0f} ms mean TTFT "
+            f"under {row['policy']}: a mean pull of {tokens:,} tokens posts {d0:,} NIXL descriptors per rank "
+            f"({t0 * 1000:.0f} ms modelled on an idle link), {d1:,} with cross-layer blocks ({t1 * 1000:.0f} ms)")

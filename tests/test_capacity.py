@@ -1,0 +1,150 @@
+"""``kvplan capacity`` on a scenario: the answer meets the SLO when simulated independently and one P or one D
+fewer does not; compare and capacity price the same deployment and load identically; one-line input errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from kvplan.app.cli import main
+from kvplan.errors import KvplanInputError
+from kvplan.sim.api import run
+from kvplan.sim.scenario import Scenario, load_scenario, with_overrides
+from kvplan.sim.seeds import replication_seeds
+
+#: Multi-turn chat on TP2 instances: ~1 s per run, and 2 conversations/s need several P and several D
+#: instances with bidirectional on (P for the 6k-token first turns, D for the pinned KV and the batch).
+SCENARIO: dict[str, Any] = {
+    "model": "qwen3-32b",
+    "hardware": "p5en",
+    "deployment": {"max_num_seqs": 64, "prefill_prefix_caching": False, "tensor_parallel_size": 2,
+                   "prefill_nodes": 1, "decode_nodes": 1},
+    "workload": {
+        "conversations": 200,
+        "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+        "turns": {"dist": "uniform", "low": 2, "high": 6},
+        "prefix_tokens": {"dist": "lognormal", "median": 6000, "sigma": 0.4},
+        "user_tokens": {"dist": "uniform", "low": 100, "high": 600},
+        "output_tokens": {"dist": "uniform", "low": 50, "high": 300},
+        "turn_gap_s": {"dist": "exponential", "mean": 15},
+    },
+    "seed": 1,
+}
+SLO_MS = 2000.0
+REPS = 1
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    path = tmp_path_factory.mktemp("cap") / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    args = ["capacity", str(path), "--slo-ttft-p90-ms", str(SLO_MS), "--json", "--replications", str(REPS),
+            "--workers", "2", "--no-max-rate", "--max-nodes", "8", "--ttl-grid", "30,60,120"]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    return path, json.loads(buf.getvalue())
+
+
+def _p90(sc: Scenario, ov: dict[str, Any]) -> float:
+    v = with_overrides(sc, ov)
+    return float(np.mean([run(v, s).summary["ttft_p90_s"] for s in replication_seeds(sc.seed, REPS)]))
+
+
+def _bidir_ov(m: dict[str, Any], x: int, y: int) -> dict[str, Any]:
+    return {"deployment.prefill_nodes": x, "deployment.decode_nodes": y, "policy.bidirectional": True,
+            "policy.decoder_kv_blocks_ttl_s": m["decoder_kv_blocks_ttl_s"], "policy.router_ttl_s": m["router_ttl_s"],
+            "policy.kv_recompute_threshold_tokens": m["kv_recompute_threshold_tokens"]}
+
+
+def test_capacity_answer_meets_the_slo_and_one_fewer_does_not(planned: tuple[Path, dict[str, Any]]) -> None:
+    path, plan = planned
+    sc = load_scenario(path)
+    on = plan["with_bidirectional"]
+    assert on["meets_slo"] and on["bidirectional"] is True
+    x, y = on["prefill_nodes"], on["decode_nodes"]
+    assert x >= 2 and y >= 2, on["xpyd"]  # a deployment that needs several P and several D
+    for key in ("decoder_kv_blocks_ttl_s", "router_ttl_s", "kv_recompute_threshold_tokens", "ttft_p90_ms",
+                "neighbour_checks"):
+        assert key in on
+    # the per-candidate router-TTL rule: TTL - margin - skew - that run's own p99 arrival-to-decision
+    chosen = next(c for c in on["ttl_candidates"] if c.get("meets_slo"))
+    assert on["router_ttl_s"] == int(on["decoder_kv_blocks_ttl_s"] - 5 - chosen["p_decide_p99_s"])
+    assert on["router_ttl_s"] < on["decoder_kv_blocks_ttl_s"]
+    # independent simulation: the answer meets the SLO, one P fewer and one D fewer miss it
+    assert _p90(sc, _bidir_ov(on, x, y)) * 1000 <= SLO_MS
+    assert _p90(sc, _bidir_ov(on, x - 1, y)) * 1000 > SLO_MS
+    assert _p90(sc, _bidir_ov(on, x, y - 1)) * 1000 > SLO_MS
+    assert {c["xpyd"] for c in on["neighbour_checks"]} == {f"{x - 1}P{y}D", f"{x}P{y - 1}D"}
+    assert on["smallest_verified"] and not any(c["meets_slo"] for c in on["neighbour_checks"])
+    # the other columns carry their neighbour checks too, and the policy they assumed
+    off, agg = plan["without_bidirectional"], plan["aggregated"]
+    assert off["meets_slo"] and off["decoder_kv_blocks_ttl_s"] is None and off["smallest_verified"]
+    assert agg["meets_slo"] and agg["replicas"] >= 1 and agg["smallest_verified"]
+    assert "steady state" in plan["cost_basis"]
+
+
+def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tuple[Path, dict[str, Any]]) -> None:
+    """Same deployment, load and seeds: the same runs, priced on the same steady-state basis."""
+    from kvplan.sim.compare import compare
+
+    path, plan = planned
+    sc = load_scenario(path)
+    off = plan["without_bidirectional"]
+    at = with_overrides(sc, {"deployment.prefill_nodes": off["prefill_nodes"],
+                             "deployment.decode_nodes": off["decode_nodes"]})
+    agg = plan["aggregated"]
+    # a P/D deployment with as many GPUs as the aggregated answer: compare's aggregated row is that answer
+    n = agg["replicas"]
+    same_gpus = with_overrides(sc, {"deployment.prefill_nodes": max(n - 1, 1), "deployment.decode_nodes": 1})
+    rows = compare(at, ["off"], replications=REPS)
+    assert rows[0]["usd_per_million_turns"] == pytest.approx(off["usd_per_million_turns_at_rate"], rel=1e-12)
+    if n >= 2:
+        agg_row = compare(same_gpus, ["aggregated"], replications=REPS)[0]
+        assert agg_row["settings"]["deployment.replicas"] == n
+        assert agg_row["usd_per_million_turns"] == pytest.approx(agg["usd_per_million_turns_at_rate"], rel=1e-12)
+    assert rows[0]["cost_basis"] == plan["cost_basis"]
+
+
+def test_capacity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvplan.sim.capacity import plan_capacity
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    assert main(["capacity", str(path), "--workload", "chat", "--slo-ttft-p90-ms", "500"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not both" in err[0]
+    trace = Path(__file__).parent / "data" / "traces" / "mooncake_small.jsonl"
+    assert main(["capacity", str(path), "--trace", str(trace), "--rate", "1", "--slo-ttft-p90-ms", "500"]) == 2
+    assert "--rate" in capsys.readouterr().err
+    assert main(["capacity", str(path), "--ttl-grid", "60,x", "--slo-ttft-p90-ms", "500"]) == 2
+    assert "--ttl-grid" in capsys.readouterr().err
+    with pytest.raises(KvplanInputError, match="deployment.mode"):
+        plan_capacity({**SCENARIO, "deployment": {"mode": "aggregated", "replicas": 2}}, None, 500)
+
+
+def test_capacity_on_a_trace(tmp_path: Path) -> None:
+    """A trace replays at its own clock: sizes from 1P1D, no rate search, the answer's checks reported."""
+    from kvplan.sim.capacity import plan_capacity
+
+    trace = Path(__file__).parent / "data" / "traces" / "mooncake_small.jsonl"
+    sc = with_overrides(load_scenario_dict(), {"workload.trace": {"path": str(trace)}})
+    plan = plan_capacity(sc, None, 60_000, max_nodes=3, replications=1, ttl_grid=(60.0,))
+    on = plan.with_bidirectional
+    assert plan.rate_per_s is None and on["meets_slo"] and on["max_sustainable_rate_per_s"] is None
+    assert on["xpyd"] == "1P1D" and on["neighbour_checks"] == []
+    assert any("trace replay" in n for n in plan.notes)
+
+
+def load_scenario_dict() -> Scenario:
+    from kvplan.sim.scenario import scenario_from_dict
+
+    return scenario_from_dict(SCENARIO)

@@ -308,8 +308,8 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
                   "deployment": s.deployment.model_dump(mode="json")} for r, s in zip(runs, scen, strict=True)],
         "params": params,
         "held": [*(f"{n}: {why_held[n]}" for n in PARAMS if n in why_held),
-                 *(f"{n}: held at the base {rs.profile.name} (additive; TTFT/TPOT means of one request shape cannot "
-                   "separate it from the GPU scales)" for n in HELD_RESIDUALS)],
+                 *(f"{n}: held at the base {rs.profile.name} (a residual, not model compute: additive terms the "
+                   "TTFT/TPOT statistics do not separate from the GPU scales)" for n in HELD_RESIDUALS)],
         "base_profile": f"{rs.profile.name} ({rs.profile.status_line()})",
         "self_check": check,
         "self_check_tolerance": SELF_CHECK_TOLERANCE,

@@ -64,7 +64,16 @@ if fitted:
     profile = du.profile_from_json(fitted)
     st.markdown(f"**Profile `{profile.name}`**: {profile.model} on {profile.hardware}, TP{profile.tensor_parallel_size}, "
                 f"status {profile.status}")
-    st.dataframe(du.parameter_table(profile), hide_index=True, key="calib_params")
+    if profile.status == "unreliable":
+        reasons = profile.fit_report.get("unreliable_reasons") or ["see the fit report"]
+        st.warning("This profile is **unreliable** (its fit failed the self-check); simulations refuse it unless "
+                   "allowed: " + "; ".join(str(r) for r in reasons))
+    st.dataframe(du.precise(du.parameter_table(profile)), hide_index=True, key="calib_params")
+    check = du.self_check_table(profile)
+    if check is not None:
+        st.markdown("**Self-check**: the fitted profile simulated on the measured run(s); means within "
+                    f"{float(profile.fit_report.get('self_check_tolerance', 0.15)):.0%} gate the status")
+        st.dataframe(du.precise(check), hide_index=True, key="calib_self_check")
     left, right = st.columns(2)
     residuals = du.residual_frame(profile)
     if residuals is not None:
@@ -72,7 +81,7 @@ if fitted:
     mape = du.mape_table(profile)
     if mape is not None:
         right.markdown("**Error report**: mean absolute percentage error per metric")
-        right.dataframe(mape, hide_index=True, key="calib_mape")
+        right.dataframe(du.precise(mape), hide_index=True, key="calib_mape")
     st.markdown("\n".join(f"- {note}" for note in du.report_notes(profile)))
     with st.expander("Full fit report (JSON)"):
         st.json(profile.fit_report or {"note": "this profile has no fit report"})

@@ -1,0 +1,143 @@
+"""Calibration through the simulator (``kvplan calibrate --bench F --scenario S.yaml``, issue 19 item 3): the llm-d
+2P1D acceptance, the self-check and the ``unreliable`` status, its refusal by ``simulate``, and the old direct
+``--bench`` path no longer writing ``calibrated``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import need_shared
+
+from kvplan.app.cli import main
+from kvplan.calibration.parsers import parse_bench_serve
+from kvplan.calibration.sim_fit import MAX_PRIOR_FACTOR, SELF_CHECK_TOLERANCE, bench_run, simulated_stats
+from kvplan.models.profile import load_profile
+from kvplan.sim.scenario import load_scenario
+
+DATA = Path(__file__).resolve().parent / "data"
+BENCH = DATA / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
+SCEN_2P1D = DATA / "llmd-2p1d-a100.scenario.yaml"
+SCEN_1P1D = DATA / "llmd-1p1d-a100.scenario.yaml"
+MEASURED_TTFT_MS = 1666.374  # the file's mean_ttft_ms
+MEASURED_TPOT_MS = 77.427  # the file's mean_tpot_ms
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+
+
+def _fit(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, object], Path, str]:
+    out = tmp_path / "fit.json"
+    rc = main(["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--out", str(out), "--json", *extra])
+    cap = capsys.readouterr()
+    return rc, (json.loads(cap.out) if rc == 0 else {}), out, cap.err
+
+
+def _simulated(profile: Path, bench: Path = BENCH, scenario: Path = SCEN_2P1D) -> dict[str, float]:
+    sc = load_scenario(scenario).model_copy(update={"profile": str(profile)})
+    return simulated_stats(sc, bench_run(parse_bench_serve(bench)), None)
+
+
+def test_llmd_2p1d_fit_reproduces_the_measured_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, report, out, _err = _fit(tmp_path, capsys)
+    assert rc == 0
+    prof = load_profile(out)
+    assert prof.status == "calibrated" and report["status"] == "calibrated" and not report["unreliable_reasons"]
+    assert prof.model == "llama-3.1-8b" and prof.hardware == "p4de" and prof.tensor_parallel_size == 1
+    # the acceptance: the fitted profile simulated on that run (through the profile file, as simulate would)
+    sim = _simulated(out)
+    assert sim["ttft_mean_s"] * 1e3 == pytest.approx(MEASURED_TTFT_MS, rel=0.20)
+    assert sim["tpot_mean_s"] * 1e3 == pytest.approx(MEASURED_TPOT_MS, rel=0.25)
+    # the self-check reports both numbers per metric, and they are what a simulation of the profile gives
+    check = {c["metric"]: c for c in report["self_check"]}  # type: ignore[attr-defined]
+    assert check["ttft_mean_ms"]["measured_ms"] == pytest.approx(MEASURED_TTFT_MS, rel=1e-6)
+    assert check["ttft_mean_ms"]["simulated_ms"] == pytest.approx(sim["ttft_mean_s"] * 1e3, rel=1e-9)
+    assert check["tpot_mean_ms"]["simulated_ms"] == pytest.approx(sim["tpot_mean_s"] * 1e3, rel=1e-9)
+    assert all(abs(check[m]["rel_error"]) <= SELF_CHECK_TOLERANCE for m in ("ttft_mean_ms", "tpot_mean_ms"))
+    # what was fitted, within the bounds, and what was held and named
+    params = {p["name"]: p for p in report["params"]}  # type: ignore[attr-defined]
+    for p in params.values():
+        assert p["status"] == "fitted" and p["lower"] <= p["value"] <= MAX_PRIOR_FACTOR
+    assert any(h.startswith("decode.overhead_s: held") for h in report["held"])  # type: ignore[attr-defined]
+    assert "calibrated by simulation" in prof.component_status["prefill.gpu"]
+    # deterministic: the same fit writes the same bytes
+    first = out.read_bytes()
+    assert main(["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--out", str(out)]) == 0
+    assert out.read_bytes() == first
+
+
+def test_scenario_must_match_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _r, out, err = _fit(tmp_path, capsys, "--model", "qwen3-32b")
+    assert rc == 2 and "--model" in err and not out.exists()
+    args = ["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--scenario", str(SCEN_2P1D),
+            "--out", str(tmp_path / "x.json")]
+    assert main(args) == 2 and "2 scenarios for 1 file" in capsys.readouterr().err
+
+
+def test_unreachable_fit_is_unreliable_and_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(BENCH.read_text())
+    # 20 requests far apart (no queueing): a 40 s TTFT for 10k tokens needs a prefill ~40x the A100 kernel prior
+    raw.update({"request_rate": 0.05, "num_prompts": 20, "completed": 20, "total_input_tokens": 200000,
+                "total_output_tokens": 2000, "mean_ttft_ms": 40000.0, "median_ttft_ms": 40000.0})
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    out = tmp_path / "bad_profile.json"
+    assert main(["calibrate", "--bench", str(bad), "--scenario", str(SCEN_2P1D), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "unreliable" in err and f"beyond {MAX_PRIOR_FACTOR:.0f}x" in err
+    prof = load_profile(out)
+    assert prof.status == "unreliable" and prof.fit_report["unreliable_reasons"]
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCEN_2P1D.read_text() + f"profile: {out}\nworkload: {{conversations: 5, turns: {{dist: constant, "
+                  "value: 1}, output_tokens: {dist: constant, value: 4}}\n")
+    assert main(["simulate", str(sc), "--out", str(tmp_path / "run")]) == 2
+    msg = capsys.readouterr().err
+    assert "unreliable" in msg and "--allow-unreliable-profile" in msg and len(msg.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert main(["simulate", str(sc), "--out", str(tmp_path / "run"), "--allow-unreliable-profile", "--json"]) == 0
+    assert main(["cost", "--profile", str(out), "--tokens", "100"]) == 2
+    capsys.readouterr()
+
+
+def test_conflicting_statistics_fail_the_self_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(BENCH.read_text())
+    raw["mean_tpot_ms"] = raw["median_tpot_ms"] = 2000.0  # a decode this slow fills D's pool: TTFT explodes first
+    bad = tmp_path / "slow_decode.json"
+    bad.write_text(json.dumps(raw))
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--bench", str(bad), "--scenario", str(SCEN_2P1D), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "unreliable" and load_profile(out).status == "unreliable"
+    assert any("tpot_mean_ms: simulated" in r and "measured 2000 ms" in r for r in report["unreliable_reasons"])
+
+
+def test_direct_bench_fit_is_not_calibrated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "old.json"
+    assert main(["calibrate", "--bench", str(BENCH), "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1",
+                 "--out", str(out)]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    prof = load_profile(out)
+    assert prof.status == "unreliable" and "--scenario" in prof.fit_report["unreliable_reasons"][0]
+
+
+@pytest.mark.shared_data
+def test_four_llmd_files_fit_or_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = need_shared("external_traces/llmd_pd_benchmark_serving_a100")
+    files = sorted(d.glob("llm-d-*p1d__*.json"))
+    assert len(files) == 4
+    args = ["calibrate"]
+    for f in files:
+        args += ["--bench", str(f)]
+    for f in files:
+        args += ["--scenario", str(SCEN_1P1D if "1p1d" in f.name else SCEN_2P1D)]
+    out = tmp_path / "four.json"
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    prof = load_profile(out)
+    two = [f for f in files if f.name == BENCH.name][0]
+    sim = _simulated(out, two) if prof.status != "unreliable" else {}
+    within = bool(sim) and abs(sim["ttft_mean_s"] * 1e3 / MEASURED_TTFT_MS - 1) <= 0.20 and abs(
+        sim["tpot_mean_s"] * 1e3 / MEASURED_TPOT_MS - 1) <= 0.25
+    assert within or (prof.status == "unreliable" and report["unreliable_reasons"])
+    for r in report["unreliable_reasons"]:
+        assert "simulated" in r or "beyond" in r  # each reason names the metric and both numbers, or the parameter

@@ -359,7 +359,7 @@ def _base_gpu_scales(rs: Any) -> tuple[float, float]:
         except KvplanInputError:
             src = None
     got = gpu_corrections(src, rs.arch, rs.node, rs.scenario.deployment.tensor_parallel_size) if src else None
-    return got if got is not None else (1.0, 1.0)
+    return (got.linear, got.attention) if got is not None else (1.0, 1.0)
 
 
 def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float], report: dict[str, Any],

@@ -12,15 +12,14 @@ from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.costs import decode_step_time_s, prefill_time_s
 from kvplan.models.hardware import HARDWARE_PRESETS, gpu_key
 from kvplan.models.profile import load_prior, load_profile, shipped_profiles
-from kvplan.models.resolve import resolve_profile
+from kvplan.models.resolve import resolve_profile, scaled_prefill
 
 RATIO_TOL = 0.10
 PREFILL_TOKENS = (2000, 8000, 16000)
 DECODE_POINTS = ((1, 2000), (32, 4000), (128, 8000))
 HW = {"h100": "p5", "h200": "p5en"}
-#: (model, instance, TP) of every shipped calibration: the points that carry their own measured corrections
-CALIBRATED = {(load_profile(n).model, load_profile(n).hardware, load_profile(n).tensor_parallel_size)
-              for n in shipped_profiles()}
+#: (model, GPU preset key) of every shipped calibration: where measured prefill corrections live
+CALIBRATED = {(load_profile(n).model, gpu_key(HARDWARE_PRESETS[load_profile(n).hardware].gpu)) for n in shipped_profiles()}
 
 
 def _costs(model: str, hw: str, tp: int) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -48,17 +47,21 @@ def _pairs() -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
     return out
 
 
+def _measured_here(model: str, a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """True when a calibration's own GPU is one side of a cross-GPU pair (its measured correction moves the ratio)."""
+    gpus = {gpu_key(HARDWARE_PRESETS[x[0]].gpu) for x in (a, b)}
+    return len(gpus) == 2 and any((model, g) in CALIBRATED for g in gpus)
+
+
 @pytest.mark.parametrize(("model", "a", "b"), _pairs(), ids=lambda v: str(v))
 def test_ratios_follow_the_kernel_priors(model: str, a: tuple[str, int], b: tuple[str, int]) -> None:
-    own = [x for x in (a, b) if (model, *x) in CALIBRATED]
     ka, pa, kda, pda = _costs(model, *a)
     kb, pb, kdb, pdb = _costs(model, *b)
-    for i in range(len(PREFILL_TOKENS)):
-        kr, pr = ka[i] / kb[i], pa[i] / pb[i]
-        if own:  # a calibration's own point keeps its measured prefill correction: the ratio moves by exactly it
-            continue
-        assert kr == pytest.approx(pr, rel=RATIO_TOL), f"prefill {PREFILL_TOKENS[i]}: {a}/{b} {kr:.3f} vs kernels {pr:.3f}"
-    for i in range(len(DECODE_POINTS)):  # decode corrections are never borrowed: every pair follows the kernels
+    if not _measured_here(model, a, b):  # TP pairs always; GPU pairs unless one side carries a measured correction
+        for i, n in enumerate(PREFILL_TOKENS):
+            kr, pr = ka[i] / kb[i], pa[i] / pb[i]
+            assert kr == pytest.approx(pr, rel=RATIO_TOL), f"prefill {n}: {a}/{b} {kr:.3f} vs kernels {pr:.3f}"
+    for i in range(len(DECODE_POINTS)):  # decode: no shipped calibration corrects it, every pair follows the kernels
         kr, pr = kda[i] / kdb[i], pda[i] / pdb[i]
         assert kr == pytest.approx(pr, rel=RATIO_TOL), f"decode {DECODE_POINTS[i]}: {a}/{b} {kr:.3f} vs {pr:.3f}"
 
@@ -69,16 +72,27 @@ def test_a_calibration_keeps_its_own_corrections(name: str) -> None:
     sc = cal.provenance["prefill_gpu_scales"]
     status = cal.component_status["prefill.gpu"]
     assert f"linear x {sc['linear']:.3f}" in status and f"attention x {sc['attention']:.3f}" in status
-    # and nowhere else: another TP of the same model on the same GPU has the kernel prior alone
-    node = HARDWARE_PRESETS[cal.hardware]
-    other, _ = resolve_profile(MODEL_PRESETS[cal.model], node, 1, None)
-    prior = load_prior(cal.model, gpu_key(node.gpu), 1)
+    arch, node = MODEL_PRESETS[cal.model], HARDWARE_PRESETS[cal.hardware]
+    # another TP on its GPU: the kernel prior of that TP with the same corrections, said so
+    tp1, _ = resolve_profile(arch, node, 1, None)
+    prior1 = load_prior(cal.model, gpu_key(node.gpu), 1)
+    assert prior1 is not None
+    want = scaled_prefill(prior1.costs.prefill, sc["linear"], sc["attention"], arch, node, 1).model_copy(
+        update={"overhead_s": cal.costs.prefill.overhead_s})  # the engine CPU overhead is borrowed as a residual
+    for n in PREFILL_TOKENS:
+        assert prefill_time_s(tp1.costs.prefill, n, 0, 8192) == pytest.approx(prefill_time_s(want, n, 0, 8192))
+    assert f"borrowed from {name}" in tp1.component_status["prefill.gpu"] and "TP8 -> TP1" in tp1.component_status[
+        "prefill.gpu"]
+    # another GPU, same model and TP: the kernel prior alone, and the status names whose correction was not taken
+    other = HARDWARE_PRESETS["p5" if cal.hardware != "p5" else "p5en"]
+    h100, _ = resolve_profile(arch, other, cal.tensor_parallel_size, None)
+    prior = load_prior(cal.model, gpu_key(other.gpu), cal.tensor_parallel_size)
     assert prior is not None
     for n in PREFILL_TOKENS:
-        assert prefill_time_s(other.costs.prefill, n, 0, 8192) == pytest.approx(
+        assert prefill_time_s(h100.costs.prefill, n, 0, 8192) == pytest.approx(
             prefill_time_s(prior.costs.prefill, n, 0, 8192), rel=0.02)
-    assert "no calibration correction" in other.component_status["prefill.gpu"]
-    assert name in other.component_status["prefill.gpu"]  # says whose corrections were not taken
+    assert "no calibration correction" in h100.component_status["prefill.gpu"]
+    assert name in h100.component_status["prefill.gpu"]
 
 
 def _cost_json(capsys: pytest.CaptureFixture[str], hw: str) -> dict[str, object]:

@@ -52,7 +52,9 @@ def register(app: typer.Typer) -> None:
         model: str | None = typer.Option(None, "--model", help="Model preset (qwen3-32b, ...; with --scenario: its)."),
         hardware: str | None = typer.Option(None, "--hardware", help="Hardware preset (p5en, ...; with --scenario: its)."),
         out: Path = typer.Option(..., "--out", help="Profile JSON to write."),
-        tp: int | None = typer.Option(None, "--tp", min=1, help="TP of the measured deployment (default 8; --scenario: its)."),
+        tp: int | None = typer.Option(
+            None, "--tp", min=1, help="TP of the measured deployment (default 8; with --scenario: its)."
+        ),
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens of the runs."),
         vllm_version: str | None = typer.Option(None, "--vllm-version", help="vLLM version, for provenance."),
         include_first_turn: bool = typer.Option(

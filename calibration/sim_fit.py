@@ -12,17 +12,25 @@ parameters the statistics can identify to the measured TTFT and TPOT means (weig
 
 * ``prefill.gpu_scale``: every prefill GPU term of the base (kernel prior) multiplied by one factor (one
   request shape cannot split linear layers from attention: their ratio stays the kernel prior's);
-* ``decode.gpu_scale``: every decode GPU term multiplied by one factor.
+* ``decode.gpu_scale``: every decode GPU term multiplied by one factor;
+* ``overhead.p_leg_scale``: the proxy/gateway leg before P (``overhead.p_leg_s``) multiplied by one factor,
+  an additive part of every TTFT that only runs mixing short and long prefills (multi-turn files, or several
+  files of different lengths) separate from the prefill scale.
+
+Which of them the statistics identify is decided at the prior, from the Jacobian of the fitted statistics
+(:func:`_identify`): a parameter moving no statistic, or moving them as another one does (the smallest
+singular value of the column-normalised Jacobian below :data:`MIN_INDEPENDENCE`), is held at the prior and
+named with the reason.
 
 Bounds (:mod:`kvplan.models.bounds`): a scale may not take any term below its physical floor
 (:func:`~kvplan.models.bounds.floor_scale`) nor above :data:`UPPER_SCALE` x its prior. Parameters the
-statistics cannot move (no TPOT in the file, or a Jacobian column of zero) and the residuals (engine CPU
-overheads, proxy legs, transfer latencies: additive terms that a single request shape cannot separate from
-the GPU scales) are held at the base and named in the report.
+statistics cannot move and the other residuals (engine CPU overheads, the D-side proxy leg, transfer
+latencies) are held at the base and named in the report.
 
 **Self-check.** Every fit ends by simulating the fitted profile on the same setup and comparing the
 measured and simulated means per run and metric. A fit is written ``calibrated`` only when every mean is
-within :data:`SELF_CHECK_TOLERANCE` and every fitted parameter within :data:`MAX_PRIOR_FACTOR` of its prior;
+within :data:`SELF_CHECK_TOLERANCE`, no fitted parameter is above :data:`MAX_PRIOR_FACTOR` x its prior and no
+GPU scale is pinned at its physical floor;
 otherwise ``unreliable`` with the reasons in ``fit_report.unreliable_reasons`` (``kvplan simulate`` then
 refuses it without ``--allow-unreliable-profile``).
 """
@@ -48,7 +56,8 @@ from kvplan.sim.scenario import CostOverrides, Scenario, scenario_from_dict
 
 #: A fit whose simulated means miss a measured mean by more than this is ``unreliable`` (issue 19).
 SELF_CHECK_TOLERANCE = 0.15
-#: A fitted parameter beyond this factor of its prior (either way) makes the fit ``unreliable``.
+#: A fitted parameter above this factor of its prior makes the fit ``unreliable`` (below the prior, a GPU scale
+#: is bounded by its physical floor, which also makes it ``unreliable`` when reached; an overhead may go to ~0).
 MAX_PRIOR_FACTOR = 20.0
 #: Upper bound of a scale in the optimiser: wider than MAX_PRIOR_FACTOR so that a fit wanting more shows it.
 UPPER_SCALE = 100.0
@@ -63,8 +72,17 @@ MIN_SENSITIVITY = 0.05
 #: Finite-difference step in log space (the simulated statistics move in small steps: wide differences).
 DIFF_STEP = 0.05
 MAX_EVALUATIONS = 30
-PARAMS = ("prefill.gpu_scale", "decode.gpu_scale")
-HELD_RESIDUALS = ("prefill.overhead_s", "decode.overhead_s", "overhead.p_leg_s", "overhead.d_leg_s", "transfer.*")
+#: Requests simulated per run and evaluation at most (a fit simulates each run ~40 times: keep each small).
+MAX_FIT_REQUESTS = 1000
+#: Fitted parameters, each a factor over the base (kernel prior plus residuals), in the order they are kept when
+#: two are not separable (the last goes first).
+PARAMS = ("prefill.gpu_scale", "decode.gpu_scale", "overhead.p_leg_scale")
+#: Residuals never fitted here (additive terms held at the base).
+HELD_RESIDUALS = ("prefill.overhead_s", "decode.overhead_s", "overhead.d_leg_s", "transfer.*")
+#: Forward-difference step of the identifiability Jacobian (log space; wide: the statistics move in steps).
+SENSITIVITY_STEP = 0.2
+#: Columns of the normalised Jacobian whose smallest singular value is below this are not separable.
+MIN_INDEPENDENCE = 0.2
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,10 @@ def bench_run(r: BenchServeResult) -> MeasuredRun:
     label = os.path.basename(r.source)
     notes: list[str] = []
     n = r.num_prompts or r.completed
+    if n > MAX_FIT_REQUESTS:
+        notes.append(f"{label}: {n} requests; the fit simulates the first {MAX_FIT_REQUESTS} at the same arrival "
+                     "process (the means are those of a shorter run)")
+        n = MAX_FIT_REQUESTS
     rate = r.request_rate_req_s
     if r.max_concurrency and (rate is None or math.isinf(rate)):
         arrival: dict[str, Any] = {"kind": "closed_loop", "clients": r.max_concurrency,
@@ -179,7 +201,8 @@ def apply_values(base: CostModel, values: dict[str, float]) -> CostModel:
     """``base`` with the fitted scales applied."""
     pc = scale_prefill_gpu(base.prefill, values["prefill.gpu_scale"], values["prefill.gpu_scale"])
     dc = scale_decode_gpu(base.decode, values["decode.gpu_scale"])
-    return base.model_copy(update={"prefill": pc, "decode": dc})
+    oc = base.overhead.model_copy(update={"p_leg_s": base.overhead.p_leg_s * values["overhead.p_leg_scale"]})
+    return base.model_copy(update={"prefill": pc, "decode": dc, "overhead": oc})
 
 
 @dataclass
@@ -209,49 +232,102 @@ class _Problem:
         return np.array(out)
 
 
-def _sensitivity(prob: _Problem, x: np.ndarray) -> np.ndarray:
-    """d residual / d log(param) at ``x`` (the largest absolute entry per parameter)."""
+def _jacobian(prob: _Problem, x: np.ndarray) -> np.ndarray:
+    """d residual / d log(param) at ``x`` by forward differences of :data:`SENSITIVITY_STEP` (rows: residuals)."""
     r0 = prob.residuals(x)
     cols = []
     for i in range(len(x)):
         xp = x.copy()
-        xp[i] += DIFF_STEP * 4
-        cols.append(np.max(np.abs((prob.residuals(xp) - r0) / (DIFF_STEP * 4))) if r0.size else 0.0)
-    return np.array(cols)
+        xp[i] += SENSITIVITY_STEP
+        cols.append((prob.residuals(xp) - r0) / SENSITIVITY_STEP)
+    return np.column_stack(cols) if cols else np.zeros((r0.size, 0))
 
 
 def _start(prob: _Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """A start from the prior: each scale set so that its mean matches, TTFT and TPOT taken as proportional."""
+    """A start from the prior: each GPU scale set so that its mean matches (TTFT and TPOT taken as proportional)."""
     x0 = np.zeros(len(prob.free))
     sims = prob.stats(prob.values(x0))
     for i, name in enumerate(prob.free):
-        key = "ttft_mean_s" if name.startswith("prefill") else "tpot_mean_s"
+        key = {"prefill.gpu_scale": "ttft_mean_s", "decode.gpu_scale": "tpot_mean_s"}.get(name)
         ratios = [r.measured[key] / s[key] for r, s in zip(prob.runs, sims, strict=True)
-                  if key in r.measured and s[key] > 0 and math.isfinite(s[key])]
+                  if key is not None and key in r.measured and s[key] > 0 and math.isfinite(s[key])]
         if ratios:
             x0[i] = float(np.mean(np.log(ratios)))
     return np.clip(x0, lo + 1e-9, hi - 1e-9)
 
 
-def _identify(prob: _Problem, why_held: dict[str, str]) -> None:
-    """Hold the parameters no fitted statistic is observed for, or that move none of them."""
+def _hold(prob: _Problem, name: str, why: str, why_held: dict[str, str]) -> None:
+    why_held[name] = why
+    prob.free.remove(name)
+    prob.held[name] = 1.0
+
+
+def _identify(prob: _Problem, why_held: dict[str, str], base: CostModel) -> None:
+    """Hold the parameters no fitted statistic is observed for, that move none of them, or that move them as
+    another parameter does (collinear columns of the Jacobian at the prior; the last in :data:`PARAMS` goes)."""
     has = {k for r in prob.runs for k in r.measured}
     for name in list(prob.free):
         need = "tpot" if name.startswith("decode") else "ttft"
         if not any(k.startswith(need) for k in has):
-            why_held[name] = f"held at the prior: the file(s) measure no {need.upper()}"
-            prob.free.remove(name)
-            prob.held[name] = 1.0
+            _hold(prob, name, f"held at the prior: the file(s) measure no {need.upper()}", why_held)
+    if "overhead.p_leg_scale" in prob.free and base.overhead.p_leg_s <= 0:
+        _hold(prob, "overhead.p_leg_scale", "held: the base has no proxy leg to scale (0 s)", why_held)
     if not prob.free:
         return
-    x = np.zeros(len(prob.free))
-    sens = _sensitivity(prob, x)
-    for name, s in zip(list(prob.free), sens, strict=True):
-        if s < MIN_SENSITIVITY:
-            why_held[name] = (f"held at the prior: not identifiable (moves no fitted statistic: "
-                              f"|d log stat / d log x| = {s:.3g})")
-            prob.free.remove(name)
-            prob.held[name] = 1.0
+    names = list(prob.free)
+    jac = _jacobian(prob, np.zeros(len(names)))
+    for name, col in zip(names, jac.T, strict=True):
+        if np.max(np.abs(col), initial=0.0) < MIN_SENSITIVITY:
+            _hold(prob, name, f"held at the prior: not identifiable (moves no fitted statistic: |d log stat / d log x| "
+                  f"= {np.max(np.abs(col), initial=0.0):.3g})", why_held)
+    while len(prob.free) > 1:
+        cols = jac[:, [names.index(n) for n in prob.free]]
+        unit = cols / np.linalg.norm(cols, axis=0)
+        sv = np.linalg.svd(unit, compute_uv=False)
+        if sv[-1] >= MIN_INDEPENDENCE:
+            return
+        last = prob.free[-1]
+        _hold(prob, last, f"held at the prior: not separable from {', '.join(prob.free[:-1])} on these statistics "
+              f"(they move the fitted statistics alike: smallest singular value of the normalised Jacobian "
+              f"{sv[-1]:.3g} < {MIN_INDEPENDENCE})", why_held)
+
+
+def _same_deployment_kind(base: Scenario, scen: list[Scenario]) -> None:
+    for sc in scen:
+        if (sc.model, sc.hardware, sc.deployment.tensor_parallel_size) != (
+                base.model, base.hardware, base.deployment.tensor_parallel_size):
+            raise input_error("--scenario", "every scenario of one fit must have the same model, hardware and TP",
+                              "fit each deployment of another model, hardware or TP separately")
+
+
+def _solve(prob: _Problem, floors: dict[str, float]) -> dict[str, float]:
+    """Least squares in log space within [physical floor, UPPER_SCALE x prior], from the mean-matching start."""
+    if not prob.free:
+        return prob.values(np.zeros(0))
+    lo = np.array([math.log(max(floors[n], 1.0 / UPPER_SCALE)) for n in prob.free])
+    hi = np.array([math.log(UPPER_SCALE)] * len(prob.free))
+    x0 = _start(prob, lo, hi)
+    sol = least_squares(prob.residuals, x0, bounds=(lo, hi), diff_step=DIFF_STEP, max_nfev=MAX_EVALUATIONS,
+                        x_scale=1.0, method="trf")
+    return prob.values(sol.x)
+
+
+def _param_rows(values: dict[str, float], floors: dict[str, float], free: list[str], why_held: dict[str, str],
+                reasons: list[str]) -> list[dict[str, Any]]:
+    """One row per parameter; appends to ``reasons`` every parameter beyond its limits."""
+    rows = []
+    for n in PARAMS:
+        v = values[n]
+        at_floor = n in free and v <= floors[n] * (1 + 1e-6)
+        if v > MAX_PRIOR_FACTOR:  # downwards a GPU scale meets its physical floor first; an overhead may be ~0
+            reasons.append(f"{n} = {v:.4g} x the prior, beyond {MAX_PRIOR_FACTOR:.0f}x")
+        if at_floor:
+            reasons.append(f"{n} = {v:.4g} is pinned at its physical floor (the statistics ask for a GPU faster than "
+                           "its peak FLOP/s or HBM bandwidth allow)")
+        rows.append({"name": n, "value": v, "prior": 1.0, "lower": floors[n], "upper": UPPER_SCALE,
+                     "status": "fitted" if n in free else "held", "at_physical_floor": at_floor,
+                     "why": why_held.get(n, "fitted to the measured TTFT/TPOT statistics by simulation")})
+    return rows
 
 
 def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequence[Scenario] | None = None,
@@ -264,44 +340,25 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
     from kvplan.sim.engine import resolve
 
     scen = list(scenarios) if scenarios is not None else [base] * len(runs)
-    for sc in scen:
-        if (sc.model, sc.hardware, sc.deployment.tensor_parallel_size) != (
-                base.model, base.hardware, base.deployment.tensor_parallel_size):
-            raise input_error("--scenario", "every scenario of one fit must have the same model, hardware and TP",
-                              "fit each deployment of another model, hardware or TP separately")
+    _same_deployment_kind(base, scen)
     if not runs or not any(r.measured for r in runs):
         raise input_error("calibrate", "the file(s) hold no TTFT or TPOT statistic to fit", "use --save-result files")
     rs = resolve(run_scenario(base, runs[0], None))
     base_costs = rs.costs
-    lo_s = {"prefill.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, rs.scenario.deployment.tensor_parallel_size,
-                                             "prefill"),
-            "decode.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, rs.scenario.deployment.tensor_parallel_size,
-                                            "decode")}
+    tp = rs.scenario.deployment.tensor_parallel_size
+    floors = {"prefill.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "prefill"),
+              "decode.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "decode"),
+              "overhead.p_leg_scale": 0.0}  # a proxy leg has no physical floor beyond 0
     prob = _Problem(scen, list(runs), base_costs, list(PARAMS), {})
     why_held: dict[str, str] = {}
-    _identify(prob, why_held)
-    lo = np.array([math.log(max(lo_s[n], 1.0 / UPPER_SCALE)) for n in prob.free])
-    hi = np.array([math.log(UPPER_SCALE)] * len(prob.free))
-    sol_x = np.zeros(0)
-    if prob.free:
-        x0 = _start(prob, lo, hi)
-        sol = least_squares(prob.residuals, x0, bounds=(lo, hi), diff_step=DIFF_STEP, max_nfev=MAX_EVALUATIONS,
-                            x_scale=1.0, method="trf")
-        sol_x = sol.x
-    values = prob.values(sol_x)
+    _identify(prob, why_held, base_costs)
+    values = _solve(prob, floors)
     fitted_costs = apply_values(base_costs, values)
     check = self_check(scen, list(runs), fitted_costs)
     reasons = [f"{c['run']} {c['metric']}: simulated {c['simulated_ms']:.4g} ms vs measured {c['measured_ms']:.4g} ms "
-               f"({c['rel_error']:+.1%}, tolerance {SELF_CHECK_TOLERANCE:.0%})" for c in check if c["gated"] and not c["within"]]
-    params = []
-    for n in PARAMS:
-        v = values[n]
-        at_floor = n in prob.free and v <= lo_s[n] * (1 + 1e-6)
-        if v > MAX_PRIOR_FACTOR or v < 1.0 / MAX_PRIOR_FACTOR:
-            reasons.append(f"{n} = {v:.4g} x the prior, beyond {MAX_PRIOR_FACTOR:.0f}x")
-        params.append({"name": n, "value": v, "prior": 1.0, "lower": lo_s[n], "upper": UPPER_SCALE,
-                       "status": "fitted" if n in prob.free else "held", "at_physical_floor": at_floor,
-                       "why": why_held.get(n, "fitted to the measured TTFT/TPOT statistics by simulation")})
+               f"({c['rel_error']:+.1%}, tolerance {SELF_CHECK_TOLERANCE:.0%})"
+               for c in check if c["gated"] and not c["within"]]
+    params = _param_rows(values, floors, prob.free, why_held, reasons)
     report = {
         "method": "simulation (calibration/sim_fit.py: scipy.optimize.least_squares over the simulated run)",
         "runs": [{"label": r.label, "file": r.source, "workload": r.workload, "measured_s": r.measured,
@@ -333,7 +390,7 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
                 continue
             m, s = r.measured[k], sim[k]
             rel = (s - m) / m if math.isfinite(s) else math.inf
-            out.append({"run": r.label, "metric": k.replace("_s", "_ms"), "measured_ms": m * 1e3,
+            out.append({"run": r.label, "metric": k.removesuffix("_s") + "_ms", "measured_ms": m * 1e3,
                         "simulated_ms": s * 1e3, "rel_error": rel, "gated": k in CHECKED,
                         "within": abs(rel) <= SELF_CHECK_TOLERANCE})
     return out
@@ -368,9 +425,11 @@ def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float]
     status = "unreliable" if reasons else "calibrated"
     lin, att = _base_gpu_scales(rs)
     cs = dict(rs.profile.component_status) or {"prefill.gpu": rs.profile.name, "decode.gpu": rs.profile.name}
-    for comp, n in (("prefill.gpu", "prefill.gpu_scale"), ("decode.gpu", "decode.gpu_scale")):
+    for comp, n in (("prefill.gpu", "prefill.gpu_scale"), ("decode.gpu", "decode.gpu_scale"),
+                    ("overhead", "overhead.p_leg_scale")):
         how = "calibrated by simulation" if n in free else "held (not identifiable)"
-        cs[comp] = f"{how} ({files}): x {values[n]:.4g} over [{cs.get(comp, rs.profile.name)}]"
+        what = "p_leg_s " if comp == "overhead" else ""
+        cs[comp] = f"{how} ({files}): {what}x {values[n]:.4g} over [{cs.get(comp, rs.profile.name)}]"
     notes = [f"{status.upper()}: kvplan calibrate --scenario, fitted by simulating the measured run(s) "
              f"({files}); fitted: {', '.join(free) or 'nothing'}"]
     if reasons:

@@ -225,7 +225,8 @@ def check_reliable(profile: Profile, allow_unreliable: bool, where: str) -> None
     """Refuse a profile whose fit failed its self-check (status ``unreliable``) unless allowed."""
     if profile.status == "unreliable" and not allow_unreliable:
         got = [str(x) for x in profile.fit_report.get("unreliable_reasons", [])]
-        why = (got[0] + (f" (+{len(got) - 1} more in its fit_report)" if len(got) > 1 else "")) if got else "see its fit_report"
+        more = f" (+{len(got) - 1} more in its fit_report)" if len(got) > 1 else ""
+        why = got[0] + more if got else "see its fit_report"
         raise input_error(where, f"profile {profile.name} is marked unreliable by its calibration ({why})",
                           "refit it, or pass --allow-unreliable-profile (simulation.allow_unreliable_profile: true)")
 

@@ -22,7 +22,17 @@ to --out (atomically). Files: --bench (vllm bench serve --save-result [--save-de
 (benchmark_serving_multi_turn --stats-json-output), --log (vLLM engine log with 'KV Transfer metrics' and/or
 the disagg proxy log), --prometheus (text exposition, one or more scrapes), --points (CSV
 kind,tokens,cached_tokens,value_ms). Parameters the files cannot identify are held at the shipped profile of
-the model and hardware and named in the report.
+the model and hardware and named in the report. --bench/--multiturn fits without --scenario are written with
+status 'unreliable' (a serving TTFT is not an engine time).
+
+With --scenario S.yaml (the measured deployment: model, hardware, TP, P/D or replicas, policy) the --bench or
+--multiturn runs are simulated and prefill/decode GPU scales (and the proxy leg where identifiable) fitted to
+their TTFT/TPOT statistics; a self-check simulates the result and writes 'unreliable' (refused by simulate
+without --allow-unreliable-profile) when a mean misses by more than 15% or a scale leaves its limits:
+
+\b
+  kvplan calibrate --bench tests/data/llm-d-2p1d__benchmark_2025-05-11_23-39-15.json \\
+      --scenario tests/data/llmd-2p1d-a100.scenario.yaml --out p4de-llama-3.1-8b.json
 
 With --published CSV (model,series,prompt_tokens,value_ms,note, e.g. calibration/data/p5en_published.csv) the
 profile is fitted by simulating the published P5en benchmark instead (how the shipped profiles are made):

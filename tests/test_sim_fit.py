@@ -197,3 +197,20 @@ def test_multiturn_file_is_replayed_and_fitted(tmp_path: Path, capsys: pytest.Ca
     check = {c["metric"]: c for c in report["self_check"]}
     assert check["ttft_mean_ms"]["simulated_ms"] == pytest.approx(sim["ttft_mean_s"] * 1e3, rel=1e-9)
     assert check["tpot_mean_ms"]["simulated_ms"] == pytest.approx(sim["tpot_mean_s"] * 1e3, rel=1e-9)
+
+
+def test_no_shipped_profile_is_fitted_on_a_validation_case() -> None:
+    """``kvplan validate`` reports on these cases: nothing shipped (a default of validate) may be fitted to them."""
+    from kvplan.calibration.validate import case_names, load_case
+    from kvplan.models.profile import shipped_profiles
+
+    case_files = set()
+    for name in case_names():
+        case = load_case(name)
+        if case.in_sample is None and case.kind != "published":
+            case_files |= {Path(p.strip()).name for p in case.source.path.split(",")}
+    assert BENCH.name.split("__")[-1] in case_files  # the bundled file is one of validate's llm-d runs
+    for name in shipped_profiles():
+        for src in load_profile(name).provenance.get("sources", []):
+            f = Path(str(src.get("file", "") if isinstance(src, dict) else src)).name
+            assert f.split("__")[-1] not in case_files, (name, f)

@@ -279,13 +279,14 @@ def self_check_table(profile: Profile) -> pd.DataFrame | None:
                          for r in raw])
 
 
-def precise(frame: pd.DataFrame, digits: int = 6) -> pd.DataFrame:
-    """A display copy with every float as text at ``digits`` significant digits (a grid would round 2.5e-05 to 0)."""
-    out = frame.copy()
-    for col in out.columns:
-        if pd.api.types.is_float_dtype(out[col]) or out[col].map(lambda v: isinstance(v, float)).any():
-            out[col] = out[col].map(lambda v: f"{v:.{digits}g}" if isinstance(v, float) else ("" if v is None else v))
-    return out
+#: Display format of every float in the Calibration page's tables: six significant digits (a grid's default
+#: rounding would show 2.5e-05 s as 0).
+FLOAT_FORMAT = "%.6g"
+
+
+def float_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of ``frame`` holding floats (shown at :data:`FLOAT_FORMAT`, not rounded to a few decimals)."""
+    return [str(c) for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
 
 
 def mape_table(profile: Profile) -> pd.DataFrame | None:

@@ -214,3 +214,46 @@ def test_no_shipped_profile_is_fitted_on_a_validation_case() -> None:
         for src in load_profile(name).provenance.get("sources", []):
             f = Path(str(src.get("file", "") if isinstance(src, dict) else src)).name
             assert f.split("__")[-1] not in case_files, (name, f)
+
+
+def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    bad_yaml = tmp / "bad.yaml"
+    bad_yaml.write_text("model: [unclosed\n")
+    unknown = tmp / "unknown.yaml"
+    unknown.write_text("model: gpt-9\nhardware: p4de\n")
+    typo = tmp / "typo.yaml"
+    typo.write_text("model: llama-3.1-8b\nhardware: p4de\ndeployment: {tensor_paralel_size: 1}\n")
+    other = tmp / "qwen.yaml"
+    other.write_text("model: qwen3-32b\nhardware: p5en\ndeployment: {tensor_parallel_size: 8}\n")
+    inf = json.loads(BENCH.read_text())
+    inf["request_rate"] = "inf"
+    inf_path = tmp / "inf.json"
+    inf_path.write_text(json.dumps(inf))
+    b = ["--bench", str(BENCH)]
+    return {
+        "missing scenario": ([*b, "--scenario", str(tmp / "nope.yaml")], "nope.yaml"),
+        "malformed yaml": ([*b, "--scenario", str(bad_yaml)], "bad.yaml"),
+        "unknown model": ([*b, "--scenario", str(unknown)], "gpt-9"),
+        "misspelt field": ([*b, "--scenario", str(typo)], "tensor_paralel_size"),
+        "with points": ([*b, "--points", str(BENCH), "--scenario", str(SCEN_2P1D)], "--points"),
+        "no file": (["--scenario", str(SCEN_2P1D)], "--bench F or --multiturn F"),
+        "file of another model": ([*b, "--scenario", str(other)], "model_id"),
+        "all at once": (["--bench", str(inf_path), "--scenario", str(SCEN_2P1D)], "inf"),
+        "tp differs": ([*b, "--scenario", str(SCEN_2P1D), "--tp", "8"], "--tp"),
+    }
+
+
+HOSTILE = ("missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
+           "file of another model", "all at once", "tp differs")
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_calibrate_scenario_bad_input(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = _hostile(tmp_path)
+    assert set(table) == set(HOSTILE)
+    args, needle = table[case]
+    out = tmp_path / "p.json"
+    assert main(["calibrate", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()

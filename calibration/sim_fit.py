@@ -5,8 +5,8 @@ a mean TTFT contains queueing on P, the KV transfer, the proxy legs and the firs
 prefill. So the fit does what the measurement did: the scenario gives the measured deployment (model,
 hardware, TP, P/D counts or aggregated replicas, policy); the file gives the arrivals (rate, burstiness,
 concurrency, or the multi-turn trace itself), the request count and the lengths; :func:`fit_scenario`
-simulates that run (:func:`kvplan.sim.api.run`, one fixed seed: common random numbers, so the objective
-moves only with the parameters) and fits, with :func:`scipy.optimize.least_squares` in log space, the
+simulates that run (:func:`kvplan.sim.api.run`, the scenario's one seed: common random numbers, so the
+objective moves only with the parameters) and fits, with :func:`scipy.optimize.least_squares` in log space, the
 parameters the statistics can identify to the measured TTFT and TPOT means (weight 1) and medians
 (weight 1/2):
 
@@ -61,8 +61,6 @@ SELF_CHECK_TOLERANCE = 0.15
 MAX_PRIOR_FACTOR = 20.0
 #: Upper bound of a scale in the optimiser: wider than MAX_PRIOR_FACTOR so that a fit wanting more shows it.
 UPPER_SCALE = 100.0
-#: The one seed of every simulation of the fit (common random numbers).
-FIT_SEED = 0
 #: Statistics fitted and their weights (means decide the self-check, medians help the shape).
 TARGETS: dict[str, float] = {"ttft_mean_s": 1.0, "ttft_p50_s": 0.5, "tpot_mean_s": 1.0, "tpot_p50_s": 0.5}
 #: The statistics the self-check gates on.
@@ -176,10 +174,10 @@ def multiturn_run(m: MultiTurnStats) -> MeasuredRun:
 
 
 def run_scenario(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> Scenario:
-    """``base`` with the run's workload, the fit's seed and (when given) every cost component inline."""
+    """``base`` with the run's workload and (when given) every cost component inline; every simulation of a fit
+    uses the scenario's one seed (common random numbers: the objective moves only with the parameters)."""
     data = base.model_dump(mode="python")
     data["workload"] = run.workload
-    data["seed"] = FIT_SEED
     sc = scenario_from_dict(data, where=f"--scenario with {run.label}")
     if costs is None:
         return sc
@@ -193,7 +191,7 @@ def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -
     """The fitted statistics of one simulated run (seconds)."""
     from kvplan.sim.api import run as simulate
 
-    res = simulate(run_scenario(base, run, costs), FIT_SEED, keep=False)
+    res = simulate(run_scenario(base, run, costs), keep=False)
     return {k: float(res.summary.get(k, math.nan)) for k in TARGETS}
 
 
@@ -403,12 +401,13 @@ def _mape(check: list[dict[str, Any]]) -> dict[str, float]:
     return {f"self_check:{k}": float(np.mean(v)) for k, v in by.items()}
 
 
-def _base_gpu_scales(rs: Any) -> tuple[float, float]:
-    """The prefill GPU corrections already in the base (a calibration of this model, GPU and TP), else 1."""
+def _base_gpu_scales(rs: Any) -> tuple[float, float, float]:
+    """The GPU corrections already in the base (linear, attention, decode: a calibration of this model and GPU,
+    :func:`kvplan.models.resolve.gpu_corrections`), else 1: the written scales are relative to the kernel prior."""
     from kvplan.models.resolve import gpu_corrections
 
     prof = rs.profile
-    src = prof if prof.provenance.get("prefill_gpu_scales") else None
+    src = prof if prof.provenance.get("prefill_gpu_scales") or prof.provenance.get("decode_gpu_scale") else None
     name = prof.provenance.get("residuals_from")
     if src is None and isinstance(name, str):
         try:
@@ -416,14 +415,14 @@ def _base_gpu_scales(rs: Any) -> tuple[float, float]:
         except KvplanInputError:
             src = None
     got = gpu_corrections(src, rs.arch, rs.node, rs.scenario.deployment.tensor_parallel_size) if src else None
-    return (got.linear, got.attention) if got is not None else (1.0, 1.0)
+    return (got.linear, got.attention, got.decode) if got is not None else (1.0, 1.0, 1.0)
 
 
 def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float], report: dict[str, Any],
              reasons: list[str], sources: list[dict[str, Any]], free: list[str]) -> Profile:
     files = ", ".join(os.path.basename(s["file"]) for s in sources) or "the runs"
     status = "unreliable" if reasons else "calibrated"
-    lin, att = _base_gpu_scales(rs)
+    lin, att, dec = _base_gpu_scales(rs)
     cs = dict(rs.profile.component_status) or {"prefill.gpu": rs.profile.name, "decode.gpu": rs.profile.name}
     for comp, n in (("prefill.gpu", "prefill.gpu_scale"), ("decode.gpu", "decode.gpu_scale"),
                     ("overhead", "overhead.p_leg_scale")):
@@ -442,7 +441,7 @@ def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float]
         provenance={"sources": sources, "method": report["method"], "scenario": base.model_dump(mode="json",
                     exclude={"workload"}), "prefill_gpu_scales": {"linear": lin * values["prefill.gpu_scale"],
                                                                   "attention": att * values["prefill.gpu_scale"]},
-                    "decode_gpu_scale": values["decode.gpu_scale"], "residuals_from": rs.profile.name,
+                    "decode_gpu_scale": dec * values["decode.gpu_scale"], "residuals_from": rs.profile.name,
                     "model": rs.arch.hf_id or rs.arch.name, "hardware": rs.node.name, "tensor_parallel_size": tp},
         notes=notes,
     )

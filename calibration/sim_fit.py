@@ -371,7 +371,9 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
         "max_prior_factor": MAX_PRIOR_FACTOR,
         "unreliable_reasons": reasons,
         "simulations": prob.evaluations + len(runs),
-        "notes": [n for r in runs for n in r.notes],
+        "notes": [*(["the scenario's workload section is replaced by each file's arrivals, request count and "
+                     "lengths"] if any("workload" in sc.model_fields_set for sc in scen) else []),
+                  *(n for r in runs for n in r.notes)],
         "mape_pct": _mape(check),
     }
     profile = _profile(base, rs, fitted_costs, values, report, reasons, sources or [], prob.free)

@@ -22,7 +22,17 @@ to --out (atomically). Files: --bench (vllm bench serve --save-result [--save-de
 (benchmark_serving_multi_turn --stats-json-output), --log (vLLM engine log with 'KV Transfer metrics' and/or
 the disagg proxy log), --prometheus (text exposition, one or more scrapes), --points (CSV
 kind,tokens,cached_tokens,value_ms). Parameters the files cannot identify are held at the shipped profile of
-the model and hardware and named in the report.
+the model and hardware and named in the report. --bench/--multiturn fits without --scenario are written with
+status 'unreliable' (a serving TTFT is not an engine time).
+
+With --scenario S.yaml (the measured deployment: model, hardware, TP, P/D or replicas, policy) the --bench or
+--multiturn runs are simulated and prefill/decode GPU scales (and the proxy leg where identifiable) fitted to
+their TTFT/TPOT statistics; a self-check simulates the result and writes 'unreliable' (refused by simulate
+without --allow-unreliable-profile) when a mean misses by more than 15% or a scale leaves its limits:
+
+\b
+  kvplan calibrate --bench tests/data/llm-d-2p1d__benchmark_2025-05-11_23-39-15.json \\
+      --scenario tests/data/llmd-2p1d-a100.scenario.yaml --out p4de-llama-3.1-8b.json
 
 With --published CSV (model,series,prompt_tokens,value_ms,note, e.g. calibration/data/p5en_published.csv) the
 profile is fitted by simulating the published P5en benchmark instead (how the shipped profiles are made):
@@ -44,10 +54,17 @@ def register(app: typer.Typer) -> None:
         prometheus: list[Path] | None = typer.Option(None, "--prometheus", help="Prometheus text (repeatable)."),
         points: list[Path] | None = typer.Option(None, "--points", help="Points CSV (repeatable)."),
         published: Path | None = typer.Option(None, "--published", help="Published-points CSV: simulation-based fit."),
-        model: str = typer.Option(..., "--model", help="Model preset (qwen3-32b, glm-5-fp8, llama-3.3-70b)."),
-        hardware: str = typer.Option(..., "--hardware", help="Hardware preset (p5en, p5, p5en-tcp)."),
+        scenario: list[Path] | None = typer.Option(
+            None, "--scenario",
+            help="Scenario YAML of the measured deployment (model, hardware, TP, P/D or replicas, policy): fit by "
+            "simulating the run of each --bench/--multiturn file. One for every file, or one per file in order.",
+        ),
+        model: str | None = typer.Option(None, "--model", help="Model preset (qwen3-32b, ...; with --scenario: its)."),
+        hardware: str | None = typer.Option(None, "--hardware", help="Hardware preset (p5en, ...; with --scenario: its)."),
         out: Path = typer.Option(..., "--out", help="Profile JSON to write."),
-        tp: int = typer.Option(8, "--tp", min=1, help="Tensor-parallel size of the measured deployment."),
+        tp: int | None = typer.Option(
+            None, "--tp", min=1, help="TP of the measured deployment (default 8; with --scenario: its)."
+        ),
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens of the runs."),
         vllm_version: str | None = typer.Option(None, "--vllm-version", help="vLLM version, for provenance."),
         include_first_turn: bool = typer.Option(
@@ -68,13 +85,23 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.hardware import get_hardware
         from kvplan.models.profile import save_profile
 
-        arch = get_model(model)
-        node = get_hardware(hardware)
         if not out.parent.is_dir():
             raise input_error(f"--out {out}", "the directory does not exist", "create it first")
         traces = {"bench": bench, "multiturn": multiturn, "log": log, "prometheus": prometheus, "points": points}
         inputs = [published, *(f for files in traces.values() for f in files or [])]
         check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
+        if scenario:
+            from kvplan.app.calibrate_sim import calibrate_by_simulation
+
+            calibrate_by_simulation(scenario, traces, model, hardware, tp, out, json_out, allow_model_mismatch,
+                                    overwrite=overwrite, inputs=[*inputs, *scenario])
+            return
+        if model is None or hardware is None:
+            raise input_error("--model" if model is None else "--hardware", "missing", "give --model and --hardware, "
+                              "or --scenario S.yaml (which names them)")
+        tp = 8 if tp is None else tp
+        arch = get_model(model)
+        node = get_hardware(hardware)
         if published is not None:
             if any(traces.values()):
                 raise input_error("--published", "cannot be combined with trace files", "run two calibrations")
@@ -101,14 +128,23 @@ def register(app: typer.Typer) -> None:
         if foreign:
             note = (f"PROXY: fitted to measurements of {', '.join(sorted(set(foreign)))}, not {arch.name} "
                     "(--allow-model-mismatch); not a calibration of this model")
-            prof = result.profile.model_copy(update={"status": "proxy", "notes": [*result.profile.notes, note]})
+            status = "proxy" if result.profile.status == "calibrated" else result.profile.status
+            prof = result.profile.model_copy(update={"status": status, "notes": [*result.profile.notes, note]})
             result = dataclasses.replace(result, profile=prof)
             result.report.setdefault("notes", []).append(note)
         save_profile(result.profile, out, overwrite=overwrite, inputs=inputs)
+        if result.profile.status == "unreliable":
+            warn_unreliable(result.report.get("unreliable_reasons", []), out)
         if json_out:
             typer.echo(json.dumps(_clean(result.report), indent=2, sort_keys=True))
             return
         _print_trace_report(result, out)
+
+
+def warn_unreliable(reasons: list[str], out: Path) -> None:
+    """The warning every unreliable fit prints (stderr), with its reasons."""
+    typer.echo(f"WARNING: {out} is written with status 'unreliable' (kvplan simulate refuses it without "
+               f"--allow-unreliable-profile): {'; '.join(reasons)}", err=True)
 
 
 def _published(path: Path, model: str, hardware: str, tp: int, out: Path, include_first: bool, json_out: bool,

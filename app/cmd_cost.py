@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         context: int | None = typer.Option(None, "--context", min=1, help="Decode context per sequence (default C + N)."),
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+        allow_unreliable: bool = typer.Option(
+            False, "--allow-unreliable-profile", help="Use a profile of status 'unreliable' anyway."
+        ),
     ) -> None:
         from kvplan.calibration.derive import check_tp
         from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
@@ -78,7 +81,7 @@ def register(app: typer.Typer) -> None:
         node = get_hardware(hw)
         n_tp = tp if tp is not None else (base.tensor_parallel_size if base is not None else 8)
         check_tp(arch, n_tp, node.gpus_per_node)
-        prof, notes = resolve_profile(arch, node, n_tp, profile)
+        prof, notes = resolve_profile(arch, node, n_tp, profile, allow_unreliable)
         c = prof.costs
         nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
         desc = descriptors_per_transfer(arch, tokens)

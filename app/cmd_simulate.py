@@ -48,6 +48,10 @@ def register(app: typer.Typer) -> None:
         ),
         fmt: str = typer.Option("parquet", "--format", help="turns/pinned file format: parquet (zstd), csv or both."),
         verbose: bool = typer.Option(False, "--verbose", help="Also list the modelling assumptions of the run."),
+        allow_unreliable: bool = typer.Option(
+            False, "--allow-unreliable-profile",
+            help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
+        ),
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.atomic_dir import check_result_dir
@@ -68,6 +72,8 @@ def register(app: typer.Typer) -> None:
                               "remove one of them")
         if trace is not None:
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        if allow_unreliable:
+            sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         writer = ResultDirWriter(out, fmt, overwrite, inputs=[*inputs, *scenario_input_files(sc)])
         try:
             with sim_progress(enabled=not json_out) as hook:

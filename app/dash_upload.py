@@ -243,6 +243,13 @@ def parameter_table(profile: Profile) -> pd.DataFrame:
     or held) when there is one; otherwise from the profile's costs and ``uncertainty``.
     """
     rows = []
+    sim_params = profile.fit_report.get("params")
+    if profile.fit_report.get("self_check") is not None and isinstance(sim_params, list):  # calibrate --scenario
+        for p in sim_params:
+            rows.append({"parameter": p.get("name"), "value": p.get("value"), "std_error": None, "relative_error": None,
+                         "status": p.get("status"), "note": f"prior {p.get('prior')}, physical floor "
+                         f"{p.get('lower')}; {p.get('why', '')}"})
+        return pd.DataFrame(rows)
     for fit in profile.fit_report.get("fits", []) if isinstance(profile.fit_report.get("fits"), list) else []:
         for p in fit.get("params", []):
             value, se = p.get("value"), p.get("stderr")
@@ -258,6 +265,28 @@ def parameter_table(profile: Profile) -> pd.DataFrame:
             rows.append({"parameter": f"{comp}.{name}", "value": value, "std_error": se, "relative_error": rel,
                          "status": profile.status, "note": ""})
     return pd.DataFrame(rows)
+
+
+def self_check_table(profile: Profile) -> pd.DataFrame | None:
+    """The self-check of a fit through the simulator (``fit_report['self_check']``): measured and simulated per
+    run and metric, the relative error and whether it gates the status, or ``None`` when the fit had none."""
+    raw = profile.fit_report.get("self_check")
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, dict) for r in raw):
+        return None
+    return pd.DataFrame([{"run": r.get("run"), "metric": r.get("metric"), "measured (ms)": r.get("measured_ms"),
+                          "simulated (ms)": r.get("simulated_ms"), "relative error": r.get("rel_error"),
+                          "gates the status": bool(r.get("gated")), "within tolerance": bool(r.get("within"))}
+                         for r in raw])
+
+
+#: Display format of every float in the Calibration page's tables: six significant digits (a grid's default
+#: rounding would show 2.5e-05 s as 0).
+FLOAT_FORMAT = "%.6g"
+
+
+def float_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of ``frame`` holding floats (shown at :data:`FLOAT_FORMAT`, not rounded to a few decimals)."""
+    return [str(c) for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
 
 
 def mape_table(profile: Profile) -> pd.DataFrame | None:

@@ -177,8 +177,27 @@ def calibrate(
             "add per-request data (--save-detailed), KV Transfer metrics, a points CSV or a multi-turn file",
         )
     base_costs = base.costs if base is not None else None
-    return _result(results, base_values, base_src, obs, sources, arch, node.name, tp, vllm_version, base_costs,
-                   lows["prefill.weight_read_s"])
+    res = _result(results, base_values, base_src, obs, sources, arch, node.name, tp, vllm_version, base_costs,
+                  lows["prefill.weight_read_s"])
+    return _unchecked(res) if bench or multiturn else res
+
+
+#: Why a --bench/--multiturn fit without --scenario is not a calibration (issue 19).
+UNCHECKED_REASON = (
+    "fitted without --scenario: a serving benchmark's TTFT and TPOT contain queueing, KV transfer, proxy legs and "
+    "batching, which this direct fit reads as engine time, and no simulation of the measured run checked the "
+    "profile; give the deployment with --scenario S.yaml (calibration through the simulator)"
+)
+
+
+def _unchecked(res: CalibrationResult) -> CalibrationResult:
+    """The result with status ``unreliable``: a direct fit of serving statistics that nothing has checked."""
+    report = dict(res.report)
+    report["unreliable_reasons"] = [UNCHECKED_REASON]
+    notes = ["FITTED" + n[len("CALIBRATED"):] if n.startswith("CALIBRATED") else n for n in res.profile.notes]
+    prof = res.profile.model_copy(update={"status": "unreliable", "fit_report": report,
+                                          "notes": [*notes, "UNRELIABLE: " + UNCHECKED_REASON]})
+    return CalibrationResult(profile=prof, report=report, fits=res.fits)
 
 
 def _direct_observations(parsed: _Parsed, arch: ModelArch, tp: int, obs: Obs) -> None:

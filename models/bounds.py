@@ -145,6 +145,16 @@ def bound_violations(costs: CostModel, arch: ModelArch, node: Node, tp: int) -> 
     return out
 
 
+
+def floor_scale(costs: CostModel, arch: ModelArch, node: Node, tp: int, component: str) -> float:
+    """The smallest factor by which the GPU terms of ``component`` (``prefill`` or ``decode``) may be multiplied
+    and every bound of that component still hold (every checked term is linear in the GPU terms; the CPU
+    ``overhead_s`` is not part of any check). 0 when the component has no bounded term."""
+    bounds = {bd.param: bd for bd in physical_bounds(arch, node, tp)}
+    ratios = [lower / value for param, value, lower, _why in _checks(costs, bounds)
+              if param.startswith(component + ".") and value > 0]
+    return max(ratios, default=0.0)
+
 def _is_blank(component: BaseModel) -> bool:
     return component == type(component)()
 

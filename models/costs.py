@@ -204,6 +204,14 @@ def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float =
     return cost.model_copy(update=upd)
 
 
+
+def scale_decode_gpu(cost: DecodeCost, scale: float) -> DecodeCost:
+    """``cost`` with its GPU terms (fixed, per sequence, per context token, batch knots) multiplied by ``scale``
+    (the engine's CPU overhead unchanged)."""
+    upd: dict[str, Any] = {k: getattr(cost, k) * scale for k in ("fixed_s", "per_seq_s", "per_context_token_s")}
+    upd["batch_knots_s"] = tuple(v * scale for v in cost.batch_knots_s)
+    return cost.model_copy(update=upd)
+
 def prefill_step_time_array(cost: PrefillCost, new_tokens: Any, pairs: Any, ctx_pairs: Any = 0.0) -> np.ndarray:
     """:func:`prefill_step_time_s` over numpy arrays (the analytic screen)."""
     n = np.atleast_1d(np.asarray(new_tokens, dtype=float))

@@ -39,7 +39,10 @@ class Profile(BaseModel):
     )
     fit_report: dict[str, Any] = Field(default_factory=dict, description="Residuals, MAPE per metric, ...")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Sources, sha256, vLLM version.")
-    status: str = Field(default="calibrated", description="calibrated | prior | composed (see component_status)")
+    status: str = Field(
+        default="calibrated",
+        description="calibrated | prior | composed | proxy | unreliable (a fit that failed its self-check; see fit_report)",
+    )
     component_status: dict[str, str] = Field(
         default_factory=dict,
         description="Per component ('prefill.gpu', 'prefill.overhead_s', 'decode.gpu', 'transfer', 'overhead', ...):"

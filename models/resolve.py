@@ -12,12 +12,27 @@ simulator (``sim/engine.py::resolve``), ``kvplan cost`` and ``kvplan calibrate``
    else the nearest calibration (same attention kind first). The transfer's bandwidth term is always the
    instance's line rate (``models/hardware.py``).
 
+**Corrections stay where they were measured.** A calibration's GPU corrections of the prefill kernels
+(``provenance.prefill_gpu_scales``, e.g. the P5en Qwen3-32B fit's linear x 1.415, attention x 0.675) are a
+measurement of *that* model on *that* GPU (the served vLLM version's kernels against aiconfigurator's);
+they are applied only when the borrowing deployment has the same model and GPU
+(e.g. the same engine on a TCP twin of the instance). The prefill corrections also carry over to other
+TPs of the same model on the same GPU, with the reason given in :func:`gpu_corrections` (tested against
+the kernel data's TP ratios); on another model or GPU the kernel prior stands alone. Only residuals that
+are not model compute are borrowed.
+
 The returned profile's ``component_status`` says for each part whether it is calibrated, kernel-derived
-or assumed, and where it comes from.
+or assumed, and what is borrowed from where.
+
+A profile of status ``unreliable`` (a fit that failed its self-check, ``kvplan calibrate``) is refused
+unless the caller allows it (``--allow-unreliable-profile`` / ``simulation.allow_unreliable_profile``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from kvplan.errors import input_error
 from kvplan.models.arch import MODEL_PRESETS, ModelArch
 from kvplan.models.bounds import (
     active_weight_bytes_per_gpu,
@@ -26,7 +41,7 @@ from kvplan.models.bounds import (
     gemm_dtype,
     physical_bounds,
 )
-from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, scale_prefill_gpu
+from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, scale_decode_gpu, scale_prefill_gpu
 from kvplan.models.hardware import GPU, HARDWARE_PRESETS, Node, gpu_key
 from kvplan.models.profile import Profile, default_profile_name, load_prior, load_profile, shipped_profiles
 
@@ -118,21 +133,63 @@ def scaled_prefill(pc: PrefillCost, linear: float, attention: float, arch: Model
     return s.model_copy(update=upd)
 
 
+def _gpu_of(profile: Profile) -> GPU | None:
+    node = HARDWARE_PRESETS.get(profile.hardware)
+    return node.gpu if node is not None else None
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """A calibration's GPU corrections that apply to one deployment, and what they are said to be."""
+
+    linear: float
+    attention: float
+    decode: float
+    source: str
+    scope: str
+
+
+def gpu_corrections(residual: Profile, arch: ModelArch, node: Node, tp: int) -> Corrections | None:
+    """The GPU corrections of ``residual`` that apply to ``arch`` on ``node`` at ``tp``; ``None`` elsewhere.
+
+    Only the model and GPU they were fitted on. The prefill corrections carry over to other TPs of that model
+    on that GPU: they are the ratio of the served vLLM's prefill kernels to the kernel prior's for the same
+    GEMM and attention shapes (TP divides the heads and the GEMM width, it does not change the kernels), so
+    the kernel prior's TP ratios are kept (``tests/test_corrections.py`` checks the TP1/TP8 ratios against
+    the kernel data for every shipped model). A decode scale (``calibrate --scenario``) applies only at the TP
+    it was fitted on: it absorbs engine-side time (eager mode, scheduling) whose share changes with TP.
+    """
+    sc = residual.provenance.get("prefill_gpu_scales") or {}
+    dscale = residual.provenance.get("decode_gpu_scale")
+    if (not sc and dscale is None) or residual.model != arch.name or _gpu_of(residual) != node.gpu:
+        return None
+    same_tp = residual.tensor_parallel_size == tp
+    where = f"{residual.name} ({residual.model} on {residual.hardware} TP{residual.tensor_parallel_size})"
+    scope = "same model, GPU and TP" if same_tp else (
+        f"same model and GPU; TP{residual.tensor_parallel_size} -> TP{tp}: the served vLLM's prefill kernel "
+        "correction, taken as TP-independent, so the TP ratios are the kernel prior's")
+    return Corrections(float(sc.get("linear", 1.0)), float(sc.get("attention", 1.0)),
+                       float(dscale) if dscale is not None and same_tp else 1.0, where, scope)
+
+
 def compose(compute: CostModel, residual: Profile | None, node: Node, arch: ModelArch, tp: int) -> CostModel:
-    """Compute costs with a calibration's residuals (engine and proxy overheads, transfer latencies, and its
-    prefill GPU corrections for the served vLLM version); the transfer's bandwidth term is the node's line rate."""
+    """Compute costs with a calibration's residuals (engine and proxy overheads, transfer latencies; its GPU
+    corrections only where :func:`gpu_corrections` says they apply); the transfer's bandwidth term is the
+    node's line rate."""
     per_byte = 1.0 / node.link.bandwidth_bytes_per_s_per_rank
     if residual is None:
         tc = compute.transfer.model_copy(update={"per_byte_s": per_byte})
         return compute.model_copy(update={"transfer": tc})
     r = residual.costs
-    sc = residual.provenance.get("prefill_gpu_scales") or {}
+    sc = gpu_corrections(residual, arch, node, tp)
     prefill = compute.prefill
-    if sc and residual.hardware in HARDWARE_PRESETS and HARDWARE_PRESETS[residual.hardware].gpu == node.gpu:
-        prefill = scaled_prefill(prefill, float(sc.get("linear", 1.0)), float(sc.get("attention", 1.0)), arch, node, tp)
+    decode = compute.decode
+    if sc is not None:
+        prefill = scaled_prefill(prefill, sc.linear, sc.attention, arch, node, tp)
+        decode = scale_decode_gpu(decode, sc.decode)
     return CostModel(
         prefill=prefill.model_copy(update={"overhead_s": r.prefill.overhead_s}),
-        decode=compute.decode.model_copy(update={"overhead_s": r.decode.overhead_s}),
+        decode=decode.model_copy(update={"overhead_s": r.decode.overhead_s}),
         transfer=r.transfer.model_copy(update={"per_byte_s": per_byte}),
         overhead=r.overhead,
     )
@@ -143,14 +200,47 @@ def _residual_status(residual: Profile | None, arch: ModelArch, node: Node) -> s
     if residual is None:
         return "assumed 0 (no calibration to borrow from)"
     own = residual.model == arch.name and residual.hardware == node.name
-    where = f"{residual.name} ({residual.model} on {residual.hardware})"
-    return f"calibrated ({where})" if own else f"assumed: transferred from the calibration {where}"
+    where = f"{residual.name} ({residual.model} on {residual.hardware} TP{residual.tensor_parallel_size})"
+    return f"calibrated ({where})" if own else f"assumed: transferred from the calibration {where} (not model compute)"
 
 
-def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None) -> tuple[Profile, list[str]]:
-    """The profile a deployment of ``arch`` on ``node`` at TP ``tp`` uses, and notes saying what it is made of."""
+def _correction_status(residual: Profile | None, arch: ModelArch, node: Node, tp: int, part: str) -> str:
+    """What ``prefill.gpu`` / ``decode.gpu`` borrows from the residual calibration's GPU corrections, exactly."""
+    if residual is None:
+        return ""
+    key = "prefill_gpu_scales" if part == "prefill" else "decode_gpu_scale"
+    if residual.provenance.get(key) is None:
+        return ""
+    where = f"{residual.name} ({residual.model} on {residual.hardware} TP{residual.tensor_parallel_size})"
+    sc = gpu_corrections(residual, arch, node, tp)
+    if sc is None or (part == "decode" and sc.decode == 1.0):
+        return (f"; no calibration correction (the {part} GPU corrections of {where} apply only to the model and "
+                "GPU they were fitted on" + (", at its TP" if part == "decode" else "") + ")")
+    if part == "decode":
+        return f", x {sc.decode:.4g} borrowed from {sc.source} ({sc.scope})"
+    return f", linear x {sc.linear:.3f}, attention x {sc.attention:.3f} borrowed from {sc.source} ({sc.scope})"
+
+
+def check_reliable(profile: Profile, allow_unreliable: bool, where: str) -> None:
+    """Refuse a profile whose fit failed its self-check (status ``unreliable``) unless allowed."""
+    if profile.status == "unreliable" and not allow_unreliable:
+        got = [str(x) for x in profile.fit_report.get("unreliable_reasons", [])]
+        more = f" (+{len(got) - 1} more in its fit_report)" if len(got) > 1 else ""
+        why = got[0] + more if got else "see its fit_report"
+        raise input_error(where, f"profile {profile.name} is marked unreliable by its calibration ({why})",
+                          "refit it, or pass --allow-unreliable-profile (simulation.allow_unreliable_profile: true)")
+
+
+def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None,
+                    allow_unreliable: bool = False) -> tuple[Profile, list[str]]:
+    """The profile a deployment of ``arch`` on ``node`` at TP ``tp`` uses, and notes saying what it is made of.
+
+    A requested profile of status ``unreliable`` raises a one-line input error unless ``allow_unreliable``.
+    """
     notes: list[str] = []
     base: Profile | None = load_profile(requested) if requested is not None else None
+    if base is not None:
+        check_reliable(base, allow_unreliable, "profile")
     if base is not None and base.model == arch.name and base.tensor_parallel_size == tp and base.status != "prior":
         check_bounds(base.costs, arch, node, tp, f"profile {base.name}")
         return base, [*base.notes]
@@ -169,8 +259,8 @@ def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None)
     check_bounds(costs, arch, node, tp, f"resolved costs of {arch.name} on {node.name} TP{tp}")
     res_status = _residual_status(residual, arch, node)
     status = {
-        "prefill.gpu": compute_status,
-        "decode.gpu": compute_status,
+        "prefill.gpu": compute_status + _correction_status(residual, arch, node, tp, "prefill"),
+        "decode.gpu": compute_status + _correction_status(residual, arch, node, tp, "decode"),
         "prefill.overhead_s": res_status,
         "decode.overhead_s": res_status,
         "overhead": res_status,

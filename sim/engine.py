@@ -70,7 +70,7 @@ def resolve(scenario: Scenario) -> Resolved:
             "deployment.tensor_parallel_size", f"{tp} exceeds the {node.gpus_per_node} GPUs of a {node.name} node"
         )
     check_tensor_parallel(arch, tp)
-    profile, notes = resolve_profile(arch, node, tp, scenario.profile)
+    profile, notes = resolve_profile(arch, node, tp, scenario.profile, scenario.simulation.allow_unreliable_profile)
     costs = apply_overrides(profile.costs, scenario.costs)
     for comp in ("prefill", "transfer", "decode", "overhead"):
         named = getattr(scenario.costs, comp)

@@ -436,6 +436,9 @@ class Simulation(_Frozen):
     decode_mode: Literal["fast", "exact"] = Field(
         default="fast", description="fast: jump between batch changes; exact: one event per decode step."
     )
+    allow_unreliable_profile: bool = Field(
+        default=False, description="Use a profile of status 'unreliable' (a calibration that failed its self-check)."
+    )
 
 
 class Scenario(_Frozen):

@@ -139,7 +139,9 @@ def test_recover_bench_serve(tmp_path: Path) -> None:
     _check(res, {**PREFILL_TRUTH, **DECODE_TRUTH})
     _heldout_prefill(res)
     _heldout_decode(res)
-    assert res.profile.status == "calibrated"
+    # the parameters are recovered, but a direct fit of serving statistics is not a checked calibration (issue 19):
+    # without --scenario no simulation of the measured run reproduced them
+    assert res.profile.status == "unreliable" and "--scenario" in res.report["unreliable_reasons"][0]
     assert res.profile.provenance["sources"][0]["sha256"] and res.profile.uncertainty["prefill.per_token_s"] > 0
 
 
@@ -283,7 +285,7 @@ def test_bundled_real_bench_file_fits(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 0
     text = capsys.readouterr().out
     assert "prefill.per_token_s" in text and "summary only" in text and "PROXY" in text
-    assert load_profile(out).status == "proxy"
+    assert load_profile(out).status == "unreliable"  # a direct --bench fit is never 'calibrated' (nor 'proxy')
 
 
 @pytest.mark.shared_data

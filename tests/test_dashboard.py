@@ -392,3 +392,30 @@ def test_whatif_policy_selector_runs_the_variant() -> None:
     shown = _metrics(at)
     ttft = next(m for label, m in shown.items() if "p90" in label.lower())
     assert ttft.value == next(m.value for m in ds.headline_metrics(summary, summary) if "p90" in m.label.lower())
+
+
+def test_calibration_page_shows_the_self_check(tmp_path: Path) -> None:
+    from kvplan.app.cli import main
+
+    out = tmp_path / "llmd.json"
+    data = ROOT / "tests" / "data"
+    assert main(["calibrate", "--bench", str(data / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"), "--scenario",
+                 str(data / "llmd-2p1d-a100.scenario.yaml"), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())["fit_report"]
+    at = _page(_app(), "calibration.py")
+    at.file_uploader(key="calib_profile").set_value(("llmd.json", out.read_bytes(), "application/json")).run()
+    assert not at.exception and not at.error and not at.warning
+    frames = [d.value for d in at.dataframe]
+    check = next(f for f in frames if "simulated (ms)" in f.columns)
+    # both numbers per metric, unrounded (the grid formats them at six significant digits)
+    assert check["measured (ms)"].tolist() == pytest.approx([c["measured_ms"] for c in report["self_check"]])
+    assert check["simulated (ms)"].tolist() == pytest.approx([c["simulated_ms"] for c in report["self_check"]])
+    params = next(f for f in frames if "parameter" in f.columns).set_index("parameter")
+    assert params.loc["prefill.gpu_scale", "value"] == pytest.approx(report["params"][0]["value"])
+    # the same profile marked unreliable: the page says so, with the reason
+    raw = json.loads(out.read_text())
+    raw["status"] = "unreliable"
+    raw["fit_report"]["unreliable_reasons"] = ["ttft_mean_ms: simulated 1 ms vs measured 2 ms"]
+    at.file_uploader(key="calib_profile").set_value(("bad.json", json.dumps(raw).encode(), "application/json")).run()
+    assert not at.exception
+    assert at.warning and "unreliable" in at.warning[0].value and "measured 2 ms" in at.warning[0].value

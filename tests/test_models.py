@@ -29,8 +29,8 @@ from kvplan.models.costs import (
     transfer_time_s,
     xfer_time_s,
 )
-from kvplan.models.hardware import H200, get_hardware
-from kvplan.models.profile import load_profile, shipped_profiles
+from kvplan.models.hardware import H200, P5EN, get_hardware
+from kvplan.models.profile import load_prior, load_profile, shipped_profiles
 
 
 def test_qwen_kv_bytes_and_descriptors() -> None:
@@ -114,7 +114,11 @@ def test_shipped_profiles_and_resolution() -> None:
     assert prof.extrapolated and prof.status == "composed" and "COMPOSED" in notes[0]
     assert prof.component_status["prefill.gpu"].startswith("kernel-derived (prior llama-3.3-70b-h200-tp8")
     assert "transferred from the calibration p5en-qwen3-32b" in prof.component_status["overhead"]
-    # residuals are the calibration's; the GPU part is the llama prior with the calibration's corrections
+    # residuals are the calibration's; the GPU part is the llama prior alone (issue 19: the Qwen3-32B calibration's
+    # prefill corrections apply only to Qwen3-32B on the H200, not to another model)
     assert prof.costs.overhead == base.costs.overhead and prof.costs.transfer == base.costs.transfer
-    assert prof.costs.prefill.linear_s(8192) > 1.5 * base.costs.prefill.linear_s(8192)
+    prior = load_prior("llama-3.3-70b", "h200", 8)
+    assert prior is not None
+    assert prof.costs.prefill.linear_s(8192) == pytest.approx(prior.costs.prefill.linear_s(8192))
+    assert "no calibration correction" in prof.component_status["prefill.gpu"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
@@ -13,6 +15,13 @@ from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.hardware import HARDWARE_PRESETS
 
 ds.page_guard()
+
+
+def show(where: Any, frame: pd.DataFrame, key: str) -> None:
+    """A table with every float at its real precision (six significant digits)."""
+    config = {c: st.column_config.NumberColumn(format=du.FLOAT_FORMAT) for c in du.float_columns(frame)}
+    where.dataframe(frame, hide_index=True, key=key, column_config=config)
+
 
 st.title("Calibration")
 st.caption(f"Traces in the formats of `kvplan calibrate`: {', '.join(du.CALIBRATE_FORMATS)} "
@@ -64,7 +73,16 @@ if fitted:
     profile = du.profile_from_json(fitted)
     st.markdown(f"**Profile `{profile.name}`**: {profile.model} on {profile.hardware}, TP{profile.tensor_parallel_size}, "
                 f"status {profile.status}")
-    st.dataframe(du.parameter_table(profile), hide_index=True, key="calib_params")
+    if profile.status == "unreliable":
+        reasons = profile.fit_report.get("unreliable_reasons") or ["see the fit report"]
+        st.warning("This profile is **unreliable** (its fit failed the self-check); simulations refuse it unless "
+                   "allowed: " + "; ".join(str(r) for r in reasons))
+    show(st, du.parameter_table(profile), "calib_params")
+    check = du.self_check_table(profile)
+    if check is not None:
+        st.markdown("**Self-check**: the fitted profile simulated on the measured run(s); means within "
+                    f"{float(profile.fit_report.get('self_check_tolerance', 0.15)):.0%} gate the status")
+        show(st, check, "calib_self_check")
     left, right = st.columns(2)
     residuals = du.residual_frame(profile)
     if residuals is not None:
@@ -72,7 +90,7 @@ if fitted:
     mape = du.mape_table(profile)
     if mape is not None:
         right.markdown("**Error report**: mean absolute percentage error per metric")
-        right.dataframe(mape, hide_index=True, key="calib_mape")
+        show(right, mape, "calib_mape")
     st.markdown("\n".join(f"- {note}" for note in du.report_notes(profile)))
     with st.expander("Full fit report (JSON)"):
         st.json(profile.fit_report or {"note": "this profile has no fit report"})

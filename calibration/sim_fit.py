@@ -1,0 +1,449 @@
+"""Calibration through the simulator: ``kvplan calibrate --bench/--multiturn F --scenario S.yaml``.
+
+A ``vllm bench serve`` or multi-turn benchmark file measures TTFT and TPOT *of a deployment under load*:
+a mean TTFT contains queueing on P, the KV transfer, the proxy legs and the first decode step, not just a
+prefill. So the fit does what the measurement did: the scenario gives the measured deployment (model,
+hardware, TP, P/D counts or aggregated replicas, policy); the file gives the arrivals (rate, burstiness,
+concurrency, or the multi-turn trace itself), the request count and the lengths; :func:`fit_scenario`
+simulates that run (:func:`kvplan.sim.api.run`, the scenario's one seed: common random numbers, so the
+objective moves only with the parameters) and fits, with :func:`scipy.optimize.least_squares` in log space, the
+parameters the statistics can identify to the measured TTFT and TPOT means (weight 1) and medians
+(weight 1/2):
+
+* ``prefill.gpu_scale``: every prefill GPU term of the base (kernel prior) multiplied by one factor (one
+  request shape cannot split linear layers from attention: their ratio stays the kernel prior's);
+* ``decode.gpu_scale``: every decode GPU term multiplied by one factor;
+* ``overhead.p_leg_scale``: the proxy/gateway leg before P (``overhead.p_leg_s``) multiplied by one factor,
+  an additive part of every TTFT that only runs mixing short and long prefills (multi-turn files, or several
+  files of different lengths) separate from the prefill scale.
+
+Which of them the statistics identify is decided at the prior, from the Jacobian of the fitted statistics
+(:func:`_identify`): a parameter moving no statistic, or moving them as another one does (the smallest
+singular value of the column-normalised Jacobian below :data:`MIN_INDEPENDENCE`), is held at the prior and
+named with the reason.
+
+Bounds (:mod:`kvplan.models.bounds`): a scale may not take any term below its physical floor
+(:func:`~kvplan.models.bounds.floor_scale`) nor above :data:`UPPER_SCALE` x its prior. Parameters the
+statistics cannot move and the other residuals (engine CPU overheads, the D-side proxy leg, transfer
+latencies) are held at the base and named in the report.
+
+**Self-check.** Every fit ends by simulating the fitted profile on the same setup and comparing the
+measured and simulated means per run and metric. A fit is written ``calibrated`` only when every mean is
+within :data:`SELF_CHECK_TOLERANCE`, no fitted parameter is above :data:`MAX_PRIOR_FACTOR` x its prior and no
+GPU scale is pinned at its physical floor;
+otherwise ``unreliable`` with the reasons in ``fit_report.unreliable_reasons`` (``kvplan simulate`` then
+refuses it without ``--allow-unreliable-profile``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from kvplan.calibration.parse_bench import BenchServeResult
+from kvplan.calibration.parse_multiturn import MultiTurnStats
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.models.bounds import floor_scale
+from kvplan.models.costs import CostModel, scale_decode_gpu, scale_prefill_gpu
+from kvplan.models.profile import Profile, load_profile
+from kvplan.sim.scenario import CostOverrides, Scenario, scenario_from_dict
+
+#: A fit whose simulated means miss a measured mean by more than this is ``unreliable`` (issue 19).
+SELF_CHECK_TOLERANCE = 0.15
+#: A fitted parameter above this factor of its prior makes the fit ``unreliable`` (below the prior, a GPU scale
+#: is bounded by its physical floor, which also makes it ``unreliable`` when reached; an overhead may go to ~0).
+MAX_PRIOR_FACTOR = 20.0
+#: Upper bound of a scale in the optimiser: wider than MAX_PRIOR_FACTOR so that a fit wanting more shows it.
+UPPER_SCALE = 100.0
+#: Statistics fitted and their weights (means decide the self-check, medians help the shape).
+TARGETS: dict[str, float] = {"ttft_mean_s": 1.0, "ttft_p50_s": 0.5, "tpot_mean_s": 1.0, "tpot_p50_s": 0.5}
+#: The statistics the self-check gates on.
+CHECKED = ("ttft_mean_s", "tpot_mean_s")
+#: A parameter whose largest effect on a fitted statistic is below this (d log stat / d log param) is held.
+MIN_SENSITIVITY = 0.05
+#: Finite-difference step in log space (the simulated statistics move in small steps: wide differences).
+DIFF_STEP = 0.05
+MAX_EVALUATIONS = 30
+#: Requests simulated per run and evaluation at most (a fit simulates each run ~40 times: keep each small).
+MAX_FIT_REQUESTS = 1000
+#: Fitted parameters, each a factor over the base (kernel prior plus residuals), in the order they are kept when
+#: two are not separable (the last goes first).
+PARAMS = ("prefill.gpu_scale", "decode.gpu_scale", "overhead.p_leg_scale")
+#: Residuals never fitted here (additive terms held at the base).
+HELD_RESIDUALS = ("prefill.overhead_s", "decode.overhead_s", "overhead.d_leg_s", "transfer.*")
+#: Forward-difference step of the identifiability Jacobian (log space; wide: the statistics move in steps).
+SENSITIVITY_STEP = 0.2
+#: Columns of the normalised Jacobian whose smallest singular value is below this are not separable.
+MIN_INDEPENDENCE = 0.2
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One measured run: its workload section (arrivals and lengths from the file) and its statistics (s)."""
+
+    label: str
+    source: str
+    workload: dict[str, Any]
+    measured: dict[str, float]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SimFit:
+    """The result of :func:`fit_scenario`: the profile (``calibrated`` or ``unreliable``) and its report."""
+
+    profile: Profile
+    report: dict[str, Any]
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def _stat(frame_value: Any) -> float:
+    v = float(frame_value)
+    return v if math.isfinite(v) else math.nan
+
+
+def bench_run(r: BenchServeResult) -> MeasuredRun:
+    """The run a ``vllm bench serve --save-result`` file measured: arrivals (rate, burstiness, concurrency),
+    request count and lengths (per request with ``--save-detailed``, else the mean of the totals)."""
+    label = os.path.basename(r.source)
+    notes: list[str] = []
+    n = r.num_prompts or r.completed
+    if n > MAX_FIT_REQUESTS:
+        notes.append(f"{label}: {n} requests; the fit simulates the first {MAX_FIT_REQUESTS} at the same arrival "
+                     "process (the means are those of a shorter run)")
+        n = MAX_FIT_REQUESTS
+    rate = r.request_rate_req_s
+    if r.max_concurrency and (rate is None or math.isinf(rate)):
+        arrival: dict[str, Any] = {"kind": "closed_loop", "clients": r.max_concurrency,
+                                   "max_active_conversations": r.max_concurrency}
+    elif rate is None or math.isinf(rate):
+        raise input_error(f"--bench {r.source}", "request rate 'inf' without max_concurrency: every request at t=0",
+                          "such a run has no arrival process kvplan can replay; use a run with a finite rate")
+    else:
+        arrival = {"kind": "poisson", "rate_per_s": rate, "burstiness": r.burstiness or 1.0}
+        if r.max_concurrency:
+            notes.append(f"{label}: max_concurrency {r.max_concurrency} at a finite rate is not simulated (open loop "
+                         "without the client's cap)")
+    req = r.requests
+    if req is not None and "input_len_tokens" in req and "output_len_tokens" in req:
+        ok = req[req["ok"]] if "ok" in req else req
+        isl: dict[str, Any] = {"dist": "empirical", "values": [float(x) for x in ok["input_len_tokens"]]}
+        osl: dict[str, Any] = {"dist": "empirical", "values": [float(max(x, 1)) for x in ok["output_len_tokens"]]}
+    else:
+        if not r.total_input_tokens or not r.total_output_tokens:
+            raise input_error(f"--bench {r.source}", "no per-request lengths and no total_input/output_tokens",
+                              "save the result with --save-detailed or keep the totals")
+        isl = {"dist": "constant", "value": round(r.total_input_tokens / r.completed)}
+        osl = {"dist": "constant", "value": max(1, round(r.total_output_tokens / r.completed))}
+        notes.append(f"{label}: lengths are the file's means ({isl['value']} in / {osl['value']} out; no "
+                     "per-request arrays)")
+    measured = {}
+    for stat, (metric, col) in {"ttft_mean_s": ("ttft", "mean"), "ttft_p50_s": ("ttft", "median"),
+                                "tpot_mean_s": ("tpot", "mean"), "tpot_p50_s": ("tpot", "median")}.items():
+        if metric in r.summary_ms.index and col in r.summary_ms.columns:
+            v = _stat(r.summary_ms.loc[metric, col]) / 1e3
+            if math.isfinite(v) and v > 0:
+                measured[stat] = v
+    workload = {"conversations": int(n), "arrival": arrival, "turns": {"dist": "constant", "value": 1},
+                "prefix_tokens": isl, "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": osl,
+                "turn_gap_s": {"dist": "constant", "value": 0}}
+    return MeasuredRun(label, r.source, workload, measured, tuple(notes))
+
+
+def multiturn_run(m: MultiTurnStats) -> MeasuredRun:
+    """The run a multi-turn stats file measured: replayed as a trace (its arrival clock, turns and tokens)."""
+    req = m.requests
+    measured = {}
+    ttft = req["ttft_s"].dropna()
+    tpot = req["tpot_s"][req["output_num_tokens"] > 1]
+    if len(ttft):
+        measured["ttft_mean_s"], measured["ttft_p50_s"] = float(ttft.mean()), float(ttft.median())
+    if len(tpot):
+        measured["tpot_mean_s"], measured["tpot_p50_s"] = float(tpot.mean()), float(tpot.median())
+    label = os.path.basename(m.source)
+    workload = {"trace": {"path": os.fspath(m.source), "format": "multiturn"}}
+    note = (f"{label}: replayed at the file's request start times (open loop; the benchmark's clients are closed "
+            "loop, so a slower engine would have sent later)")
+    return MeasuredRun(label, m.source, workload, measured, (note,))
+
+
+def run_scenario(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> Scenario:
+    """``base`` with the run's workload and (when given) every cost component inline; every simulation of a fit
+    uses the scenario's one seed (common random numbers: the objective moves only with the parameters)."""
+    data = base.model_dump(mode="python")
+    data["workload"] = run.workload
+    sc = scenario_from_dict(data, where=f"--scenario with {run.label}")
+    if costs is None:
+        return sc
+    dump = costs.model_dump(mode="python")
+    over = CostOverrides(prefill=dump["prefill"], transfer=dump["transfer"], decode=dump["decode"],
+                         overhead=dump["overhead"])
+    return sc.model_copy(update={"costs": over})
+
+
+def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, float]:
+    """The fitted statistics of one simulated run (seconds)."""
+    from kvplan.sim.api import run as simulate
+
+    res = simulate(run_scenario(base, run, costs), keep=False)
+    return {k: float(res.summary.get(k, math.nan)) for k in TARGETS}
+
+
+def apply_values(base: CostModel, values: dict[str, float]) -> CostModel:
+    """``base`` with the fitted scales applied."""
+    pc = scale_prefill_gpu(base.prefill, values["prefill.gpu_scale"], values["prefill.gpu_scale"])
+    dc = scale_decode_gpu(base.decode, values["decode.gpu_scale"])
+    oc = base.overhead.model_copy(update={"p_leg_s": base.overhead.p_leg_s * values["overhead.p_leg_scale"]})
+    return base.model_copy(update={"prefill": pc, "decode": dc, "overhead": oc})
+
+
+@dataclass
+class _Problem:
+    scenarios: list[Scenario]
+    runs: list[MeasuredRun]
+    base: CostModel
+    free: list[str]
+    held: dict[str, float]
+    evaluations: int = 0
+
+    def values(self, x: np.ndarray) -> dict[str, float]:
+        return {**self.held, **{n: float(math.exp(v)) for n, v in zip(self.free, x, strict=True)}}
+
+    def stats(self, values: dict[str, float]) -> list[dict[str, float]]:
+        self.evaluations += 1
+        costs = apply_values(self.base, values)
+        return [simulated_stats(sc, r, costs) for sc, r in zip(self.scenarios, self.runs, strict=True)]
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        out = []
+        for r, sim in zip(self.runs, self.stats(self.values(x)), strict=True):
+            for k, w in TARGETS.items():
+                if k in r.measured:
+                    s = sim[k]
+                    out.append(w * (math.log(s / r.measured[k]) if s > 0 and math.isfinite(s) else 5.0))
+        return np.array(out)
+
+
+def _jacobian(prob: _Problem, x: np.ndarray) -> np.ndarray:
+    """d residual / d log(param) at ``x`` by forward differences of :data:`SENSITIVITY_STEP` (rows: residuals)."""
+    r0 = prob.residuals(x)
+    cols = []
+    for i in range(len(x)):
+        xp = x.copy()
+        xp[i] += SENSITIVITY_STEP
+        cols.append((prob.residuals(xp) - r0) / SENSITIVITY_STEP)
+    return np.column_stack(cols) if cols else np.zeros((r0.size, 0))
+
+
+def _start(prob: _Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """A start from the prior: each GPU scale set so that its mean matches (TTFT and TPOT taken as proportional)."""
+    x0 = np.zeros(len(prob.free))
+    sims = prob.stats(prob.values(x0))
+    for i, name in enumerate(prob.free):
+        key = {"prefill.gpu_scale": "ttft_mean_s", "decode.gpu_scale": "tpot_mean_s"}.get(name)
+        ratios = [r.measured[key] / s[key] for r, s in zip(prob.runs, sims, strict=True)
+                  if key is not None and key in r.measured and s[key] > 0 and math.isfinite(s[key])]
+        if ratios:
+            x0[i] = float(np.mean(np.log(ratios)))
+    return np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+
+def _hold(prob: _Problem, name: str, why: str, why_held: dict[str, str]) -> None:
+    why_held[name] = why
+    prob.free.remove(name)
+    prob.held[name] = 1.0
+
+
+def _identify(prob: _Problem, why_held: dict[str, str], base: CostModel) -> None:
+    """Hold the parameters no fitted statistic is observed for, that move none of them, or that move them as
+    another parameter does (collinear columns of the Jacobian at the prior; the last in :data:`PARAMS` goes)."""
+    has = {k for r in prob.runs for k in r.measured}
+    for name in list(prob.free):
+        need = "tpot" if name.startswith("decode") else "ttft"
+        if not any(k.startswith(need) for k in has):
+            _hold(prob, name, f"held at the prior: the file(s) measure no {need.upper()}", why_held)
+    if "overhead.p_leg_scale" in prob.free and base.overhead.p_leg_s <= 0:
+        _hold(prob, "overhead.p_leg_scale", "held: the base has no proxy leg to scale (0 s)", why_held)
+    if not prob.free:
+        return
+    names = list(prob.free)
+    jac = _jacobian(prob, np.zeros(len(names)))
+    for name, col in zip(names, jac.T, strict=True):
+        if np.max(np.abs(col), initial=0.0) < MIN_SENSITIVITY:
+            _hold(prob, name, f"held at the prior: not identifiable (moves no fitted statistic: |d log stat / d log x| "
+                  f"= {np.max(np.abs(col), initial=0.0):.3g})", why_held)
+    while len(prob.free) > 1:
+        cols = jac[:, [names.index(n) for n in prob.free]]
+        unit = cols / np.linalg.norm(cols, axis=0)
+        sv = np.linalg.svd(unit, compute_uv=False)
+        if sv[-1] >= MIN_INDEPENDENCE:
+            return
+        last = prob.free[-1]
+        _hold(prob, last, f"held at the prior: not separable from {', '.join(prob.free[:-1])} on these statistics "
+              f"(they move the fitted statistics alike: smallest singular value of the normalised Jacobian "
+              f"{sv[-1]:.3g} < {MIN_INDEPENDENCE})", why_held)
+
+
+def _same_deployment_kind(base: Scenario, scen: list[Scenario]) -> None:
+    for sc in scen:
+        if (sc.model, sc.hardware, sc.deployment.tensor_parallel_size) != (
+                base.model, base.hardware, base.deployment.tensor_parallel_size):
+            raise input_error("--scenario", "every scenario of one fit must have the same model, hardware and TP",
+                              "fit each deployment of another model, hardware or TP separately")
+
+
+def _solve(prob: _Problem, floors: dict[str, float]) -> dict[str, float]:
+    """Least squares in log space within [physical floor, UPPER_SCALE x prior], from the mean-matching start."""
+    if not prob.free:
+        return prob.values(np.zeros(0))
+    lo = np.array([math.log(max(floors[n], 1.0 / UPPER_SCALE)) for n in prob.free])
+    hi = np.array([math.log(UPPER_SCALE)] * len(prob.free))
+    x0 = _start(prob, lo, hi)
+    sol = least_squares(prob.residuals, x0, bounds=(lo, hi), diff_step=DIFF_STEP, max_nfev=MAX_EVALUATIONS,
+                        x_scale=1.0, method="trf")
+    return prob.values(sol.x)
+
+
+def _param_rows(values: dict[str, float], floors: dict[str, float], free: list[str], why_held: dict[str, str],
+                reasons: list[str]) -> list[dict[str, Any]]:
+    """One row per parameter; appends to ``reasons`` every parameter beyond its limits."""
+    rows = []
+    for n in PARAMS:
+        v = values[n]
+        at_floor = n in free and v <= floors[n] * (1 + 1e-6)
+        if v > MAX_PRIOR_FACTOR:  # downwards a GPU scale meets its physical floor first; an overhead may be ~0
+            reasons.append(f"{n} = {v:.4g} x the prior, beyond {MAX_PRIOR_FACTOR:.0f}x")
+        if at_floor:
+            reasons.append(f"{n} = {v:.4g} is pinned at its physical floor (the statistics ask for a GPU faster than "
+                           "its peak FLOP/s or HBM bandwidth allow)")
+        rows.append({"name": n, "value": v, "prior": 1.0, "lower": floors[n], "upper": UPPER_SCALE,
+                     "status": "fitted" if n in free else "held", "at_physical_floor": at_floor,
+                     "why": why_held.get(n, "fitted to the measured TTFT/TPOT statistics by simulation")})
+    return rows
+
+
+def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequence[Scenario] | None = None,
+                 sources: list[dict[str, Any]] | None = None) -> SimFit:
+    """Fit the identifiable scales to the runs' measured statistics by simulating each run; self-check; profile.
+
+    ``scenarios`` gives one deployment per run (default: ``base`` for every run); ``base`` names the model,
+    hardware and TP of the profile.
+    """
+    from kvplan.sim.engine import resolve
+
+    scen = list(scenarios) if scenarios is not None else [base] * len(runs)
+    _same_deployment_kind(base, scen)
+    if not runs or not any(r.measured for r in runs):
+        raise input_error("calibrate", "the file(s) hold no TTFT or TPOT statistic to fit", "use --save-result files")
+    rs = resolve(run_scenario(base, runs[0], None))
+    base_costs = rs.costs
+    tp = rs.scenario.deployment.tensor_parallel_size
+    floors = {"prefill.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "prefill"),
+              "decode.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "decode"),
+              "overhead.p_leg_scale": 0.0}  # a proxy leg has no physical floor beyond 0
+    prob = _Problem(scen, list(runs), base_costs, list(PARAMS), {})
+    why_held: dict[str, str] = {}
+    _identify(prob, why_held, base_costs)
+    values = _solve(prob, floors)
+    fitted_costs = apply_values(base_costs, values)
+    check = self_check(scen, list(runs), fitted_costs)
+    reasons = [f"{c['run']} {c['metric']}: simulated {c['simulated_ms']:.4g} ms vs measured {c['measured_ms']:.4g} ms "
+               f"({c['rel_error']:+.1%}, tolerance {SELF_CHECK_TOLERANCE:.0%})"
+               for c in check if c["gated"] and not c["within"]]
+    params = _param_rows(values, floors, prob.free, why_held, reasons)
+    report = {
+        "method": "simulation (calibration/sim_fit.py: scipy.optimize.least_squares over the simulated run)",
+        "runs": [{"label": r.label, "file": r.source, "workload": r.workload, "measured_s": r.measured,
+                  "deployment": s.deployment.model_dump(mode="json")} for r, s in zip(runs, scen, strict=True)],
+        "params": params,
+        "held": [*(f"{n}: {why_held[n]}" for n in PARAMS if n in why_held),
+                 *(f"{n}: held at the base {rs.profile.name} (a residual, not model compute: additive terms the "
+                   "TTFT/TPOT statistics do not separate from the GPU scales)" for n in HELD_RESIDUALS)],
+        "base_profile": f"{rs.profile.name} ({rs.profile.status_line()})",
+        "self_check": check,
+        "self_check_tolerance": SELF_CHECK_TOLERANCE,
+        "max_prior_factor": MAX_PRIOR_FACTOR,
+        "unreliable_reasons": reasons,
+        "simulations": prob.evaluations + len(runs),
+        "notes": [*(["the scenario's workload section is replaced by each file's arrivals, request count and "
+                     "lengths"] if any("workload" in sc.model_fields_set for sc in scen) else []),
+                  *(n for r in runs for n in r.notes)],
+        "mape_pct": _mape(check),
+    }
+    profile = _profile(base, rs, fitted_costs, values, report, reasons, sources or [], prob.free)
+    return SimFit(profile, report, values)
+
+
+def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: CostModel) -> list[dict[str, Any]]:
+    """Measured vs simulated per run and statistic with the fitted costs (means gate the status)."""
+    out = []
+    for sc, r in zip(scenarios, runs, strict=True):
+        sim = simulated_stats(sc, r, costs)
+        for k in TARGETS:
+            if k not in r.measured:
+                continue
+            m, s = r.measured[k], sim[k]
+            rel = (s - m) / m if math.isfinite(s) else math.inf
+            out.append({"run": r.label, "metric": k.removesuffix("_s") + "_ms", "measured_ms": m * 1e3,
+                        "simulated_ms": s * 1e3, "rel_error": rel, "gated": k in CHECKED,
+                        "within": abs(rel) <= SELF_CHECK_TOLERANCE})
+    return out
+
+
+def _mape(check: list[dict[str, Any]]) -> dict[str, float]:
+    by: dict[str, list[float]] = {}
+    for c in check:
+        by.setdefault(c["metric"], []).append(abs(c["rel_error"]) * 100)
+    return {f"self_check:{k}": float(np.mean(v)) for k, v in by.items()}
+
+
+def _base_gpu_scales(rs: Any) -> tuple[float, float, float]:
+    """The GPU corrections already in the base (linear, attention, decode: a calibration of this model and GPU,
+    :func:`kvplan.models.resolve.gpu_corrections`), else 1: the written scales are relative to the kernel prior."""
+    from kvplan.models.resolve import gpu_corrections
+
+    prof = rs.profile
+    src = prof if prof.provenance.get("prefill_gpu_scales") or prof.provenance.get("decode_gpu_scale") else None
+    name = prof.provenance.get("residuals_from")
+    if src is None and isinstance(name, str):
+        try:
+            src = load_profile(name)
+        except KvplanInputError:
+            src = None
+    got = gpu_corrections(src, rs.arch, rs.node, rs.scenario.deployment.tensor_parallel_size) if src else None
+    return (got.linear, got.attention, got.decode) if got is not None else (1.0, 1.0, 1.0)
+
+
+def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float], report: dict[str, Any],
+             reasons: list[str], sources: list[dict[str, Any]], free: list[str]) -> Profile:
+    files = ", ".join(os.path.basename(s["file"]) for s in sources) or "the runs"
+    status = "unreliable" if reasons else "calibrated"
+    lin, att, dec = _base_gpu_scales(rs)
+    cs = dict(rs.profile.component_status) or {"prefill.gpu": rs.profile.name, "decode.gpu": rs.profile.name}
+    for comp, n in (("prefill.gpu", "prefill.gpu_scale"), ("decode.gpu", "decode.gpu_scale"),
+                    ("overhead", "overhead.p_leg_scale")):
+        how = "calibrated by simulation" if n in free else "held (not identifiable)"
+        what = "p_leg_s " if comp == "overhead" else ""
+        cs[comp] = f"{how} ({files}): {what}x {values[n]:.4g} over [{cs.get(comp, rs.profile.name)}]"
+    notes = [f"{status.upper()}: kvplan calibrate --scenario, fitted by simulating the measured run(s) "
+             f"({files}); fitted: {', '.join(free) or 'nothing'}"]
+    if reasons:
+        notes.append("UNRELIABLE (self-check failed): " + "; ".join(reasons))
+    tp = base.deployment.tensor_parallel_size
+    return Profile(
+        name=f"{rs.node.name}-{rs.arch.name}-tp{tp}-calibrated", model=rs.arch.name, hardware=rs.node.name,
+        tensor_parallel_size=tp, costs=costs, uncertainty={}, fit_report=report, status=status,
+        component_status=cs,
+        provenance={"sources": sources, "method": report["method"], "scenario": base.model_dump(mode="json",
+                    exclude={"workload"}), "prefill_gpu_scales": {"linear": lin * values["prefill.gpu_scale"],
+                                                                  "attention": att * values["prefill.gpu_scale"]},
+                    "decode_gpu_scale": dec * values["decode.gpu_scale"], "residuals_from": rs.profile.name,
+                    "model": rs.arch.hf_id or rs.arch.name, "hardware": rs.node.name, "tensor_parallel_size": tp},
+        notes=notes,
+    )

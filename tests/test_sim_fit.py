@@ -1,0 +1,259 @@
+"""Calibration through the simulator (``kvplan calibrate --bench F --scenario S.yaml``, issue 19 item 3): the llm-d
+2P1D acceptance, the self-check and the ``unreliable`` status, its refusal by ``simulate``, and the old direct
+``--bench`` path no longer writing ``calibrated``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import need_shared
+
+from kvplan.app.cli import main
+from kvplan.calibration.parsers import parse_bench_serve
+from kvplan.calibration.sim_fit import MAX_PRIOR_FACTOR, SELF_CHECK_TOLERANCE, bench_run, simulated_stats
+from kvplan.models.profile import load_profile
+from kvplan.sim.scenario import load_scenario
+
+DATA = Path(__file__).resolve().parent / "data"
+BENCH = DATA / "llm-d-2p1d__benchmark_2025-05-11_23-39-15.json"
+SCEN_2P1D = DATA / "llmd-2p1d-a100.scenario.yaml"
+SCEN_1P1D = DATA / "llmd-1p1d-a100.scenario.yaml"
+MEASURED_TTFT_MS = 1666.374  # the file's mean_ttft_ms
+MEASURED_TPOT_MS = 77.427  # the file's mean_tpot_ms
+SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+
+
+def _fit(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, object], Path, str]:
+    out = tmp_path / "fit.json"
+    rc = main(["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--out", str(out), "--json", *extra])
+    cap = capsys.readouterr()
+    return rc, (json.loads(cap.out) if rc == 0 else {}), out, cap.err
+
+
+def _simulated(profile: Path, bench: Path = BENCH, scenario: Path = SCEN_2P1D) -> dict[str, float]:
+    sc = load_scenario(scenario).model_copy(update={"profile": str(profile)})
+    return simulated_stats(sc, bench_run(parse_bench_serve(bench)), None)
+
+
+def test_llmd_2p1d_fit_reproduces_the_measured_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, report, out, _err = _fit(tmp_path, capsys)
+    assert rc == 0
+    prof = load_profile(out)
+    assert prof.status == "calibrated" and report["status"] == "calibrated" and not report["unreliable_reasons"]
+    assert prof.model == "llama-3.1-8b" and prof.hardware == "p4de" and prof.tensor_parallel_size == 1
+    # the acceptance: the fitted profile simulated on that run (through the profile file, as simulate would)
+    sim = _simulated(out)
+    assert sim["ttft_mean_s"] * 1e3 == pytest.approx(MEASURED_TTFT_MS, rel=0.20)
+    assert sim["tpot_mean_s"] * 1e3 == pytest.approx(MEASURED_TPOT_MS, rel=0.25)
+    # the self-check reports both numbers per metric, and they are what a simulation of the profile gives
+    check = {c["metric"]: c for c in report["self_check"]}  # type: ignore[attr-defined]
+    assert check["ttft_mean_ms"]["measured_ms"] == pytest.approx(MEASURED_TTFT_MS, rel=1e-6)
+    assert check["ttft_mean_ms"]["simulated_ms"] == pytest.approx(sim["ttft_mean_s"] * 1e3, rel=1e-9)
+    assert check["tpot_mean_ms"]["simulated_ms"] == pytest.approx(sim["tpot_mean_s"] * 1e3, rel=1e-9)
+    assert all(abs(check[m]["rel_error"]) <= SELF_CHECK_TOLERANCE for m in ("ttft_mean_ms", "tpot_mean_ms"))
+    # what was fitted, within the bounds, and what was held and named
+    params = {p["name"]: p for p in report["params"]}  # type: ignore[attr-defined]
+    assert params["prefill.gpu_scale"]["status"] == params["decode.gpu_scale"]["status"] == "fitted"
+    for p in params.values():
+        assert p["lower"] <= p["value"] <= MAX_PRIOR_FACTOR
+    # a 42 ms proxy leg in a 1.7 s TTFT of one request shape: not identifiable, held and said so
+    assert params["overhead.p_leg_scale"]["status"] == "held" and "not identifiable" in params["overhead.p_leg_scale"][
+        "why"]
+    assert any(h.startswith("decode.overhead_s: held") for h in report["held"])  # type: ignore[attr-defined]
+    assert "calibrated by simulation" in prof.component_status["prefill.gpu"]
+    # deterministic: the same fit writes the same bytes
+    first = out.read_bytes()
+    assert main(["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--out", str(out)]) == 0
+    assert out.read_bytes() == first
+
+
+def test_scenario_must_match_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _r, out, err = _fit(tmp_path, capsys, "--model", "qwen3-32b")
+    assert rc == 2 and "--model" in err and not out.exists()
+    args = ["calibrate", "--bench", str(BENCH), "--scenario", str(SCEN_2P1D), "--scenario", str(SCEN_2P1D),
+            "--out", str(tmp_path / "x.json")]
+    assert main(args) == 2 and "2 scenarios for 1 file" in capsys.readouterr().err
+
+
+def test_unreachable_fit_is_unreliable_and_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(BENCH.read_text())
+    # 20 requests far apart (no queueing): a 40 s TTFT for 10k tokens needs a prefill ~40x the A100 kernel prior
+    raw.update({"request_rate": 0.05, "num_prompts": 20, "completed": 20, "total_input_tokens": 200000,
+                "total_output_tokens": 2000, "mean_ttft_ms": 40000.0, "median_ttft_ms": 40000.0})
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    out = tmp_path / "bad_profile.json"
+    assert main(["calibrate", "--bench", str(bad), "--scenario", str(SCEN_2P1D), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "unreliable" in err and f"beyond {MAX_PRIOR_FACTOR:.0f}x" in err
+    prof = load_profile(out)
+    assert prof.status == "unreliable" and prof.fit_report["unreliable_reasons"]
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCEN_2P1D.read_text() + f"profile: {out}\nworkload: {{conversations: 5, turns: {{dist: constant, "
+                  "value: 1}, output_tokens: {dist: constant, value: 4}}\n")
+    assert main(["simulate", str(sc), "--out", str(tmp_path / "run")]) == 2
+    msg = capsys.readouterr().err
+    assert "unreliable" in msg and "--allow-unreliable-profile" in msg and len(msg.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert main(["simulate", str(sc), "--out", str(tmp_path / "run"), "--allow-unreliable-profile", "--json"]) == 0
+    assert main(["cost", "--profile", str(out), "--tokens", "100"]) == 2
+    capsys.readouterr()
+
+
+def test_conflicting_statistics_fail_the_self_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(BENCH.read_text())
+    raw["mean_tpot_ms"] = raw["median_tpot_ms"] = 2000.0  # a decode this slow fills D's pool: TTFT explodes first
+    bad = tmp_path / "slow_decode.json"
+    bad.write_text(json.dumps(raw))
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--bench", str(bad), "--scenario", str(SCEN_2P1D), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "unreliable" and load_profile(out).status == "unreliable"
+    assert any("tpot_mean_ms: simulated" in r and "measured 2000 ms" in r for r in report["unreliable_reasons"])
+
+
+def test_direct_bench_fit_is_not_calibrated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "old.json"
+    assert main(["calibrate", "--bench", str(BENCH), "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1",
+                 "--out", str(out)]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    prof = load_profile(out)
+    assert prof.status == "unreliable" and "--scenario" in prof.fit_report["unreliable_reasons"][0]
+
+
+@pytest.mark.shared_data
+def test_four_llmd_files_fit_or_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = need_shared("external_traces/llmd_pd_benchmark_serving_a100")
+    files = sorted(d.glob("llm-d-*p1d__*.json"))
+    assert len(files) == 4
+    args = ["calibrate"]
+    for f in files:
+        args += ["--bench", str(f)]
+    for f in files:
+        args += ["--scenario", str(SCEN_1P1D if "1p1d" in f.name else SCEN_2P1D)]
+    out = tmp_path / "four.json"
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    prof = load_profile(out)
+    two = [f for f in files if f.name == BENCH.name][0]
+    sim = _simulated(out, two) if prof.status != "unreliable" else {}
+    within = bool(sim) and abs(sim["ttft_mean_s"] * 1e3 / MEASURED_TTFT_MS - 1) <= 0.20 and abs(
+        sim["tpot_mean_s"] * 1e3 / MEASURED_TPOT_MS - 1) <= 0.25
+    assert within or (prof.status == "unreliable" and report["unreliable_reasons"])
+    for r in report["unreliable_reasons"]:
+        assert "simulated" in r or "beyond" in r  # each reason names the metric and both numbers, or the parameter
+
+
+def test_fit_recovers_known_scales(tmp_path: Path) -> None:
+    """Measurements made by simulating known scales on the llm-d 2P1D setup: the fit finds those scales again."""
+    from kvplan.calibration.sim_fit import apply_values, fit_scenario, run_scenario
+    from kvplan.sim.engine import resolve
+
+    sc = load_scenario(SCEN_2P1D)
+    run = bench_run(parse_bench_serve(BENCH))
+    base = resolve(run_scenario(sc, run, None)).costs
+    truth = {"prefill.gpu_scale": 1.15, "decode.gpu_scale": 1.8, "overhead.p_leg_scale": 1.0}
+    st = simulated_stats(sc, run, apply_values(base, truth))
+    raw = json.loads(BENCH.read_text())
+    raw.update({"mean_ttft_ms": st["ttft_mean_s"] * 1e3, "median_ttft_ms": st["ttft_p50_s"] * 1e3,
+                "mean_tpot_ms": st["tpot_mean_s"] * 1e3, "median_tpot_ms": st["tpot_p50_s"] * 1e3})
+    path = tmp_path / "truth.json"
+    path.write_text(json.dumps(raw))
+    fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
+    for name, value in truth.items():
+        assert fit.values[name] == pytest.approx(value, rel=0.03), name
+    assert fit.profile.status == "calibrated"
+    assert all(abs(c["rel_error"]) < 0.01 for c in fit.report["self_check"])
+
+
+def test_multiturn_file_is_replayed_and_fitted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+    import synthetic_traces as st
+
+    mt = tmp_path / "mt.json"
+    # an 8B on an A100 at roughly twice the kernel prior's prefill time; decode 25 ms per token
+    st.write_multiturn_stats(mt, np.random.default_rng(3), lambda new, cached: 0.03 + 1.2e-4 * new,
+                             lambda ctx: 0.025, n_conversations=8, user_turns=3, prefix_tokens=3000, output_tokens=50)
+    scen = tmp_path / "s.yaml"
+    scen.write_text("model: llama-3.1-8b\nhardware: p4de\ndeployment: {tensor_parallel_size: 1}\n")
+    out = tmp_path / "mt_profile.json"
+    assert main(["calibrate", "--multiturn", str(mt), "--scenario", str(scen), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runs"][0]["workload"]["trace"]["format"] == "multiturn"
+    metrics = {c["metric"] for c in report["self_check"]}
+    assert {"ttft_mean_ms", "tpot_mean_ms"} <= metrics
+    prof = load_profile(out)
+    assert prof.status in ("calibrated", "unreliable") and prof.fit_report["self_check"] == report["self_check"]
+    # what the self-check reports is what a simulation of the written profile on the trace gives
+    from kvplan.calibration.parsers import parse_multiturn_stats
+    from kvplan.calibration.sim_fit import multiturn_run
+    from kvplan.sim.scenario import with_overrides
+
+    sc = with_overrides(load_scenario(scen), {"profile": str(out), "simulation.allow_unreliable_profile": True})
+    sim = simulated_stats(sc, multiturn_run(parse_multiturn_stats(mt)), None)
+    check = {c["metric"]: c for c in report["self_check"]}
+    assert check["ttft_mean_ms"]["simulated_ms"] == pytest.approx(sim["ttft_mean_s"] * 1e3, rel=1e-9)
+    assert check["tpot_mean_ms"]["simulated_ms"] == pytest.approx(sim["tpot_mean_s"] * 1e3, rel=1e-9)
+
+
+def test_no_shipped_profile_is_fitted_on_a_validation_case() -> None:
+    """``kvplan validate`` reports on these cases: nothing shipped (a default of validate) may be fitted to them."""
+    from kvplan.calibration.validate import case_names, load_case
+    from kvplan.models.profile import shipped_profiles
+
+    case_files = set()
+    for name in case_names():
+        case = load_case(name)
+        if case.in_sample is None and case.kind != "published":
+            case_files |= {Path(p.strip()).name for p in case.source.path.split(",")}
+    assert BENCH.name.split("__")[-1] in case_files  # the bundled file is one of validate's llm-d runs
+    for name in shipped_profiles():
+        for src in load_profile(name).provenance.get("sources", []):
+            f = Path(str(src.get("file", "") if isinstance(src, dict) else src)).name
+            assert f.split("__")[-1] not in case_files, (name, f)
+
+
+def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    bad_yaml = tmp / "bad.yaml"
+    bad_yaml.write_text("model: [unclosed\n")
+    unknown = tmp / "unknown.yaml"
+    unknown.write_text("model: gpt-9\nhardware: p4de\n")
+    typo = tmp / "typo.yaml"
+    typo.write_text("model: llama-3.1-8b\nhardware: p4de\ndeployment: {tensor_paralel_size: 1}\n")
+    other = tmp / "qwen.yaml"
+    other.write_text("model: qwen3-32b\nhardware: p5en\ndeployment: {tensor_parallel_size: 8}\n")
+    inf = json.loads(BENCH.read_text())
+    inf["request_rate"] = "inf"
+    inf_path = tmp / "inf.json"
+    inf_path.write_text(json.dumps(inf))
+    b = ["--bench", str(BENCH)]
+    return {
+        "missing scenario": ([*b, "--scenario", str(tmp / "nope.yaml")], "nope.yaml"),
+        "malformed yaml": ([*b, "--scenario", str(bad_yaml)], "bad.yaml"),
+        "unknown model": ([*b, "--scenario", str(unknown)], "gpt-9"),
+        "misspelt field": ([*b, "--scenario", str(typo)], "tensor_paralel_size"),
+        "with points": ([*b, "--points", str(BENCH), "--scenario", str(SCEN_2P1D)], "--points"),
+        "no file": (["--scenario", str(SCEN_2P1D)], "--bench F or --multiturn F"),
+        "file of another model": ([*b, "--scenario", str(other)], "model_id"),
+        "all at once": (["--bench", str(inf_path), "--scenario", str(SCEN_2P1D)], "inf"),
+        "tp differs": ([*b, "--scenario", str(SCEN_2P1D), "--tp", "8"], "--tp"),
+    }
+
+
+HOSTILE = ("missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
+           "file of another model", "all at once", "tp differs")
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_calibrate_scenario_bad_input(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = _hostile(tmp_path)
+    assert set(table) == set(HOSTILE)
+    args, needle = table[case]
+    out = tmp_path / "p.json"
+    assert main(["calibrate", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()

@@ -29,7 +29,7 @@ from kvplan.models.costs import (
     transfer_time_s,
     xfer_time_s,
 )
-from kvplan.models.hardware import H200, P5EN, get_hardware
+from kvplan.models.hardware import H200, get_hardware
 from kvplan.models.profile import load_prior, load_profile, shipped_profiles
 
 

@@ -346,6 +346,39 @@ _COST_COMPONENTS: dict[str, type[BaseModel]] = {
 }
 
 
+#: Largest magnitude of an inline cost parameter (seconds or seconds per unit), checked before conversion.
+MAX_COST_VALUE = 1e6
+#: Longest knot list of an inline cost parameter (the shipped priors have 13).
+MAX_COST_KNOTS = 256
+
+
+def _check_cost_value(comp: str, key: str, value: Any) -> None:
+    """Refuse, before any conversion, what an inline cost parameter cannot be: a bool, a string (YAML 1.1
+    reads ``5e-4`` as a string; write ``5.0e-4``), a non-finite or huge number, or a long or non-numeric
+    knot list. The knot lists (``*_knots*``) are lists of numbers; everything else one number or null."""
+    where = f"costs.{comp}.{key}"
+    if isinstance(value, list | tuple):
+        if "knots" not in key:
+            raise ValueError(f"{where} is a list; give one number")
+        if len(value) > MAX_COST_KNOTS:
+            raise ValueError(f"{where} has {len(value)} knots, more than {MAX_COST_KNOTS}")
+        for i, item in enumerate(value):
+            _check_cost_value(comp, f"{key}[{i}]", item)
+        return
+    if value is None and key == "context_attention_s":
+        return
+    if isinstance(value, str):
+        raise ValueError(f"{where} is the string '{value[:40]}', not a number (YAML 1.1 reads 5e-4 as a string: "
+                         "write 5.0e-4)")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where} is {type(value).__name__}, not a number")
+    if isinstance(value, int) and abs(value) > 10**15:  # before float(): a 4,000-digit int overflows
+        raise ValueError(f"{where} = an integer of {value.bit_length()} bits is larger than {MAX_COST_VALUE:g}")
+    if not (math.isfinite(value) and abs(value) <= MAX_COST_VALUE):
+        raise ValueError(f"{where} = {value} must be a finite number of at most {MAX_COST_VALUE:g} "
+                         "(seconds or seconds/unit)")
+
+
 class CostOverrides(_Frozen):
     """Inline cost parameters: each named parameter replaces the profile's, the others stay the profile's."""
 
@@ -365,17 +398,11 @@ class CostOverrides(_Frozen):
         for key in v:
             if key not in known:
                 raise ValueError(f"unknown parameter '{key}' of costs.{comp}; known: {', '.join(sorted(known))}")
-        model.model_validate(v)  # types and ranges of the named parameters
-        return dict(v)
-
-    @model_validator(mode="after")
-    def _finite(self) -> CostOverrides:
-        for comp in ("prefill", "transfer", "decode", "overhead"):
-            block = getattr(self, comp)
-            for name, v in (dict(block) if block is not None else {}).items():
-                if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= 1e6):
-                    raise ValueError(f"{comp}.{name} = {v} must be a finite number of at most 1e6 (seconds or seconds/unit)")
-        return self
+        for key, value in v.items():
+            _check_cost_value(comp, key, value)
+        typed = model.model_validate(v)  # types and ranges of the named parameters
+        # the typed values (floats, tuples), so the compiled build and the bounds never see a list or a string
+        return {key: getattr(typed, key) for key in v}
 
 
 class Simulation(_Frozen):

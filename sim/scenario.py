@@ -310,6 +310,11 @@ class Workload(_Frozen):
             hi = dist_upper(getattr(self, name))
             if hi is not None and hi > limit:
                 raise ValueError(f"{name}: {hi:.4g} {unit} is beyond the limit of {limit:.4g} {unit}")
+        for name in ("turns", "output_tokens"):  # vLLM samples at least one token; a conversation has a turn
+            low = _dist_lowest(getattr(self, name))
+            if low is not None and low < 0.5:
+                raise ValueError(f"{name}: a draw of {low:g} rounds to 0; every value must be >= 1 "
+                                 f"(vLLM generates at least one token, a conversation has at least one turn)")
         if self.trace is not None:
             return self
         mean_turns = dist_mean_inline(self.turns)
@@ -330,6 +335,17 @@ class Workload(_Frozen):
                 "which float time cannot resolve to the nanosecond); raise arrival.rate_per_s or shorten turn_gap_s"
             )
         return self
+
+
+def _dist_lowest(dist: Any) -> float | None:
+    """The lowest value an inline distribution can draw when it has one (None: unbounded or from a file)."""
+    if isinstance(dist, Constant):
+        return float(dist.value)
+    if isinstance(dist, Uniform):
+        return float(dist.high)  # the whole range below 0.5 is the problem; a low end of 0 is just a tail
+    if isinstance(dist, Empirical) and dist.values is not None and len(dist.values):
+        return float(min(dist.values))
+    return None
 
 
 _DIST_LIMITS = (
@@ -435,6 +451,9 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     # drop pydantic's union-member tags (e.g. 'constant') from the location
     loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
     msg = str(err["msg"]).removeprefix("Value error, ")
+    if msg.startswith("[[") and "]]" in msg:  # scenario_base._Frozen names the field inside its section
+        key, msg = msg[2:].split("]]", 1)
+        loc, msg = (f"{loc}.{key}" if loc else key), msg.strip()
     if err["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; `kvplan simulate --help` lists every field)"
     elif err["type"] == "union_tag_invalid":

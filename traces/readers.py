@@ -14,8 +14,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from kvplan.errors import input_error
-from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, json_loads
 from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
 from kvplan.traces.trace import (
     AZURE_HEADER,
@@ -329,8 +329,8 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
     first = stripped.split("\n", 1)[0].strip()
     if first.startswith("{"):
         try:
-            obj = json.loads(first)
-        except json.JSONDecodeError:
+            obj, _ = json_loads(first, label)
+        except (json.JSONDecodeError, KvplanInputError):
             obj = None
         if isinstance(obj, dict):
             if "session_id" in obj and "timestamp" in obj:

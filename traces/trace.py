@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
-from kvplan.inputfile import _short, decode_text, read_bytes
+from kvplan.inputfile import _short, decode_text, json_loads, read_bytes
 
 TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
@@ -150,7 +150,7 @@ def _json_lines(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         where = f"{label}: line {lineno}"
         try:
-            obj = json.loads(line)
+            obj, _ = json_loads(line, where)  # NaN/Infinity are refused field by field below
         except json.JSONDecodeError as exc:
             raise input_error(
                 where, f"not valid JSON ({exc.msg} at column {exc.colno})", "one JSON object per line"

@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 
+        from kvplan.app.flags import MAX_WORKERS, int_range
+
+        int_range("--workers", workers, 0, MAX_WORKERS)
         names = parse_policies(policies)
         rec = load_recommendation(recommendation) if recommendation is not None else None
         if not 1 <= replications <= 1000:

@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
             False, "--show-disagreements", help="List every point where the analytic screen disagrees."
         ),
     ) -> None:
-        from kvplan.app.flags import MAX_WORKERS
+        from kvplan.app.flags import MAX_WORKERS, check_ray_address
         from kvplan.app.output import console
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
@@ -107,6 +107,7 @@ def register(app: typer.Typer) -> None:
             check_output_file(csv_out, "--csv")
         if backend not in ("local", "ray"):
             raise input_error("--backend", f"'{backend}' is not a backend", "use local or ray")
+        check_ray_address(ray_address, backend)
         if workers > MAX_WORKERS:
             raise input_error("--workers", f"{workers} is more than {MAX_WORKERS}", "give at most the CPUs you have")
         if replications is not None and not 1 <= replications <= MAX_REPLICATIONS:

@@ -164,7 +164,8 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
         overrides = {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None}
         return PolicyRun(name, {**overrides, "deployment.mode": "aggregated", "deployment.replicas": nodes,
                                 "deployment.routing": routing, "deployment.prefill_prefix_caching": True,
-                                "policy.bidirectional": False}, gpus, nodes,
+                                "policy.bidirectional": False, "policy.retention": {"kind": "ttl"},
+                                "policy.offload": None}, gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 

@@ -137,7 +137,7 @@ def resolve(scenario: Scenario) -> Resolved:
         raise input_error(param, f"is not used by the resolved cost model: {why}",
                           "remove it, or give the knots it would replace")
     if scenario.deployment.mode == "aggregated" and scenario.costs.transfer:
-        notes.append("costs.transfer given inline but unused: aggregated serving transfers no KV")
+        notes.append("no effect: costs.transfer given inline, but aggregated serving transfers no KV")
     if costs != profile.costs:
         _check_inline_bounds(costs, scenario.costs, arch, node, tp, notes)
     per_byte_s = costs.transfer.per_byte_s
@@ -230,6 +230,11 @@ def simulate(
     seed = scenario.seed if seed is None else seed
     check_tensor_parallel(rs.arch, scenario.deployment.tensor_parallel_size)
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    if plan.total_turns == 0:  # an empty result is refused, never reported as a healthy run
+        raise input_error("workload", f"no request fits the {rs.arch.name} context of {rs.arch.max_model_len:,} tokens "
+                          "(every first turn is longer), so there is nothing to simulate",
+                          "shorten prefix_tokens/user_tokens/output_tokens (a trace: workload.trace.overlong: truncate, "
+                          "or a window with requests in it)")
     check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     on_chunk = consumer(plan) if consumer is not None else None
     env = simpy.Environment()

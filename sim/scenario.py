@@ -442,6 +442,19 @@ class Scenario(_Frozen):
     simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Root seed of every random stream.")
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        """Refuse combinations that would run as something else in silence: an aggregated engine has no D
+        retention, so a lease/ttl_evictable retention or a CPU offload tier there would change nothing."""
+        if self.deployment.mode == "aggregated":
+            if self.policy.retention.kind != "ttl":
+                raise ValueError(f"[[policy.retention]] kind {self.policy.retention.kind} has no effect in "
+                                 "deployment.mode aggregated (no decode node retains KV); remove it or use disaggregated")
+            if self.policy.offload is not None:
+                raise ValueError("[[policy.offload]] has no effect in deployment.mode aggregated (no decode node "
+                                 "retains KV); remove it or use disaggregated")
+        return self
+
 
 # --- loading ----------------------------------------------------------------------------------------------
 

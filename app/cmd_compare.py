@@ -43,13 +43,12 @@ def register(app: typer.Typer) -> None:
             help="`kvplan recommend --json` output for this scenario: ttl_recommended reuses it (same rows) instead "
                  "of rerunning the advisor; refused if made for another scenario, replication count, SLO, budget or grid."),
     ) -> None:
+        from kvplan.app.flags import MAX_WORKERS, int_range
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.sim.compare import compare, compare_json, parse_policies
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
-
-        from kvplan.app.flags import MAX_WORKERS, int_range
 
         int_range("--workers", workers, 0, MAX_WORKERS)
         names = parse_policies(policies)

@@ -28,6 +28,7 @@ from kvplan.sim.scenario_retention import (
     TtlRetention,
 )
 from kvplan.sim.scenario_retention import TtlEvictableRetention as TtlEvictableRetention
+from kvplan.traces.trace import MAX_TRACE_RECORDS
 
 MAX_SCENARIO_BYTES = 4 * 1024**2
 MAX_EMPIRICAL_VALUES = 1_000_000
@@ -40,7 +41,7 @@ MAX_SIM_TIME_S = 1e7
 MAX_CONVERSATIONS = 1_000_000
 # a streamed run (kvplan simulate) costs ~0.4 KiB per turn (plan, driver lists, exact summary columns): under
 # 4 GiB at the limit (benchmarks/bench_scale.py); an in-memory run (api.run, keep=True) ~1 KiB per turn
-MAX_TOTAL_TURNS = 10_000_000
+MAX_TOTAL_TURNS = MAX_TRACE_RECORDS
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
 MAX_LOGNORMAL_SIGMA = 10.0

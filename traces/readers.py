@@ -23,6 +23,7 @@ from kvplan.traces.trace import (
     CSV_HEADER,
     DEFAULT_MIN_BLOCKS,
     LMBENCH_HEADER,
+    MAX_TRACE_RECORDS,
     MOONCAKE_BLOCK_TOKENS,
     TRACE_FORMATS,
     Trace,
@@ -352,6 +353,18 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
     )
 
 
+def check_record_count(text: str, label: str, fmt: str) -> None:
+    """Refuse, before any record is parsed, a trace with more records than a run replays
+    (:data:`MAX_TRACE_RECORDS`): its lines are counted (a multi-turn JSON array: its objects), which costs
+    one pass over the text, so a 100 MB file of 12 million one-token requests is refused in a fraction of a
+    second instead of being built into frames that need gigabytes."""
+    n = text.count("{") if fmt == "multiturn" else text.count("\n") + (not text.endswith("\n"))
+    if n > MAX_TRACE_RECORDS + 1:  # + a CSV header
+        unit = "objects" if fmt == "multiturn" else "lines"
+        raise input_error(label, f"holds {n:,} {unit}, more than the {MAX_TRACE_RECORDS:,} requests a run replays",
+                          "cut the trace (a time window or a sample of its sessions) before replaying it")
+
+
 def load_trace(
     path: str | os.PathLike[str],
     format: TraceFormat | str | None = None,  # noqa: A002 - the documented name of the argument; checked below
@@ -373,6 +386,7 @@ def load_trace(
     if on_clock_restart not in ("sort", "append"):
         raise input_error(label, f"on_clock_restart is {on_clock_restart!r}", "use 'sort' or 'append'")
     text, digest = _read_source(path, max_bytes)
+    check_record_count(text, label, fmt)
     linking: dict[str, Any] | None = None
     notes: dict[str, Any] = {}
     if fmt == "mooncake":

@@ -35,6 +35,9 @@ LMBENCH_HEADER: tuple[str, ...] = (
 )
 #: Tokens or turns of one request: far above any context limit, and int64-safe.
 MAX_COUNT = 1e9
+#: Most requests one trace may hold: the simulator's bound on the turns of a run (``sim.scenario``
+#: ``MAX_TOTAL_TURNS`` is this number), checked on the text before any record is parsed.
+MAX_TRACE_RECORDS = 10_000_000
 #: Columns of :attr:`Trace.requests`, in order.
 COLUMNS: tuple[str, ...] = (
     "request_id",

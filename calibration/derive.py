@@ -110,6 +110,9 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
             raise input_error(f"--model-config: field '{key}'", f"missing from {cfg}", "give a complete config.json")
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
         _cfg_int(data, key)
+    for key in ("num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings"):
+        if key in data:  # optional, but a value given must be a sane size (checked before aiconfigurator runs)
+            _cfg_int(data, key, 1)
     return data
 
 
@@ -118,7 +121,7 @@ _NOT_DENSE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "kv_l
 
 
 #: Largest size a config.json field may hold (hidden sizes, vocabularies and layer counts stay far below).
-MAX_CONFIG_INT = 10_000_000
+MAX_CONFIG_INT = 1_000_000_000
 
 
 def _cfg_int(data: dict[str, Any], key: str, default: int | None = None) -> int:

@@ -73,6 +73,10 @@ def select(
     rid = df["request_id"].to_numpy(dtype=np.int64)
     new_parent, reparented, orphaned = _reattach(keep, rid, df["parent_request_id"].to_numpy(dtype=np.int64))
     idx = np.flatnonzero(keep)
+    if idx.size == 0 and report["skipped_overlong"]:
+        raise input_error(where, f"every kept request ({report['skipped_overlong']:,}) is longer than the model's "
+                          f"context of {max_context_tokens:,} tokens, so there is nothing to replay",
+                          "use workload.trace.overlong: truncate, or a model with a longer context")
     if idx.size == 0:
         raise input_error(
             where, "the selection keeps no request", "widen the window or raise sample_sessions"

@@ -418,6 +418,10 @@ LATE_CASES: list[Case] = [
     _ray("sweep ray address port 0", "127.0.0.1:0"),
     _ray("sweep ray address port 70000", "127.0.0.1:70000"),
     _ray("sweep ray address without --backend ray", "127.0.0.1:1", backend="local"),
+    # item 4's flag, refused before Streamlit starts
+    Case("dashboard --serve-dir missing", ["dashboard", "--serve-dir", "{d}/nope", "--port", "1"], "--serve-dir"),
+    Case("dashboard --serve-dir a file", ["dashboard", "--serve-dir", "{d}/f.txt", "--port", "1"], "--serve-dir",
+         {"f.txt": "x\n"}),
 ]
 
 ROUND3 = COST_CASES + SPEC_CASES + NUMBER_CASES + LOG_CASES + WORK_CASES + COMBO_CASES + LATE_CASES

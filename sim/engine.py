@@ -74,11 +74,15 @@ def unused_overrides(costs: CostModel, overrides: CostOverrides, scenario: Scena
     (``formulas.linear_s``, ``formulas.batch_s``); the per-unit slope past the last knot
     (``prefill.per_token_s``, ``decode.per_seq_s``) is read only when a step can go past it
     (``max_num_batched_tokens``, and ``max_num_seqs`` on a disaggregated D; an aggregated engine's mixed step
-    reads ``decode.per_seq_s`` directly, ``models.costs.mixed_step_time_s``).
+    reads ``decode.per_seq_s`` directly, ``models.costs.mixed_step_time_s``). Components given in full are
+    not checked.
     """
     dep = scenario.deployment
     pc, dc = costs.prefill, costs.decode
-    named = {(c, k) for c in ("prefill", "decode") for k in (getattr(overrides, c) or {})}
+    # a component given in full (a whole cost model, as the calibration fits pass one) names every parameter
+    # by construction: only a partial override says the user meant that parameter to matter
+    named = {(c, k) for c in ("prefill", "decode") if not _given_in_full(overrides, c)
+             for k in (getattr(overrides, c) or {})}
     out = []
     if pc.linear_knots_tokens:
         last = pc.linear_knots_tokens[-1]

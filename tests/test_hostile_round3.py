@@ -311,8 +311,10 @@ def _log(line: str) -> dict[str, Any]:
 
 
 LOG_CASES: list[Case] = [
+    _calibrate(_log(_V + "Declining expired remote read for r1 from engine a" + " " * _K + "x"), "--log", "v.log",
+               "no observation", "log 200 KB decline line (the issue's 55 s)"),
     _calibrate(_log(_V + "Declining expired remote read for r1 from engine " + " " * _K + "x"), "--log", "v.log",
-               "v.log", "log 200 KB decline line (the issue's 55 s)"),
+               "v.log", "log decline engine of spaces"),
     _calibrate(_log(_V + "Declining expired remote read for " + "x" * _K), "--log", "v.log", "v.log",
                "log decline without an engine"),
     _calibrate(_log(_P + "conv=" * (_K // 5) + " cache HIT"), "--log", "v.log", "v.log",

@@ -19,6 +19,7 @@ PROXY = "2025-05-11 23:40:01,123 [INFO] proxy: "
 
 HOSTILE_LINES = {
     "decline engine spaces": PREFIX + "Declining expired remote read for r1 from engine " + " " * MB + "x",
+    "decline engine a, spaces": PREFIX + "Declining expired remote read for r1 from engine a" + " " * MB + "x",
     "decline no engine": PREFIX + "Declining expired remote read for " + "x" * MB,
     "decline repeated": PREFIX + "Declining expired remote read for " * (MB // 34),
     "release long id": PREFIX + "Releasing expired KV blocks for request " + "x" * MB,

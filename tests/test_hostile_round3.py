@@ -333,8 +333,9 @@ LOG_CASES: list[Case] = [
 # --- 11: work bounds inside the size caps ----------------------------------------------------------------------------
 
 WORK_CASES: list[Case] = [
-    Case("trace csv 10M one-token requests", ["simulate", "--trace", "{d}/t.csv", "--out", "{d}/o"], "t.csv",
-         {"t.csv": lambda _d: CSV_HEADER + "a,0,1,1\n" * 10_000_002}),
+    Case("trace csv 12M one-token requests (the issue's 100 MB)", ["simulate", "--trace", "{d}/t.csv", "--out", "{d}/o"],
+         "t.csv",
+         {"t.csv": lambda _d: CSV_HEADER + "a,0,1,1\n" * 12_000_000}),
     Case("trace multiturn 10M objects", ["simulate", "--trace", "{d}/t.json", "--out", "{d}/o"], "t.json",
          {"t.json": lambda _d: "[" + "{}," * 10_000_002 + "{}]"}),
     Case("trace mooncake 10M lines", ["simulate", "--trace", "{d}/t.jsonl", "--out", "{d}/o"], "t.jsonl",

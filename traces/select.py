@@ -148,7 +148,7 @@ def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_to
         n_in = np.where(too_long, np.minimum(n_in, cut_in), n_in)
         n_out = np.where(too_long, np.minimum(n_out, max_tokens - n_in), n_out)
         report["truncated_overlong"] = int(too_long.sum())
-    if too_long.any():
+    if too_long.any() and keep.any():  # all skipped: select() refuses the trace in one line instead
         log.warning("select: %d request(s) over %d tokens were %s", int(too_long.sum()), max_tokens,
                     "skipped" if overlong == "skip" else "truncated")
     return keep, n_in, n_out

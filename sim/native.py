@@ -108,7 +108,7 @@ def current_build(root: Path | None = None) -> Path | None:
     d = cache_dir() / source_digest(root)
     try:
         meta = json.loads((d / MANIFEST).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a damaged manifest: no build, never a crash at import
         return None
     if not isinstance(meta, dict) or sorted(meta.get("files", {})) != sorted(HOT_MODULES + (f"{GROUP}__mypyc",)):
         return None

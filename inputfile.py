@@ -124,14 +124,8 @@ def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | N
     stripped = text.rstrip()
     if not stripped:
         raise input_error(where, "file holds only whitespace, no JSON")
-    seen: list[str] = []
-
-    def _constant(name: str) -> float:
-        seen.append(name)
-        return float(name.replace("Infinity", "inf"))
-
     try:
-        value = json.loads(text, parse_constant=_constant)
+        value, seen = json_loads(text, where)
     except json.JSONDecodeError as exc:
         truncated = exc.msg.startswith("Unterminated string") or (
             exc.msg != "Extra data" and exc.pos >= len(stripped) - 1
@@ -144,8 +138,66 @@ def load_json(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | N
                 "re-copy the complete file or re-run the benchmark",
             ) from None
         raise input_error(where, f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise input_error(where, "JSON is nested too deeply to be a benchmark result") from None
+    return value, seen
+
+
+#: Longest digit string of a JSON integer kept exact; a longer one becomes a float (``inf`` past 1e308, then
+#: refused by the caller's finiteness check) before Python's int() (4,300-digit limit) or float() could raise.
+MAX_JSON_INT_DIGITS = 18
+#: Deepest nesting of a JSON document kvplan reads (its own files nest 4 levels; traces 3).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when lists and objects nest deeper than ``limit`` in a parsed JSON value (an explicit stack:
+    no recursion, so the check itself cannot overflow)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            if depth > limit:
+                return True
+            stack.extend((item, depth + 1) for item in node if isinstance(item, list | dict))
+    return False
+
+
+def json_loads(text: str, where: str) -> tuple[Any, bool]:
+    """:func:`json.loads` with bounded numbers and depth: ``(value, has_non_finite)``.
+
+    Integers longer than :data:`MAX_JSON_INT_DIGITS` digits and every float are converted by ``float()``
+    (never raising: out of range gives ``inf``); ``NaN``/``Infinity`` constants and overflowing numbers set
+    the flag (the caller names the field with :func:`find_non_finite`). Nesting deeper than
+    :data:`MAX_JSON_DEPTH` levels (or than the C scanner's recursion bound) is a one-line error naming
+    ``where``; :class:`json.JSONDecodeError` propagates.
+    """
+    seen: list[str] = []
+
+    def _constant(name: str) -> float:
+        seen.append(name)
+        return float(name.replace("Infinity", "inf"))
+
+    def _float(token: str) -> float:
+        out = float(token)
+        if not math.isfinite(out):
+            seen.append(token[:20])
+        return out
+
+    def _int(token: str) -> int | float:
+        if len(token.lstrip("-")) <= MAX_JSON_INT_DIGITS:
+            return int(token)
+        return _float(token)
+
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except RecursionError:  # the C scanner's bound, Python's recursion limit
+        value = None
+        too_deep = True
+    else:
+        too_deep = json_depth_exceeds(value)
+    if too_deep:
+        raise input_error(where, f"JSON nests deeper than {MAX_JSON_DEPTH} levels", "is this the right file?")
     return value, bool(seen)
 
 
@@ -175,6 +227,8 @@ def number(where: str, field: str, value: Any, *, minimum: float | None = 0.0) -
     """Validate one JSON number: finite, not a boolean or string, and at least ``minimum`` if given."""
     if not is_number(value):
         raise input_error(where, f"field '{field}' is {_short(value)}, not a number")
+    if isinstance(value, int) and value.bit_length() > 1000:
+        raise input_error(where, f"field '{field}' is {_short(value)}, too large to be a measurement")
     out = float(value)
     if not math.isfinite(out):
         raise input_error(where, f"field '{field}' is {out}: NaN/Infinity is not a valid measurement")
@@ -260,6 +314,8 @@ def _short(value: Any, limit: int = 40) -> str:
         return f"a list of {len(value)} entries"
     if isinstance(value, dict):
         return "an object"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

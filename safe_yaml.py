@@ -17,6 +17,8 @@ import yaml
 from kvplan.errors import input_error
 
 MAX_DEPTH = 100
+#: Longest YAML integer read (Python refuses int() of over 4,300 digits; no field needs more than 20).
+MAX_INT_CHARS = 40
 MAX_EXPANDED_NODES = 250_000  # nodes after alias expansion (inline empirical lists hold at most 100,000 values)
 
 _Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -45,6 +47,9 @@ def _check(root: yaml.Node, where: str) -> None:
                     "write the values out or put large samples in an empirical 'path' file",
                 )
             continue
+        if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int") and len(node.value) > MAX_INT_CHARS:
+            raise input_error(f"{where}{_line(node)}", f"YAML integer of {len(node.value):,} characters",
+                              f"numbers here have at most {MAX_INT_CHARS} digits")
         if depth > MAX_DEPTH:
             raise input_error(f"{where}{_line(node)}", f"YAML nested deeper than {MAX_DEPTH} levels", "flatten the file")
         if key in size:

@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
             False, "--overwrite", help="Replace an existing --html file kvplan did not write (its own it replaces anyway)."
         ),
     ) -> None:
+        from kvplan.app.flags import MAX_WORKERS, int_range
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.sim.compare import compare, compare_json, parse_policies
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 
+        int_range("--workers", workers, 0, MAX_WORKERS)
         names = parse_policies(policies)
         rec = load_recommendation(recommendation) if recommendation is not None else None
         if not 1 <= replications <= 1000:

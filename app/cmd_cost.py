@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.resolve import resolve_profile
         from kvplan.sim.validity import check_cost_request
 
-        check_cost_request(tokens, cached_tokens, chunk_tokens)
+        check_cost_request(tokens, cached_tokens, chunk_tokens, batch, context)
         base = load_profile(profile) if profile is not None else None
         spec = base.provenance.get("architecture") if base is not None and model is None else None
         arch = get_model(spec if isinstance(spec, dict) else model or (base.model if base is not None else "qwen3-32b"))

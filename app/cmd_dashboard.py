@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -35,7 +36,30 @@ def streamlit_command(port: int, address: str) -> list[str]:
         "--server.maxUploadSize", str(MAX_UPLOAD_MB),
         "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "minimal",  # no Deploy button or developer menu for an operator's tool
+        # an unexpected exception shows its type only: its message could quote a file the server read
+        "--client.showErrorDetails", "type",
     ]
+
+
+def serve_env(serve_dir: Path | None) -> dict[str, str]:
+    """The Streamlit process's environment: this one, with the served directory (or none) in
+    ``dash_serve.SERVE_DIR_ENV``; the dashboard reads typed server paths only under it."""
+    from kvplan.app.dash_serve import SERVE_DIR_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != SERVE_DIR_ENV}
+    if serve_dir is not None:
+        env[SERVE_DIR_ENV] = os.path.realpath(serve_dir)
+    return env
+
+
+def check_serve_dir(serve_dir: Path | None) -> None:
+    """Refuse a ``--serve-dir`` that is not an existing directory (before Streamlit starts)."""
+    from kvplan.errors import input_error
+
+    if serve_dir is not None and not serve_dir.is_dir():
+        raise input_error(f"--serve-dir {serve_dir}", "is not an existing directory",
+                          "pass the directory holding the traces the dashboard may replay, or leave it out "
+                          "(uploads only)")
 
 
 def dashboard_url(port: int, address: str) -> str:
@@ -73,7 +97,8 @@ def free_port(address: str = "127.0.0.1") -> int:
 
 @contextmanager
 def running_dashboard(
-    port: int | None = None, address: str = "127.0.0.1", log: Path | None = None, timeout_s: float = 60.0
+    port: int | None = None, address: str = "127.0.0.1", log: Path | None = None, timeout_s: float = 60.0,
+    serve_dir: Path | None = None,
 ) -> Iterator[str]:
     """Run the dashboard server for the duration of a ``with`` block and yield its URL once healthy.
 
@@ -84,7 +109,7 @@ def running_dashboard(
     port = port or free_port(address)
     cmd = [*streamlit_command(port, address), "--server.fileWatcherType", "none"]
     out = log.open("wb") if log is not None else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=serve_env(serve_dir))
     url = f"http://{address}:{port}"
 
     def tail() -> str:
@@ -125,12 +150,17 @@ def register(app: typer.Typer) -> None:
         address: Annotated[
             str, typer.Option("--address", help="Interface to listen on (0.0.0.0 serves other machines too).")
         ] = "localhost",
+        serve_dir: Annotated[
+            Path | None, typer.Option("--serve-dir", help="Directory whose trace files the What-if page may replay by "
+                                      "path (default: none, uploads only; nothing outside it is read).")
+        ] = None,
     ) -> None:
+        check_serve_dir(serve_dir)
         check_listen(port, address)
         cmd = streamlit_command(port, address)
         typer.echo(f"kvplan dashboard: {dashboard_url(port, address)}  (Ctrl-C stops it)")
         # launching the server is this command's whole job, so a subprocess is right here
-        proc = subprocess.Popen(cmd)
+        proc = subprocess.Popen(cmd, env=serve_env(serve_dir))
         # a SIGTERM to this command stops the server too (no orphaned streamlit)
         signal.signal(signal.SIGTERM, lambda _signum, _frame: proc.terminate())
         try:

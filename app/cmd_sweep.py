@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
             False, "--overwrite", help="Replace existing output files kvplan did not write (its own it replaces anyway)."
         ),
     ) -> None:
-        from kvplan.app.flags import MAX_WORKERS
+        from kvplan.app.flags import MAX_WORKERS, check_ray_address
         from kvplan.app.output import console
         from kvplan.errors import input_error
         from kvplan.sim.grid import MAX_REPLICATIONS, load_grid
@@ -128,6 +128,7 @@ def register(app: typer.Typer) -> None:
         check_sweep_outputs(out, overwrite, inputs, [("--csv", csv_out)])  # every output, before any work
         if backend not in ("local", "ray"):
             raise input_error("--backend", f"'{backend}' is not a backend", "use local or ray")
+        check_ray_address(ray_address, backend)
         if workers > MAX_WORKERS:
             raise input_error("--workers", f"{workers} is more than {MAX_WORKERS}", "give at most the CPUs you have")
         if replications is not None and not 1 <= replications <= MAX_REPLICATIONS:

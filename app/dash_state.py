@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvplan.app import dash_upload
+from kvplan.app import dash_serve, dash_upload
 from kvplan.app.dash_metrics import DeltaColour, Metric, headline_metrics  # noqa: F401 - re-exported
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS
@@ -207,7 +207,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         base = scenario_from_dict(data, where="custom workload")
     elif inputs.workload == TRACE:
         if not inputs.trace_path:
-            raise input_error("trace file", "no path given", "type the path of a trace file on this server")
+            raise input_error("trace file", "none given", "upload a trace file (or type a path under the directory "
+                              "the dashboard serves, with `kvplan dashboard --serve-dir DIR`)")
         base = scenario_from_dict({"workload": {"trace": {"path": inputs.trace_path}}}, where="trace replay")
     elif inputs.workload == PUBLISHED:
         base = published_benchmark(model=inputs.model)
@@ -354,6 +355,24 @@ def _custom_workload_widgets() -> CustomWorkload:
     )
 
 
+def _trace_widgets() -> str | None:
+    """The replayed trace: an upload, or a path typed under the served directory (``--serve-dir``) when
+    the dashboard serves one (:mod:`kvplan.app.dash_serve`); raises a one-line error for a refused one."""
+    sb = st.sidebar
+    helptext = ("Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, Azure or generic CSV "
+                "(`kvplan simulate --help`); replayed on its own clock.")
+    upload = sb.file_uploader("trace file (upload)", key="sc_trace_upload", max_upload_size=dash_upload.MAX_UPLOAD_MB,
+                              help=helptext)
+    if upload is not None:
+        return str(dash_upload.store_upload(upload.name, upload.getvalue()))
+    if dash_serve.serve_dir() is None:
+        sb.caption("Server paths are off: start with `kvplan dashboard --serve-dir DIR` to replay traces under DIR.")
+        return None
+    typed = str(_w(sb.text_input, dash_serve.PATH_LABEL, "trace_path", value="",
+                   help=helptext + " Relative to the directory the dashboard serves.")).strip()
+    return dash_serve.served_path(typed) if typed else None
+
+
 def session_profile_choice() -> str | None:
     """The sidebar label of the profile calibrated or uploaded in this session, if any."""
     text = st.session_state.get(SESSION_PROFILE)
@@ -411,9 +430,12 @@ def scenario_sidebar() -> Scenario | None:
     if workload == CUSTOM:
         custom = _custom_workload_widgets()
     elif workload == TRACE:
-        trace_path = str(_w(sb.text_input, "trace file (path on this server)", "trace_path", value="",
-                            help="Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, Azure or generic CSV "
-                                 "(`kvplan simulate --help`); replayed on its own clock.")).strip() or None
+        try:
+            trace_path = _trace_widgets()
+        except KvplanInputError as exc:
+            st.session_state[TRACE_KEY] = None
+            sb.error(error_text(exc))
+            return None
     elif workload != PUBLISHED:
         r = _w(sb.number_input, "new conversations per s (0 = preset's)", "preset_rate", min_value=0.0, value=0.0,
                step=0.05)
@@ -430,10 +452,11 @@ def scenario_sidebar() -> Scenario | None:
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
         preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),
     )
+    st.session_state[TRACE_KEY] = trace_path
     try:
         return build_scenario(inputs)
     except KvplanInputError as exc:
-        sb.error(str(exc))
+        sb.error(error_text(exc))
         return None
 
 
@@ -479,6 +502,16 @@ def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
             f"{float(on['hit_rate']):.1%} vs {float(off['hit_rate']):.1%}.")
 
 
+#: Session key of the trace file the sidebar's scenario replays (for :func:`error_text`).
+TRACE_KEY = "kvplan_trace_path"
+
+
+def error_text(exc: BaseException) -> str:
+    """The one-line page text of a user error: whitespace collapsed, and when the scenario replays a trace
+    file, that file's path shortened and every excerpt of its content removed (:func:`dash_serve.redact`)."""
+    return " ".join(dash_serve.redact(str(exc), st.session_state.get(TRACE_KEY)).split())
+
+
 def show_error(exc: BaseException) -> None:
-    """One-line ``st.error`` for a user error (never a traceback)."""
-    st.error(" ".join(str(exc).split()))
+    """One-line ``st.error`` for a user error (never a traceback, never a server file's content)."""
+    st.error(error_text(exc))

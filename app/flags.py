@@ -47,6 +47,36 @@ def seconds_list(
     return values
 
 
+#: How long ``--ray-address`` may take to accept a TCP connection before the sweep is refused.
+RAY_CONNECT_TIMEOUT_S = 3.0
+
+
+def check_ray_address(address: str | None, backend: str) -> None:
+    """Refuse, before any work, a ``--ray-address`` that is malformed, given without ``--backend ray``, or
+    that nothing listens on (Ray itself retries a dead GCS address for minutes). ``auto`` is left to Ray;
+    ``host:port`` and ``ray://host:port`` get one TCP connection attempt of :data:`RAY_CONNECT_TIMEOUT_S`."""
+    import socket
+
+    if address is None:
+        return
+    flag = f"--ray-address {address[:80]}"
+    if backend != "ray":
+        raise input_error(flag, "is only used with --backend ray", "add --backend ray or drop --ray-address")
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port_text = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise input_error(flag, "is not host:port, ray://host:port or auto", "e.g. --ray-address 10.0.0.5:6379")
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise input_error(flag, f"nothing answers there ({exc.strerror or type(exc).__name__})",
+                          "start the Ray head (ray start --head) or give its GCS address") from None
+
+
 def common_run_flags(replications: int | None, workers: int | None, conversations: int | None) -> None:
     """Bounds shared by recommend and capacity."""
     int_range("--replications", replications, 1, MAX_REPLICATIONS)

@@ -74,6 +74,9 @@ def print_summary(
 
     for line in health_lines(s.get("health", {}), human_s):
         c.print(line, markup=False)
+    for note in result.notes:  # settings the run ignored: always said, one line each
+        if note.startswith("no effect:"):
+            c.print(f"warning: {note}", markup=False)
     if verbose:
         for note in result.notes:
             c.print(f"assumption: {note}", markup=False)

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from scipy.optimize import lsq_linear
 
 from kvplan.errors import input_error
+from kvplan.inputfile import json_loads
 from kvplan.models.arch import ModelArch
 from kvplan.models.bounds import physical_bounds
 from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, causal_pairs
@@ -98,7 +100,7 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
     if cfg.stat().st_size > MAX_CONFIG_BYTES:
         raise input_error("--model-config", f"{cfg} is larger than 1 MiB", "is this a model config.json?")
     try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
+        data, _ = json_loads(cfg.read_text(encoding="utf-8"), f"--model-config: {cfg}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error("--model-config", f"{cfg} is not valid JSON ({exc.__class__.__name__})",
                           "fix or re-download config.json") from None
@@ -108,13 +110,36 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
         if key not in data:
             raise input_error(f"--model-config: field '{key}'", f"missing from {cfg}", "give a complete config.json")
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-        if not isinstance(data[key], int) or data[key] <= 0:
-            raise input_error(f"--model-config: field '{key}'", f"must be a positive integer, got {data[key]!r}")
+        _cfg_int(data, key)
+    for key in ("num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings"):
+        if key in data:  # optional, but a value given must be a sane size (checked before aiconfigurator runs)
+            _cfg_int(data, key, 1)
     return data
 
 
 #: Config keys of mixture-of-experts or latent-attention models (their kvplan architecture needs a preset).
 _NOT_DENSE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "kv_lora_rank", "q_lora_rank")
+
+
+#: Largest size a config.json field may hold (hidden sizes, vocabularies and layer counts stay far below).
+MAX_CONFIG_INT = 1_000_000_000
+
+
+def _cfg_int(data: dict[str, Any], key: str, default: int | None = None) -> int:
+    """``data[key]`` as a positive integer of at most :data:`MAX_CONFIG_INT` (``default`` when absent or
+    null), else a one-line error naming the field."""
+    value = data.get(key)
+    if value is None or (value == 0 and default is not None and not isinstance(value, bool)):
+        if default is None:
+            raise input_error(f"--model-config: field '{key}'", "missing from config.json", "give a complete config.json")
+        return default
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_CONFIG_INT:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONFIG_INT:
+        shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else repr(value)[:40]
+        raise input_error(f"--model-config: field '{key}'", f"must be a positive integer of at most "
+                          f"{MAX_CONFIG_INT:,}, got {shown}", "fix or re-download config.json")
+    return value
 
 
 def arch_from_hf_config(name: str, data: dict[str, Any]) -> ModelArch:
@@ -124,23 +149,25 @@ def arch_from_hf_config(name: str, data: dict[str, Any]) -> ModelArch:
         if data.get(key):
             raise input_error(f"--model-config: field '{key}'", "MoE / latent-attention configs are not derived from "
                               "config.json alone", "use a kvplan model preset (--model) with --model-config")
-    try:
-        layers, hidden, heads = int(data["num_hidden_layers"]), int(data["hidden_size"]), int(data["num_attention_heads"])
-        kv = int(data.get("num_key_value_heads") or heads)
-        hd = int(data.get("head_dim") or hidden // heads)
-        inter = int(data["intermediate_size"])
-        vocab = int(data["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise input_error("--model-config", f"config.json lacks a usable {exc}", "give a complete config.json") from None
+    layers, hidden, heads = (_cfg_int(data, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
+    kv = _cfg_int(data, "num_key_value_heads", heads)
+    hd = _cfg_int(data, "head_dim", hidden // heads)
+    inter = _cfg_int(data, "intermediate_size")
+    vocab = _cfg_int(data, "vocab_size")
     attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
     active = layers * (attn + 3 * hidden * inter)
     total = active + vocab * hidden * (1 if data.get("tie_word_embeddings") else 2)
-    return ModelArch(
-        name=name, hf_id=str(data.get("_name_or_path", "")), attention="gqa", num_layers=layers, hidden_size=hidden,
-        num_q_heads=heads, num_kv_heads=kv, head_dim=hd, intermediate_size=inter, vocab_size=vocab,
-        params_total=float(total), params_active=float(active), weight_bytes_total=2.0 * total,
-        max_model_len=int(data.get("max_position_embeddings") or 32768),
-    )
+    try:
+        return ModelArch(
+            name=name, hf_id=str(data.get("_name_or_path", ""))[:200], attention="gqa", num_layers=layers,
+            hidden_size=hidden, num_q_heads=heads, num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
+            vocab_size=vocab, params_total=float(total), params_active=float(active), weight_bytes_total=2.0 * total,
+            max_model_len=_cfg_int(data, "max_position_embeddings", 32768),
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise input_error(f"--model-config: field '{field}'", str(err["msg"]), "fix or re-download config.json") from None
 
 
 def check_tp(arch: ModelArch, tp: int, node_gpus: int | None = None) -> None:

@@ -23,7 +23,12 @@ _PROXY_PREFIX = re.compile(
     r"\[(?P<level>[A-Z]+)\]\s+[\w.\-]+:"
 )
 _KV = re.compile(r"KV Transfer metrics:\s*(?P<body>.*)$")
-_KV_PAIR = re.compile(r"^\s*(?P<key>[A-Za-z0-9 ()/_.\-]+?)\s*=\s*(?P<val>\S*)\s*$")
+#: Every pattern below is linear in the line's length (a hostile 1 MB line is read in milliseconds): each
+#: unbounded run is a single character class that the next literal cannot continue (no lazy ``.+?`` before
+#: ``\s*$``, no ``\S+?`` before a separator), and ids are bounded (``{1,MAX_ID}``) where a search restarts
+#: at every position; a ``KV Transfer metrics`` pair is split with ``str.partition``, not a regex.
+MAX_ID = 512
+_KV_KEY = re.compile(r"[A-Za-z0-9 ()/_.\-]+")
 _STATS = re.compile(
     r"(?:Engine (?P<engine>\d+):\s*)?Avg prompt throughput:\s*(?P<prompt>" + _NUM + r") tokens/s,\s*"
     r"Avg generation throughput:\s*(?P<gen>" + _NUM + r") tokens/s(?P<rest>.*)$"
@@ -38,13 +43,13 @@ _STATS_FIELDS = {  # column -> pattern on the rest of the stats line
     "external_prefix_cache_hit_rate_pct": re.compile(r"External prefix cache hit rate:\s*(" + _NUM + r")%"),
 }
 _RELEASE = re.compile(
-    r"Releasing expired KV blocks for request (?P<req>\S+) which were retrieved by (?P<n>\d+) decode "
+    r"Releasing expired KV blocks for request (?P<req>\S{1,512}) which were retrieved by (?P<n>\d{1,18}) decode "
     r"worker\(s\) within (?P<s>" + _NUM + r") seconds"
 )
-_DECLINE = re.compile(r"Declining expired remote read for (?P<req>\S+) from engine (?P<eng>.+?)\.?\s*$")
-_REQ = r"(?:\[(?P<req>[^\]]+)\]\s+)?"
-_CONV = r"conv=(?P<conv>\S+?):\s+"
-_PREFILL = re.compile(r"\[(?P<req>[^\]]+)\]\s+Prefill done in\s*(?P<ms>" + _NUM + r")\s*ms")
+_DECLINE = re.compile(r"Declining expired remote read for (?P<req>\S{1,512}) from engine (?P<eng>\S[^\n]{0,511})")
+_REQ = r"(?:\[(?P<req>[^\][]{1,512})\]\s{1,64})?"
+_CONV = r"conv=(?P<conv>[^\s:=]{1,512}(?::[^\s:=]{1,512}){0,8}):\s{1,64}"
+_PREFILL = re.compile(r"\[(?P<req>[^\][]{1,512})\]\s{1,64}Prefill done in\s{0,64}(?P<ms>" + _NUM + r")\s{0,64}ms")
 _HIT = re.compile(_REQ + _CONV + r"cache HIT \(age=(?P<age>" + _NUM + r")s\)")
 _MISS = re.compile(_REQ + _CONV + r"cache MISS")
 _STALE = re.compile(
@@ -96,15 +101,16 @@ def _parse_kv(
     values: dict[str, str] = {}
     parts = [p for p in body.split(",") if p.strip()]
     for i, part in enumerate(parts):
-        pair = _KV_PAIR.match(part)
-        if pair is None:
+        key, eq, val = part.partition("=")
+        key, val = key.strip(), val.strip()
+        if not eq or not _KV_KEY.fullmatch(key) or any(c.isspace() for c in val):
             cut = " (the line looks cut off)" if i == len(parts) - 1 else ""
             raise input_error(
                 where,
                 f"line {lineno}: cannot read {part.strip()!r} in a 'KV Transfer metrics' line{cut}",
                 "pass the complete log",
             )
-        values[pair.group("key")] = pair.group("val")
+        values[key] = val
     row = dict(base)
     for key, (column, factor, required) in KV_FIELDS.items():
         if key not in values:
@@ -158,7 +164,8 @@ def _parse_decline(
     match = _DECLINE.search(line)
     if match is None:
         raise input_error(where, f"line {lineno}: cannot read the 'Declining expired remote read' line")
-    rows["decline"].append(dict(base, request_id=match.group("req"), remote_engine_id=match.group("eng")))
+    engine = match.group("eng").rstrip().removesuffix(".").rstrip()
+    rows["decline"].append(dict(base, request_id=match.group("req"), remote_engine_id=engine))
 
 
 def _parse_prefill(
@@ -178,14 +185,14 @@ def _parse_cache(
 ) -> None:
     row: dict[str, Any] = {k: base[k] for k in ("line", "log_time", "time_s")}
     row.update(age_s=math.nan, ttl_s=math.nan, remote_request_id="", blocks=-1)
-    for event, pattern in (
-        ("hit", _HIT),
-        ("miss", _MISS),
-        ("stale", _STALE),
-        ("cached_d_blocks", _CACHED),
-        ("send_to_p", _SEND),
+    for event, pattern, literal in (
+        ("hit", _HIT, "cache HIT"),
+        ("miss", _MISS, "cache MISS"),
+        ("stale", _STALE, "stale cache entry"),
+        ("cached_d_blocks", _CACHED, "cached D blocks"),
+        ("send_to_p", _SEND, "sending D's cached blocks"),
     ):
-        match = pattern.search(line)
+        match = pattern.search(line) if literal in line else None  # one search per line, not five
         if match is None:
             continue
         groups = match.groupdict()

@@ -37,6 +37,19 @@ _PREFILL_MS_CHECK_MIN_TOKENS = 1024
 _PREFILL_MS_IMPLAUSIBLE = 1.0
 
 
+def _guarded(reader: Any, where: str) -> Iterator[list[str]]:
+    """The rows of a :func:`csv.reader`, a :class:`csv.Error` (a field over the 131,072-character limit, a
+    NUL byte, an unclosed quote) becoming a one-line error naming the line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise input_error(where, f"line {reader.line_num}: malformed CSV ({exc})", "fix that line") from None
+        yield row
+
+
 def _rows(
     where: str, text: str, header: tuple[str, ...], *, free_text_last: bool = False
 ) -> Iterator[tuple[int, list[str]]]:
@@ -45,7 +58,7 @@ def _rows(
     With ``free_text_last`` unquoted commas in the last column (a free-text note) are kept in it."""
     reader = csv.reader(io.StringIO(text))
     seen_header = False
-    for fields in reader:
+    for fields in _guarded(reader, where):
         lineno = reader.line_num
         if not fields or all(not f.strip() for f in fields) or fields[0].lstrip().startswith("#"):
             continue

@@ -2,14 +2,47 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from kvplan.errors import input_error
 
 T = TypeVar("T", bound=BaseModel)
+
+#: Largest magnitude of a number in an inline model or hardware spec (FLOP/s and bytes stay far below),
+#: checked before pydantic converts it (a 4,000-digit integer or ``.inf`` never reaches the formulas).
+MAX_SPEC_NUMBER = 1e21
+#: Deepest nesting of an inline spec (a node holds a GPU and a link: two levels).
+MAX_SPEC_DEPTH = 4
+
+
+def check_spec_numbers(spec: Mapping[str, object], cls: type[BaseModel], where: str, depth: int = 0) -> None:
+    """Refuse, before validation, a number field of ``cls`` given as a string (YAML 1.1 reads ``5e-4`` as
+    one: write ``5.0e-4``) or a bool, and any number that is not finite or beyond :data:`MAX_SPEC_NUMBER`;
+    nested specs (a node's ``gpu`` and ``link``) are checked with their own classes."""
+    if depth > MAX_SPEC_DEPTH:
+        raise input_error(where, "is nested too deeply")
+    for key, value in spec.items():
+        info = cls.model_fields.get(str(key))
+        if info is None:
+            continue  # pydantic names the unknown field
+        ann: Any = info.annotation
+        field = f"{where}.{key}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(value, Mapping):
+            check_spec_numbers(value, ann, field, depth + 1)
+            continue
+        numeric = ann in (int, float) or ann == float | None
+        if not numeric:
+            continue
+        if isinstance(value, str | bool):
+            raise input_error(field, f"is {value!r:.60}, not a number", "write a plain number (5.0e-4, not 5e-4)")
+        if isinstance(value, int) and value.bit_length() > 72:
+            raise input_error(field, f"is an integer of {value.bit_length()} bits, larger than {MAX_SPEC_NUMBER:g}")
+        if isinstance(value, int | float) and not (math.isfinite(value) and abs(value) <= MAX_SPEC_NUMBER):
+            raise input_error(field, f"is {value}, not a finite number of at most {MAX_SPEC_NUMBER:g}")
 
 
 def resolve_preset(name_or_spec: str | Mapping[str, object] | T, presets: Mapping[str, T], cls: type[T], what: str) -> T:
@@ -23,6 +56,8 @@ def resolve_preset(name_or_spec: str | Mapping[str, object] | T, presets: Mappin
             raise input_error(
                 what, f"unknown {what} '{name_or_spec}'", f"use one of {', '.join(presets)} or an inline spec"
             ) from None
+    if isinstance(name_or_spec, Mapping):
+        check_spec_numbers(name_or_spec, cls, what)
     try:
         return cls.model_validate(name_or_spec)
     except ValidationError as exc:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
+from kvplan.inputfile import find_non_finite, json_loads
 from kvplan.models.costs import CostModel
 
 MAX_PROFILE_BYTES = 8 * 1024**2
@@ -129,9 +130,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if path.stat().st_size > MAX_PROFILE_BYTES:
         raise input_error(str(path), "profile file larger than 8 MiB", "is this really a kvplan profile?")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data, non_finite = json_loads(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
+    bad = find_non_finite(data, "profile") if non_finite else None
+    if bad is not None:
+        raise input_error(f"{path}: field '{bad}'", "is NaN, Infinity or out of the float range",
+                          "re-create it with kvplan calibrate")
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:

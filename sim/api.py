@@ -10,7 +10,7 @@ from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import ChunkSink, ProgressHook, simulate
 from kvplan.sim.health import compute_health
 from kvplan.sim.results import Result, build_result
-from kvplan.sim.scenario import Scenario, as_scenario
+from kvplan.sim.scenario import Policy, Scenario, as_scenario
 from kvplan.sim.stream import RunStream, TurnSink
 from kvplan.sim.workload import ConversationPlan
 
@@ -30,6 +30,8 @@ def run(
     """
     scenario = as_scenario(scenario)
     seed = scenario.seed if seed is None else seed
+    if seed != scenario.seed:  # the result (and DIR/scenario.yaml) records the seed the run used
+        scenario = scenario.model_copy(update={"seed": seed})
     # The run's objects form one large reference graph the cyclic GC would rescan again and again for
     # nothing (the model makes no reference cycles worth collecting mid-run). Pause it for the run.
     was_enabled = gc.isenabled()
@@ -98,6 +100,10 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     return result.with_run_context({"health": health})
 
 
+#: Prefix of a note about a setting the run ignores (``kvplan simulate`` prints these as warnings).
+NO_EFFECT = "no effect:"
+
+
 def _policy_notes(scenario: Scenario) -> list[str]:
     """Assumption notes of the modes and policies that are not vLLM behaviour (printed with every result)."""
     notes = []
@@ -107,6 +113,10 @@ def _policy_notes(scenario: Scenario) -> list[str]:
     kind = scenario.policy.retention.kind
     if kind != "ttl" and scenario.deployment.mode != "aggregated":
         notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")
+    ttl = scenario.policy.decoder_kv_blocks_ttl_s
+    if not scenario.policy.bidirectional and ttl != Policy().decoder_kv_blocks_ttl_s:
+        notes.append(f"{NO_EFFECT} policy.decoder_kv_blocks_ttl_s = {ttl:g} s does nothing with policy.bidirectional "
+                     "off (D retains no KV); the run is plain P/D without retention")
     if scenario.policy.offload is not None and scenario.deployment.mode != "aggregated":
         notes.append("policy.offload: host KV capacity and host-to-NIC bandwidth are stated assumptions "
                      "(models/hardware.py); the copy to host memory is taken as instantaneous")

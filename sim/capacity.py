@@ -100,7 +100,10 @@ def aggregated_overrides(replicas: int, routing: str) -> dict[str, Any]:
     """Overrides turning a P/D scenario into ``replicas`` aggregated replicas of its TP, routed by ``routing``."""
     return {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None,
             "deployment.mode": "aggregated", "deployment.replicas": replicas, "deployment.routing": routing,
-            "deployment.prefill_prefix_caching": True, "policy.bidirectional": False}
+            "deployment.prefill_prefix_caching": True, "policy.bidirectional": False,
+            # aggregated serving has no decode-side retention: reset what a P/D scenario's policy may carry
+            # (aggregated + lease / ttl_evictable / offload is refused as inconsistent, issue 22 item 14)
+            "policy.retention": {"kind": "ttl"}, "policy.offload": None}
 
 
 def default_aggregated_routing(sc: Scenario) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+from pydantic import ValidationError
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model
@@ -50,13 +51,75 @@ class Resolved:
 
 
 def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
-    """``costs`` with the parameters an inline ``costs:`` block names replaced (the rest unchanged)."""
+    """``costs`` with the parameters an inline ``costs:`` block names replaced (the rest unchanged), validated
+    again as a whole (knot lists of equal length, increasing)."""
     parts = {}
     for comp in ("prefill", "transfer", "decode", "overhead"):
         base = getattr(costs, comp)
         named = getattr(overrides, comp)
-        parts[comp] = base.model_copy(update=dict(named)) if named else base
+        if not named:
+            parts[comp] = base
+            continue
+        try:
+            parts[comp] = type(base).model_validate({**base.model_dump(), **dict(named)})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise input_error(f"costs.{comp}", str(first.get("msg", exc)).removeprefix("Value error, "),
+                              "give knot lists of equal length with increasing positive knots") from None
     return CostModel(**parts)
+
+
+def unused_overrides(costs: CostModel, overrides: CostOverrides, scenario: Scenario) -> list[tuple[str, str]]:
+    """``(costs.<comp>.<param>, why)`` for every inline parameter that the resolved cost model never reads.
+
+    With measured knots the interpolation replaces ``prefill.weight_read_s`` and ``decode.fixed_s``
+    (``formulas.linear_s``, ``formulas.batch_s``); the per-unit slope past the last knot
+    (``prefill.per_token_s``, ``decode.per_seq_s``) is read only when a step can go past it
+    (``max_num_batched_tokens``, and ``max_num_seqs`` on a disaggregated D; an aggregated engine's mixed step
+    reads ``decode.per_seq_s`` directly, ``models.costs.mixed_step_time_s``). Components given in full are
+    not checked.
+    """
+    dep = scenario.deployment
+    pc, dc = costs.prefill, costs.decode
+    # a component given in full (a whole cost model, as the calibration fits pass one) names every parameter
+    # by construction: only a partial override says the user meant that parameter to matter
+    named = {(c, k) for c in ("prefill", "decode") if not _given_in_full(overrides, c)
+             for k in (getattr(overrides, c) or {})}
+    out = []
+    if pc.linear_knots_tokens:
+        last = pc.linear_knots_tokens[-1]
+        if ("prefill", "weight_read_s") in named:
+            out.append(("costs.prefill.weight_read_s", "the prefill linear knots replace it"))
+        if ("prefill", "per_token_s") in named and dep.max_num_batched_tokens <= last:
+            out.append(("costs.prefill.per_token_s", f"no step exceeds the last linear knot ({last} tokens) at "
+                        f"max_num_batched_tokens {dep.max_num_batched_tokens}"))
+    if dc.batch_knots:
+        last = dc.batch_knots[-1]
+        if ("decode", "fixed_s") in named:
+            out.append(("costs.decode.fixed_s", "the decode batch knots replace it"))
+        if ("decode", "per_seq_s") in named and dep.mode != "aggregated" and dep.max_num_seqs <= last:
+            out.append(("costs.decode.per_seq_s", f"no decode batch exceeds the last batch knot ({last}) at "
+                        f"max_num_seqs {dep.max_num_seqs}"))
+    return out
+
+
+def _given_in_full(overrides: CostOverrides, comp: str) -> bool:
+    named = getattr(overrides, comp) or {}
+    return set(named) == set(type(getattr(CostModel(), comp)).model_fields)
+
+
+def _check_inline_bounds(costs: CostModel, overrides: CostOverrides, arch: ModelArch, node: Node, tp: int,
+                         notes: list[str]) -> None:
+    """Inline costs obey the physical bounds of profiles (``models/bounds.py``): the first parameter below
+    its bound is refused. A component given in full inline (every one of its parameters named, as a test of
+    a bare formula against queueing theory does) is a formula what-if: said in a note, not refused."""
+    for bad in bound_violations(costs, arch, node, tp):
+        param = bad.split(" = ")[0]
+        comp = param.split(".", 1)[0]
+        if _given_in_full(overrides, comp):
+            notes.append(f"inline costs.{comp} given in full, not physically possible: {bad}")
+            continue
+        raise input_error(f"costs.{param}", bad, "use a value at or above the bound (or a calibrated profile)")
 
 
 def resolve(scenario: Scenario) -> Resolved:
@@ -76,8 +139,13 @@ def resolve(scenario: Scenario) -> Resolved:
         named = getattr(scenario.costs, comp)
         if named:
             notes.append(f"costs.{comp} given inline: {', '.join(sorted(named))} (the rest from the profile)")
-    for bad in bound_violations(costs, arch, node, tp) if costs != profile.costs else []:
-        notes.append(f"inline costs not physically possible: {bad}")
+    for param, why in unused_overrides(costs, scenario.costs, scenario)[:1]:
+        raise input_error(param, f"is not used by the resolved cost model: {why}",
+                          "remove it, or give the knots it would replace")
+    if scenario.deployment.mode == "aggregated" and scenario.costs.transfer:
+        notes.append("no effect: costs.transfer given inline, but aggregated serving transfers no KV")
+    if costs != profile.costs:
+        _check_inline_bounds(costs, scenario.costs, arch, node, tp, notes)
     per_byte_s = costs.transfer.per_byte_s
     if scenario.deployment.link is not None:
         link = LINK_PRESETS.get(scenario.deployment.link)
@@ -180,6 +248,11 @@ def simulate(
     seed = scenario.seed if seed is None else seed
     check_tensor_parallel(rs.arch, scenario.deployment.tensor_parallel_size)
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)
+    if plan.total_turns == 0:  # an empty result is refused, never reported as a healthy run
+        raise input_error("workload", f"no request fits the {rs.arch.name} context of {rs.arch.max_model_len:,} tokens "
+                          "(every first turn is longer), so there is nothing to simulate",
+                          "shorten prefix_tokens/user_tokens/output_tokens (a trace: workload.trace.overlong: truncate, "
+                          "or a window with requests in it)")
     check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     on_chunk = consumer(plan) if consumer is not None else None
     env = simpy.Environment()

@@ -28,6 +28,7 @@ from kvplan.sim.scenario_retention import (
     TtlRetention,
 )
 from kvplan.sim.scenario_retention import TtlEvictableRetention as TtlEvictableRetention
+from kvplan.traces.trace import MAX_TRACE_RECORDS
 
 MAX_SCENARIO_BYTES = 4 * 1024**2
 MAX_EMPIRICAL_VALUES = 1_000_000
@@ -40,7 +41,7 @@ MAX_SIM_TIME_S = 1e7
 MAX_CONVERSATIONS = 1_000_000
 # a streamed run (kvplan simulate) costs ~0.4 KiB per turn (plan, driver lists, exact summary columns): under
 # 4 GiB at the limit (benchmarks/bench_scale.py); an in-memory run (api.run, keep=True) ~1 KiB per turn
-MAX_TOTAL_TURNS = 10_000_000
+MAX_TOTAL_TURNS = MAX_TRACE_RECORDS
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
 MAX_LOGNORMAL_SIGMA = 10.0
@@ -362,6 +363,11 @@ class Workload(_Frozen):
             hi = dist_upper(getattr(self, name))
             if hi is not None and hi > limit:
                 raise ValueError(f"{name}: {hi:.4g} {unit} is beyond the limit of {limit:.4g} {unit}")
+        for name in ("turns", "output_tokens"):  # vLLM samples at least one token; a conversation has a turn
+            low = _dist_lowest(getattr(self, name))
+            if low is not None and low < 0.5:
+                raise ValueError(f"{name}: a draw of {low:g} rounds to 0; every value must be >= 1 "
+                                 f"(vLLM generates at least one token, a conversation has at least one turn)")
         if self.trace is not None:
             return self
         mean_turns = dist_mean_inline(self.turns)
@@ -384,6 +390,17 @@ class Workload(_Frozen):
         return self
 
 
+def _dist_lowest(dist: Any) -> float | None:
+    """The lowest value an inline distribution can draw when it has one (None: unbounded or from a file)."""
+    if isinstance(dist, Constant):
+        return float(dist.value)
+    if isinstance(dist, Uniform):
+        return float(dist.high)  # the whole range below 0.5 is the problem; a low end of 0 is just a tail
+    if isinstance(dist, Empirical) and dist.values is not None and len(dist.values):
+        return float(min(dist.values))
+    return None
+
+
 _DIST_LIMITS = (
     ("turns", MAX_TURNS_PER_CONVERSATION, "turns"),
     ("prefix_tokens", MAX_TOKENS, "tokens"),
@@ -396,6 +413,39 @@ _DIST_LIMITS = (
 _COST_COMPONENTS: dict[str, type[BaseModel]] = {
     "prefill": PrefillCost, "transfer": TransferCost, "decode": DecodeCost, "overhead": OverheadCost,
 }
+
+
+#: Largest magnitude of an inline cost parameter (seconds or seconds per unit), checked before conversion.
+MAX_COST_VALUE = 1e6
+#: Longest knot list of an inline cost parameter (the shipped priors have 13).
+MAX_COST_KNOTS = 256
+
+
+def _check_cost_value(comp: str, key: str, value: Any) -> None:
+    """Refuse, before any conversion, what an inline cost parameter cannot be: a bool, a string (YAML 1.1
+    reads ``5e-4`` as a string; write ``5.0e-4``), a non-finite or huge number, or a long or non-numeric
+    knot list. The knot lists (``*_knots*``) are lists of numbers; everything else one number or null."""
+    where = f"costs.{comp}.{key}"
+    if isinstance(value, list | tuple):
+        if "knots" not in key:
+            raise ValueError(f"{where} is a list; give one number")
+        if len(value) > MAX_COST_KNOTS:
+            raise ValueError(f"{where} has {len(value)} knots, more than {MAX_COST_KNOTS}")
+        for i, item in enumerate(value):
+            _check_cost_value(comp, f"{key}[{i}]", item)
+        return
+    if value is None and key == "context_attention_s":
+        return
+    if isinstance(value, str):
+        raise ValueError(f"{where} is the string '{value[:40]}', not a number (YAML 1.1 reads 5e-4 as a string: "
+                         "write 5.0e-4)")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where} is {type(value).__name__}, not a number")
+    if isinstance(value, int) and abs(value) > 10**15:  # before float(): a 4,000-digit int overflows
+        raise ValueError(f"{where} = an integer of {value.bit_length()} bits is larger than {MAX_COST_VALUE:g}")
+    if not (math.isfinite(value) and abs(value) <= MAX_COST_VALUE):
+        raise ValueError(f"{where} = {value} must be a finite number of at most {MAX_COST_VALUE:g} "
+                         "(seconds or seconds/unit)")
 
 
 class CostOverrides(_Frozen):
@@ -417,17 +467,11 @@ class CostOverrides(_Frozen):
         for key in v:
             if key not in known:
                 raise ValueError(f"unknown parameter '{key}' of costs.{comp}; known: {', '.join(sorted(known))}")
-        model.model_validate(v)  # types and ranges of the named parameters
-        return dict(v)
-
-    @model_validator(mode="after")
-    def _finite(self) -> CostOverrides:
-        for comp in ("prefill", "transfer", "decode", "overhead"):
-            block = getattr(self, comp)
-            for name, v in (dict(block) if block is not None else {}).items():
-                if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= 1e6):
-                    raise ValueError(f"{comp}.{name} = {v} must be a finite number of at most 1e6 (seconds or seconds/unit)")
-        return self
+        for key, value in v.items():
+            _check_cost_value(comp, key, value)
+        typed = model.model_validate(v)  # types and ranges of the named parameters
+        # the typed values (floats, tuples), so the compiled build and the bounds never see a list or a string
+        return {key: getattr(typed, key) for key in v}
 
 
 class Simulation(_Frozen):
@@ -454,6 +498,19 @@ class Scenario(_Frozen):
     simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Root seed of every random stream.")
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        """Refuse combinations that would run as something else in silence: an aggregated engine has no D
+        retention, so a lease/ttl_evictable retention or a CPU offload tier there would change nothing."""
+        if self.deployment.mode == "aggregated":
+            if self.policy.retention.kind != "ttl":
+                raise ValueError(f"[[policy.retention]] kind {self.policy.retention.kind} has no effect in "
+                                 "deployment.mode aggregated (no decode node retains KV); remove it or use disaggregated")
+            if self.policy.offload is not None:
+                raise ValueError("[[policy.offload]] has no effect in deployment.mode aggregated (no decode node "
+                                 "retains KV); remove it or use disaggregated")
+        return self
+
 
 # --- loading ----------------------------------------------------------------------------------------------
 
@@ -463,6 +520,9 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
     # drop pydantic's union-member tags (e.g. 'constant') from the location
     loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
     msg = str(err["msg"]).removeprefix("Value error, ")
+    if msg.startswith("[[") and "]]" in msg:  # scenario_base._Frozen names the field inside its section
+        key, msg = msg[2:].split("]]", 1)
+        loc, msg = (f"{loc}.{key}" if loc else key), msg.strip()
     if err["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; `kvplan simulate --help` lists every field)"
     elif err["type"] == "union_tag_invalid":

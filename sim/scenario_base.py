@@ -1,10 +1,49 @@
-"""The base of every scenario section: frozen, no unknown fields, finite numbers only."""
+"""The base of every scenario section: frozen, no unknown fields, finite numbers only, numbers as numbers."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+#: Largest integer any scenario field may be given (checked before pydantic converts it; the largest bound
+#: of a field, the seed, is 2**63 - 1).
+MAX_INT_BITS = 64
+
+
+def _numeric(annotation: Any) -> tuple[bool, bool]:
+    """``(is a number field, is an int-only field)`` of a field annotation (``int``, ``float``, ``X | None``)."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or typing.get_origin(
+        annotation) is typing.Union else (annotation,)
+    kinds = {a for a in args if a is not type(None)}
+    if kinds and kinds <= {int, float}:
+        return True, kinds == {int}
+    return False, False
 
 
 class _Frozen(BaseModel):
     # finite numbers only: .inf/.nan in any float field is an error naming it (allow_inf_nan=False)
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        """Refuse ``true``/``false`` and strings in number fields (pydantic would read ``true`` as 1 and the
+        YAML 1.1 string ``5e-4`` as 0.0005 silently), and integers beyond 64 bits before any conversion.
+        The message starts with ``[[field]]`` so the scenario's error formatter names the full field path."""
+        if not isinstance(data, dict):
+            return data
+        for key, value in data.items():
+            field = cls.model_fields.get(str(key))
+            if field is None or value is None or not _numeric(field.annotation)[0]:
+                continue
+            if isinstance(value, bool):
+                raise ValueError(f"[[{key}]] is {str(value).lower()}, not a number (a bool is not a count)")
+            if isinstance(value, str):
+                raise ValueError(f"[[{key}]] is the string '{value[:40]}', not a number (YAML 1.1 reads 5e-4 as a "
+                                 "string: write 5.0e-4)")
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+                raise ValueError(f"[[{key}]] is an integer of {value.bit_length()} bits, beyond any bound of this field")
+        return data

@@ -64,8 +64,19 @@ MAX_COST_TOKENS = 10_000_000
 MAX_COST_CHUNKS = 100_000
 
 
-def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int) -> None:
-    """Bounds of ``kvplan cost`` (the prefill model walks the chunks one by one)."""
+#: Largest decode batch ``kvplan cost --batch`` takes: vLLM's ``--max-num-seqs`` bound in a scenario.
+MAX_COST_BATCH = 65_536
+
+
+def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int, batch: int = 1,
+                       context: int | None = None) -> None:
+    """Bounds of ``kvplan cost`` (the prefill model walks the chunks one by one; a decode batch is at most
+    ``max_num_seqs``' bound and a context at most the token bound)."""
+    if batch > MAX_COST_BATCH:
+        raise input_error("--batch", f"{batch:,} is more than {MAX_COST_BATCH:,} sequences",
+                          "give a decode batch vLLM can run (--max-num-seqs)")
+    if context is not None and context > MAX_COST_TOKENS:
+        raise input_error("--context", f"{context:,} is more than {MAX_COST_TOKENS:,}", "no context is that long")
     if tokens > MAX_COST_TOKENS:
         raise input_error("--tokens", f"{tokens:,} is more than {MAX_COST_TOKENS:,}", "no context is that long")
     if cached_tokens > MAX_COST_TOKENS:

@@ -9,6 +9,7 @@ Drawing everything vectorised up front is also what keeps the simulator fast.
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
+from kvplan.inputfile import read_text
 from kvplan.sim.history import combine_reuse, history_reuse
 from kvplan.sim.scenario import (
     MAX_EMPIRICAL_VALUES,
@@ -40,40 +42,84 @@ MAX_EMPIRICAL_FILE_BYTES = 64 * 1024**2
 
 
 def load_empirical_values(path: str | Path, column: str | None = None) -> np.ndarray:
-    """Read non-negative numbers from a text file (one per line) or a CSV column (bounded size)."""
+    """Read non-negative numbers from a text file (one per line) or a CSV column: a regular file of at most
+    64 MiB (not ``/proc``, a device or a FIFO), UTF-8, at most ``MAX_EMPIRICAL_VALUES`` values; every
+    malformed line, over-long field or non-finite value is a one-line error naming the file and line."""
     p = Path(path)
-    if not p.is_file():
-        raise input_error(f"empirical path '{p}'", "no such file")
-    if p.stat().st_size > MAX_EMPIRICAL_FILE_BYTES:
-        raise input_error(f"empirical path '{p}'", "file larger than 64 MiB", "subsample it")
+    label = f"empirical path '{p}'"
+    text = read_text(p, MAX_EMPIRICAL_FILE_BYTES, label)
     values: list[float] = []
-    with p.open(newline="", encoding="utf-8", errors="replace") as fh:
-        reader = csv.reader(fh)
-        col_idx = 0
-        for lineno, row in enumerate(reader, start=1):
-            if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
+    reader = csv.reader(io.StringIO(text))
+    col_idx = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise input_error(f"{p}: line {reader.line_num}", f"malformed CSV ({exc})") from None
+        lineno = reader.line_num
+        if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
+            continue
+        if lineno == 1 or (not values and column is not None):
+            if _as_float(row[col_idx] if col_idx < len(row) else "") is None:  # header line
+                if column is not None:
+                    if column not in row:
+                        raise input_error(f"{p}: line 1", f"no column '{column[:40]}' in the header") from None
+                    col_idx = row.index(column)
                 continue
-            if lineno == 1 or (not values and column is not None):
-                try:
-                    float(row[col_idx])
-                except ValueError:  # header line
-                    if column is not None:
-                        if column not in row:
-                            raise input_error(f"{p}: line 1", f"no column '{column}' in header {row}") from None
-                        col_idx = row.index(column)
-                    continue
-            try:
-                v = float(row[col_idx])
-            except (ValueError, IndexError):
-                raise input_error(f"{p}: line {lineno}", f"not a number: {row[col_idx:col_idx + 1]}") from None
-            if not np.isfinite(v) or v < 0:
-                raise input_error(f"{p}: line {lineno}", f"value {v} must be finite and >= 0")
-            values.append(v)
-            if len(values) > MAX_EMPIRICAL_VALUES:
-                raise input_error(f"{p}", f"more than {MAX_EMPIRICAL_VALUES} values", "subsample it")
+        v = _as_float(row[col_idx]) if col_idx < len(row) else None
+        if v is None:
+            raise input_error(f"{p}: line {lineno}", f"not a number: {row[col_idx:col_idx + 1]!r:.60}") from None
+        if not np.isfinite(v) or v < 0:
+            raise input_error(f"{p}: line {lineno}", f"value {v} must be finite and >= 0")
+        values.append(v)
+        if len(values) > MAX_EMPIRICAL_VALUES:
+            raise input_error(f"{p}", f"more than {MAX_EMPIRICAL_VALUES} values", "subsample it")
     if not values:
-        raise input_error(f"empirical path '{p}'", "no numeric values found")
+        raise input_error(label, "no numeric values found")
     return np.asarray(values, dtype=float)
+
+
+def _as_float(text: str) -> float | None:
+    """``float(text)`` for a number of at most 64 characters, else ``None`` (a header or junk)."""
+    text = text.strip()
+    if not text or len(text) > 64:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+#: Per-draw bounds of each workload distribution, also applied to values read from an empirical file:
+#: (field, lowest value, highest value, unit).
+_FILE_BOUNDS = (
+    ("turns", 1.0, MAX_TURNS_PER_CONVERSATION, "turns"),
+    ("prefix_tokens", 0.0, MAX_TOKENS, "tokens"),
+    ("user_tokens", 0.0, MAX_TOKENS, "tokens"),
+    ("output_tokens", 1.0, MAX_TOKENS, "tokens"),
+    ("turn_gap_s", 0.0, MAX_SIM_TIME_S, "s"),
+)
+
+
+def check_empirical_files(workload: Workload) -> None:
+    """Apply the per-draw bounds of inline distributions to the values of every empirical ``path`` file, and
+    the total-turn bound to the mean of a turns file, before any draw."""
+    for name, low, high, unit in _FILE_BOUNDS:
+        dist = getattr(workload, name)
+        if not isinstance(dist, Empirical) or dist.path is None:
+            continue
+        vals = load_empirical_values(dist.path, dist.column)
+        lo, hi = float(vals.min()), float(vals.max())
+        if hi > high or lo < low:
+            bad = hi if hi > high else lo
+            raise input_error(f"workload.{name}.path", f"'{dist.path}' holds {bad:.4g} {unit}, outside "
+                              f"[{low:g}, {high:.4g}] {unit}", "filter the file")
+        if name == "turns" and workload.conversations * float(vals.mean()) > MAX_TOTAL_TURNS:
+            raise input_error("workload.turns.path", f"conversations x mean turns of '{dist.path}' = "
+                              f"{workload.conversations * float(vals.mean()):,.0f} turns (more than {MAX_TOTAL_TURNS:,})",
+                              "lower workload.conversations")
 
 
 def sample(dist: Dist, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -157,6 +203,7 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
             group, shared = shared_groups(workload, plan.prompt_tokens[plan.offsets[:-1]])
             plan = replace(plan, shared_group=group, shared_tokens=shared)
         return plan
+    check_empirical_files(workload)
     seqs = np.random.SeedSequence(seed).spawn(len(STREAMS))
     rng = {name: np.random.default_rng(s) for name, s in zip(STREAMS, seqs, strict=True)}
     n = workload.conversations

@@ -62,6 +62,12 @@ def run_limited(argv: list[str], cwd: Path, time_limit_s: float = TIME_LIMIT_S) 
 
             sys.stdout = os.fdopen(1, "w", closefd=False)
             sys.stderr = os.fdopen(2, "w", closefd=False)
+            import logging
+
+            # as in a real `kvplan` process: no handler on the root logger (pytest's log capture would swallow
+            # a warning that a user sees on stderr as a second line)
+            for handler in list(logging.root.handlers):
+                logging.root.removeHandler(handler)
             from kvplan.app.cli import main
 
             try:

@@ -212,3 +212,64 @@ def test_compare_chart_bars_sit_at_their_values(page: Page, tmp_path: Path) -> N
         assert abs(top - want) < 2, got
     assert got["xs"] == sorted(got["xs"]), got  # off, ttl, lease from left to right
     assert got["whiskers"] == 3, got
+
+
+SECRET = "KVPLAN-BROWSER-SECRET-41c7"
+
+
+@pytest.fixture(scope="module")
+def served_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
+    """The dashboard with ``--serve-dir`` a temporary directory holding one non-trace file with a secret
+    marker; another secret file sits outside it."""
+    base = tmp_path_factory.mktemp("served")
+    root = base / "served"
+    root.mkdir()
+    (root / "notes.txt").write_text(f"root:{SECRET}:19000:0:99999:7:::\n")
+    outside = base / "outside-secret.csv"
+    outside.write_text(f"{SECRET},1,2\n")
+    with running_dashboard(log=base / "server.log", timeout_s=HEALTH_TIMEOUT_S, serve_dir=root) as url:
+        yield url, root, outside
+
+
+def _type_server_path(page: Page, typed: str, needle: str) -> tuple[str, str]:
+    """Type ``typed`` into the What-if sidebar's server-path box; (the error, the page's whole text)."""
+    box = page.get_by_role("textbox", name="trace file (path on this server)")
+    box.fill(typed)
+    box.press("Enter")
+    # this path's answer (in the sidebar, or on the page once the replay failed), not the previous one
+    error = page.get_by_test_id("stAlertContentError").filter(has_text=needle).first
+    expect(error).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    page.wait_for_function("() => !document.querySelector('[data-stale=true]')", timeout=RENDER_TIMEOUT_MS)
+    assert len(error.inner_text().strip().splitlines()) == 1
+    return error.inner_text(), str(page.evaluate("() => document.body.innerText"))
+
+
+def test_typed_server_paths_never_show_file_content(served_server: tuple[str, Path, Path], page: Page) -> None:
+    url, root, outside = served_server
+    page.goto(f"{url}/")
+    sidebar = page.get_by_test_id("stSidebar")
+    sidebar.get_by_test_id("stSelectbox").filter(has_text="workload").first.click()
+    page.get_by_role("option", name="replay a trace file").click()
+    expect(page.get_by_role("textbox", name="trace file (path on this server)")).to_be_visible(
+        timeout=RERENDER_TIMEOUT_MS)
+    shadow = Path("/etc/shadow").read_text(errors="replace") if os.access("/etc/shadow", os.R_OK) else ""
+    passwd = Path("/etc/passwd").read_text(errors="replace")
+    for typed in ("/etc/shadow", "/etc/passwd", str(outside), "../outside-secret.csv", "notes.txt",
+                  "/proc/self/environ", str(root / "notes.txt")):
+        inside = typed in ("notes.txt", str(root / "notes.txt"))
+        err, text = _type_server_path(page, typed, "notes.txt" if inside else typed)
+        if not inside:
+            assert "not a regular file under the directory this dashboard serves" in err, (typed, err)
+        assert SECRET not in text, (typed, text[-500:])
+        assert "root:" not in text and "/bin/" not in text, (typed, text[-500:])
+        for line in (shadow + passwd).splitlines()[:5]:
+            assert line not in text, (typed, line)
+    page.screenshot(path=str(root.parent / "served_refused.png"))
+
+
+def test_dashboard_without_serve_dir_offers_no_server_path(server: str, page: Page) -> None:
+    page.goto(f"{server}/")
+    page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").filter(has_text="workload").first.click()
+    page.get_by_role("option", name="replay a trace file").click()
+    expect(page.get_by_text("Server paths are off")).to_be_visible(timeout=RERENDER_TIMEOUT_MS)
+    expect(page.get_by_role("textbox", name="trace file (path on this server)")).to_have_count(0)

@@ -236,9 +236,9 @@ def test_inline_costs_override_only_the_named_parameters() -> None:
     assert any("costs.prefill given inline: overhead_s" in n for n in rs.notes)
     with pytest.raises(KvplanInputError, match="unknown parameter 'per_tok'"):
         scenario_from_dict({"costs": {"prefill": {"per_tok": 1.0}}})
-    # an unphysical what-if is allowed inline but said so
-    fast = resolve(scenario_from_dict({"costs": {"prefill": {"attention_s": 1e-12}}}))
-    assert any("not physically possible: prefill.attention_s" in n for n in fast.notes)
+    # inline costs obey the physical bounds of profiles (issue 22 item 7; they were only a note before)
+    with pytest.raises(KvplanInputError, match="costs.prefill.attention_s.*physical bound"):
+        resolve(scenario_from_dict({"costs": {"prefill": {"attention_s": 1e-12}}}))
 
 
 # --- bad input (acceptance 6) --------------------------------------------------------------------------------------

@@ -68,13 +68,11 @@ TRACE_FILES = [(n, d) for n, d in FILES if n.endswith((".csv", ".jsonl"))]
 
 
 @pytest.mark.parametrize("name,data", TRACE_FILES, ids=[n for n, _ in TRACE_FILES])
-def test_whatif_trace_replay_never_tracebacks(tmp_path: Path, name: str, data: bytes) -> None:
-    path = tmp_path / name
-    path.write_bytes(data)
+def test_whatif_trace_replay_never_tracebacks(name: str, data: bytes) -> None:
     at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=120)
     at.run()
     at.selectbox(key="sc_workload").select("replay a trace file").run()
-    at.text_input(key="sc_trace_path").input(str(path)).run()
+    at.file_uploader(key="sc_trace_upload").set_value((name, data, "application/octet-stream")).run()
     _no_traceback(at)
     assert at.error or at.metric  # an error naming the problem, or a result
 

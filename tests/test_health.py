@@ -83,7 +83,7 @@ def test_mooncake_replay_at_vllm_defaults_names_decode_saturation(
     at.run()
     at.selectbox(key="sc_workload").select("replay a trace file").run()
     at.checkbox(key="sc_p_cache").check().run()
-    at.text_input(key="sc_trace_path").input(str(trace)).run()
+    at.file_uploader(key="sc_trace_upload").set_value((trace.name, trace.read_bytes(), "text/csv")).run()
     assert not at.exception, at.exception
     warnings = [w.value for w in at.warning]
     assert any(w.startswith("SATURATED decode HBM") and "by retention" in w for w in warnings), warnings

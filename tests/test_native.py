@@ -193,3 +193,31 @@ def test_compiled_build_serves_whatever_is_imported_first(compiled: None) -> Non
             "print(native.status()['active'], f.__file__.endswith('.py'))")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.stdout.split() == ["True", "False"], res.stderr
+
+
+def test_truncated_artefact_is_never_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 12: a build whose manifest lists every module is used only while each artefact has the
+    SHA-256 the manifest recorded; a truncated library (which would SIGBUS when mapped) means pure Python."""
+    import json
+
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path))
+    d = tmp_path / native.source_digest()
+    d.mkdir()
+    names = (*native.HOT_MODULES, f"{native.GROUP}__mypyc")
+    files = {n: f"{n}.so" for n in names}
+    for f in files.values():
+        (d / f).write_bytes(b"\x7fELF" + b"\0" * 4096)
+    sha = {n: native.file_sha256(d / f) for n, f in files.items()}
+    (d / native.MANIFEST).write_text(json.dumps({"files": files, "sha256": sha}))
+    assert native.current_build() == d  # intact (fake) artefacts pass the check
+    (d / native.MANIFEST).write_text(json.dumps({"files": files}))
+    assert native.current_build() is None  # no digests recorded: not trusted
+    (d / native.MANIFEST).write_text(json.dumps({"files": files, "sha256": sha}))
+    victim = d / files["kvplan.sim.decode"]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    assert native.current_build() is None
+    env = {**os.environ, native.ENV_DIR: str(tmp_path)}
+    env.pop(native.ENV_SWITCH, None)
+    res = subprocess.run([sys.executable, "-c", "from kvplan.sim import native; print(native.status()['active'])"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", (res.returncode, res.stderr[-500:])

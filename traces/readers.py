@@ -14,8 +14,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from kvplan.errors import input_error
-from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, json_loads
 from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
 from kvplan.traces.trace import (
     AZURE_HEADER,
@@ -23,6 +23,7 @@ from kvplan.traces.trace import (
     CSV_HEADER,
     DEFAULT_MIN_BLOCKS,
     LMBENCH_HEADER,
+    MAX_TRACE_RECORDS,
     MOONCAKE_BLOCK_TOKENS,
     TRACE_FORMATS,
     Trace,
@@ -331,8 +332,8 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
     first = stripped.split("\n", 1)[0].strip()
     if first.startswith("{"):
         try:
-            obj = json.loads(first)
-        except json.JSONDecodeError:
+            obj, _ = json_loads(first, label)
+        except (json.JSONDecodeError, KvplanInputError):
             obj = None
         if isinstance(obj, dict):
             if "session_id" in obj and "timestamp" in obj:
@@ -361,6 +362,18 @@ def _looks_weka(head: str) -> bool:
     return '"requests"' in head and ('"hash_ids"' in head or '"block_size"' in head)
 
 
+def check_record_count(text: str, label: str, fmt: str) -> None:
+    """Refuse, before any record is parsed, a trace with more records than a run replays
+    (:data:`MAX_TRACE_RECORDS`): its lines are counted (a multi-turn JSON array: its objects), which costs
+    one pass over the text, so a 100 MB file of 12 million one-token requests is refused in a fraction of a
+    second instead of being built into frames that need gigabytes."""
+    n = text.count("{") if fmt == "multiturn" else text.count("\n") + (not text.endswith("\n"))
+    if n > MAX_TRACE_RECORDS + 1:  # + a CSV header
+        unit = "objects" if fmt == "multiturn" else "lines"
+        raise input_error(label, f"holds {n:,} {unit}, more than the {MAX_TRACE_RECORDS:,} requests a run replays",
+                          "cut the trace (a time window or a sample of its sessions) before replaying it")
+
+
 def load_trace(
     path: str | os.PathLike[str],
     format: TraceFormat | str | None = None,  # noqa: A002 - the documented name of the argument; checked below
@@ -386,6 +399,7 @@ def load_trace(
 
         return to_trace(read_weka(path, max_bytes))
     text, digest = _read_source(path, max_bytes)
+    check_record_count(text, label, fmt)
     linking: dict[str, Any] | None = None
     notes: dict[str, Any] = {}
     if fmt == "mooncake":

@@ -73,6 +73,10 @@ def select(
     rid = df["request_id"].to_numpy(dtype=np.int64)
     new_parent, reparented, orphaned = _reattach(keep, rid, df["parent_request_id"].to_numpy(dtype=np.int64))
     idx = np.flatnonzero(keep)
+    if idx.size == 0 and report["skipped_overlong"]:
+        raise input_error(where, f"every kept request ({report['skipped_overlong']:,}) is longer than the model's "
+                          f"context of {max_context_tokens:,} tokens, so there is nothing to replay",
+                          "use workload.trace.overlong: truncate, or a model with a longer context")
     if idx.size == 0:
         raise input_error(
             where, "the selection keeps no request", "widen the window or raise sample_sessions"
@@ -144,7 +148,7 @@ def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_to
         n_in = np.where(too_long, np.minimum(n_in, cut_in), n_in)
         n_out = np.where(too_long, np.minimum(n_out, max_tokens - n_in), n_out)
         report["truncated_overlong"] = int(too_long.sum())
-    if too_long.any():
+    if too_long.any() and keep.any():  # all skipped: select() refuses the trace in one line instead
         log.warning("select: %d request(s) over %d tokens were %s", int(too_long.sum()), max_tokens,
                     "skipped" if overlong == "skip" else "truncated")
     return keep, n_in, n_out

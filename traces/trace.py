@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
-from kvplan.inputfile import _short, decode_text, read_bytes
+from kvplan.inputfile import _short, decode_text, json_loads, read_bytes
 
 TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
@@ -35,6 +35,9 @@ LMBENCH_HEADER: tuple[str, ...] = (
 )
 #: Tokens or turns of one request: far above any context limit, and int64-safe.
 MAX_COUNT = 1e9
+#: Most requests one trace may hold: the simulator's bound on the turns of a run (``sim.scenario``
+#: ``MAX_TOTAL_TURNS`` is this number), checked on the text before any record is parsed.
+MAX_TRACE_RECORDS = 10_000_000
 #: Columns of :attr:`Trace.requests`, in order.
 COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -150,7 +153,7 @@ def _json_lines(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         where = f"{label}: line {lineno}"
         try:
-            obj = json.loads(line)
+            obj, _ = json_loads(line, where)  # NaN/Infinity are refused field by field below
         except json.JSONDecodeError as exc:
             raise input_error(
                 where, f"not valid JSON ({exc.msg} at column {exc.colno})", "one JSON object per line"

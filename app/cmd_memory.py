@@ -39,6 +39,26 @@ def _terms(plan: Any) -> dict[str, Any]:
     }
 
 
+def _check_vllm_limits(arch: Any, tokens: int, seqs: int, max_model_len: int | None) -> None:
+    """Refuse what vLLM refuses before it profiles memory (one-line errors naming the flag).
+
+    ``max_num_batched_tokens < max_num_seqs``: ``SchedulerConfig`` (vllm/config/scheduler.py) raises "must be
+    greater than or equal to max_num_seqs"; a ``max_model_len`` above the model's derived limit
+    (max_position_embeddings): ``ModelConfig`` (vllm/config/model.py ``_get_and_verify_max_len``) raises
+    "User-specified max_model_len ... is greater than the derived max_model_len" (as ``deployment.max_model_len``
+    is refused in sim/engine.py).
+    """
+    from kvplan.errors import input_error
+
+    if tokens < seqs:
+        raise input_error("--max-num-batched-tokens", f"{tokens} is below max_num_seqs {seqs} (vLLM refuses to start: "
+                          "max_num_batched_tokens must be >= max_num_seqs)",
+                          "raise --max-num-batched-tokens or lower --max-num-seqs")
+    if max_model_len is not None and max_model_len > arch.max_model_len:
+        raise input_error("--max-model-len", f"{max_model_len} exceeds {arch.name}'s limit of {arch.max_model_len} "
+                          "(vLLM refuses it without RoPE scaling)", f"use --max-model-len <= {arch.max_model_len}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
@@ -81,6 +101,7 @@ def register(app: typer.Typer) -> None:
         d_tokens, d_seqs = serve_defaults(device)
         tokens = max_num_batched_tokens or d_tokens
         seqs = max_num_seqs or d_seqs
+        _check_vllm_limits(arch, tokens, seqs, max_model_len)
         plan = plan_memory(arch, device, tp, gpu_memory_utilization, tokens, seqs, max_model_len,
                            cudagraph_memory_profiling)
         out = {**_terms(plan), "model": arch.name, "gpu": device.name, "tensor_parallel_size": tp,

@@ -154,7 +154,8 @@ def plan_memory(
             f"model {arch.name}",
             f"no memory left for the KV cache on {gpu.name} at TP{tp}: {requested / GIB:.2f} GiB requested, weights "
             f"{weights / GIB:.2f}, activation peak {act / GIB:.2f}, non-torch {ntm / GIB:.2f} GiB",
-            "raise deployment.tensor_parallel_size or gpu_memory_utilization, or lower max_num_seqs",
+            "raise deployment.tensor_parallel_size or gpu_memory_utilization, or lower max_num_seqs or "
+            "max_num_batched_tokens",
         )
     mml = max_model_len or arch.max_model_len
     return MemoryPlan(

@@ -104,6 +104,11 @@ def _policy_notes(scenario: Scenario) -> list[str]:
     if scenario.deployment.mode == "aggregated":
         notes.append("aggregated mode: blocks reserved for prompt + output when scheduled (no preemption); the "
                      "mixed prefill/decode step cost is an assumption, not calibrated on mixed batches")
+    wl = scenario.workload
+    if scenario.deployment.mode == "aggregated" and (
+            wl.shared_prefix_tokens is not None or (wl.trace is not None and wl.trace.shared_prefix)):
+        notes.append("aggregated mode does not share prefixes across conversations (sim/shared.py): "
+                     "shared_prefix_tokens / trace.shared_prefix are ignored, each conversation computes and holds its own")
     kind = scenario.policy.retention.kind
     if kind != "ttl" and scenario.deployment.mode != "aggregated":
         notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")

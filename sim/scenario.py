@@ -148,6 +148,22 @@ def dist_mean_inline(dist: Any) -> float | None:
 # --- sections ---------------------------------------------------------------------------------------------
 
 
+def _number_not_bool_or_text(v: Any) -> Any:
+    """Refuse a YAML bool or a string where a number is meant (pydantic's lax mode would read ``true`` as 1 and
+    ``"0.5"`` as 0.5): the fields added for vLLM's memory accounting, max_model_len, history and shared prefixes."""
+    if isinstance(v, bool | str):
+        raise ValueError(f"{v!r} is not a number (a YAML bool or string); give a plain number")
+    return v
+
+
+def _bool_only(v: Any) -> Any:
+    """Refuse anything but true/false (or null) for a switch (lax mode would read 1, "yes" or "on" as true)."""
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
 
@@ -206,6 +222,9 @@ class Deployment(_Frozen):
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
     )
+
+    _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
+    _switches = field_validator("cudagraph_memory_profiling", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:
@@ -302,6 +321,8 @@ class TraceSource(_Frozen):
         "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
     )
 
+    _switches = field_validator("shared_prefix", mode="before")(_bool_only)
+
     @model_validator(mode="after")
     def _window(self) -> TraceSource:
         if self.window_s is not None and not (0 <= self.window_s[0] < self.window_s[1]):
@@ -346,10 +367,22 @@ class Workload(_Frozen):
         "group c mod groups; default 1: one prefix shared by all).",
     )
 
+    _numbers = field_validator("history_kept_share", "shared_prefix_tokens", "shared_prefix_groups",
+                               mode="before")(_number_not_bool_or_text)
+
     @model_validator(mode="after")
     def _history(self) -> Workload:
         if self.shared_prefix_groups is not None and self.shared_prefix_tokens is None:
             raise ValueError("shared_prefix_groups needs shared_prefix_tokens (the tokens each group shares)")
+        if self.shared_prefix_tokens is not None and self.trace is not None and self.trace.shared_prefix:
+            raise ValueError("shared_prefix_tokens and trace.shared_prefix both set the shared prefix; keep one "
+                             "(trace.shared_prefix: the trace's tool_tokens + system_tokens)")
+        top = _true_upper(self.prefix_tokens)
+        if self.trace is None and self.shared_prefix_tokens is not None and top is not None \
+                and self.shared_prefix_tokens > top:
+            raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) exceeds every conversation's "
+                             f"prefix_tokens (at most {top:g}): the shared prefix is part of the first prompt's prefix; "
+                             "lower shared_prefix_tokens or raise prefix_tokens")
         if (self.history == "partial") != (self.history_kept_share is not None):
             raise ValueError("history_kept_share goes with history: partial, and history: partial needs it "
                              "(e.g. history_kept_share: 0.5)")
@@ -382,6 +415,13 @@ class Workload(_Frozen):
                 "which float time cannot resolve to the nanosecond); raise arrival.rate_per_s or shorten turn_gap_s"
             )
         return self
+
+
+def _true_upper(dist: Any) -> float | None:
+    """The largest value a distribution can draw when it has one (constant, uniform, inline empirical)."""
+    if isinstance(dist, Constant | Uniform) or (isinstance(dist, Empirical) and dist.values is not None):
+        return dist_upper(dist)
+    return None
 
 
 _DIST_LIMITS = (

@@ -167,6 +167,9 @@ def _bool_only(v: Any) -> Any:
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
 
+    # added with vLLM's memory accounting and max_model_len (sim/scenario_base.py: old fingerprints stay)
+    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len"})
+
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
     tensor_parallel_size: int = Field(default=8, gt=0, le=64, description="TP size of every instance (unless per role).")
@@ -299,6 +302,8 @@ Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kin
 class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
+    OMIT_AT_DEFAULT = frozenset({"timing", "shared_prefix"})  # added with the weka format (sim/scenario_base.py)
+
     path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV, weka JSON) "
                       "or a directory of weka files.")
     format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
@@ -332,6 +337,9 @@ class TraceSource(_Frozen):
 
 class Workload(_Frozen):
     """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
+
+    # added with workload.history and shared prefixes (sim/scenario_base.py: old fingerprints stay)
+    OMIT_AT_DEFAULT = frozenset({"history", "history_kept_share", "shared_prefix_tokens", "shared_prefix_groups"})
 
     conversations: int = Field(default=100, gt=0, le=MAX_CONVERSATIONS, description="Conversations to simulate.")
     arrival: Arrival = Field(

@@ -167,8 +167,10 @@ def plan_memory(
     )
 
 
-#: vLLM --kv-cache-dtype values -> kvplan's KV element layouts (``auto`` keeps the model preset's).
-KV_CACHE_DTYPES = {"bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8_ds_mla"}
+#: vLLM --kv-cache-dtype values (``CacheDType`` in vllm/config/cache.py; ``bf16`` is kvplan's short name) ->
+#: kvplan's KV element layouts (``auto`` keeps the model preset's; fp8_e5m2 is one byte per element as e4m3).
+KV_CACHE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+                   "fp8_ds_mla": "fp8_ds_mla"}
 
 
 def with_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str) -> ModelArch:

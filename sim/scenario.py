@@ -201,7 +201,7 @@ class Deployment(_Frozen):
         default=0.9, gt=0, le=1,
         description="vLLM --gpu-memory-utilization: the share of the device's total memory the engine sizes its KV pool in.",
     )
-    kv_cache_dtype: Literal["auto", "bf16", "fp8", "fp8_e4m3", "fp8_ds_mla"] = Field(
+    kv_cache_dtype: Literal["auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"] = Field(
         default="auto",
         description="vLLM --kv-cache-dtype (auto: the model preset's; fp8 halves KV bytes per token, pool and transfers).",
     )

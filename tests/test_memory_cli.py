@@ -126,6 +126,14 @@ def test_mla_latent_replicated_on_every_rank() -> None:
     assert json.loads(out)["kv_bytes_per_token_per_rank"] == 78 * (656 + 132)  # FlashMLA-sparse 656 B
 
 
+@pytest.mark.parametrize(("dtype", "per_rank"), [("auto", 131072), ("bf16", 131072), ("bfloat16", 131072),
+                                                ("fp8", 65536), ("fp8_e4m3", 65536), ("fp8_e5m2", 65536)])
+def test_vllm_kv_cache_dtype_names(dtype: str, per_rank: int) -> None:
+    rc, out, _ = _run(["memory", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--json",
+                       "--kv-cache-dtype", dtype])
+    assert rc == 0 and json.loads(out)["kv_bytes_per_token_per_rank"] == per_rank
+
+
 def test_max_model_len_beyond_the_pool_warns() -> None:
     rc, out, _ = _run(["memory", "--model", "qwen3-32b", "--gpu", "h100-sxm", "--tp", "1"])
     assert rc == 0 and "warning: vLLM refuses to start" in out

@@ -75,7 +75,8 @@ def register(app: typer.Typer) -> None:
                                                 help="Requests of the profiling sampler run (default: vllm serve's)."),
         max_model_len: int | None = typer.Option(None, "--max-model-len", min=1, max=10_000_000,
                                                  help="Context limit for the concurrency line (default: the model's)."),
-        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto, bf16 (bfloat16), fp8 (fp8_e4m3, fp8_e5m2), fp8_ds_mla."),
+        kv_cache_dtype: str = typer.Option(
+            "auto", "--kv-cache-dtype", help="auto, bf16 (bfloat16), fp8 (fp8_e4m3, fp8_e5m2), fp8_ds_mla."),
         cudagraph_memory_profiling: bool = typer.Option(
             False, "--cudagraph-memory-profiling", help="Subtract the CUDA graph estimate (vLLM >= 0.19 default)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),

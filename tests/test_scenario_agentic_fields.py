@@ -94,6 +94,14 @@ def test_aggregated_mode_notes_that_shared_prefixes_are_ignored() -> None:
     assert not any("share prefixes" in n for n in res.notes)
 
 
+def test_history_on_a_trace_is_noted() -> None:
+    res = run(_sc(wl={"trace": {"path": CSV}, "history": "prompt_only"}))
+    assert any("records sizes, not tokens" in n for n in res.notes)
+    res = run(_sc(wl={"trace": {"path": WEKA}, "history": "prompt_only"}))
+    assert any("hash prefixes decide" in n and "caps it further" in n for n in res.notes)
+    assert not any("workload.history" in n for n in run(_sc(wl={"trace": {"path": CSV}})).notes)
+
+
 # sha256 of model_dump_json() of these scenarios on main before the memory and agentic merges (93455bd^1)
 PRE_MERGE_SHA256 = {
     "default": ({}, "51e6ef4ea26ae646850ef0778e917de37e6ab9cd1c23e38f72409732ec6d334c"),

@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_gpu, get_hardware
-        from kvplan.models.memory import plan_memory, serve_defaults, with_kv_cache_dtype
+        from kvplan.models.memory import plan_memory, serve_defaults, startup_free_memory_ok, with_kv_cache_dtype
 
         if (hardware is None) == (gpu is None):
             raise input_error("--hardware/--gpu", "give exactly one of --hardware (instance) or --gpu (GPU preset)")
@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         out = {**_terms(plan), "model": arch.name, "gpu": device.name, "tensor_parallel_size": tp,
                "gpu_memory_utilization": gpu_memory_utilization, "max_num_batched_tokens": tokens,
                "max_num_seqs": seqs, "kv_cache_dtype": arch.kv_cache_dtype,
-               "fits_max_model_len": plan.max_concurrency >= 1}
+               "fits_max_model_len": plan.max_concurrency >= 1, "startup_free_memory_ok": startup_free_memory_ok(plan)}
         if json_out:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -124,6 +124,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens ({plan.num_gpu_blocks:,} blocks of "
                    f"{plan.block_size_tokens})")
         typer.echo(f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x")
+        if not out["startup_free_memory_ok"]:
+            typer.echo(f"warning: vLLM refuses to start: free memory at start-up (total less the ~0.5 GiB CUDA context, "
+                       f"assumed) is below {plan.requested_bytes / gib:.2f} GiB requested (\"Free memory on device ... is "
+                       "less than desired GPU memory utilization\"); lower --gpu-memory-utilization")
         if plan.max_concurrency < 1:
             typer.echo(f"warning: vLLM refuses to start: one {plan.max_model_len:,}-token request needs more KV than the "
                        f"{plan.kv_cache_tokens:,} tokens available; lower --max-model-len to <= {plan.kv_cache_tokens:,}")

@@ -134,6 +134,15 @@ def test_vllm_kv_cache_dtype_names(dtype: str, per_rank: int) -> None:
     assert rc == 0 and json.loads(out)["kv_bytes_per_token_per_rank"] == per_rank
 
 
+def test_utilization_one_warns_of_the_startup_free_memory_check() -> None:
+    rc, out, _ = _run(BASE + ["--gpu-memory-utilization", "1"])
+    assert rc == 0 and "less than desired GPU memory utilization" in out
+    rc, out, _ = _run(BASE + ["--gpu-memory-utilization", "1", "--json"])
+    assert json.loads(out)["startup_free_memory_ok"] is False
+    rc, out, _ = _run(BASE + ["--json"])
+    assert json.loads(out)["startup_free_memory_ok"] is True
+
+
 def test_max_model_len_beyond_the_pool_warns() -> None:
     rc, out, _ = _run(["memory", "--model", "qwen3-32b", "--gpu", "h100-sxm", "--tp", "1"])
     assert rc == 0 and "warning: vLLM refuses to start" in out

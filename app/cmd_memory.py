@@ -39,6 +39,26 @@ def _terms(plan: Any) -> dict[str, Any]:
     }
 
 
+def _check_vllm_limits(arch: Any, tokens: int, seqs: int, max_model_len: int | None) -> None:
+    """Refuse what vLLM refuses before it profiles memory (one-line errors naming the flag).
+
+    ``max_num_batched_tokens < max_num_seqs``: ``SchedulerConfig`` (vllm/config/scheduler.py) raises "must be
+    greater than or equal to max_num_seqs"; a ``max_model_len`` above the model's derived limit
+    (max_position_embeddings): ``ModelConfig`` (vllm/config/model.py ``_get_and_verify_max_len``) raises
+    "User-specified max_model_len ... is greater than the derived max_model_len" (as ``deployment.max_model_len``
+    is refused in sim/engine.py).
+    """
+    from kvplan.errors import input_error
+
+    if tokens < seqs:
+        raise input_error("--max-num-batched-tokens", f"{tokens} is below max_num_seqs {seqs} (vLLM refuses to start: "
+                          "max_num_batched_tokens must be >= max_num_seqs)",
+                          "raise --max-num-batched-tokens or lower --max-num-seqs")
+    if max_model_len is not None and max_model_len > arch.max_model_len:
+        raise input_error("--max-model-len", f"{max_model_len} exceeds {arch.name}'s limit of {arch.max_model_len} "
+                          "(vLLM refuses it without RoPE scaling)", f"use --max-model-len <= {arch.max_model_len}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
@@ -55,7 +75,8 @@ def register(app: typer.Typer) -> None:
                                                 help="Requests of the profiling sampler run (default: vllm serve's)."),
         max_model_len: int | None = typer.Option(None, "--max-model-len", min=1, max=10_000_000,
                                                  help="Context limit for the concurrency line (default: the model's)."),
-        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto, bf16, fp8, fp8_e4m3, fp8_ds_mla."),
+        kv_cache_dtype: str = typer.Option(
+            "auto", "--kv-cache-dtype", help="auto, bf16 (bfloat16), fp8 (fp8_e4m3, fp8_e5m2), fp8_ds_mla."),
         cudagraph_memory_profiling: bool = typer.Option(
             False, "--cudagraph-memory-profiling", help="Subtract the CUDA graph estimate (vLLM >= 0.19 default)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -64,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_gpu, get_hardware
-        from kvplan.models.memory import plan_memory, serve_defaults, with_kv_cache_dtype
+        from kvplan.models.memory import plan_memory, serve_defaults, startup_free_memory_ok, with_kv_cache_dtype
 
         if (hardware is None) == (gpu is None):
             raise input_error("--hardware/--gpu", "give exactly one of --hardware (instance) or --gpu (GPU preset)")
@@ -81,12 +102,13 @@ def register(app: typer.Typer) -> None:
         d_tokens, d_seqs = serve_defaults(device)
         tokens = max_num_batched_tokens or d_tokens
         seqs = max_num_seqs or d_seqs
+        _check_vllm_limits(arch, tokens, seqs, max_model_len)
         plan = plan_memory(arch, device, tp, gpu_memory_utilization, tokens, seqs, max_model_len,
                            cudagraph_memory_profiling)
         out = {**_terms(plan), "model": arch.name, "gpu": device.name, "tensor_parallel_size": tp,
                "gpu_memory_utilization": gpu_memory_utilization, "max_num_batched_tokens": tokens,
                "max_num_seqs": seqs, "kv_cache_dtype": arch.kv_cache_dtype,
-               "fits_max_model_len": plan.max_concurrency >= 1}
+               "fits_max_model_len": plan.max_concurrency >= 1, "startup_free_memory_ok": startup_free_memory_ok(plan)}
         if json_out:
             typer.echo(json.dumps(out, indent=2))
             return
@@ -102,6 +124,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens ({plan.num_gpu_blocks:,} blocks of "
                    f"{plan.block_size_tokens})")
         typer.echo(f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x")
+        if not out["startup_free_memory_ok"]:
+            typer.echo(f"warning: vLLM refuses to start: free memory at start-up (total less the ~0.5 GiB CUDA context, "
+                       f"assumed) is below {plan.requested_bytes / gib:.2f} GiB requested (\"Free memory on device ... is "
+                       "less than desired GPU memory utilization\"); lower --gpu-memory-utilization")
         if plan.max_concurrency < 1:
             typer.echo(f"warning: vLLM refuses to start: one {plan.max_model_len:,}-token request needs more KV than the "
                        f"{plan.kv_cache_tokens:,} tokens available; lower --max-model-len to <= {plan.kv_cache_tokens:,}")

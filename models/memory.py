@@ -64,6 +64,11 @@ MLP_TRANSIENT_FACTOR = 3
 NON_TORCH_BYTES_TP1 = 0.13 * GIB
 NON_TORCH_BYTES_TP = 1.0 * GIB
 CUDAGRAPH_ESTIMATE_BYTES = 0.7 * GIB
+#: Device memory held before vLLM's start-up snapshot by the CUDA context (assumption, not measured here: a torch
+#: CUDA context takes about 0.5 GiB on Ampere/Hopper). vLLM refuses to start when the free memory at that
+#: snapshot is below total x gpu_memory_utilization (``Worker.init_device``, gpu_worker.py: "Free memory on
+#: device ... on startup is less than desired GPU memory utilization"), so a utilization this close to 1 fails.
+CUDA_CONTEXT_BYTES = 0.5 * GIB
 #: What this module models, for reports and notes.
 ACCOUNTING = ("vLLM V1 Worker.determine_available_memory (vllm/v1/worker/gpu_worker.py @35d5cda, v0.11-v0.18 terms) "
               "and kv_cache_utils.get_num_blocks")
@@ -154,7 +159,8 @@ def plan_memory(
             f"model {arch.name}",
             f"no memory left for the KV cache on {gpu.name} at TP{tp}: {requested / GIB:.2f} GiB requested, weights "
             f"{weights / GIB:.2f}, activation peak {act / GIB:.2f}, non-torch {ntm / GIB:.2f} GiB",
-            "raise deployment.tensor_parallel_size or gpu_memory_utilization, or lower max_num_seqs",
+            "raise deployment.tensor_parallel_size or gpu_memory_utilization, or lower max_num_seqs or "
+            "max_num_batched_tokens",
         )
     mml = max_model_len or arch.max_model_len
     return MemoryPlan(
@@ -166,8 +172,10 @@ def plan_memory(
     )
 
 
-#: vLLM --kv-cache-dtype values -> kvplan's KV element layouts (``auto`` keeps the model preset's).
-KV_CACHE_DTYPES = {"bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8_ds_mla"}
+#: vLLM --kv-cache-dtype values (``CacheDType`` in vllm/config/cache.py; ``bf16`` is kvplan's short name) ->
+#: kvplan's KV element layouts (``auto`` keeps the model preset's; fp8_e5m2 is one byte per element as e4m3).
+KV_CACHE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+                   "fp8_ds_mla": "fp8_ds_mla"}
 
 
 def with_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str) -> ModelArch:
@@ -192,3 +200,10 @@ def serve_defaults(gpu: GPU) -> tuple[int, int]:
     if device_total_bytes(gpu) >= 70 * GIB and "a100" not in gpu.name.lower():
         return 8192, 1024
     return 2048, 256
+
+
+
+def startup_free_memory_ok(plan: MemoryPlan) -> bool:
+    """Whether vLLM's start-up check passes: free memory (total - :data:`CUDA_CONTEXT_BYTES`) >= total x
+    gpu_memory_utilization (``Worker.init_device`` in vllm/v1/worker/gpu_worker.py)."""
+    return plan.total_bytes - CUDA_CONTEXT_BYTES >= plan.requested_bytes

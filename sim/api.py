@@ -110,6 +110,17 @@ def _policy_notes(scenario: Scenario) -> list[str]:
     if scenario.deployment.mode == "aggregated":
         notes.append("aggregated mode: blocks reserved for prompt + output when scheduled (no preemption); the "
                      "mixed prefill/decode step cost is an assumption, not calibrated on mixed batches")
+    wl = scenario.workload
+    if scenario.deployment.mode == "aggregated" and (
+            wl.shared_prefix_tokens is not None or (wl.trace is not None and wl.trace.shared_prefix)):
+        notes.append("aggregated mode does not share prefixes across conversations (sim/shared.py): "
+                     "shared_prefix_tokens / trace.shared_prefix are ignored, each conversation computes and holds its own")
+    if wl.history not in (None, "verbatim") and wl.trace is not None:
+        from kvplan.sim.history import history_assumption
+
+        notes.append(history_assumption(wl) if _weka(wl.trace.path, wl.trace.format) else
+                     f"workload.history {wl.history} on a trace that records sizes, not tokens: what each prompt "
+                     "repeats of the previous context is this assumption, not the trace's")
     kind = scenario.policy.retention.kind
     if kind != "ttl" and scenario.deployment.mode != "aggregated":
         notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")
@@ -121,3 +132,10 @@ def _policy_notes(scenario: Scenario) -> list[str]:
         notes.append("policy.offload: host KV capacity and host-to-NIC bandwidth are stated assumptions "
                      "(models/hardware.py); the copy to host memory is taken as instantaneous")
     return notes
+
+
+def _weka(path: str, fmt: str | None) -> bool:
+    """Whether a trace source is (or is detected as) the weka format (its hash prefixes say what is repeated)."""
+    from kvplan.sim.history import _is_weka
+
+    return _is_weka(path, fmt)

@@ -46,7 +46,9 @@ MAX_POINTS = 10_000  # above it (or MAX_RUNS runs) only with --yes: validating 1
 MAX_RUNS = 100_000  # points x replications (each run is a full simulation)
 MAX_REPLICATIONS = 1_000
 GRID_KEYS = ("base", "axes", "replications", "seed", "zip", "ties")
-FORMAT_VERSION = 1  # bump when the row schema or the seeding rule changes (invalidates resumable parts)
+# bump when the row schema, the seeding rule or the model's results change (invalidates resumable parts);
+# 2: vLLM's memory accounting sizes the KV pools (models/memory.py), so rows of version 1 are not resumed
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)

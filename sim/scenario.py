@@ -149,8 +149,27 @@ def dist_mean_inline(dist: Any) -> float | None:
 # --- sections ---------------------------------------------------------------------------------------------
 
 
+def _number_not_bool_or_text(v: Any) -> Any:
+    """Refuse a YAML bool or a string where a number is meant (pydantic's lax mode would read ``true`` as 1 and
+    ``"0.5"`` as 0.5): the fields added for vLLM's memory accounting, max_model_len, history and shared prefixes."""
+    if isinstance(v, bool | str):
+        raise ValueError(f"{v!r} is not a number (a YAML bool or string); give a plain number")
+    return v
+
+
+def _bool_only(v: Any) -> Any:
+    """Refuse anything but true/false (or null) for a switch (lax mode would read 1, "yes" or "on" as true)."""
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
+
+    # added with vLLM's memory accounting and max_model_len (sim/scenario_base.py: old fingerprints stay)
+    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len"})
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
@@ -183,7 +202,7 @@ class Deployment(_Frozen):
         default=0.9, gt=0, le=1,
         description="vLLM --gpu-memory-utilization: the share of the device's total memory the engine sizes its KV pool in.",
     )
-    kv_cache_dtype: Literal["auto", "bf16", "fp8", "fp8_e4m3", "fp8_ds_mla"] = Field(
+    kv_cache_dtype: Literal["auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"] = Field(
         default="auto",
         description="vLLM --kv-cache-dtype (auto: the model preset's; fp8 halves KV bytes per token, pool and transfers).",
     )
@@ -207,6 +226,9 @@ class Deployment(_Frozen):
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
     )
+
+    _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
+    _switches = field_validator("cudagraph_memory_profiling", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:
@@ -281,6 +303,8 @@ Arrival = Annotated[PoissonArrival | ClosedLoopArrival, Field(discriminator="kin
 class TraceSource(_Frozen):
     """Replay a real request trace: its own arrival clock (open loop), tokens and conversation structure."""
 
+    OMIT_AT_DEFAULT = frozenset({"timing", "shared_prefix"})  # added with the weka format (sim/scenario_base.py)
+
     path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV, weka JSON) "
                       "or a directory of weka files.")
     format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
@@ -303,6 +327,8 @@ class TraceSource(_Frozen):
         "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
     )
 
+    _switches = field_validator("shared_prefix", mode="before")(_bool_only)
+
     @model_validator(mode="after")
     def _window(self) -> TraceSource:
         if self.window_s is not None and not (0 <= self.window_s[0] < self.window_s[1]):
@@ -312,6 +338,9 @@ class TraceSource(_Frozen):
 
 class Workload(_Frozen):
     """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
+
+    # added with workload.history and shared prefixes (sim/scenario_base.py: old fingerprints stay)
+    OMIT_AT_DEFAULT = frozenset({"history", "history_kept_share", "shared_prefix_tokens", "shared_prefix_groups"})
 
     conversations: int = Field(default=100, gt=0, le=MAX_CONVERSATIONS, description="Conversations to simulate.")
     arrival: Arrival = Field(
@@ -347,10 +376,22 @@ class Workload(_Frozen):
         "group c mod groups; default 1: one prefix shared by all).",
     )
 
+    _numbers = field_validator("history_kept_share", "shared_prefix_tokens", "shared_prefix_groups",
+                               mode="before")(_number_not_bool_or_text)
+
     @model_validator(mode="after")
     def _history(self) -> Workload:
         if self.shared_prefix_groups is not None and self.shared_prefix_tokens is None:
             raise ValueError("shared_prefix_groups needs shared_prefix_tokens (the tokens each group shares)")
+        if self.shared_prefix_tokens is not None and self.trace is not None and self.trace.shared_prefix:
+            raise ValueError("shared_prefix_tokens and trace.shared_prefix both set the shared prefix; keep one "
+                             "(trace.shared_prefix: the trace's tool_tokens + system_tokens)")
+        top = _true_upper(self.prefix_tokens)
+        if self.trace is None and self.shared_prefix_tokens is not None and top is not None \
+                and self.shared_prefix_tokens > top:
+            raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) exceeds every conversation's "
+                             f"prefix_tokens (at most {top:g}): the shared prefix is part of the first prompt's prefix; "
+                             "lower shared_prefix_tokens or raise prefix_tokens")
         if (self.history == "partial") != (self.history_kept_share is not None):
             raise ValueError("history_kept_share goes with history: partial, and history: partial needs it "
                              "(e.g. history_kept_share: 0.5)")
@@ -398,6 +439,13 @@ def _dist_lowest(dist: Any) -> float | None:
         return float(dist.high)  # the whole range below 0.5 is the problem; a low end of 0 is just a tail
     if isinstance(dist, Empirical) and dist.values is not None and len(dist.values):
         return float(min(dist.values))
+    return None
+
+
+def _true_upper(dist: Any) -> float | None:
+    """The largest value a distribution can draw when it has one (constant, uniform, inline empirical)."""
+    if isinstance(dist, Constant | Uniform) or (isinstance(dist, Empirical) and dist.values is not None):
+        return dist_upper(dist)
     return None
 
 
@@ -476,6 +524,8 @@ class CostOverrides(_Frozen):
 
 class Simulation(_Frozen):
     """Engine options (not properties of the system)."""
+
+    OMIT_AT_DEFAULT = frozenset({"allow_unreliable_profile"})  # added with calibrate --scenario (sim/scenario_base.py)
 
     decode_mode: Literal["fast", "exact"] = Field(
         default="fast", description="fast: jump between batch changes; exact: one event per decode step."

@@ -1,12 +1,19 @@
-"""The base of every scenario section: frozen, no unknown fields, finite numbers only, numbers as numbers."""
+"""The base of every scenario section: frozen, no unknown fields, finite numbers only, numbers as numbers.
+
+Fields added to a section after scenarios were first fingerprinted are named in the section's
+``OMIT_AT_DEFAULT`` and left out of every dump (``model_dump``, ``model_dump_json``) while they hold their
+default, so that a scenario that does not use them dumps, and hashes, exactly as before they existed:
+``recommend``'s ``scenario_sha256`` and a sweep's fingerprint (``--resume``) stay those of the same scenario
+written before the field was added. A scenario that sets such a field dumps it as usual.
+"""
 
 from __future__ import annotations
 
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 #: Largest integer any scenario field may be given (checked before pydantic converts it; the largest bound
 #: of a field, the seed, is 2**63 - 1).
@@ -46,4 +53,17 @@ class _Frozen(BaseModel):
                                  "string: write 5.0e-4)")
             if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
                 raise ValueError(f"[[{key}]] is an integer of {value.bit_length()} bits, beyond any bound of this field")
+        return data
+
+    #: Fields dumped only when they differ from their default (module docstring).
+    OMIT_AT_DEFAULT: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_new_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.OMIT_AT_DEFAULT and isinstance(data, dict):
+            fields = type(self).model_fields
+            for name in self.OMIT_AT_DEFAULT:
+                if name in data and getattr(self, name) == fields[name].default:
+                    del data[name]
         return data

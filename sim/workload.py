@@ -259,6 +259,12 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
         turns = keep_turns
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(turns, out=offsets[1:])
+        if not len(prompt):  # every first prompt + output is beyond the limit: refuse an empty run
+            raise input_error(
+                "deployment.max_model_len", f"every conversation's first turn (prompt + output) exceeds the context "
+                f"limit of {max_model_len:,} tokens, so no request would run",
+                "raise deployment.max_model_len (at most the model's) or lower prefix_tokens / output_tokens",
+            )
     prompt, out = prompt.astype(np.int64), out.astype(np.int64)
     group, shared = shared_groups(workload, prefix)
     return ConversationPlan(
@@ -323,6 +329,9 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     if source.timing is not None:
         raise input_error(f"workload.trace '{source.path}': timing", f"applies to format weka only, not {fmt}",
                           "remove it (other formats replay their own clock)")
+    if source.shared_prefix:
+        raise input_error(f"workload.trace '{source.path}': shared_prefix", f"applies to format weka only, not {fmt}",
+                          "remove it, or set workload.shared_prefix_tokens for a prefix shared by every session")
     trace = load_trace(source.path, fmt)
     sel, report = select(
         trace,

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvplan.errors import KvplanInputError
@@ -86,8 +87,16 @@ def test_default_has_no_shared_state() -> None:
 
     plan = make_plan(scenario_from_dict(_sc()).workload, 1, 40960)
     assert plan.shared_group is None and plan.shared_tokens is None
-    plan = make_plan(scenario_from_dict(_sc(20000)).workload, 1, 40960)
-    assert plan.shared_tokens is not None and set(plan.shared_tokens.tolist()) == {16000}  # capped at the prefix
+    # more shared tokens than any conversation's prefix is refused (it was silently capped at the prefix)
+    with pytest.raises(KvplanInputError, match="exceeds every conversation's prefix_tokens"):
+        scenario_from_dict(_sc(20000))
+    # a drawn prefix shorter than shared_prefix_tokens shares only itself (capped at the prefix)
+    sc = _sc(12000)
+    sc["workload"]["prefix_tokens"] = {"dist": "uniform", "low": 8000, "high": 16000}
+    plan = make_plan(scenario_from_dict(sc).workload, 1, 40960)
+    prefix = plan.prompt_tokens[plan.offsets[:-1]]  # one turn, no user tokens: the first prompt is the prefix
+    assert plan.shared_tokens is not None and (plan.shared_tokens == np.minimum(prefix, 12000)).all()
+    assert (plan.shared_tokens < 12000).any() and (plan.shared_tokens == 12000).any()
 
 
 def test_weka_sessions_with_equal_tool_and_system_tokens_share() -> None:

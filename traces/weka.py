@@ -45,6 +45,8 @@ MAX_WEKA_REQUESTS = 10_000_000
 MAX_WEKA_TOTAL_BYTES = 4 * 1024**3
 #: Hash ids over all files (8 bytes each in memory).
 MAX_WEKA_HASH_IDS = 500_000_000
+#: Characters of a trace ``id`` or sub-agent ``agent_id`` (they name sessions in reports and errors).
+MAX_NAME_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,10 @@ class _Reader:
             raise input_error(label, f"field 'block_size' is {_short(bs)}",
                               f"weka traces hash {WEKA_BLOCK_TOKENS}-token blocks")
         name = obj.get("id", Path(label).stem)
-        if isinstance(name, bool) or not isinstance(name, str | int) or not str(name).strip():
-            raise input_error(label, f"field 'id' is {_short(name)}, not a non-empty string")
+        if (isinstance(name, bool) or not isinstance(name, str | int) or not str(name).strip()
+                or len(str(name)) > MAX_NAME_CHARS):
+            raise input_error(label, f"field 'id' is {_short(name)}, not a non-empty string of at most "
+                              f"{MAX_NAME_CHARS} characters")
         sid = str(name)
         if sid in self.ids_seen:  # two files with one id (a copy): keep their sessions apart
             sid = f"{sid}@{Path(label).name}"
@@ -140,6 +144,9 @@ class _Reader:
             last_t = t
             if r.get("type") == "subagent":
                 sub = r.get("agent_id", f"agent@{k}")
+                if isinstance(sub, bool) or not isinstance(sub, str | int) or len(str(sub)) > MAX_NAME_CHARS:
+                    raise input_error(where, f"field 'agent_id' is {_short(sub)}, not a string of at most "
+                                      f"{MAX_NAME_CHARS} characters")
                 self.agent(r, label, f"{name}/{sub}", idx, start_s + t, depth + 1)
                 continue
             self.request(r, where, idx, t)
@@ -160,7 +167,10 @@ class _Reader:
             raise input_error(where, f"field 'hash_ids' has {len(ids)} ids but 'in' {n_in} has "
                               f"{n_in // WEKA_BLOCK_TOKENS} full {WEKA_BLOCK_TOKENS}-token blocks",
                               "one id per 64-token block of the prompt")
-        arr = np.asarray(ids) if ids else np.zeros(0, dtype=np.int64)
+        try:  # a ragged list ([[1], [2, 3]]) or an out-of-range number is refused below, not a NumPy traceback
+            arr = np.asarray(ids) if ids else np.zeros(0, dtype=np.int64)
+        except (ValueError, TypeError, OverflowError):
+            arr = np.zeros((0, 0))
         if arr.dtype.kind not in "iu" or arr.ndim != 1:
             raise input_error(where, "field 'hash_ids' holds something other than integer ids")
         self.n_ids += len(ids)

@@ -39,6 +39,8 @@ SERVING_METRICS: dict[str, str] = {
     "ttft_p90_ms": "ttft_p90_s",
     "tpot_mean_ms": "tpot_mean_s",
     "tpot_p50_ms": "tpot_p50_s",
+    "itl_p50_ms": "itl_p50_s",  # benchmark_serving's median_itl_ms: every inter-token gap of every request pooled
+    "itl_p99_ms": "itl_p99_s",
     "latency_mean_ms": "latency",
 }
 

@@ -33,6 +33,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.itl import ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
 
@@ -90,6 +91,8 @@ class DecodeBatch:
         self._base = 0  # step at the start of the current (or just-ended) stretch
         self._last_n = 0  # its length in steps
         self._ips = 0
+        self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
+        self._key0 = 0  # the gap bucket of the current stretch's first step
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -152,7 +155,19 @@ class DecodeBatch:
     def preempt(self, r: Request) -> int:
         """Take a member out (preempted); returns the tokens it has sampled."""
         done = self._remove(r)
+        self.close_stay(r)
+        if done > 0:
+            r.last_tok_t = self.env._now  # its last step ended now
         return r.d_g0 + done
+
+    def close_stay(self, r: Request) -> None:
+        """The request leaves the batch: keep the step histogram of its stay (``sim/itl.py``)."""
+        if r.itl_in:
+            if r.itl_spans is None:
+                r.itl_spans = []
+            r.itl_spans.append((r.itl_old, self.itl.root, r.itl_skip))
+            r.itl_in = False
+            r.itl_old = None
 
     def drop_joiner(self, r: Request) -> None:
         """A request waiting to join is preempted before it joined."""
@@ -231,6 +246,7 @@ class DecodeBatch:
             return
         self.step += n
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
+        self.itl.add(self._plan_first, self._plan_inc, n, self.batch, self._key0)  # each step a gap for every member
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
@@ -272,10 +288,23 @@ class DecodeBatch:
         self._plan_inc = decode_step_increment_s(self._dc, self.batch)
         t_first = now + self._plan_first  # the first step containing them ends here
         log = self.log
-        for r in joined:
-            if r.d_seq > 0 and not r.d_first_done:
-                r.d_first_done = True
-                log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+        key0 = self._key0 = bucket_key(self._plan_first)
+        if joined:
+            itl = self.itl
+            members = 0
+            for r in joined:
+                if r.d_seq <= 0:
+                    continue  # preempted again before its first step
+                members += 1
+                r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
+                if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
+                    if r.itl_extra is None:
+                        r.itl_extra = []
+                    r.itl_extra.append(itl.gap(t_first - r.last_tok_t))
+                elif not r.d_first_done:
+                    r.d_first_done = True
+                    log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+            itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
             heapq.heappop(heap)

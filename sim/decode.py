@@ -39,6 +39,7 @@ from kvplan.sim.clock import call_later
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
@@ -141,6 +142,7 @@ class DecodeNode:
             self._unpin(pid, Release.EXPIRED, self.retention.pins[pid].expiry_s)
         self.retention.clear_heap()
         self._sync(self.batch.step)
+        self.log_itl_hist()
 
     # ---- the batch's view of the pool --------------------------------------------------------------------
 
@@ -386,9 +388,15 @@ class DecodeNode:
         if epoch != r.d_epoch:
             return  # preempted while recomputing
         sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
+        now = self.env._now
         if not r.d_first_done:
             r.d_first_done = True
-            self.rows.append((self.env._now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+            self.rows.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+        else:  # the gap from its last token before the preemption
+            if r.itl_extra is None:
+                r.itl_extra = []
+            r.itl_extra.append(self.batch.itl.gap(now - r.last_tok_t))
+        r.last_tok_t = now
         if sampled >= r.output:
             self.finish(r)
         else:
@@ -397,12 +405,29 @@ class DecodeNode:
 
     # ---- finish and retention ----------------------------------------------------------------------------
 
+    def _log_itl(self, r: Request, now: float) -> None:
+        """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
+        if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
+            p50, top = stay_stats(r.itl_old, self.batch.itl.root, r.itl_skip)
+            r.itl_in = False
+            r.itl_old = None
+        else:
+            self.batch.close_stay(r)
+            p50, top = turn_stats(r.itl_spans or [], r.itl_extra or [])
+            r.itl_spans = r.itl_extra = None
+        self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
+
+    def log_itl_hist(self) -> None:
+        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
+        log_pooled(self.rows, self.env._now, self.idx, self.batch.itl)
+
     def finish(self, r: Request) -> None:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
         ctx = self.ctx
         now = env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        self._log_itl(r, now)
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1

@@ -35,6 +35,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.models.formulas",
     "kvplan.sim.request",
     "kvplan.sim.evlog",
+    "kvplan.sim.itl",
     "kvplan.sim.clock",
     "kvplan.sim.blocks",
     "kvplan.sim.batch",

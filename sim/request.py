@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvplan.sim.itl import Node, Span
 from kvplan.sim.router import KVParams
 
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
@@ -45,6 +46,12 @@ class Request:
         "p_lease_expiry",
         "p_tracked",
         "p_lapsed",
+        "itl_old",
+        "itl_skip",
+        "itl_in",
+        "itl_spans",
+        "itl_extra",
+        "last_tok_t",
     )
 
     def __init__(
@@ -84,3 +91,11 @@ class Request:
         self.p_lease_expiry = 0.0  # P's initial lease deadline
         self.p_tracked = False  # D heartbeats P's lease (it reached D before the lease ran out)
         self.p_lapsed = False  # the lease ran out: P freed the blocks and D's read will fail
+        # inter-token gaps (sim/itl.py): the engine's step histogram at the start of this stay in its batch and
+        # the bucket of the stay's first step (not a gap), earlier stays, gaps around preemptions, last token time
+        self.itl_old: Node | None = None
+        self.itl_skip = 0
+        self.itl_in = False
+        self.itl_spans: list[Span] | None = None
+        self.itl_extra: list[int] | None = None
+        self.last_tok_t = 0.0

@@ -108,11 +108,12 @@ def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
     assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5] and scs[1].workload.prefix_tokens.value == 10000
     assert (case.scenario or {})["deployment"]["replicas"] == 2  # the override does not leak into the case
     r = validate_case(case)
-    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8 and r["profile"]
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 12 and r["profile"]  # ITL: 4 more
     by = {(p["label"], p["metric"]): p["predicted"] for p in r["points"]}
     res = run(scs[1])
     assert by[(case.runs[1].label, "ttft_mean_ms")] == pytest.approx(res.summary["ttft_mean_s"] * 1e3, abs=1e-3)
     assert by[(case.runs[1].label, "tpot_p50_ms")] == pytest.approx(res.summary["tpot_p50_s"] * 1e3, abs=1e-3)
+    assert by[(case.runs[1].label, "itl_p99_ms")] == pytest.approx(res.summary["itl_p99_s"] * 1e3, abs=1e-3)
 
 
 def test_prefill_curve_is_the_resolved_cost_function() -> None:

@@ -1,0 +1,109 @@
+"""Inter-token gaps (sim/itl.py): the persistent histogram against NumPy, and ITL in simulated runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvplan.sim.api import run
+from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, bucket_value, stay_stats, turn_stats
+from kvplan.sim.scenario import Scenario
+
+REL = 0.0101  # two buckets' relative width: a bucket representative is within ALPHA (0.5 %) of its values
+
+
+def _series(rng: np.random.Generator) -> tuple[float, float, int]:
+    return float(rng.uniform(0.005, 0.5)), float(rng.choice([0.0, rng.uniform(0, 1e-3)])), int(rng.integers(1, 40))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stay_and_turn_stats_match_numpy(seed: int) -> None:
+    """Median and maximum of a request's gaps from version differences equal NumPy's on the expanded gaps."""
+    rng = np.random.default_rng(seed)
+    itl = ItlTracker()
+    for _ in range(20):  # history before the request joined
+        f, inc, n = _series(rng)
+        itl.add(f, inc, n, 1, bucket_key(f))
+    old = itl.root
+    gaps: list[float] = []
+    first = True
+    for _ in range(int(rng.integers(1, 12))):
+        f, inc, n = _series(rng)
+        itl.add(f, inc, n, 1, bucket_key(f))
+        steps = [f + inc * i for i in range(n)]
+        gaps += steps[1:] if first else steps
+        if first:
+            skip = bucket_key(f)
+            first = False
+    if not gaps:
+        assert math.isnan(stay_stats(old, itl.root, skip)[0])
+        return
+    med, top = stay_stats(old, itl.root, skip)
+    assert med == pytest.approx(float(np.median(gaps)), rel=REL)
+    assert top == pytest.approx(max(gaps), rel=REL)
+    # the same through the general path, with two extra gaps around a preemption
+    extra = [0.9, 0.0123]
+    med2, top2 = turn_stats([(old, itl.root, skip)], [bucket_key(x) for x in extra])
+    assert med2 == pytest.approx(float(np.median(gaps + extra)), rel=REL)
+    assert top2 == pytest.approx(max(gaps + extra), rel=REL)
+    # the general path agrees with the one-stay fast path
+    assert turn_stats([(old, itl.root, skip)], []) == pytest.approx((med, top), rel=1e-12)
+
+
+def test_pooled_counts_weight_steps_by_members() -> None:
+    """Pooled gaps: every step counts once per member, less the joiners' first step."""
+    itl = ItlTracker()
+    k = bucket_key(0.02)
+    itl.add(0.02, 0.0, 10, 3, k)
+    itl.unpool(k, 2)
+    assert itl.pooled == {k: 28}
+    assert bucket_value(k) == pytest.approx(0.02, rel=0.005)
+    assert stay_stats(None, itl.root, NO_SKIP) == pytest.approx((0.02, 0.02), rel=0.005)
+
+
+def _pd(**over: object) -> Scenario:
+    base: dict[str, object] = {
+        "model": "qwen3-32b", "hardware": "p5en",
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8},
+        "workload": {"conversations": 30, "arrival": {"kind": "poisson", "rate_per_s": 3.0},
+                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 1000},
+                     "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 60},
+                     "turn_gap_s": {"dist": "constant", "value": 2.0}},
+        "seed": 3,
+    }
+    base.update(over)
+    return Scenario.model_validate(base)
+
+
+def test_itl_in_a_pd_run_matches_its_tpot() -> None:
+    """Without stalls, a turn's gaps are its decode steps: median ~ TPOT, max >= median, summary pooled."""
+    r = run(_pd())
+    t = r.turns
+    assert t["itl_p50_s"].notna().all()
+    assert (t["itl_max_s"] >= t["itl_p50_s"] * (1 - REL)).all()
+    # TPOT is the mean gap: between the smallest and the largest gap
+    assert (t["tpot_s"] <= t["itl_max_s"] * (1 + REL)).all()
+    assert float((t["itl_p50_s"] / t["tpot_s"]).median()) == pytest.approx(1.0, rel=0.05)
+    s = r.summary
+    assert s["itl_p50_s"] <= s["itl_p90_s"] <= s["itl_p99_s"]
+    assert s["itl_p50_s"] == pytest.approx(float(t["itl_p50_s"].median()), rel=0.05)
+
+
+def test_itl_max_shows_a_preemption_stall() -> None:
+    """A request preempted on D waits for its recompute: that gap is its itl_max, far above its median."""
+    sc = _pd(deployment={"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8,
+                         "decode_kv_capacity_tokens": 6000},
+             workload={"conversations": 12, "arrival": {"kind": "poisson", "rate_per_s": 20.0},
+                       "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 1000},
+                       "user_tokens": {"dist": "constant", "value": 100},
+                       "output_tokens": {"dist": "constant", "value": 400},
+                       "turn_gap_s": {"dist": "constant", "value": 1.0}})
+    r = run(sc)
+    t = r.turns
+    pre = t[t["d_preemptions"] > 0]
+    assert len(pre)
+    calm = t[t["d_preemptions"] == 0]
+    assert (pre["itl_max_s"] > 3 * pre["itl_p50_s"]).all()
+    assert float(pre["itl_max_s"].min()) > float(calm["itl_max_s"].max())

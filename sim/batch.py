@@ -93,6 +93,9 @@ class DecodeBatch:
         self._ips = 0
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
         self._key0 = 0  # the gap bucket of the current stretch's first step
+        self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
+        self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during the next step
+        self.thread_free_s = 0.0  # the engine thread is busy until then
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -175,6 +178,23 @@ class DecodeBatch:
 
     # ---- stepping ----------------------------------------------------------------------------------------
 
+    def charge_thread(self, work_s: float) -> None:
+        """CPU work on the engine thread (posting a P->D read, ``sim/xfer.py``).
+
+        vLLM runs it in ``start_load_kv`` at the start of the next step, overlapped with its forward (PR #53333),
+        so that step ends when both are done: mid-stretch the stretch is cut at the step in progress and the
+        work waits for the next step; an idle engine does it at once.
+        """
+        if work_s <= 0.0:
+            return
+        if self._active:
+            self._thread_pending += work_s
+            if self._plan_n > 1:
+                self._cut_at_next_boundary()
+        else:
+            now = self.env._now
+            self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
+
     def ready(self, r: Request, p: int, g0: int) -> None:
         """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far)."""
         r.d_p, r.d_g0 = p, g0
@@ -223,7 +243,8 @@ class DecodeBatch:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
     def _completed_in_stretch(self) -> int:
-        return steps_within(self.env._now - self._plan_t0, self._plan_first, self._plan_inc)
+        e = self.env._now - self._plan_t0
+        return steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0
 
     def _cut_at_next_boundary(self) -> None:
         """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""
@@ -246,7 +267,13 @@ class DecodeBatch:
             return
         self.step += n
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
-        self.itl.add(self._plan_first, self._plan_inc, n, self.batch, self._key0)  # each step a gap for every member
+        itl, first, inc = self.itl, self._plan_first, self._plan_inc
+        if self._delay > 0.0:  # the first step waited for the engine thread: a longer first gap
+            itl.add(first + self._delay, 0.0, 1, self.batch, self._key0)
+            if n > 1:
+                itl.add(first + inc, inc, n - 1, self.batch, bucket_key(first + inc))
+        else:
+            itl.add(first, inc, n, self.batch, self._key0)  # each step a gap for every member
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
@@ -259,6 +286,39 @@ class DecodeBatch:
             self._remove(r)
             self.owner.finish(r)
         self._boundary()
+
+    def _thread_delay(self, now: float, first: float) -> float:
+        """How long the next stretch's first step waits for the engine thread beyond its own forward.
+
+        The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done.
+        """
+        free = self.thread_free_s
+        if self._thread_pending > 0.0:
+            free = (free if free > now else now) + self._thread_pending
+            self._thread_pending = 0.0
+            self.thread_free_s = free
+        delay = free - now - first
+        self._delay = delay if delay > 0.0 else 0.0
+        return self._delay
+
+    def _first_steps(self, joined: list[Request], t_first: float, key0: int) -> None:
+        """The joiners' first step in the batch: first token (``D_FIRST``) or a resumed one's gap, ITL stays."""
+        itl = self.itl
+        log = self.log
+        members = 0
+        for r in joined:
+            if r.d_seq <= 0:
+                continue  # preempted again before its first step
+            members += 1
+            r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
+            if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
+                if r.itl_extra is None:
+                    r.itl_extra = []
+                r.itl_extra.append(itl.gap(t_first - r.last_tok_t))
+            elif not r.d_first_done:
+                r.d_first_done = True
+                log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+        itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
 
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
@@ -276,6 +336,9 @@ class DecodeBatch:
             if joined:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
+            if self._thread_pending > 0.0:  # the engine goes idle: its thread does the posted work now
+                self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + self._thread_pending
+                self._thread_pending = 0.0
             self._active = False
             self._last_n = 0
             self._base = self.step
@@ -283,28 +346,14 @@ class DecodeBatch:
                 self._active = True
                 self._boundary()
             return
-        self._plan_t0 = now
-        self._plan_first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
+        self._plan_first = first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
         self._plan_inc = decode_step_increment_s(self._dc, self.batch)
-        t_first = now + self._plan_first  # the first step containing them ends here
-        log = self.log
-        key0 = self._key0 = bucket_key(self._plan_first)
+        delay = self._thread_delay(now, first)
+        self._plan_t0 = now + delay
+        t_first = self._plan_t0 + first  # the first step containing them ends here
+        key0 = self._key0 = bucket_key(first + delay)
         if joined:
-            itl = self.itl
-            members = 0
-            for r in joined:
-                if r.d_seq <= 0:
-                    continue  # preempted again before its first step
-                members += 1
-                r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
-                if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
-                    if r.itl_extra is None:
-                        r.itl_extra = []
-                    r.itl_extra.append(itl.gap(t_first - r.last_tok_t))
-                elif not r.d_first_done:
-                    r.d_first_done = True
-                    log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
-            itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
+            self._first_steps(joined, t_first, key0)
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
             heapq.heappop(heap)

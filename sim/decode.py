@@ -370,7 +370,7 @@ class DecodeNode:
             self.batch.ready(r, r.prompt, 0)
 
         self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
-        ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
+        self.batch.charge_thread(ctx.reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""

@@ -68,6 +68,7 @@ class PrefillNode:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.busy_s = 0.0
+        self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
         # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
@@ -95,6 +96,11 @@ class PrefillNode:
         self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
         self._kick()
+
+    def charge_thread(self, work_s: float) -> None:
+        """CPU work on this engine's thread (posting a read): queued after what it already has to do."""
+        now = self.env._now
+        self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
 
     def _kick(self) -> None:
         if self._idle:
@@ -158,7 +164,9 @@ class PrefillNode:
             dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
             self.busy_s += dt
             self._batch = batch
-            call_later(env, dt, self._step_done)
+            # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done
+            stall = self.thread_free_s - env._now - dt
+            call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
 
     def _step_done(self, _e: object) -> None:
@@ -241,7 +249,7 @@ class PrefillNode:
             self._kick()
 
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
-        ctx.reads.start(self.idx, d, D2P, tokens, done)
+        self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
@@ -255,7 +263,7 @@ class PrefillNode:
             self._kick()
 
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
-        ctx.reads.start(self.idx, d, HOST2P, tokens, done)
+        self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
     def _allocate(self, r: Request) -> bool:
         """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""

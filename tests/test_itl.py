@@ -107,3 +107,34 @@ def test_itl_max_shows_a_preemption_stall() -> None:
     calm = t[t["d_preemptions"] == 0]
     assert (pre["itl_max_s"] > 3 * pre["itl_p50_s"]).all()
     assert float(pre["itl_max_s"].min()) > float(calm["itl_max_s"].max())
+
+
+def _pull_heavy(thread_per_descriptor_s: float, prefix: int) -> Scenario:
+    return _pd(
+        deployment={"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8, "prefill_prefix_caching": False},
+        policy={"bidirectional": True},
+        costs={"transfer": {"thread_per_descriptor_s": thread_per_descriptor_s}},
+        workload={"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+                  "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": prefix},
+                  "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 40},
+                  "turn_gap_s": {"dist": "constant", "value": 1.0}},
+    )
+
+
+def test_read_posting_on_the_engine_thread_delays_other_requests() -> None:
+    """P posts D->P pulls on its engine thread (vLLM ``start_load_kv``): the other requests' prefill steps wait
+    for that work, and more so the more descriptors the pulls have; D's decode steps wait for P->D posts."""
+    def first_turns(r: object) -> tuple[float, float]:
+        t = r.turns  # type: ignore[attr-defined]
+        return float(t[t["turn"] == 1]["ttft_s"].mean()), float(t["itl_max_s"].max())
+
+    base = run(_pull_heavy(0.0, 3000))
+    assert base.summary["decisions"]["pull"] > 0
+    slow = run(_pull_heavy(1e-5, 3000))
+    longer = run(_pull_heavy(1e-5, 6000))
+    base6 = run(_pull_heavy(0.0, 6000))
+    (b, b_itl), (s, s_itl) = first_turns(base), first_turns(slow)
+    (l6, _), (b6, _) = first_turns(longer), first_turns(base6)
+    assert s > b * 1.05  # the pulls' thread work stalls P's steps for first turns that pull nothing
+    assert (l6 - b6) > (s - b)  # twice the descriptors per pull: a larger delay
+    assert s_itl > b_itl  # D's steps wait for its P->D posts: longer gaps

@@ -169,7 +169,7 @@ def test_open_loop_run_keeps_rate_and_burstiness() -> None:
     assert sc.workload.arrival.kind == "poisson" and sc.workload.arrival.rate_per_s == 1.8
     assert sc.workload.arrival.burstiness == 50
     r = validate_case(case)
-    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 12  # 8 + 4 ITL points
 
 
 def test_validate_is_deterministic() -> None:
@@ -205,7 +205,8 @@ def check_copies(shared: Path) -> None:
             (path,) = llmd.glob(f"{prefix}__benchmark_*_{stamp}.json")
             d = json.loads(path.read_text(encoding="utf-8"))
             assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
-                                                "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]},
+                                                "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"],
+                                                "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]},
                                                abs=1e-3)
             assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
             assert r.arrival["burstiness"] == d["burstiness"]
@@ -215,7 +216,8 @@ def check_copies(shared: Path) -> None:
                                     "vllm-3replicas__benchmark_2025-05-12_00-03-23"), strict=True):
         d = json.loads((llmd / f"{stamp}.json").read_text(encoding="utf-8"))
         assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
-                                            "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]}, abs=1e-3)
+                                            "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"],
+                                            "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]}, abs=1e-3)
         assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
         assert r.arrival["burstiness"] == d["burstiness"] and r.input_tokens * d["completed"] == d["total_input_tokens"]
 

@@ -23,6 +23,7 @@ tests show both give the same per-turn times, preemptions included.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import Protocol
 
@@ -33,7 +34,7 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
-from kvplan.sim.itl import ItlTracker, bucket_key
+from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
 
@@ -94,7 +95,8 @@ class DecodeBatch:
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
         self._key0 = 0  # the gap bucket of the current stretch's first step
         self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
-        self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during the next step
+        self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
+        self._pending_step = -1
         self.thread_free_s = 0.0  # the engine thread is busy until then
 
     # ---- block growth ------------------------------------------------------------------------------------
@@ -182,18 +184,27 @@ class DecodeBatch:
         """CPU work on the engine thread (posting a P->D read, ``sim/xfer.py``).
 
         vLLM runs it in ``start_load_kv`` at the start of the next step, overlapped with its forward (PR #53333),
-        so that step ends when both are done: mid-stretch the stretch is cut at the step in progress and the
-        work waits for the next step; an idle engine does it at once.
+        so that step ends when both are done. Work posted mid-stretch runs during the next step; only when it
+        outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). An idle
+        engine does it at once. Simplification: a read whose work alone is shorter than a step is taken as
+        hidden without adding it to other reads posted for the same step.
         """
         if work_s <= 0.0:
             return
-        if self._active:
-            self._thread_pending += work_s
-            if self._plan_n > 1:
-                self._cut_at_next_boundary()
-        else:
+        if not self._active:
             now = self.env._now
             self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
+            return
+        if self._thread_pending == 0.0 and work_s <= self._plan_first:
+            return  # hidden by the next step's forward, which lasts at least the stretch's first step
+        nxt = self.in_progress_step() + 1  # the step during which this work runs
+        if nxt != self._pending_step:  # what was posted for an earlier step was hidden by it
+            self._pending_step = nxt
+            self._thread_pending = 0.0
+        self._thread_pending += work_s
+        i = nxt - self.step  # that step's index in the current stretch
+        if 0 < i < self._plan_n and self._thread_pending > self._plan_first + self._plan_inc * i:
+            self._cut_at_next_boundary()
 
     def ready(self, r: Request, p: int, g0: int) -> None:
         """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far)."""
@@ -294,9 +305,10 @@ class DecodeBatch:
         """
         free = self.thread_free_s
         if self._thread_pending > 0.0:
-            free = (free if free > now else now) + self._thread_pending
+            if self._pending_step == self.step:  # posted for this step: it runs beside its forward
+                free = (free if free > now else now) + self._thread_pending
+                self.thread_free_s = free
             self._thread_pending = 0.0
-            self.thread_free_s = free
         delay = free - now - first
         self._delay = delay if delay > 0.0 else 0.0
         return self._delay
@@ -318,7 +330,8 @@ class DecodeBatch:
             elif not r.d_first_done:
                 r.d_first_done = True
                 log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
-        itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
+        pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
+        pooled[key0] = pooled.get(key0, 0) - members
 
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
@@ -336,9 +349,9 @@ class DecodeBatch:
             if joined:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
-            if self._thread_pending > 0.0:  # the engine goes idle: its thread does the posted work now
+            if self._thread_pending > 0.0 and self._pending_step == self.step:  # going idle: the thread does it now
                 self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + self._thread_pending
-                self._thread_pending = 0.0
+            self._thread_pending = 0.0
             self._active = False
             self._last_n = 0
             self._base = self.step
@@ -351,7 +364,8 @@ class DecodeBatch:
         delay = self._thread_delay(now, first)
         self._plan_t0 = now + delay
         t_first = self._plan_t0 + first  # the first step containing them ends here
-        key0 = self._key0 = bucket_key(first + delay)
+        k = math.ceil(math.log(first + delay) / LOG_GAMMA)  # bucket_key, inlined (once per stretch)
+        key0 = self._key0 = k if KEY_MIN <= k < KEY_MIN + KEY_SPAN else bucket_key(first + delay)
         if joined:
             self._first_steps(joined, t_first, key0)
         heap = self._finish_heap

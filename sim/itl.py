@@ -147,18 +147,20 @@ def kth_key1(old: Node | None, new: Node | None, skip: int, k: int, base: int = 
 def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, float]:
     """:func:`turn_stats` of one stay in the batch without gaps around preemptions (the common case).
 
-    One walk finds both middle order statistics while they share a bucket (they nearly always do).
+    One walk down the tree finds the middle order statistic(s) and the maximum: the paths are shared until
+    they part (median and maximum usually lie in nearby buckets), then each part finishes on its own subtree.
     """
     total = (new[0] if new is not None else 0) - (old[0] if old is not None else 0) - (skip != NO_SKIP)
     if total <= 0:
         return math.nan, math.nan
     k = (total - 1) >> 1
-    odd = total & 1
+    kmax = total - 1
+    want_hi = not total & 1  # even count: the upper middle one too
     o, n = old, new
     base = KEY_MIN
     half = KEY_SPAN >> 1
-    hi = 0
-    split = False
+    hi = top = 0
+    split = top_done = False
     while half:
         nl = n[1] if n is not None else None
         ol = o[1] if o is not None else None
@@ -166,20 +168,29 @@ def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, fl
         if base <= skip < base + half:
             left -= 1
         if k < left:
-            if not odd and not split and k + 1 == left:  # the upper middle one is in the upper half
-                split = True
-                hi = kth_key1(o[2] if o is not None else None, n[2] if n is not None else None, skip, 0, base + half,
-                             half >> 1)
+            if kmax >= left or (want_hi and not split and k + 1 == left):
+                oh = o[2] if o is not None else None
+                nh = n[2] if n is not None else None
+                if want_hi and not split and k + 1 == left:  # the upper middle one is in the upper half
+                    split = True
+                    hi = kth_key1(oh, nh, skip, 0, base + half, half >> 1)
+                if not top_done and kmax >= left:  # the maximum is in the upper half
+                    top_done = True
+                    top = kth_key1(oh, nh, skip, kmax - left, base + half, half >> 1)
             o, n = ol, nl
         else:
             k -= left
+            kmax -= left
             base += half
             o = o[2] if o is not None else None
             n = n[2] if n is not None else None
         half >>= 1
+    if not top_done:
+        top = base  # the maximum shares the median's bucket
+    if not split:
+        hi = base  # odd count, or both middle ones in one bucket
     lo_v = 2.0 * math.exp(base * LOG_GAMMA) / (GAMMA + 1.0)
-    med = 0.5 * (lo_v + bucket_value(hi)) if split else lo_v
-    top = kth_key1(old, new, skip, total - 1) if total > 1 else base
+    med = 0.5 * (lo_v + 2.0 * math.exp(hi * LOG_GAMMA) / (GAMMA + 1.0)) if hi != base else lo_v
     return med, 2.0 * math.exp(top * LOG_GAMMA) / (GAMMA + 1.0)
 
 
@@ -195,11 +206,14 @@ class ItlTracker:
         requests (pooled counts)."""
         if n <= 0:
             return
-        k1 = bucket_key(first + inc * (n - 1)) if n > 1 else k
-        if k == k1 or inc <= 0.0:
-            self._put(k, n, weight)
+        last = first + inc * (n - 1)
+        if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
+            self.root = insert(self.root, k, n)
+            pooled = self.pooled
+            pooled[k] = pooled.get(k, 0) + n * weight
             return
         # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
+        k1 = bucket_key(last)
         i = 0
         while i < n:
             if k >= k1:

@@ -29,7 +29,15 @@ from typing import Protocol
 
 import simpy
 
-from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s, steps_within
+from kvplan.models.costs import (
+    DecodeCost,
+    PrefillCost,
+    causal_pairs,
+    decode_step_increment_s,
+    decode_step_time_s,
+    mixed_step_time_s,
+    steps_within,
+)
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
@@ -93,6 +101,7 @@ class DecodeBatch:
         self._last_n = 0  # its length in steps
         self._ips = 0
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
+        self.pc: PrefillCost | None = None  # the node's prefill cost: prompt chunks in a step (short P->D tails)
         self._key0 = 0  # the gap bucket of the current stretch's first step
         self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
@@ -298,8 +307,31 @@ class DecodeBatch:
             self.owner.finish(r)
         self._boundary()
 
-    def _thread_delay(self, now: float, first: float) -> float:
-        """How long the next stretch's first step waits for the engine thread beyond its own forward.
+    def _tail_extra(self, joined: list[Request], first: float) -> float:
+        """How much longer the first step is for the joiners' short prompt tails (vLLM PR #55801).
+
+        vLLM schedules a tail like any prompt chunk: the step mixes it with the batch's decode tokens
+        (``mixed_step_time_s``) and samples the joiner's first token; the extra time delays every member.
+        """
+        n_tail = 0
+        pairs = 0.0
+        ctx_pairs = 0.0
+        for r in joined:
+            if r.d_tail > 0:
+                if r.d_seq > 0:
+                    n, c = r.d_tail, r.d_tail_ctx
+                    n_tail += n
+                    pairs += causal_pairs(n, c)
+                    ctx_pairs += n * c
+                r.d_tail = 0
+        if n_tail == 0 or self.pc is None:
+            return 0.0
+        mixed = mixed_step_time_s(self.pc, self._dc, n_tail, pairs, self.batch, self.ctx_sum, ctx_pairs)
+        return mixed - first if mixed > first else 0.0
+
+    def _thread_delay(self, now: float, first: float, extra: float) -> float:
+        """How long the next stretch's first step takes beyond a decode step: ``extra`` (prompt chunks in it)
+        or the wait for the engine thread, whichever is longer.
 
         The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done.
         """
@@ -310,6 +342,8 @@ class DecodeBatch:
                 self.thread_free_s = free
             self._thread_pending = 0.0
         delay = free - now - first
+        if delay < extra:
+            delay = extra
         self._delay = delay if delay > 0.0 else 0.0
         return self._delay
 
@@ -361,7 +395,7 @@ class DecodeBatch:
             return
         self._plan_first = first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
         self._plan_inc = decode_step_increment_s(self._dc, self.batch)
-        delay = self._thread_delay(now, first)
+        delay = self._thread_delay(now, first, self._tail_extra(joined, first) if joined else 0.0)
         self._plan_t0 = now + delay
         t_first = self._plan_t0 + first  # the first step containing them ends here
         k = math.ceil(math.log(first + delay) / LOG_GAMMA)  # bucket_key, inlined (once per stretch)

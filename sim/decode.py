@@ -20,10 +20,14 @@ Sources (vLLM):
   freed by the reader's NIXL notification or at the deadline; pinned blocks are neither evictable nor
   preemptable. Retained blocks expire lazily: the deadline is checked whenever blocks are needed.
 
+A P->D tail below the threshold (PR #55801) is computed in the mixed step that samples the request's first
+token (``sim/batch.py``: that step costs ``mixed_step_time_s`` of the tail and the batch's decode tokens),
+as vLLM schedules it: a prompt chunk in D's next step.
+
 Simplifications (stated): admission is tried when a request arrives or blocks come back, not only at
-step boundaries; a preempted request's local recompute is one prefill-cost delay beside the batch (vLLM
-mixes its chunks into D's steps, lengthening them), and it is retried right after the step that
-preempted it.
+step boundaries; a preempted request's local recompute (and a failed read's) is one prefill-cost delay
+beside the batch (vLLM mixes its chunks into D's steps, lengthening them), and it is retried right after
+the step that preempted it.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class DecodeNode:
             self.env, ctx.log.buf, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
+        self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
@@ -358,10 +363,11 @@ class DecodeNode:
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
-            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
+            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P; the tail
+            # is scheduled like any prompt chunk, in D's next (mixed) step, which samples its first token
             pnode.release_hold(r, HoldRelease.NOTIFIED)
-            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
-            call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
+            r.d_tail, r.d_tail_ctx = tokens, hit
+            self.batch.ready(r, r.prompt, 0)
             return
 
         def done(xfer_s: float, _post_s: float) -> None:

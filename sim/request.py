@@ -52,6 +52,8 @@ class Request:
         "itl_spans",
         "itl_extra",
         "last_tok_t",
+        "d_tail",
+        "d_tail_ctx",
     )
 
     def __init__(
@@ -99,3 +101,5 @@ class Request:
         self.itl_spans: list[Span] | None = None
         self.itl_extra: list[int] | None = None
         self.last_tok_t = 0.0
+        self.d_tail = 0  # prompt tokens D computes in the request's first step (PR #55801 short tail), on d_tail_ctx
+        self.d_tail_ctx = 0

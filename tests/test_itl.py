@@ -138,3 +138,23 @@ def test_read_posting_on_the_engine_thread_delays_other_requests() -> None:
     assert s > b * 1.05  # the pulls' thread work stalls P's steps for first turns that pull nothing
     assert (l6 - b6) > (s - b)  # twice the descriptors per pull: a larger delay
     assert s_itl > b_itl  # D's steps wait for its P->D posts: longer gaps
+
+
+def test_short_p2d_tail_is_computed_in_ds_mixed_step() -> None:
+    """PR #55801: D recomputes a P->D tail below the threshold in the mixed step that samples its first token
+    (vLLM schedules it as a prompt chunk): cheaper than pulling it, and it lengthens the other members' step."""
+    from conftest import small
+
+    from kvplan.sim.scenario import scenario_from_dict
+
+    wl = {**small()["workload"], "user_tokens": {"dist": "constant", "value": 20},
+          "output_tokens": {"dist": "constant", "value": 10}, "turn_gap_s": {"dist": "constant", "value": 1.0}}
+    dep = {"max_num_seqs": 64, "prefill_prefix_caching": False, "routing": "sticky"}
+    on = run(scenario_from_dict(small(workload=wl, deployment=dep)))
+    off = run(scenario_from_dict(small(workload=wl, deployment=dep,
+                                       policy={"bidirectional": True, "threshold_applies_to_p2d": False})))
+    f_on, f_off = on.turns[on.turns["turn"] >= 2], off.turns[off.turns["turn"] >= 2]
+    assert (f_on["p2d_tokens"] == 0).all() and (f_off["p2d_tokens"] > 0).all()
+    # one mixed step instead of a pull + a decode step (before: a separate prefill, then a decode step: slower)
+    assert f_on["ttft_s"].mean() < f_off["ttft_s"].mean()
+    assert on.summary["itl_p99_s"] > off.summary["itl_p99_s"]  # the tail's chunk is in the others' step

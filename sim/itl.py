@@ -57,9 +57,13 @@ def bucket_value(key: int) -> float:
     return 2.0 * math.exp(key * LOG_GAMMA) / (GAMMA + 1.0)
 
 
-# A tree node is ``[count of its key range, lower half, upper half]`` (children None when empty); a list built
-# top-down by :func:`insert` and never changed afterwards, so every older version stays valid.
+# A tree node is ``[count of its key range, lower half, upper half]``; a list built top-down by :func:`insert`
+# and never changed afterwards, so every older version stays valid. Empty subtrees are the one node EMPTY,
+# its own children, so that walks need no test for a missing child.
 Node = list[Any]
+EMPTY: Node = [0, None, None]
+EMPTY[1] = EMPTY
+EMPTY[2] = EMPTY
 
 
 def _count(n: Node | None) -> int:
@@ -77,13 +81,14 @@ def _hi(n: Node | None) -> Node | None:
 def insert(root: Node | None, key: int, c: int) -> Node:
     """A new version of ``root`` with ``c`` more at ``key`` (path copying; ``root`` is unchanged)."""
     off = key - KEY_MIN
-    top: Node = [c + root[0], root[1], root[2]] if root is not None else [c, None, None]
+    r = root if root is not None else EMPTY
+    top: Node = [c + r[0], r[1], r[2]]
     new = top
     half = KEY_SPAN >> 1
     while half:
         side = 2 if off & half else 1
         ch = new[side]
-        nxt: Node = [c + ch[0], ch[1], ch[2]] if ch is not None else [c, None, None]
+        nxt: Node = [c + ch[0], ch[1], ch[2]]
         new[side] = nxt
         new = nxt
         half >>= 1
@@ -127,19 +132,20 @@ def kth_key1(old: Node | None, new: Node | None, skip: int, k: int, base: int = 
              half: int = KEY_SPAN >> 1) -> int:
     """:func:`kth_key` of one span and no extra gap (the common case, without lists); ``old``/``new`` may be
     the subtrees of keys ``base .. base + 2 * half - 1``."""
+    o = old if old is not None else EMPTY
+    n = new if new is not None else EMPTY
     while half:
-        nl = new[1] if new is not None else None
-        ol = old[1] if old is not None else None
-        left = (nl[0] if nl is not None else 0) - (ol[0] if ol is not None else 0)
+        nl = n[1]
+        ol = o[1]
+        left = nl[0] - ol[0]
         if base <= skip < base + half:
             left -= 1
         if k < left:
-            old, new = ol, nl
+            o, n = ol, nl
         else:
             k -= left
             base += half
-            old = old[2] if old is not None else None
-            new = new[2] if new is not None else None
+            o, n = o[2], n[2]
         half >>= 1
     return base
 
@@ -150,40 +156,37 @@ def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, fl
     One walk down the tree finds the middle order statistic(s) and the maximum: the paths are shared until
     they part (median and maximum usually lie in nearby buckets), then each part finishes on its own subtree.
     """
-    total = (new[0] if new is not None else 0) - (old[0] if old is not None else 0) - (skip != NO_SKIP)
+    o = old if old is not None else EMPTY
+    n = new if new is not None else EMPTY
+    total = n[0] - o[0] - (skip != NO_SKIP)
     if total <= 0:
         return math.nan, math.nan
     k = (total - 1) >> 1
     kmax = total - 1
     want_hi = not total & 1  # even count: the upper middle one too
-    o, n = old, new
     base = KEY_MIN
     half = KEY_SPAN >> 1
     hi = top = 0
     split = top_done = False
     while half:
-        nl = n[1] if n is not None else None
-        ol = o[1] if o is not None else None
-        left = (nl[0] if nl is not None else 0) - (ol[0] if ol is not None else 0)
+        nl = n[1]
+        ol = o[1]
+        left = nl[0] - ol[0]
         if base <= skip < base + half:
             left -= 1
         if k < left:
-            if kmax >= left or (want_hi and not split and k + 1 == left):
-                oh = o[2] if o is not None else None
-                nh = n[2] if n is not None else None
-                if want_hi and not split and k + 1 == left:  # the upper middle one is in the upper half
-                    split = True
-                    hi = kth_key1(oh, nh, skip, 0, base + half, half >> 1)
-                if not top_done and kmax >= left:  # the maximum is in the upper half
-                    top_done = True
-                    top = kth_key1(oh, nh, skip, kmax - left, base + half, half >> 1)
+            if kmax >= left and not top_done:  # the maximum is in the upper half
+                top_done = True
+                top = kth_key1(o[2], n[2], skip, kmax - left, base + half, half >> 1)
+            if want_hi and not split and k + 1 == left:  # the upper middle one is in the upper half
+                split = True
+                hi = kth_key1(o[2], n[2], skip, 0, base + half, half >> 1)
             o, n = ol, nl
         else:
             k -= left
             kmax -= left
             base += half
-            o = o[2] if o is not None else None
-            n = n[2] if n is not None else None
+            o, n = o[2], n[2]
         half >>= 1
     if not top_done:
         top = base  # the maximum shares the median's bucket
@@ -198,7 +201,7 @@ class ItlTracker:
     """One engine's step-duration history (persistent histogram) and pooled gap counts."""
 
     def __init__(self) -> None:
-        self.root: Node | None = None
+        self.root: Node = EMPTY
         self.pooled: dict[int, int] = {}
 
     def add(self, first: float, inc: float, n: int, weight: int, k: int) -> None:

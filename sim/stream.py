@@ -210,8 +210,11 @@ class RunStream:
 
     def _count(self, ch: EventChunk) -> None:
         k = ch.kind
-        self.t_max = max(self.t_max, float(ch.t_s.max()))
-        active = k != int(Ev.UNPIN)
+        book = k == int(Ev.ITL_HIST)  # end-of-run bookkeeping rows: no activity, no time of their own
+        t = ch.t_s[~book] if book.any() else ch.t_s
+        if len(t):
+            self.t_max = max(self.t_max, float(t.max()))
+        active = (k != int(Ev.UNPIN)) & ~book
         if active.any():
             self.t_max_active = max(self.t_max_active, float(ch.t_s[active].max()))
         pin = k == int(Ev.PIN)

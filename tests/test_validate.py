@@ -26,7 +26,7 @@ from kvplan.sim.scenario import scenario_from_dict
 
 CASE_KEYS = {
     "name", "title", "kind", "status", "source", "setup", "scenario", "profile", "predicts", "in_sample",
-    "not_expressible", "points", "summary",
+    "not_expressible", "modelled", "points", "summary",
 }
 POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error"]
 REQUIRED = {

@@ -102,6 +102,8 @@ class DecodeBatch:
         self._ips = 0
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
         self.pc: PrefillCost | None = None  # the node's prefill cost: prompt chunks in a step (short P->D tails)
+        self.async_scheduling = False  # vLLM async scheduling: a joiner ready during a step joins one step later
+        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended
         self._key0 = 0  # the gap bucket of the current stretch's first step
         self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
@@ -216,8 +218,11 @@ class DecodeBatch:
             self._cut_at_next_boundary()
 
     def ready(self, r: Request, p: int, g0: int) -> None:
-        """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far)."""
+        """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far), or with
+        async scheduling (vLLM PR #19970) at the one after when a step is running (that step's successor was
+        planned when it started)."""
         r.d_p, r.d_g0 = p, g0
+        r.wait_t = self.env._now if self._active else -math.inf
         self._join_q.append(r)
         if not self._active:
             self._active = True
@@ -287,6 +292,7 @@ class DecodeBatch:
             return
         self.step += n
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
+        self._last_step_start = self._plan_t0 + self._steps_time(n - 1)
         itl, first, inc = self.itl, self._plan_first, self._plan_inc
         if self._delay > 0.0:  # the first step waited for the engine thread: a longer first gap
             itl.add(first + self._delay, 0.0, 1, self.batch, self._key0)
@@ -374,9 +380,16 @@ class DecodeBatch:
         owner = self.owner
         preempted = owner.fit(self.step) if self.batch else False
         joined: list[Request] = []
+        # async scheduling: only joiners ready before the ended step started were in this step's plan (an
+        # empty batch plans at once)
+        cutoff = self._last_step_start if self.async_scheduling and self.batch else math.inf
+        late = False
         if not preempted or self.batch == 0:  # an empty step after a preemption costs nothing: join now
             jq = self._join_q
             while jq and self.batch < self.max_seqs:
+                if jq[0].wait_t > cutoff:
+                    late = True
+                    break
                 r = jq.popleft()
                 self._add(r, r.d_p, r.d_g0, r.output - r.d_g0)
                 joined.append(r)
@@ -406,8 +419,8 @@ class DecodeBatch:
         while heap[0][2].d_seq != heap[0][1]:
             heapq.heappop(heap)
         end = heap[0][0]
-        if self.exact:
-            n = 1
+        if self.exact or late:
+            n = 1  # a late joiner joins at the next boundary
         else:
             n = self._horizon(self.step + 1, end) - self.step
         self._schedule(n)

@@ -54,6 +54,7 @@ class Request:
         "last_tok_t",
         "d_tail",
         "d_tail_ctx",
+        "wait_t",
     )
 
     def __init__(
@@ -103,3 +104,4 @@ class Request:
         self.last_tok_t = 0.0
         self.d_tail = 0  # prompt tokens D computes in the request's first step (PR #55801 short tail), on d_tail_ctx
         self.d_tail_ctx = 0
+        self.wait_t = 0.0  # when it last became schedulable (async scheduling: it joins the step after the next)

@@ -191,6 +191,13 @@ class Deployment(_Frozen):
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
     )
+    async_scheduling: bool = Field(
+        default=False,
+        description="vLLM --async-scheduling (PR #19970; the default in current vLLM): the scheduler plans step N+1 "
+                    "while step N runs, so a request arriving (or a receive finishing) during a step joins one step "
+                    "later (P and D engines; aggregated replicas do not model it). Off here: the shipped profiles were "
+                    "calibrated without it.",
+    )
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:

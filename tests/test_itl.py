@@ -158,3 +158,25 @@ def test_short_p2d_tail_is_computed_in_ds_mixed_step() -> None:
     # one mixed step instead of a pull + a decode step (before: a separate prefill, then a decode step: slower)
     assert f_on["ttft_s"].mean() < f_off["ttft_s"].mean()
     assert on.summary["itl_p99_s"] > off.summary["itl_p99_s"]  # the tail's chunk is in the others' step
+
+
+def test_async_scheduling_adds_a_step_only_when_the_engine_is_busy() -> None:
+    """vLLM async scheduling plans step N+1 while step N runs: a request arriving at P, or whose receive finishes on
+    D, during a step joins one step later; on idle engines nothing changes."""
+    def turns(rate: float, on: bool) -> object:
+        sc = _pd(deployment={"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8,
+                             "async_scheduling": on},
+                 workload={"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": rate},
+                           "turns": {"dist": "constant", "value": 1},
+                           "prefix_tokens": {"dist": "constant", "value": 3000},
+                           "user_tokens": {"dist": "constant", "value": 0},
+                           "output_tokens": {"dist": "constant", "value": 200},
+                           "turn_gap_s": {"dist": "constant", "value": 1.0}})
+        return run(sc).turns
+
+    idle_on, idle_off = turns(0.01, True), turns(0.01, False)
+    assert idle_on["ttft_s"].tolist() == idle_off["ttft_s"].tolist()  # every request finds both engines idle
+    on, off = turns(8.0, True), turns(8.0, False)
+    step = 0.005  # a decode step of this batch is 5-7 ms
+    assert on["first_decode_s"].mean() > off["first_decode_s"].mean() + 0.5 * step  # D: one more step to join
+    assert on["prefill_queue_s"].mean() > off["prefill_queue_s"].mean()  # P: arrivals wait for the next plan

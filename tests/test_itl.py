@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvplan.sim.api import run
@@ -163,7 +164,7 @@ def test_short_p2d_tail_is_computed_in_ds_mixed_step() -> None:
 def test_async_scheduling_adds_a_step_only_when_the_engine_is_busy() -> None:
     """vLLM async scheduling plans step N+1 while step N runs: a request arriving at P, or whose receive finishes on
     D, during a step joins one step later; on idle engines nothing changes."""
-    def turns(rate: float, on: bool) -> object:
+    def turns(rate: float, on: bool) -> pd.DataFrame:
         sc = _pd(deployment={"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8,
                              "async_scheduling": on},
                  workload={"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": rate},

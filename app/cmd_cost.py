@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
             prefill_time_s,
             prep_time_s,
             pull_visible_time_s,
+            read_thread_time_s,
             xfer_time_s,
         )
         from kvplan.models.hardware import get_hardware
@@ -92,6 +93,7 @@ def register(app: typer.Typer) -> None:
             "kv_transfer_s": pull_visible_time_s(c.transfer, nbytes, desc),
             "kv_xfer_s": xfer_time_s(c.transfer, nbytes, desc),
             "kv_pull_visible_s": pull_visible_time_s(c.transfer, nbytes, desc),
+            "read_thread_s": read_thread_time_s(c.transfer, desc),
             "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
             "model": arch.name,
             "hardware": node.name,
@@ -115,6 +117,8 @@ def register(app: typer.Typer) -> None:
                   f"{out['kv_xfer_s'] * 1e3:.2f} ms, of which post {post_time_s(c.transfer, desc) * 1e3:.2f} ms; "
                   f"+ request creation {prep_time_s(c.transfer, desc) * 1e3:.2f} ms "
                   f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
+        con.print(f"reader's engine thread per read (post + thread_per_descriptor_s x descriptors, overlapped with "
+                  f"the step's forward, vLLM PR #53333): {out['read_thread_s'] * 1e3:.3f} ms")
         con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
         con.print(f"KV pool per instance: {pool:,} tokens (vLLM's accounting at gpu_memory_utilization 0.9, "
                   f"max_num_batched_tokens {chunk_tokens}, max_num_seqs 1024; kvplan memory for the terms)"

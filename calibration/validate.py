@@ -39,6 +39,8 @@ SERVING_METRICS: dict[str, str] = {
     "ttft_p90_ms": "ttft_p90_s",
     "tpot_mean_ms": "tpot_mean_s",
     "tpot_p50_ms": "tpot_p50_s",
+    "itl_p50_ms": "itl_p50_s",  # benchmark_serving's median_itl_ms: every inter-token gap of every request pooled
+    "itl_p99_ms": "itl_p99_s",
     "latency_mean_ms": "latency",
 }
 
@@ -81,6 +83,7 @@ class Case(_Frozen):
     scenario: dict[str, Any] | None = Field(default=None, description="Model, hardware, deployment, policy.")
     predicts: str = Field(description="What kvplan computes for the points.")
     not_expressible: list[str] = Field(default_factory=list, description="What kvplan cannot express here.")
+    modelled: list[str] = Field(default_factory=list, description="What kvplan models of this setup (its mechanisms).")
     expressible: str | None = Field(default=None, description="Why no prediction is possible at all.")
     in_sample: str | None = Field(default=None, description="Set when kvplan is fitted to these points.")
     points: list[list[float]] = Field(default_factory=list, description="Curve points.")
@@ -277,6 +280,7 @@ def validate_case(case: Case) -> dict[str, Any]:
         "predicts": case.predicts,
         "in_sample": case.in_sample,
         "not_expressible": not_expr,
+        "modelled": list(case.modelled),
         "points": points,
         "summary": _summary(points),
     }

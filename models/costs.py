@@ -41,6 +41,7 @@ from kvplan.models.formulas import (
     prefill_time_s,
     prep_time_s,
     pull_visible_time_s,
+    read_thread_time_s,
     steps_within,
     transfer_time_s,
     xfer_time_s,
@@ -51,7 +52,7 @@ __all__ = [
     "ctx_attention_s", "decode_step_coefficients", "decode_step_increment_s", "decode_step_time_s",
     "decode_steps_time_s", "linear_s", "mixed_step_time_s", "piecewise_linear", "post_time_s", "prefill_gpu_step_s",
     "prefill_step_time_array", "prefill_step_time_s", "prefill_time_s", "prep_time_s", "pull_visible_time_s",
-    "scale_prefill_gpu", "steps_within", "transfer_time_s", "xfer_time_s",
+    "read_thread_time_s", "scale_prefill_gpu", "steps_within", "transfer_time_s", "xfer_time_s",
 ]
 
 
@@ -130,7 +131,9 @@ class TransferCost(_Cost):
 
     Visible pull latency on the reader = prep + ``xferDuration`` + ``poll_s`` (the engine step that notices
     completion: vLLM's NIXL worker checks ``check_xfer_state`` in ``get_finished`` once per step) +
-    ``handshake_s`` on a pair's first use. ``per_byte_s`` is the inverse line rate; concurrent transfers on
+    ``handshake_s`` on a pair's first use. The reader's engine thread is busy for the post plus
+    ``thread_per_descriptor_s x d`` (:func:`~kvplan.models.formulas.read_thread_time_s`): the engine's step
+    that posts the read cannot end before that work is done. ``per_byte_s`` is the inverse line rate; concurrent transfers on
     one link share it.
     """
 
@@ -149,6 +152,12 @@ class TransferCost(_Cost):
     )
     poll_s: float = Field(default=0.0, ge=0, description="Completion seen at the next engine step.")
     handshake_s: float = Field(default=0.0, ge=0, description="One-off side-channel handshake per pair.")
+    thread_per_descriptor_s: float = Field(
+        default=0.0, ge=0,
+        description="Reader's engine-thread time per descriptor of building and posting a read (descriptor ids, "
+                    "make_prepped_xfer), beside the post; overlapped with the step's forward (vLLM PR #53333). "
+                    "0 unless measured.",
+    )
 
 
 class DecodeCost(_Cost):

@@ -39,6 +39,7 @@ class TransferParams(Protocol):
     prep_per_descriptor_s: float
     poll_s: float
     handshake_s: float
+    thread_per_descriptor_s: float
 
 
 class DecodeParams(Protocol):
@@ -137,6 +138,20 @@ def post_time_s(cost: TransferParams, descriptors: int) -> float:
 def prep_time_s(cost: TransferParams, descriptors: int) -> float:
     """NIXL request creation before the post (not in xferDuration): ``prep_fixed_s + prep_per_descriptor_s x d``."""
     return cost.prep_fixed_s + cost.prep_per_descriptor_s * descriptors
+
+
+def read_thread_time_s(cost: TransferParams, descriptors: int) -> float:
+    """Engine-thread time of posting one READ on the reader: the post plus ``thread_per_descriptor_s x d``.
+
+    vLLM's NIXL worker builds the descriptor ids and calls ``make_prepped_xfer`` then ``transfer`` inside
+    ``_read_blocks``, called from ``start_load_kv`` on the reading engine's worker thread
+    (``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``); since PR #53333 that runs while the
+    step's forward is on the GPU, so it stalls the engine only by what exceeds the step (open PR #57987:
+    large pulls still stall decode). The post is NIXL's measured ``postDuration`` (synchronous in
+    ``postXferReq``); the request creation's thread share is ``thread_per_descriptor_s`` (0 unless measured:
+    the profiles' fitted ``prep_*`` is an effective latency, not known to be thread time).
+    """
+    return post_time_s(cost, descriptors) + cost.thread_per_descriptor_s * descriptors
 
 
 def pull_visible_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: int, first_use: bool = False) -> float:

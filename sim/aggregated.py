@@ -48,6 +48,7 @@ from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -77,6 +78,7 @@ class AggregatedNode:
         self.steps = 0
         self.mixed_steps = 0  # steps holding both prefill chunks and decode tokens
         self.max_step_tokens = 0  # largest token count of one step (checked against the budget in tests)
+        self.itl = ItlTracker()  # step durations, for the inter-token gaps (sim/itl.py)
         self.env.process(self._loop())
 
     # ---- router interface ---------------------------------------------------------------------------------
@@ -219,6 +221,7 @@ class AggregatedNode:
             self.steps += 1
             self.mixed_steps += bool(decoding)
             yield env.timeout(dt)
+            self.itl.add(dt, 0.0, 1, len(decoding), bucket_key(dt))
             self._after_step(chunks, decoding, 1)
 
     def _decode_stretch(self, decoding: list[Request], ctx_sum: float) -> Generator[simpy.Event, Any, None]:
@@ -246,6 +249,8 @@ class AggregatedNode:
             yield env.timeout(total)
         self.busy_s += total
         self.steps += k
+        first = decode_step_time_s(dc, b, ctx_sum)
+        self.itl.add(first, decode_step_increment_s(dc, b), k, b, bucket_key(first))
         self._after_step([], decoding, k)
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:
@@ -262,6 +267,7 @@ class AggregatedNode:
                 log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, 0, 0))
                 log.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
                 left[id(r)] = r.output - 1
+                r.itl_old, r.itl_skip = self.itl.root, NO_SKIP  # every later step is a gap
                 if r.output <= 1:
                     done.append(r)
         for r in decoding:
@@ -274,9 +280,16 @@ class AggregatedNode:
             for r in done:
                 self._finish(r)
 
+    def log_itl_hist(self) -> None:
+        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``)."""
+        log_pooled(self.rows, self.env._now, self.idx, self.itl)
+
     def _finish(self, r: Request) -> None:
         now = self.env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        p50, top = stay_stats(r.itl_old, self.itl.root, NO_SKIP)
+        r.itl_old = None
+        self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
         del self._left[id(r)]
         self.running_blocks -= self._held.pop(id(r))
         self._put_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV

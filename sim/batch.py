@@ -23,16 +23,26 @@ tests show both give the same per-turn times, preemptions included.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import Protocol
 
 import simpy
 
-from kvplan.models.costs import DecodeCost, decode_step_increment_s, decode_step_time_s, steps_within
+from kvplan.models.costs import (
+    DecodeCost,
+    PrefillCost,
+    causal_pairs,
+    decode_step_increment_s,
+    decode_step_time_s,
+    mixed_step_time_s,
+    steps_within,
+)
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
 
@@ -90,6 +100,15 @@ class DecodeBatch:
         self._base = 0  # step at the start of the current (or just-ended) stretch
         self._last_n = 0  # its length in steps
         self._ips = 0
+        self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
+        self.pc: PrefillCost | None = None  # the node's prefill cost: prompt chunks in a step (short P->D tails)
+        self.async_scheduling = False  # vLLM async scheduling: a joiner ready during a step joins one step later
+        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended
+        self._key0 = 0  # the gap bucket of the current stretch's first step
+        self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
+        self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
+        self._pending_step = -1
+        self.thread_free_s = 0.0  # the engine thread is busy until then
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -152,7 +171,19 @@ class DecodeBatch:
     def preempt(self, r: Request) -> int:
         """Take a member out (preempted); returns the tokens it has sampled."""
         done = self._remove(r)
+        self.close_stay(r)
+        if done > 0:
+            r.last_tok_t = self.env._now  # its last step ended now
         return r.d_g0 + done
+
+    def close_stay(self, r: Request) -> None:
+        """The request leaves the batch: keep the step histogram of its stay (``sim/itl.py``)."""
+        if r.itl_in:
+            if r.itl_spans is None:
+                r.itl_spans = []
+            r.itl_spans.append((r.itl_old, self.itl.root, r.itl_skip))
+            r.itl_in = False
+            r.itl_old = None
 
     def drop_joiner(self, r: Request) -> None:
         """A request waiting to join is preempted before it joined."""
@@ -160,9 +191,38 @@ class DecodeBatch:
 
     # ---- stepping ----------------------------------------------------------------------------------------
 
+    def charge_thread(self, work_s: float) -> None:
+        """CPU work on the engine thread (posting a P->D read, ``sim/xfer.py``).
+
+        vLLM runs it in ``start_load_kv`` at the start of the next step, overlapped with its forward (PR #53333),
+        so that step ends when both are done. Work posted mid-stretch runs during the next step; only when it
+        outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). An idle
+        engine does it at once. Simplification: a read whose work alone is shorter than a step is taken as
+        hidden without adding it to other reads posted for the same step.
+        """
+        if work_s <= 0.0:
+            return
+        if not self._active:
+            now = self.env._now
+            self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
+            return
+        if self._thread_pending == 0.0 and work_s <= self._plan_first:
+            return  # hidden by the next step's forward, which lasts at least the stretch's first step
+        nxt = self.in_progress_step() + 1  # the step during which this work runs
+        if nxt != self._pending_step:  # what was posted for an earlier step was hidden by it
+            self._pending_step = nxt
+            self._thread_pending = 0.0
+        self._thread_pending += work_s
+        i = nxt - self.step  # that step's index in the current stretch
+        if 0 < i < self._plan_n and self._thread_pending > self._plan_first + self._plan_inc * i:
+            self._cut_at_next_boundary()
+
     def ready(self, r: Request, p: int, g0: int) -> None:
-        """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far)."""
+        """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far), or with
+        async scheduling (vLLM PR #19970) at the one after when a step is running (that step's successor was
+        planned when it started)."""
         r.d_p, r.d_g0 = p, g0
+        r.wait_t = self.env._now if self._active else -math.inf
         self._join_q.append(r)
         if not self._active:
             self._active = True
@@ -208,7 +268,8 @@ class DecodeBatch:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
     def _completed_in_stretch(self) -> int:
-        return steps_within(self.env._now - self._plan_t0, self._plan_first, self._plan_inc)
+        e = self.env._now - self._plan_t0
+        return steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0
 
     def _cut_at_next_boundary(self) -> None:
         """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""
@@ -231,6 +292,14 @@ class DecodeBatch:
             return
         self.step += n
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
+        self._last_step_start = self._plan_t0 + self._steps_time(n - 1)
+        itl, first, inc = self.itl, self._plan_first, self._plan_inc
+        if self._delay > 0.0:  # the first step waited for the engine thread: a longer first gap
+            itl.add(first + self._delay, 0.0, 1, self.batch, self._key0)
+            if n > 1:
+                itl.add(first + inc, inc, n - 1, self.batch, bucket_key(first + inc))
+        else:
+            itl.add(first, inc, n, self.batch, self._key0)  # each step a gap for every member
         self.ctx_sum += self.batch * n
         heap = self._finish_heap
         step = self.step
@@ -244,6 +313,66 @@ class DecodeBatch:
             self.owner.finish(r)
         self._boundary()
 
+    def _tail_extra(self, joined: list[Request], first: float) -> float:
+        """How much longer the first step is for the joiners' short prompt tails (vLLM PR #55801).
+
+        vLLM schedules a tail like any prompt chunk: the step mixes it with the batch's decode tokens
+        (``mixed_step_time_s``) and samples the joiner's first token; the extra time delays every member.
+        """
+        n_tail = 0
+        pairs = 0.0
+        ctx_pairs = 0.0
+        for r in joined:
+            if r.d_tail > 0:
+                if r.d_seq > 0:
+                    n, c = r.d_tail, r.d_tail_ctx
+                    n_tail += n
+                    pairs += causal_pairs(n, c)
+                    ctx_pairs += n * c
+                r.d_tail = 0
+        if n_tail == 0 or self.pc is None:
+            return 0.0
+        mixed = mixed_step_time_s(self.pc, self._dc, n_tail, pairs, self.batch, self.ctx_sum, ctx_pairs)
+        return mixed - first if mixed > first else 0.0
+
+    def _thread_delay(self, now: float, first: float, extra: float) -> float:
+        """How long the next stretch's first step takes beyond a decode step: ``extra`` (prompt chunks in it)
+        or the wait for the engine thread, whichever is longer.
+
+        The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done.
+        """
+        free = self.thread_free_s
+        if self._thread_pending > 0.0:
+            if self._pending_step == self.step:  # posted for this step: it runs beside its forward
+                free = (free if free > now else now) + self._thread_pending
+                self.thread_free_s = free
+            self._thread_pending = 0.0
+        delay = free - now - first
+        if delay < extra:
+            delay = extra
+        self._delay = delay if delay > 0.0 else 0.0
+        return self._delay
+
+    def _first_steps(self, joined: list[Request], t_first: float, key0: int) -> None:
+        """The joiners' first step in the batch: first token (``D_FIRST``) or a resumed one's gap, ITL stays."""
+        itl = self.itl
+        log = self.log
+        members = 0
+        for r in joined:
+            if r.d_seq <= 0:
+                continue  # preempted again before its first step
+            members += 1
+            r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
+            if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
+                if r.itl_extra is None:
+                    r.itl_extra = []
+                r.itl_extra.append(itl.gap(t_first - r.last_tok_t))
+            elif not r.d_first_done:
+                r.d_first_done = True
+                log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+        pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
+        pooled[key0] = pooled.get(key0, 0) - members
+
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
         env = self.env
@@ -251,15 +380,25 @@ class DecodeBatch:
         owner = self.owner
         preempted = owner.fit(self.step) if self.batch else False
         joined: list[Request] = []
+        # async scheduling: only joiners ready before the ended step started were in this step's plan (an
+        # empty batch plans at once)
+        cutoff = self._last_step_start if self.async_scheduling and self.batch else math.inf
+        late = False
         if not preempted or self.batch == 0:  # an empty step after a preemption costs nothing: join now
             jq = self._join_q
             while jq and self.batch < self.max_seqs:
+                if jq[0].wait_t > cutoff:
+                    late = True
+                    break
                 r = jq.popleft()
                 self._add(r, r.d_p, r.d_g0, r.output - r.d_g0)
                 joined.append(r)
             if joined:
                 owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
         if self.batch == 0:
+            if self._thread_pending > 0.0 and self._pending_step == self.step:  # going idle: the thread does it now
+                self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + self._thread_pending
+            self._thread_pending = 0.0
             self._active = False
             self._last_n = 0
             self._base = self.step
@@ -267,21 +406,21 @@ class DecodeBatch:
                 self._active = True
                 self._boundary()
             return
-        self._plan_t0 = now
-        self._plan_first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
+        self._plan_first = first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
         self._plan_inc = decode_step_increment_s(self._dc, self.batch)
-        t_first = now + self._plan_first  # the first step containing them ends here
-        log = self.log
-        for r in joined:
-            if r.d_seq > 0 and not r.d_first_done:
-                r.d_first_done = True
-                log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+        delay = self._thread_delay(now, first, self._tail_extra(joined, first) if joined else 0.0)
+        self._plan_t0 = now + delay
+        t_first = self._plan_t0 + first  # the first step containing them ends here
+        k = math.ceil(math.log(first + delay) / LOG_GAMMA)  # bucket_key, inlined (once per stretch)
+        key0 = self._key0 = k if KEY_MIN <= k < KEY_MIN + KEY_SPAN else bucket_key(first + delay)
+        if joined:
+            self._first_steps(joined, t_first, key0)
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
             heapq.heappop(heap)
         end = heap[0][0]
-        if self.exact:
-            n = 1
+        if self.exact or late:
+            n = 1  # a late joiner joins at the next boundary
         else:
             n = self._horizon(self.step + 1, end) - self.step
         self._schedule(n)

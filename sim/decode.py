@@ -20,10 +20,14 @@ Sources (vLLM):
   freed by the reader's NIXL notification or at the deadline; pinned blocks are neither evictable nor
   preemptable. Retained blocks expire lazily: the deadline is checked whenever blocks are needed.
 
+A P->D tail below the threshold (PR #55801) is computed in the mixed step that samples the request's first
+token (``sim/batch.py``: that step costs ``mixed_step_time_s`` of the tail and the batch's decode tokens),
+as vLLM schedules it: a prompt chunk in D's next step.
+
 Simplifications (stated): admission is tried when a request arrives or blocks come back, not only at
-step boundaries; a preempted request's local recompute is one prefill-cost delay beside the batch (vLLM
-mixes its chunks into D's steps, lengthening them), and it is retried right after the step that
-preempted it.
+step boundaries; a preempted request's local recompute (and a failed read's) is one prefill-cost delay
+beside the batch (vLLM mixes its chunks into D's steps, lengthening them), and it is retried right after
+the step that preempted it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from kvplan.sim.clock import call_later
 from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
@@ -72,6 +77,8 @@ class DecodeNode:
             self.env, ctx.log.buf, idx, self.costs.decode, sc.deployment.max_num_seqs,
             sc.simulation.decode_mode == "exact", ctx.block_size, self,
         )
+        self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
+        self.batch.async_scheduling = sc.deployment.async_scheduling
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
@@ -162,6 +169,7 @@ class DecodeNode:
             self._unpin(pid, Release.EXPIRED, self.retention.pins[pid].expiry_s)
         self.retention.clear_heap()
         self._sync(self.batch.step)
+        self.log_itl_hist()
 
     # ---- the batch's view of the pool --------------------------------------------------------------------
 
@@ -383,10 +391,11 @@ class DecodeNode:
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
-            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P
+            # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P; the tail
+            # is scheduled like any prompt chunk, in D's next (mixed) step, which samples its first token
             pnode.release_hold(r, HoldRelease.NOTIFIED)
-            t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
-            call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
+            r.d_tail, r.d_tail_ctx = tokens, hit
+            self.batch.ready(r, r.prompt, 0)
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
@@ -395,7 +404,7 @@ class DecodeNode:
             self.batch.ready(r, r.prompt, 0)
 
         self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
-        ctx.reads.start(r.p_node, self.idx, P2D, tokens, done)
+        self.batch.charge_thread(ctx.reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
@@ -413,9 +422,15 @@ class DecodeNode:
         if epoch != r.d_epoch:
             return  # preempted while recomputing
         sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
+        now = self.env._now
         if not r.d_first_done:
             r.d_first_done = True
-            self.rows.append((self.env._now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+            self.rows.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+        else:  # the gap from its last token before the preemption
+            if r.itl_extra is None:
+                r.itl_extra = []
+            r.itl_extra.append(self.batch.itl.gap(now - r.last_tok_t))
+        r.last_tok_t = now
         if sampled >= r.output:
             self.finish(r)
         else:
@@ -424,12 +439,29 @@ class DecodeNode:
 
     # ---- finish and retention ----------------------------------------------------------------------------
 
+    def _log_itl(self, r: Request, now: float) -> None:
+        """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
+        if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
+            p50, top = stay_stats(r.itl_old, self.batch.itl.root, r.itl_skip)
+            r.itl_in = False
+            r.itl_old = None
+        else:
+            self.batch.close_stay(r)
+            p50, top = turn_stats(r.itl_spans or [], r.itl_extra or [])
+            r.itl_spans = r.itl_extra = None
+        self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
+
+    def log_itl_hist(self) -> None:
+        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
+        log_pooled(self.rows, self.env._now, self.idx, self.batch.itl)
+
     def finish(self, r: Request) -> None:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
         ctx = self.ctx
         now = env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        self._log_itl(r, now)
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1

@@ -294,6 +294,8 @@ def simulate(
     _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan))
     for dn in ctx.decode:
         dn.expire_all()
+    for rep in ctx.replicas:
+        rep.log_itl_hist()  # aggregated engines' pooled inter-token gaps (D's are logged by expire_all)
     for pn in ctx.prefill:
         pn.release_all([lease[2] for lease in pn._leases])
     chunk = ctx.log.flush()

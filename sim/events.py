@@ -46,6 +46,8 @@ class Ev(IntEnum):
     D_RECOMPUTE = 31  # preempted request readmitted on D, recomputing locally; a=tokens recomputed, b=D hit tokens
     P_UNHOLD = 33  # P frees the prompt's blocks it held from P_DONE for D's read; node=P; a=tokens, b=HoldRelease
     P2D_FAILED = 34  # D's read found P's lease lapsed: D recomputes locally; a=tokens recomputed, b=D hit tokens
+    D_ITL = 35  # at D_FINISH: the turn's inter-token gaps (sim/itl.py); a=median s, b=maximum s (NaN: no gap)
+    ITL_HIST = 36  # end of run, per engine and gap bucket (not a turn event): a=bucket key, b=gaps counted
 
 
 class Decision(IntEnum):
@@ -122,6 +124,8 @@ FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.D_RECOMPUTE: ("tokens", "d_hit_tokens"),
     Ev.P_UNHOLD: ("tokens", "hold_release"),
     Ev.P2D_FAILED: ("tokens", "d_hit_tokens"),
+    Ev.D_ITL: ("itl_p50_s", "itl_max_s"),
+    Ev.ITL_HIST: ("bucket_key", "gaps"),
 }
 
 COLUMNS = ("t_s", "kind", "conv", "turn", "node", "a", "b")

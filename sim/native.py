@@ -37,6 +37,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.models.formulas",
     "kvplan.sim.request",
     "kvplan.sim.evlog",
+    "kvplan.sim.itl",
     "kvplan.sim.clock",
     "kvplan.sim.blocks",
     "kvplan.sim.batch",

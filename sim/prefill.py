@@ -26,6 +26,7 @@ One engine step = one SimPy event at its end, after the prefill cost of the chun
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 from kvplan.errors import input_error
@@ -69,6 +70,9 @@ class PrefillNode:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.busy_s = 0.0
+        self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
+        self.async_scheduling = ctx.scenario.deployment.async_scheduling
+        self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
@@ -97,8 +101,14 @@ class PrefillNode:
             )
         req.p_node = self.idx
         self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        req.wait_t = self.env._now
         self.waiting.append(req)
         self._kick()
+
+    def charge_thread(self, work_s: float) -> None:
+        """CPU work on this engine's thread (posting a read): queued after what it already has to do."""
+        now = self.env._now
+        self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
 
     def _kick(self) -> None:
         if self._idle:
@@ -119,6 +129,9 @@ class PrefillNode:
         """
         env = self.env
         log = self.rows
+        # async scheduling (vLLM PR #19970): the step after the one that just ended was planned when that one
+        # started, so only requests waiting since then can join it; an engine that was idle plans at once
+        cutoff = self._sched_t if self.async_scheduling and check_idle else math.inf
         while True:
             if check_idle and not self.running and (not self.waiting or self._blocked):
                 self._idle = True
@@ -141,6 +154,8 @@ class PrefillNode:
                 pairs += n * r.p_ctx + n * (n + 1) / 2
             while self.waiting and len(self.running) < self.max_seqs and budget > 0:
                 r = self.waiting[0]
+                if r.wait_t > cutoff:
+                    break  # joins the step after the next (FCFS)
                 if not r.p_decided and not self._allocate(r):
                     self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
                     break
@@ -158,11 +173,15 @@ class PrefillNode:
                 ctx_pairs += n * r.p_ctx
                 pairs += n * r.p_ctx + n * (n + 1) / 2
             if not batch:
+                cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
+            self._sched_t = env._now
             dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
             self.busy_s += dt
             self._batch = batch
-            call_later(env, dt, self._step_done)
+            # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done
+            stall = self.thread_free_s - env._now - dt
+            call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
 
     def _step_done(self, _e: object) -> None:
@@ -242,11 +261,12 @@ class PrefillNode:
         def done(xfer_s: float, post_s: float) -> None:
             self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             dnode.release_pin(pin_id, Release.READ)
+            r.wait_t = env._now
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
-        ctx.reads.start(self.idx, d, D2P, tokens, done)
+        self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
@@ -256,11 +276,12 @@ class PrefillNode:
         def done(xfer_s: float, post_s: float) -> None:
             self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             ctx.decode[d].host_read(r.conv)
+            r.wait_t = env._now
             self.waiting.appendleft(r)
             self._kick()
 
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
-        ctx.reads.start(self.idx, d, HOST2P, tokens, done)
+        self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
     def _allocate(self, r: Request) -> bool:
         """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""

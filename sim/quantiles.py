@@ -111,6 +111,14 @@ class LogSketch:
         self.zero += int(len(v) - pos.sum() - neg.sum())
         self.count += len(v)
 
+    def add_key_counts(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Count ``counts[i]`` positive values in bucket ``keys[i]`` (pre-bucketed values, e.g. ``sim/itl.py``'s)."""
+        if not len(keys):
+            return
+        self.pos._cover(int(keys.min()), int(keys.max()))
+        np.add.at(self.pos.counts, keys - self.pos.offset, counts)
+        self.count += int(counts.sum())
+
     def merge(self, other: LogSketch) -> LogSketch:
         """A new sketch of both sketches' values (exactly the sketch of the union)."""
         if (other.alpha, other.min_abs) != (self.alpha, self.min_abs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvplan.sim.itl import Node, Span
 from kvplan.sim.router import KVParams
 
 D2P = 0  # bidirectional read-back: P reads D's retained blocks
@@ -48,6 +49,15 @@ class Request:
         "p_tracked",
         "p_lapsed",
         "reuse",
+        "itl_old",
+        "itl_skip",
+        "itl_in",
+        "itl_spans",
+        "itl_extra",
+        "last_tok_t",
+        "d_tail",
+        "d_tail_ctx",
+        "wait_t",
     )
 
     def __init__(
@@ -90,3 +100,14 @@ class Request:
         # tokens of the conversation's previous context (prompt + output) this prompt repeats token for token
         # (sim/history.py: workload.history, or a weka trace's hash prefix); REUSE_ALL = all of it
         self.reuse = REUSE_ALL
+        # inter-token gaps (sim/itl.py): the engine's step histogram at the start of this stay in its batch and
+        # the bucket of the stay's first step (not a gap), earlier stays, gaps around preemptions, last token time
+        self.itl_old: Node | None = None
+        self.itl_skip = 0
+        self.itl_in = False
+        self.itl_spans: list[Span] | None = None
+        self.itl_extra: list[int] | None = None
+        self.last_tok_t = 0.0
+        self.d_tail = 0  # prompt tokens D computes in the request's first step (PR #55801 short tail), on d_tail_ctx
+        self.d_tail_ctx = 0
+        self.wait_t = 0.0  # when it last became schedulable (async scheduling: it joins the step after the next)

@@ -50,6 +50,8 @@ TURN_COLUMNS = [
     "d_preemptions",
     "p_hold_s",
     "tpot_s",
+    "itl_p50_s",
+    "itl_max_s",
 ]
 
 if TYPE_CHECKING:

@@ -83,6 +83,8 @@ _GATHER: dict[str, tuple[Ev, str]] = {
     "d_first": (Ev.D_FIRST, "t_s"),
     "finish_s": (Ev.D_FINISH, "t_s"),
     "hold_t1": (Ev.P_UNHOLD, "t_s"),
+    "itl_p50_s": (Ev.D_ITL, "itl_p50_s"),
+    "itl_max_s": (Ev.D_ITL, "itl_max_s"),
 }
 
 
@@ -132,6 +134,8 @@ def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     turn's prefill compute minus the D->P pull wait (vLLM's queue metric would include the pull).
     Token identity: ``prompt = local_hit + pulled + recomputed + failed`` (failed > 0 only on errors).
     ``tpot_s`` = (finish - first token) / (output - 1), empty for 1-token outputs (:func:`tpot_series`).
+    ``itl_p50_s``/``itl_max_s``: median and longest gap between the turn's streamed tokens (``sim/itl.py``,
+    within 0.5 %), empty without a gap.
     """
     g = _gather(ev, offsets)  # NumPy columns: the arithmetic below is pandas' (NaN-propagating) on arrays
 
@@ -255,6 +259,9 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
         "tpot_mean_s": tpot.mean(float("nan")),
         "tpot_p50_s": tpot.percentile(50),
         "tpot_p90_s": tpot.percentile(90),
+        "itl_p50_s": stream.itl.percentile(50),
+        "itl_p90_s": stream.itl.percentile(90),
+        "itl_p99_s": stream.itl.percentile(99),
         "percentile_method": "exact" if agg.exact else "sketch",
         "percentile_relative_error": 0.0 if agg.exact else ALPHA,
     }

@@ -226,6 +226,13 @@ class Deployment(_Frozen):
         default=0.0, ge=0, lt=1,
         description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
     )
+    async_scheduling: bool = Field(
+        default=False,
+        description="vLLM --async-scheduling (PR #19970; the default in current vLLM): the scheduler plans step N+1 "
+                    "while step N runs, so a request arriving (or a receive finishing) during a step joins one step "
+                    "later (P and D engines; aggregated replicas do not model it). Off here: the shipped profiles were "
+                    "calibrated without it.",
+    )
 
     _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
     _switches = field_validator("cudagraph_memory_profiling", mode="before")(_bool_only)

@@ -32,10 +32,10 @@ import pandas as pd
 
 from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, col
 from kvplan.sim.health import Waits
-from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat
+from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat, LogSketch
 
 GIB = 1024**3
-TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP)), dtype=np.int16)
+TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP, Ev.ITL_HIST)), dtype=np.int16)
 _BIT = {k: np.int64(1) << np.int64(i) for i, k in enumerate(sorted(int(k) for k in Ev))}
 _BITS = np.zeros(max(int(k) for k in Ev) + 1, dtype=np.int64)
 for _k, _b in _BIT.items():
@@ -179,6 +179,7 @@ class RunStream:
                                        "p2d_failed_reads": 0, "turns": 0, "conversations": 0}
         self.releases = {int(k): 0 for k in Release}
         self.d_recompute_tokens = 0.0
+        self.itl = LogSketch()  # every simulated inter-token gap (the engines' ITL_HIST rows, sim/itl.py)
         self.unhold_tokens = 0.0
         self.unhold_bytes = 0.0
         self.t_max = float("-inf")
@@ -209,8 +210,11 @@ class RunStream:
 
     def _count(self, ch: EventChunk) -> None:
         k = ch.kind
-        self.t_max = max(self.t_max, float(ch.t_s.max()))
-        active = k != int(Ev.UNPIN)
+        book = k == int(Ev.ITL_HIST)  # end-of-run bookkeeping rows: no activity, no time of their own
+        t = ch.t_s[~book] if book.any() else ch.t_s
+        if len(t):
+            self.t_max = max(self.t_max, float(t.max()))
+        active = (k != int(Ev.UNPIN)) & ~book
         if active.any():
             self.t_max_active = max(self.t_max_active, float(ch.t_s[active].max()))
         pin = k == int(Ev.PIN)
@@ -231,6 +235,9 @@ class RunStream:
         unhold = k == int(Ev.P_UNHOLD)
         c["p_lease_expiries"] += int((unhold & (ch.b == int(HoldRelease.LAPSED))).sum())
         c["p2d_failed_reads"] += int((k == int(Ev.P2D_FAILED)).sum())
+        hist = k == int(Ev.ITL_HIST)
+        if hist.any():
+            self.itl.add_key_counts(ch.a[hist].astype(np.int64), ch.b[hist].astype(np.int64))
 
     def _complete(self, final: bool) -> None:
         ev = self.pending

@@ -59,6 +59,11 @@ class Summary:
     # (a mergeable quantile sketch, kvplan.sim.quantiles), and the sketch's relative error bound (0 when exact)
     percentile_method: str = "exact"
     percentile_relative_error: float = 0.0
+    # inter-token latency over every simulated gap of every turn (vLLM benchmark's median/p90/p99 ITL), always
+    # from the pooled bucket counts (kvplan.sim.itl, relative error 0.5 %)
+    itl_p50_s: float = float("nan")
+    itl_p90_s: float = float("nan")
+    itl_p99_s: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         """``summary.json`` content: the metrics in field order, then the run context's keys."""

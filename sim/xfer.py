@@ -4,7 +4,9 @@ Owned by :class:`~kvplan.sim.context.Ctx` (``ctx.reads``) and compiled with the 
 (sim/native.py). The NIXL semantics are those
 of models/costs.py: the reader pays request creation (``prep``, before NIXL's timer), xferDuration
 (fixed + per descriptor + per byte, the post inside it) and the step-boundary ``poll_s``; the one-off
-handshake the first time a reader contacts that remote engine (``pull_worker.start_load_kv``).
+handshake the first time a reader contacts that remote engine (``pull_worker.start_load_kv``). The
+reader's engine thread is busy creating and posting the read (``prep + post``); the handshake runs in
+vLLM's background handshake thread (``_background_nixl_handshake``), not on the engine thread.
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ class Reads:
         """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
         return tokens * self.plans[direction].total_bytes_per_token
 
-    def start(self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]) -> None:
-        """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it."""
+    def start(self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]) -> float:
+        """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
+
+        Returns the reader's engine-thread time of creating and posting it
+        (:func:`kvplan.models.costs.read_thread_time_s`), which the reading engine charges to its thread (its
+        steps cannot end before that work is done)."""
         plan = self.plans[direction]
         tc = self.cost[direction]
         # descriptors per reader rank = regions x blocks for each source rank it reads from
@@ -65,3 +71,4 @@ class Reads:
                 on_done(xfer, post)
 
         link.send(self.seq, nbytes_rank, bw_done)
+        return post + tc.thread_per_descriptor_s * desc  # = read_thread_time_s(tc, desc), without the call

@@ -41,6 +41,7 @@ def oracle_turns(ev: pd.DataFrame) -> pd.DataFrame:
         (Ev.D_ADMIT, {"t_s": "d_admit", "a": "d_hit_tokens"}),
         (Ev.P2D_START, {"t_s": "p2d_t0", "a": "p2d_tokens", "b": "p2d_bytes"}), (Ev.P2D_DONE, {"t_s": "p2d_t1"}),
         (Ev.D_FIRST, {"t_s": "d_first"}), (Ev.D_FINISH, {"t_s": "finish_s"}), (Ev.P_UNHOLD, {"t_s": "hold_t1"}),
+        (Ev.D_ITL, {"a": "itl_p50_s", "b": "itl_max_s"}),
     ]
     parts: list[pd.DataFrame | pd.Series] = [_by_turn(ev, k, c) for k, c in spec]
     pre = ev[ev["kind"] == int(Ev.D_PREEMPT)]

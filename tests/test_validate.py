@@ -26,7 +26,7 @@ from kvplan.sim.scenario import scenario_from_dict
 
 CASE_KEYS = {
     "name", "title", "kind", "status", "source", "setup", "scenario", "profile", "predicts", "in_sample",
-    "not_expressible", "points", "summary",
+    "not_expressible", "modelled", "points", "summary",
 }
 POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error"]
 REQUIRED = {
@@ -108,11 +108,12 @@ def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
     assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5] and scs[1].workload.prefix_tokens.value == 10000
     assert (case.scenario or {})["deployment"]["replicas"] == 2  # the override does not leak into the case
     r = validate_case(case)
-    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8 and r["profile"]
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 12 and r["profile"]  # ITL: 4 more
     by = {(p["label"], p["metric"]): p["predicted"] for p in r["points"]}
     res = run(scs[1])
     assert by[(case.runs[1].label, "ttft_mean_ms")] == pytest.approx(res.summary["ttft_mean_s"] * 1e3, abs=1e-3)
     assert by[(case.runs[1].label, "tpot_p50_ms")] == pytest.approx(res.summary["tpot_p50_s"] * 1e3, abs=1e-3)
+    assert by[(case.runs[1].label, "itl_p99_ms")] == pytest.approx(res.summary["itl_p99_s"] * 1e3, abs=1e-3)
 
 
 def test_prefill_curve_is_the_resolved_cost_function() -> None:
@@ -168,7 +169,7 @@ def test_open_loop_run_keeps_rate_and_burstiness() -> None:
     assert sc.workload.arrival.kind == "poisson" and sc.workload.arrival.rate_per_s == 1.8
     assert sc.workload.arrival.burstiness == 50
     r = validate_case(case)
-    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 8
+    assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 12  # 8 + 4 ITL points
 
 
 def test_validate_is_deterministic() -> None:
@@ -204,7 +205,8 @@ def check_copies(shared: Path) -> None:
             (path,) = llmd.glob(f"{prefix}__benchmark_*_{stamp}.json")
             d = json.loads(path.read_text(encoding="utf-8"))
             assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
-                                                "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]},
+                                                "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"],
+                                                "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]},
                                                abs=1e-3)
             assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
             assert r.arrival["burstiness"] == d["burstiness"]
@@ -214,7 +216,8 @@ def check_copies(shared: Path) -> None:
                                     "vllm-3replicas__benchmark_2025-05-12_00-03-23"), strict=True):
         d = json.loads((llmd / f"{stamp}.json").read_text(encoding="utf-8"))
         assert r.measured == pytest.approx({"ttft_mean_ms": d["mean_ttft_ms"], "ttft_p50_ms": d["median_ttft_ms"],
-                                            "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"]}, abs=1e-3)
+                                            "tpot_mean_ms": d["mean_tpot_ms"], "tpot_p50_ms": d["median_tpot_ms"],
+                                            "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]}, abs=1e-3)
         assert r.requests == d["num_prompts"] and r.arrival["rate_per_s"] == d["request_rate"]
         assert r.arrival["burstiness"] == d["burstiness"] and r.input_tokens * d["completed"] == d["total_input_tokens"]
 

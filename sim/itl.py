@@ -1,0 +1,270 @@
+"""Inter-token latency (ITL): the gaps between a request's streamed tokens, kept per engine (compiled hot path).
+
+What a user's benchmark measures (vLLM ``benchmarks/serve.py`` / ``benchmark_serving.py``: ``itls`` are the
+gaps between consecutive streamed chunks after the first; ``median_itl_ms``, ``p99_itl_ms`` pool every gap of
+every request) is, in the model, one gap per engine step a request takes part in after its first token, plus
+the longer gaps around a preemption (last token before it -> the token its recompute samples -> the token of
+its first step back in the batch).
+
+Cost: an engine's steps come in stretches of ``n`` steps whose durations form an arithmetic series
+(``sim/batch.py``), so the gaps are counted per stretch, never per token. Each engine keeps
+
+* a persistent histogram of its step durations (a path-copying binary tree over the logarithmic buckets of
+  :class:`kvplan.sim.quantiles.LogSketch`, ``ALPHA`` = 0.5 %): each insertion makes a new version (O(depth)
+  new nodes) and leaves older versions intact. A request keeps the version at the start of its stay in the
+  batch and the bucket of the stay's first step (its first token, not a gap); at its finish, the difference
+  between the current version and that one, less that step, is the histogram of exactly its gaps,
+  whose median and maximum are read by walking down both trees (O(depth)) - the classic "k-th smallest in a
+  range" persistent segment tree. Versions no request refers to any more are freed by reference counting,
+  so memory stays bounded by the requests in flight;
+* the pooled bucket counts of every gap (each step weighted by the requests it gave a non-first token),
+  logged once at the end of the run (``Ev.ITL_HIST``) for the summary's ``itl_p50/p90/p99_s``.
+
+Precision: per-turn ``itl_p50_s``/``itl_max_s`` and the pooled percentiles are bucket representatives,
+within a relative 0.5 % of the simulated gaps (the summary sketch's bound).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvplan.sim.events import Ev
+from kvplan.sim.evlog import RowBuffer
+
+ALPHA = 0.005  # = kvplan.sim.quantiles.ALPHA (the same buckets: pooled counts feed a LogSketch)
+GAMMA = (1.0 + ALPHA) / (1.0 - ALPHA)
+LOG_GAMMA = math.log(GAMMA)
+DEPTH = 11
+KEY_MIN = -1152  # bucket of ~1e-5 s: shorter gaps are counted here
+KEY_SPAN = 1 << DEPTH  # keys KEY_MIN .. KEY_MIN + 2047 (up to ~7,700 s; longer gaps are counted there)
+NO_SKIP = KEY_MIN - 1  # a span whose first step is a gap too (its start version is after the first token)
+
+
+def bucket_key(x: float) -> int:
+    """The sketch bucket of a gap of ``x`` seconds, clamped to the tree's key range."""
+    if x <= 0.0:
+        return KEY_MIN
+    k = math.ceil(math.log(x) / LOG_GAMMA)
+    if k < KEY_MIN:
+        return KEY_MIN
+    top = KEY_MIN + KEY_SPAN - 1
+    return k if k <= top else top
+
+
+def bucket_value(key: int) -> float:
+    """The bucket's representative (within ALPHA of every value of the bucket), as ``LogSketch`` gives it."""
+    return 2.0 * math.exp(key * LOG_GAMMA) / (GAMMA + 1.0)
+
+
+# A tree node is ``[count of its key range, lower half, upper half]``; a list built top-down by :func:`insert`
+# and never changed afterwards, so every older version stays valid. Empty subtrees are the one node EMPTY,
+# its own children, so that walks need no test for a missing child.
+Node = list[Any]
+EMPTY: Node = [0, None, None]
+EMPTY[1] = EMPTY
+EMPTY[2] = EMPTY
+
+
+def _count(n: Node | None) -> int:
+    return int(n[0]) if n is not None else 0
+
+
+def _lo(n: Node | None) -> Node | None:
+    return n[1] if n is not None else None
+
+
+def _hi(n: Node | None) -> Node | None:
+    return n[2] if n is not None else None
+
+
+def insert(root: Node | None, key: int, c: int) -> Node:
+    """A new version of ``root`` with ``c`` more at ``key`` (path copying; ``root`` is unchanged)."""
+    off = key - KEY_MIN
+    r = root if root is not None else EMPTY
+    top: Node = [c + r[0], r[1], r[2]]
+    new = top
+    half = KEY_SPAN >> 1
+    while half:
+        side = 2 if off & half else 1
+        ch = new[side]
+        nxt: Node = [c + ch[0], ch[1], ch[2]]
+        new[side] = nxt
+        new = nxt
+        half >>= 1
+    return top
+
+
+Span = tuple[Node | None, Node | None, int]  # (version at the stay's start, at its end, key of its first step)
+
+
+def kth_key(spans: list[Span], extra: list[int], k: int) -> int:
+    """Key of the ``k``-th smallest (0-based) gap: each span's ``end - start`` less its first step, plus ``extra``."""
+    olds = [s[0] for s in spans]
+    news = [s[1] for s in spans]
+    skips = [s[2] for s in spans]
+    base = KEY_MIN
+    half = KEY_SPAN >> 1
+    while half:
+        mid = base + half
+        left = 0
+        for i in range(len(news)):
+            left += _count(_lo(news[i])) - _count(_lo(olds[i]))
+        for sk in skips:
+            if base <= sk < mid:
+                left -= 1
+        for x in extra:
+            if base <= x < mid:
+                left += 1
+        if k < left:
+            olds = [_lo(o) for o in olds]
+            news = [_lo(o) for o in news]
+        else:
+            k -= left
+            base = mid
+            olds = [_hi(o) for o in olds]
+            news = [_hi(o) for o in news]
+        half >>= 1
+    return base
+
+
+def kth_key1(old: Node | None, new: Node | None, skip: int, k: int, base: int = KEY_MIN,
+             half: int = KEY_SPAN >> 1) -> int:
+    """:func:`kth_key` of one span and no extra gap (the common case, without lists); ``old``/``new`` may be
+    the subtrees of keys ``base .. base + 2 * half - 1``."""
+    o = old if old is not None else EMPTY
+    n = new if new is not None else EMPTY
+    while half:
+        nl = n[1]
+        ol = o[1]
+        left = nl[0] - ol[0]
+        if base <= skip < base + half:
+            left -= 1
+        if k < left:
+            o, n = ol, nl
+        else:
+            k -= left
+            base += half
+            o, n = o[2], n[2]
+        half >>= 1
+    return base
+
+
+def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, float]:
+    """:func:`turn_stats` of one stay in the batch without gaps around preemptions (the common case).
+
+    One walk down the tree finds the middle order statistic(s) and the maximum: the paths are shared until
+    they part (median and maximum usually lie in nearby buckets), then each part finishes on its own subtree.
+    """
+    o = old if old is not None else EMPTY
+    n = new if new is not None else EMPTY
+    total = n[0] - o[0] - (skip != NO_SKIP)
+    if total <= 0:
+        return math.nan, math.nan
+    k = (total - 1) >> 1
+    kmax = total - 1
+    want_hi = not total & 1  # even count: the upper middle one too
+    base = KEY_MIN
+    half = KEY_SPAN >> 1
+    hi = top = 0
+    split = top_done = False
+    while half:
+        nl = n[1]
+        ol = o[1]
+        left = nl[0] - ol[0]
+        if base <= skip < base + half:
+            left -= 1
+        if k < left:
+            if kmax >= left and not top_done:  # the maximum is in the upper half
+                top_done = True
+                top = kth_key1(o[2], n[2], skip, kmax - left, base + half, half >> 1)
+            if want_hi and not split and k + 1 == left:  # the upper middle one is in the upper half
+                split = True
+                hi = kth_key1(o[2], n[2], skip, 0, base + half, half >> 1)
+            o, n = ol, nl
+        else:
+            k -= left
+            kmax -= left
+            base += half
+            o, n = o[2], n[2]
+        half >>= 1
+    if not top_done:
+        top = base  # the maximum shares the median's bucket
+    if not split:
+        hi = base  # odd count, or both middle ones in one bucket
+    lo_v = 2.0 * math.exp(base * LOG_GAMMA) / (GAMMA + 1.0)
+    med = 0.5 * (lo_v + 2.0 * math.exp(hi * LOG_GAMMA) / (GAMMA + 1.0)) if hi != base else lo_v
+    return med, 2.0 * math.exp(top * LOG_GAMMA) / (GAMMA + 1.0)
+
+
+class ItlTracker:
+    """One engine's step-duration history (persistent histogram) and pooled gap counts."""
+
+    def __init__(self) -> None:
+        self.root: Node = EMPTY
+        self.pooled: dict[int, int] = {}
+
+    def add(self, first: float, inc: float, n: int, weight: int, k: int) -> None:
+        """``n`` steps of durations ``first + inc * i`` (``k``: the bucket of ``first``), each a gap for ``weight``
+        requests (pooled counts)."""
+        if n <= 0:
+            return
+        last = first + inc * (n - 1)
+        if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
+            self.root = insert(self.root, k, n)
+            pooled = self.pooled
+            pooled[k] = pooled.get(k, 0) + n * weight
+            return
+        # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
+        k1 = bucket_key(last)
+        i = 0
+        while i < n:
+            if k >= k1:
+                j = n
+            else:
+                j = min(n, max(i + 1, math.floor((math.exp(k * LOG_GAMMA) - first) / inc) + 1))
+            self._put(k, j - i, weight)
+            i = j
+            if i < n:
+                k = max(k + 1, bucket_key(first + inc * i))
+
+    def _put(self, key: int, c: int, weight: int) -> None:
+        self.root = insert(self.root, key, c)
+        pooled = self.pooled
+        pooled[key] = pooled.get(key, 0) + c * weight
+
+    def unpool(self, key: int, c: int) -> None:
+        """``c`` requests took their first token in a step counted at ``key``: not a gap for them."""
+        self.pooled[key] = self.pooled.get(key, 0) - c
+
+    def gap(self, x: float) -> int:
+        """One gap outside the step series (around a preemption), pooled; returns its key for the request."""
+        key = bucket_key(x)
+        self.pooled[key] = self.pooled.get(key, 0) + 1
+        return key
+
+
+def turn_stats(spans: list[Span], extra: list[int]) -> tuple[float, float]:
+    """(median, max) of one request's gaps: its spans' step gaps plus the ``extra`` gap keys.
+
+    The median is the mean of the two middle order statistics (``numpy.median``), each a bucket
+    representative; NaN for a request without any gap (one output token).
+    """
+    total = len(extra)
+    for old, new, skip in spans:
+        total += _count(new) - _count(old) - (skip != NO_SKIP)
+    if total <= 0:
+        return math.nan, math.nan
+    r_lo, r_hi = (total - 1) // 2, total // 2
+    lo = kth_key(spans, extra, r_lo)
+    hi = lo if r_hi == r_lo else kth_key(spans, extra, r_hi)
+    top = kth_key(spans, extra, total - 1)
+    return 0.5 * (bucket_value(lo) + bucket_value(hi)), bucket_value(top)
+
+
+def log_pooled(rows: RowBuffer, now: float, node: int, itl: ItlTracker) -> None:
+    """One ``ITL_HIST`` row per occupied bucket of the engine's pooled gaps: ``a`` = bucket key, ``b`` = count."""
+    for key in sorted(itl.pooled):
+        c = itl.pooled[key]
+        if c > 0:
+            rows.append((now, Ev.ITL_HIST, -1, -1, node, float(key), float(c)))

@@ -60,13 +60,11 @@ from kvplan.sim.advice_rules import (
     mean_ci,
     metrics,
     paired,
-    router_ttl,
     significant_gain,
     threshold_rationale,
     ttl_curve,
 )
 from kvplan.sim.advice_runs import (
-    MIN_ALLOWANCE_S,
     ROUTER_ROUNDS,
     Gaps,
     RouterFit,
@@ -440,7 +438,8 @@ class _Threshold:
 
 
 def _threshold_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, rec_rows: Rows | None) -> _Threshold:
-    """Stage 3: the threshold candidates at the chosen TTL and its router TTL (not simulated with retention off)."""
+    """Stage 3: the threshold candidates at the chosen TTL and its router TTL (with retention off: at the shortest
+    TTL simulated, the one advised if bidirectional is kept on)."""
     n_star = setup.be.tokens
     if rec is None or rec_rows is None:
         return _Threshold(n_star, [], [], None)
@@ -456,7 +455,7 @@ def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None,
     if rec is None or thr.rows is None or setup.sc.deployment.cross_layer_blocks:
         return {}
     base = m(thr.rows)
-    if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_mean_s"]:
+    if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_p50_s"]:
         return {}
     rows = runner.run({"x": {**_on(rec.ttl_s, rec.router_ttl_s, thr.tokens), "deployment.cross_layer_blocks": True}})["x"]
     mx = m(rows)
@@ -491,15 +490,14 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     warnings: list[str] = []
     slo = apply_slo(choice, curve, off_m, setup.slo_ms, warnings)
     rec = choice.chosen
-    thr = _threshold_stage(setup, runner, rec, ttl_rows.get(rec.ttl_s) if rec is not None else None)
+    at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
+    thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
     transfer = _cross_layer_stage(setup, runner, rec, thr, m)
-    exp_rows = thr.rows if thr.rows is not None else st.off
+    exp_rows = thr.rows if rec is not None and thr.rows is not None else st.off
     exp_m = m(exp_rows)
     exp_sat = saturation(exp_rows)
     binding = binding_constraint(choice.binding, exp_m, slo, rec is not None, exp_sat.resources)
-    ttl = int(rec.ttl_s) if rec is not None else int(setup.grid[0])
-    router = rec.router_ttl_s if rec is not None else router_ttl(ttl, setup.margin, MIN_ALLOWANCE_S)
-    allowance = rec.allowance_s if rec is not None else MIN_ALLOWANCE_S
+    ttl, router, allowance = int(at.ttl_s), at.router_ttl_s, at.allowance_s
     bidir = not choice.retention_off
     rationale = [*saturation_lines(setup, (def_m, def_sat), (off_m, off_sat), curve), *choice.rationale]
     if rec is None or all(c.saturated for c in curve):
@@ -510,8 +508,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
     rationale.append(kept_on + threshold_rationale(thr.tokens, setup.be))
-    how = (f"its own p99 arrival->P decision, {st.fits[rec.ttl_s].rounds} simulation round(s)" if rec is not None
-           else "minimum")
+    how = f"its own p99 arrival->P decision, {st.fits[at.ttl_s].rounds} simulation round(s)"
     rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {allowance:g} s "
                      f"P-decision allowance ({how})).")
     if transfer:
@@ -652,8 +649,8 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
                          "local_prefix_tokens": be.local_prefix_tokens, "tail_tokens": be.tail_tokens,
                          "pull_s_at_break_even": be.pull_s, "recompute_s_at_break_even": be.recompute_s,
                          "simulated": thr.check_rows, "chosen_tokens": int(threshold),
-                         "simulated_at": "the chosen TTL and router TTL" if thr.rows is not None else
-                         "not simulated (retention off)"},
+                         "simulated_at": "the chosen TTL and router TTL" if bidir else
+                         "the minimum TTL advised if bidirectional is kept on"},
         slo=slo, disagreements=tuple(disagreements), **extra,
     )
 

@@ -2,8 +2,9 @@
 
 NIXL posts one descriptor per (registered region x block) (VLLM_BEHAVIOUR.md 1.11: ``num_descs = num_regions
 x num_blocks``); with cross-layer blocks a logical block is contiguous over the layers, so one region per rank
-(:func:`kvplan.models.arch.kv_regions_per_rank`). When pulls are a large part of TTFT (at least
-:data:`PULL_SHARE_TRIAL` of the mean) :mod:`kvplan.sim.advice` simulates its recommendation again with
+(:func:`kvplan.models.arch.kv_regions_per_rank`). When pulls are a large part of TTFT (the mean pull at least
+:data:`PULL_SHARE_TRIAL` of the TTFT p50: the median, so that queueing tails do not hide it)
+:mod:`kvplan.sim.advice` simulates its recommendation again with
 ``deployment.cross_layer_blocks: true`` (same seeds) and reports what the descriptor count costs
 (:func:`descriptor_cost`): the pull of the mean pulled size on an idle link with and without cross-layer
 blocks, against the line rate (bytes x per_byte_s).
@@ -18,7 +19,7 @@ from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_
 from kvplan.models.costs import TransferCost, pull_visible_time_s
 from kvplan.sim.engine import Resolved
 
-#: The cross-layer trial runs when the mean pull is at least this share of the mean TTFT.
+#: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50.
 PULL_SHARE_TRIAL = 0.25
 #: vLLM's switch (kv_connector_extra_config, nixl_connector_usage.md) behind deployment.cross_layer_blocks.
 VLLM_FLAG = "enable_cross_layers_blocks"
@@ -63,7 +64,7 @@ def trial_text(dc: DescriptorCost, m_off: dict[str, float], m_on: dict[str, floa
     """The rationale sentence of the cross-layer trial (``fmt`` renders seconds)."""
     verdict = (f"enable it ({VLLM_FLAG}: true in kv_connector_extra_config on P and D, where the attention backend "
                "supports it)" if adopted else "no significant gain here")
-    return (f"Transfer: pulls take {fmt(m_off['kv_pull_mean_s'])} of a {fmt(m_off['ttft_mean_s'])} mean TTFT; a "
+    return (f"Transfer: pulls take {fmt(m_off['kv_pull_mean_s'])} of a {fmt(m_off['ttft_p50_s'])} TTFT p50; a "
             f"{dc.tokens:,}-token pull posts {dc.descriptors:,} descriptors per rank (regions x blocks), "
             f"{fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; with cross_layer_blocks "
             f"{dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}. Simulated with the same seeds: "

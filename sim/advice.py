@@ -531,7 +531,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),
                             "recommended": list(exp_sat.resources)},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
-             "steady_state": _steady_json(setup, curve), "transfer": transfer}
+             "steady_state": _steady_json(setup, curve, st.off), "transfer": transfer}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
                            binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
 
@@ -582,12 +582,16 @@ def _unsaturate_hint(setup: _Setup, sat: Saturation, curve: list[TtlCandidate]) 
             f"TP{dep.tensor_parallel_size})."]
 
 
-def _steady_json(setup: _Setup, curve: list[TtlCandidate]) -> dict[str, Any]:
+def _steady_json(setup: _Setup, curve: list[TtlCandidate], off: Rows) -> dict[str, Any]:
     wl = setup.sc.workload
-    return {"conversations_asked": setup.lengthened[0] if setup.lengthened else wl.conversations,
-            "conversations_simulated": wl.conversations, "lengthened": setup.lengthened is not None,
-            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady],
-            "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication)"}
+    ran = [int(r["conversations"]) for r in off if r.get("error") is None and "conversations" in r]
+    simulated = ran[0] if ran else wl.conversations  # a trace replays its own sessions
+    return {"conversations_asked": setup.lengthened[0] if setup.lengthened else simulated,
+            "conversations_simulated": simulated, "lengthened": setup.lengthened is not None,
+            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated],
+            "saturated_ttls_s": [c.ttl_s for c in curve if c.saturated],
+            "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication); "
+                    "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
 
 
 def _run_warnings(setup: _Setup, curve: list[TtlCandidate]) -> list[str]:
@@ -596,7 +600,7 @@ def _run_warnings(setup: _Setup, curve: list[TtlCandidate]) -> list[str]:
     out = []
     if setup.rs.profile.extrapolated:
         out.append("profile not calibrated on this deployment: " + setup.rs.profile.status_line())
-    short = [c.ttl_s for c in curve if not c.steady]
+    short = [c.ttl_s for c in curve if not c.steady and not c.saturated]  # saturated: no length would be steady
     if short:
         fix = ("the trace cannot be lengthened: replay a longer window" if setup.sc.workload.trace is not None
                else "raise --conversations")

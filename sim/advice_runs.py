@@ -169,7 +169,7 @@ def screened_hits(sc: Scenario, grid: Sequence[float], margin: float, trace_gaps
     return screen_scenarios(variants)["screen_hit_rate"].to_numpy(dtype=float)
 
 
-def prune_ttls(grid: Sequence[float], hits: np.ndarray) -> tuple[list[float], list[float]]:
+def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tuple[list[float], list[float]]:
     """(TTLs to simulate, TTLs pruned) of the sorted ``grid`` by the screened ``hits`` (module docstring)."""
     n = len(grid)
     h = np.nan_to_num(np.asarray(hits, dtype=float), nan=0.0)

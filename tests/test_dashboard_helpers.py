@@ -98,7 +98,9 @@ def test_advice_view_and_config_snippets() -> None:
     view = sw.advice_view(rec)
     assert view.settings[0] == ("decoder_kv_blocks_ttl", "30 s") and view.settings[-1][1] == "recompute"
     assert list(view.comparison.columns) == list(sw.ADVICE_COLUMNS.values())
-    assert view.comparison.loc["TTFT p90", "recommended"] == "500.0 ms +/- 10.0"
+    assert view.comparison.loc["TTFT p90", "recommended"] == "500.0 ms +/- 10.0 ms"
+    # times in human units (issue 18: not "268,554.9 ms")
+    assert sw.format_metric("ttft_p50_s", 268.5549) == "4.5 min" and sw.format_metric("ttft_p50_s", 1.87) == "1.87 s"
     assert view.comparison.loc["hit rate", "bidirectional off"] == "0.0 %"
     assert not any(str(i).endswith("_s") for i in view.comparison.index)  # no ms values under *_s names
     assert view.rationale[-1] == "Binding constraint: turn-gap distribution."

@@ -46,6 +46,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.sim.advice_report import (
+    PROXY_ROUTER_TTL_S,
+    VLLM_THRESHOLD,
+    VLLM_TTL_S,
+    run_warnings,
+    saturation_lines,
+    steady_json,
+    unsaturate_hint,
+)
 from kvplan.sim.advice_rules import (
     Evidence,
     Rows,
@@ -65,10 +74,8 @@ from kvplan.sim.advice_rules import (
     ttl_curve,
 )
 from kvplan.sim.advice_runs import (
-    ROUTER_ROUNDS,
     Gaps,
     RouterFit,
-    Saturation,
     prune_ttls,
     saturation,
     screened_hits,
@@ -85,7 +92,7 @@ from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.results import json_safe
 from kvplan.sim.router import KV_AWARE_ROUTING
-from kvplan.sim.scenario import PoissonArrival, Scenario, as_scenario, with_overrides
+from kvplan.sim.scenario import Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.sim.seeds import replication_seeds
 from kvplan.units import human_s
@@ -97,17 +104,12 @@ __all__ = ["BreakEven", "Recommendation", "break_even", "kv_transfer_config", "r
 DEFAULT_TTL_GRID_S: tuple[float, ...] = (5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800)
 UNLIMITED_TTL_S = 1e7
 UNBOUNDED_DECODE_KV_TOKENS = 10**12
-#: Pinned-KV means of two TTLs within this relative difference are "the same" (a warning: the runs do not separate them).
-SAME_PINNED_REL = 0.005
 #: The Little's-law screen is compared with the simulated pinned KV only above this mean (GiB) ...
 SCREEN_CHECK_MIN_GIB = 0.5
 #: ... and reported as a disagreement beyond this relative difference.
 SCREEN_DISAGREEMENT_REL = 0.2
-VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
-VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
 #: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
 IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
-PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
             "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
 RULES = (
@@ -499,9 +501,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     binding = binding_constraint(choice.binding, exp_m, slo, rec is not None, exp_sat.resources)
     ttl, router, allowance = int(at.ttl_s), at.router_ttl_s, at.allowance_s
     bidir = not choice.retention_off
-    rationale = [*saturation_lines(setup, (def_m, def_sat), (off_m, off_sat), curve), *choice.rationale]
+    rationale = [*saturation_lines((def_m, def_sat), (off_m, off_sat), curve), *choice.rationale]
     if rec is None or all(c.saturated for c in curve):
-        rationale.extend(_unsaturate_hint(setup, exp_sat if rec is not None else off_sat, curve))
+        rationale.extend(unsaturate_hint(setup.rs, exp_sat if rec is not None else off_sat, curve))
     # with retention off the threshold and router TTL only matter if the operator keeps bidirectional on anyway
     kept_on = IF_KEPT_ON if choice.retention_off else ""
     if choice.retention_off:
@@ -513,7 +515,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                      f"P-decision allowance ({how})).")
     if transfer:
         rationale.append(transfer["text"])
-    warnings.extend(_run_warnings(setup, curve))
+    warnings.extend(run_warnings(setup.rs, curve))
     disagreements = list(thr.disagreements)
     if rec is not None:
         disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))
@@ -531,90 +533,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),
                             "recommended": list(exp_sat.resources)},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
-             "steady_state": _steady_json(setup, curve, st.off), "transfer": transfer}
+             "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
                            binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
-
-
-def saturation_lines(setup: _Setup, defaults: tuple[dict[str, float], Saturation],
-                     off: tuple[dict[str, float], Saturation], curve: list[TtlCandidate]) -> list[str]:
-    """What the baselines saturate, said as such (never read as "retention does not pay")."""
-    (def_m, def_sat), (off_m, off_sat) = defaults, off
-    out = []
-    if def_sat:
-        fine = [c for c in curve if not c.saturated]
-        fix = (f" The smallest change that removes it: TTL {max(fine, key=lambda c: c.ttl_s).ttl_s:g} s (router TTL "
-               f"{max(fine, key=lambda c: c.ttl_s).router_ttl_s} s), the longest TTL tried that saturates nothing."
-               if fine else "")
-        out.append(f"vLLM's defaults (TTL {VLLM_TTL_S:g} s, router TTL {PROXY_ROUTER_TTL_S:g} s, threshold "
-                   f"{VLLM_THRESHOLD}) saturate {def_sat.text()} at this load (TTFT p50 {human_s(def_m['ttft_p50_s'])}, "
-                   f"p90 {human_s(def_m['ttft_p90_s'])}, {def_m['errors']:.0f} failed turns): that is the defaults "
-                   f"failing at this load, not a verdict on retention.{fix}")
-    if off_sat:
-        why = (" (recomputing every follow-up's context is more than P can serve)"
-               if "prefill_compute" in off_sat.resources else "")
-        out.append(f"With bidirectional off, {off_sat.text()} saturate(s) at this load (P busy "
-                   f"{off_m['prefill_utilization']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
-    return out
-
-
-def _unsaturate_hint(setup: _Setup, sat: Saturation, curve: list[TtlCandidate]) -> list[str]:
-    """When the recommendation itself saturates: the smallest change that removes it (a TTL, else more nodes)."""
-    if not sat:
-        return []
-    fine = [c for c in curve if not c.saturated]
-    if fine:
-        best = min(fine, key=lambda c: c.metrics["ttft_mean_s"])
-        return [f"Smallest change that removes the saturation: TTL {best.ttl_s:g} s (router TTL {best.router_ttl_s} s) "
-                "saturates nothing."]
-    dep, wl = setup.sc.deployment, setup.sc.workload
-    add = []
-    if {"prefill_compute", "prefill_held_kv"} & set(sat.resources) and not sat.backpressure:
-        add.append(f"P nodes (now {dep.prefill_nodes})")
-    if "decode_kv" in sat.resources or sat.backpressure:
-        add.append(f"D nodes (now {dep.decode_nodes})")
-    if "link" in sat.resources:
-        add.append("link bandwidth")
-    rate = f" --rate {wl.arrival.rate_per_s:g}" if isinstance(wl.arrival, PoissonArrival) else ""
-    return [f"No TTL tried removes the saturation ({sat.text()}): add {' and '.join(add) or 'nodes'} — run `kvplan "
-            f"capacity --model {setup.rs.arch.name} --hardware {setup.rs.node.name}{rate} --slo-ttft-p90-ms <SLO>` "
-            f"(xPyD search at this load; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D "
-            f"TP{dep.tensor_parallel_size})."]
-
-
-def _steady_json(setup: _Setup, curve: list[TtlCandidate], off: Rows) -> dict[str, Any]:
-    wl = setup.sc.workload
-    ran = [int(r["conversations"]) for r in off if r.get("error") is None and "conversations" in r]
-    simulated = ran[0] if ran else wl.conversations  # a trace replays its own sessions
-    return {"conversations_asked": setup.lengthened[0] if setup.lengthened else simulated,
-            "conversations_simulated": simulated, "lengthened": setup.lengthened is not None,
-            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated],
-            "saturated_ttls_s": [c.ttl_s for c in curve if c.saturated],
-            "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication); "
-                    "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
-
-
-def _run_warnings(setup: _Setup, curve: list[TtlCandidate]) -> list[str]:
-    """An extrapolated profile, runs too short for steady state, identical pinned KV at different TTLs, and router
-    TTLs that did not settle."""
-    out = []
-    if setup.rs.profile.extrapolated:
-        out.append("profile not calibrated on this deployment: " + setup.rs.profile.status_line())
-    short = [c.ttl_s for c in curve if not c.steady and not c.saturated]  # saturated: no length would be steady
-    if short:
-        fix = ("the trace cannot be lengthened: replay a longer window" if setup.sc.workload.trace is not None
-               else "raise --conversations")
-        out.append(f"runs too short for steady state at TTL {', '.join(f'{t:g}' for t in short)} s (arrival span < "
-                   f"TTL + p90 conversation span): their pinned KV and hit rates are not steady figures; {fix}")
-    pinned = [(c.ttl_s, c.metrics["pinned_kv_gib_mean"]) for c in curve
-              if math.isfinite(c.metrics["pinned_kv_gib_mean"]) and c.metrics["pinned_kv_gib_mean"] > SCREEN_CHECK_MIN_GIB]
-    for (t1, g1), (t2, g2) in zip(pinned, pinned[1:], strict=False):
-        if abs(g1 - g2) <= SAME_PINNED_REL * max(g1, g2):
-            out.append(f"pinned decode KV mean is the same ({g1:.1f} GiB) at TTL {t1:g} s and {t2:g} s: the runs do not "
-                       "separate them (too short for steady state, or the decode pool is full)")
-    out.extend(f"router TTL at TTL {c.ttl_s:g} s did not settle in {ROUTER_ROUNDS} rounds (its P-decision p99 keeps "
-               "growing as the router TTL shrinks: P saturates)" for c in curve if not c.router_settled)
-    return out
 
 
 def _screen_disagreement(sc: Scenario, ttl: int, router: int, threshold: int, simulated_gib: float) -> list[str]:

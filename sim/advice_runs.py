@@ -172,10 +172,11 @@ def screened_hits(sc: Scenario, grid: Sequence[float], margin: float, trace_gaps
 def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tuple[list[float], list[float]]:
     """(TTLs to simulate, TTLs pruned) of the sorted ``grid`` by the screened ``hits`` (module docstring)."""
     n = len(grid)
-    h = np.nan_to_num(np.asarray(hits, dtype=float), nan=0.0)
-    top = float(h.max()) if n else 0.0
-    if n <= 2:
+    raw = np.asarray(hits, dtype=float)
+    if n <= 2 or not np.isfinite(raw).any():  # nothing to prune, or the screen could not say (closed loop)
         return list(grid), []
+    h = np.nan_to_num(raw, nan=0.0)
+    top = float(h.max())
     if top <= 0:
         keep = {0, n - 1}  # nothing comes back within any TTL: the shortest and the longest say so
     else:

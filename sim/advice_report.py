@@ -45,7 +45,8 @@ def saturation_lines(defaults: tuple[dict[str, float], Saturation], off: tuple[d
     if off_sat:
         why = (" (recomputing every follow-up's context is more than P can serve)"
                if "prefill_compute" in off_sat.resources else "")
-        out.append(f"With bidirectional off, {off_sat.text()} saturate(s) at this load (P busy "
+        verb = "saturates" if len(off_sat.resources) == 1 else "saturate"
+        out.append(f"With bidirectional off, {off_sat.text()} {verb} at this load (P busy "
                    f"{off_m['prefill_utilization']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
     return out
 
@@ -81,7 +82,7 @@ def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[Tt
     simulated = ran[0] if ran else wl.conversations  # a trace replays its own sessions
     return {"conversations_asked": lengthened[0] if lengthened else simulated,
             "conversations_simulated": simulated, "lengthened": lengthened is not None,
-            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated],
+            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled],
             "saturated_ttls_s": [c.ttl_s for c in curve if c.saturated],
             "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication); "
                     "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
@@ -93,7 +94,8 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
     out = []
     if rs.profile.extrapolated:
         out.append("profile not calibrated on this deployment: " + rs.profile.status_line())
-    short = [c.ttl_s for c in curve if not c.steady and not c.saturated]  # saturated: no length would be steady
+    # saturated (or unsettled: its P-decision delay leaves no router TTL) -> no length would be steady
+    short = [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled]
     if short:
         fix = ("the trace cannot be lengthened: replay a longer window" if rs.scenario.workload.trace is not None
                else "raise --conversations")

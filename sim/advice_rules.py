@@ -16,6 +16,7 @@ import numpy as np
 
 from kvplan.sim.breakeven import BreakEven
 from kvplan.sim.executor import t_quantile_975
+from kvplan.units import human_s
 
 Rows = list[dict[str, Any]]
 #: (mean, 95% CI half-width) of a paired difference over replications
@@ -50,6 +51,11 @@ METRIC_COLUMNS = (
     ("prefill_utilization", "prefill_utilization"), ("kv_pull_mean_s", "kv_pull_mean_s"),
     ("d_queue_mean_s", "d_queue_mean_s"),
 )
+
+
+def _signed(x: float) -> str:
+    """A signed time difference in human units."""
+    return ("+" if x >= 0 else "-") + human_s(abs(x))
 
 
 def mean_ci(x: Sequence[float]) -> Gain:
@@ -206,8 +212,8 @@ def choose_ttl(ev: Evidence) -> TtlChoice:
         return _all_saturated(ev)
     if not significant_gain(ev.unlimited, ev.off_mean_s):
         return TtlChoice(None, True, TURN_GAPS, [
-            f"Even unlimited retention does not lower mean TTFT materially (gain {ev.unlimited[0] * 1000:.1f} ms vs "
-            f"{ev.off_mean_s * 1000:.1f} ms with bidirectional off): pulls are not faster than recomputing here, or "
+            f"Even unlimited retention does not lower mean TTFT materially (gain {human_s(ev.unlimited[0])} vs "
+            f"{human_s(ev.off_mean_s)} with bidirectional off): pulls are not faster than recomputing here, or "
             "turns rarely come back."])
     target = BENEFIT_FRACTION * ev.unlimited[0]
     feasible = [c for c in ev.curve if c.feasible]
@@ -225,7 +231,7 @@ def _reaching(ev: Evidence, rec: TtlCandidate, target: float) -> TtlChoice:
     hbm = ev.budget_gib is not None and any(c.benefit_s >= target and not c.feasible for c in shorter)
     return TtlChoice(rec, False, DECODE_HBM if hbm else TURN_GAPS, [
         f"TTL {rec.ttl_s:g} s is the shortest reaching {rec.benefit_fraction:.0%} of the unlimited-TTL "
-        f"benefit ({rec.benefit_s * 1000:.1f} of {ev.unlimited[0] * 1000:.1f} ms mean TTFT); {ev.gap_text}."])
+        f"benefit ({human_s(rec.benefit_s)} of {human_s(ev.unlimited[0])} mean TTFT); {ev.gap_text}."])
 
 
 def _all_saturated(ev: Evidence) -> TtlChoice:
@@ -245,7 +251,7 @@ def _retention_down(ev: Evidence) -> TtlChoice:
     top = max(ev.curve, key=lambda c: c.ttl_s)
     best = max(ev.curve, key=lambda c: c.benefit_s)
     hit, peak = top.metrics["hit_rate"], top.metrics["pinned_kv_gib_peak"]
-    gain_ms = ev.unlimited[0] * 1000
+    gain = human_s(ev.unlimited[0])
     binding = TURN_GAPS
     if ev.budget_gib is not None and any(c.significant for c in ev.curve):
         why = f"no TTL that helps fits the {ev.budget_gib:g} GiB decode HBM budget"
@@ -254,17 +260,17 @@ def _retention_down(ev: Evidence) -> TtlChoice:
         why = (f"{ev.gap_text}: they lie far beyond every TTL considered (up to {top.ttl_s:g} s), so retained "
                f"blocks expire unread (hit rate {hit:.1%} at {top.ttl_s:g} s vs {ev.unlimited_hit_rate:.1%} "
                f"unlimited) while pinning up to {peak:.1f} GiB of decode HBM; unlimited retention would gain "
-               f"{gain_ms:.1f} ms only by holding KV for hours")
+               f"{gain} only by holding KV for hours")
     elif hit < EXPIRES_UNREAD_HIT_FRACTION * ev.unlimited_hit_rate:
         why = (f"retained blocks mostly expire unread (hit rate {hit:.1%} at {top.ttl_s:g} s vs "
                f"{ev.unlimited_hit_rate:.1%} unlimited; {ev.gap_text}) and no TTL tried lowers mean TTFT significantly "
-               f"(best {best.benefit_s * 1000:+.1f} ms at {best.ttl_s:g} s)")
+               f"(best {_signed(best.benefit_s)} at {best.ttl_s:g} s)")
     else:
         why = (f"retained blocks are read back (hit rate {hit:.1%} at {top.ttl_s:g} s) but no finite TTL lowers mean "
-               f"TTFT significantly (best {best.benefit_s * 1000:+.1f} ms at {best.ttl_s:g} s): the pulls are little "
+               f"TTFT significantly (best {_signed(best.benefit_s)} at {best.ttl_s:g} s): the pulls are little "
                f"faster than recomputing what P's prefix cache lacks (local prefix ~{ev.local_prefix_tokens} "
                f"tokens), and the pinned KV (up to {peak:.1f} GiB) shrinks the decode batch; the unlimited-TTL gain "
-               f"of {gain_ms:.1f} ms needs unbounded decode memory")
+               f"of {gain} needs unbounded decode memory")
         binding = DECODE_HBM if top.metrics["d_queue_mean_s"] > 0 else binding
     return TtlChoice(None, True, binding, [f"Turn retention down: {why}."])
 
@@ -275,8 +281,8 @@ def _best_attainable(ev: Evidence, significant: list[TtlCandidate]) -> TtlChoice
     by_hbm = ev.budget_gib is not None and any(not c.feasible and c.benefit_s > best.benefit_s for c in ev.curve)
     where = f"within the {ev.budget_gib:g} GiB budget" if by_hbm else f"in the grid ({ev.gap_text})"
     return TtlChoice(rec, False, DECODE_HBM if by_hbm else TURN_GAPS, [
-        f"No TTL reaches 95% of the unlimited-TTL benefit ({ev.unlimited[0] * 1000:.1f} ms) {where}; TTL "
-        f"{rec.ttl_s:g} s reaches 95% of the best attainable ({best.benefit_s * 1000:.1f} ms)."])
+        f"No TTL reaches 95% of the unlimited-TTL benefit ({human_s(ev.unlimited[0])}) {where}; TTL "
+        f"{rec.ttl_s:g} s reaches 95% of the best attainable ({human_s(best.benefit_s)})."])
 
 
 def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[str, float], slo_ms: float | None,
@@ -300,7 +306,7 @@ def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[st
     met_p90 = p90(choice.chosen)
     slo = {"ttft_p90_ms": slo_ms, "met": bool(met_p90 <= slo_s), "expected_ttft_p90_ms": met_p90 * 1000}
     if not slo["met"]:
-        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({met_p90 * 1000:.0f} ms expected)")
+        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({human_s(met_p90)} expected)")
     return slo
 
 
@@ -332,12 +338,12 @@ def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
         P_KV_POOL: "P's KV pool (prompts held for D's reads fill it; P's queue waits on the lease backpressure)",
         PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization']:.0%}; the prefill of first turns "
                          "and misses sets the TTFT tail)",
-        LINK: f"link (pulls take {m['kv_pull_mean_s'] * 1000:.0f} ms of a {m['ttft_mean_s'] * 1000:.0f} ms TTFT)",
+        LINK: f"link (pulls take {human_s(m['kv_pull_mean_s'])} of a {human_s(m['ttft_mean_s'])} TTFT)",
     }[binding]
 
 
 def threshold_rationale(threshold: int, be: BreakEven) -> str:
     """The threshold sentence of the rationale."""
     return (f"Threshold {threshold} tokens: analytic break-even {be.tokens} ({be.verdict}; pull "
-            f"{be.pull_s * 1000:.1f} ms vs recompute {be.recompute_s * 1000:.1f} ms at n*, local prefix "
+            f"{human_s(be.pull_s)} vs recompute {human_s(be.recompute_s)} at n*, local prefix "
             f"{be.local_prefix_tokens}, tail {be.tail_tokens}).")

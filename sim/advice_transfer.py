@@ -69,4 +69,4 @@ def trial_text(dc: DescriptorCost, m_off: dict[str, float], m_on: dict[str, floa
             f"{fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; with cross_layer_blocks "
             f"{dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}. Simulated with the same seeds: "
             f"TTFT p50 {fmt(m_off['ttft_p50_s'])} -> {fmt(m_on['ttft_p50_s'])}, p90 {fmt(m_off['ttft_p90_s'])} -> "
-            f"{fmt(m_on['ttft_p90_s'])} (mean {gain[0] * 1000:+.0f} ms lower): {verdict}.")
+            f"{fmt(m_on['ttft_p90_s'])} (mean {fmt(gain[0])} lower): {verdict}.")

@@ -102,7 +102,7 @@ def test_retention_off_saturates_p_compute() -> None:
                     ttl_grid=(15, 30, 60, 120))
     assert rec.saturation["bidirectional_off"] == ["prefill_compute"]
     why = _why(rec)
-    assert "With bidirectional off, P compute saturate" in why, why
+    assert "With bidirectional off, P compute saturates" in why, why
     assert FAR_BEYOND not in why and "p10 0 s" not in why
     assert rec.bidirectional and rec.expected["ttft_p90_s"] < rec.bidirectional_off["ttft_p90_s"] / 10
 

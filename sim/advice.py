@@ -124,8 +124,8 @@ RULES = (
     "Saturation rule: a TTL whose runs saturate a resource (health: waits > 1 s at p90 on a resource >= 90% busy, in "
     "half the replications) is not eligible; saturated baselines are reported as such.",
 )
-SCREEN_RULE = ("TTLs below the last whose screened hit rate is under 25% of the best, and above the one after the first "
-               "reaching 99% of it, are not simulated (analytic screen, router TTL = TTL - margin - 1 s)")
+SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, and those above the one after the first reaching "
+               "99% of it, are not simulated (analytic screen, router TTL = TTL - margin - 1 s)")
 ASSUMPTIONS = (
     "TTFT benefit is measured on mean TTFT with common random numbers (same seeds for every configuration).",
     "Pinned decode KV mean is time-weighted over the steady window (after TTL + p90 conversation span, before the "

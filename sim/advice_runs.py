@@ -10,9 +10,10 @@
   :data:`ROUTER_ROUNDS` rounds do not settle, or whose delay leaves no router TTL of 1 s, keeps its first
   (longest) router TTL and is flagged: P's decision delay grows as the router forgets (saturation).
 * :func:`prune_ttls`: the analytic screen (:func:`kvplan.sim.screen.screen_scenarios`; on a trace, the CDF of
-  its gaps) orders the TTL grid by hit rate; TTLs below the last one under :data:`PRUNE_LOW_HIT_FRACTION` of
-  the best screened hit rate and above the first after the one reaching :data:`PRUNE_HIGH_HIT_FRACTION` are
-  not simulated (the TTL rule could not pick them), and are listed as pruned.
+  its gaps) orders the TTL grid by hit rate; TTLs whose screened hit rate is under
+  :data:`PRUNE_LOW_HIT_FRACTION` of the best, and those above the first after the one reaching
+  :data:`PRUNE_HIGH_HIT_FRACTION` of it, are not simulated (the TTL rule could not pick them), and are listed
+  as pruned. When no TTL gets any hit, the shortest and the longest are simulated (they say so).
 * :func:`steady_conversations`: how many conversations make the arrival span at least
   :data:`STEADY_SPAN_FACTOR` x (TTL + p90 conversation span) (the steady-window definition of
   ``run_extras``), estimated before any run, when at most :data:`MAX_LENGTHEN_FACTOR` x the scenario's do;
@@ -44,7 +45,7 @@ K = TypeVar("K", bound=Hashable)
 ROUTER_ROUNDS = 3
 #: The smallest P-decision allowance (s): the router rule's floor (and round 0 of the search).
 MIN_ALLOWANCE_S = 1.0
-#: Screen pruning: TTLs below the last one whose screened hit rate is under this share of the best are dropped ...
+#: Screen pruning: TTLs whose screened hit rate is under this share of the best are dropped ...
 PRUNE_LOW_HIT_FRACTION = 0.25
 #: ... and TTLs beyond the one after the first reaching this share of the best.
 PRUNE_HIGH_HIT_FRACTION = 0.99
@@ -128,8 +129,8 @@ def settle_router_ttls(run: Callable[[dict[K, dict[str, Any]]], dict[K, Rows]], 
     run together (one parallel batch).
 
     The result is the last settled round; a candidate that does not settle (its measured delay leaves no router
-    TTL >= 1 s, or keeps growing as the router TTL shrinks: fewer hits load P more) keeps its first round, the
-    longest router TTL, and is flagged ``settled=False`` (its runs then usually saturate P).
+    TTL >= 1 s, its round saturates P, or the delay keeps growing as the router TTL shrinks: fewer hits load P
+    more) keeps its first round, the longest router TTL, and is flagged ``settled=False``.
     """
     allowance = dict.fromkeys(ttls, MIN_ALLOWANCE_S)
     fits: dict[K, RouterFit] = {}
@@ -144,7 +145,9 @@ def settle_router_ttls(run: Callable[[dict[K, dict[str, Any]]], dict[K, Rows]], 
             if fit.settled or k not in fits:
                 fits[k] = fit
             no_room = ttls[k] - margin - got < 1.0  # floor(TTL - margin - allowance) would be below 1 s
-            if not fit.settled and not no_room and rnd < ROUTER_ROUNDS:
+            # a shorter router TTL only turns pulls into recomputes: a round that saturates P cannot be cured by one
+            p_saturated = bool({"prefill_compute", "prefill_held_kv"} & set(saturation(rows[k]).resources))
+            if not fit.settled and not no_room and not p_saturated and rnd < ROUTER_ROUNDS:
                 allowance[k] = got
                 nxt.append(k)
         pending = nxt
@@ -181,8 +184,7 @@ def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tup
         keep = {0, n - 1}  # nothing comes back within any TTL: the shortest and the longest say so
     else:
         hi = int(np.argmax(h >= PRUNE_HIGH_HIT_FRACTION * top))
-        low = [i for i in range(hi) if h[i] < PRUNE_LOW_HIT_FRACTION * top]
-        lo = low[-1] if low else 0
+        lo = int(np.argmax(h >= PRUNE_LOW_HIT_FRACTION * top))
         keep = set(range(lo, min(hi + 1, n - 1) + 1))
     return [t for i, t in enumerate(grid) if i in keep], [t for i, t in enumerate(grid) if i not in keep]
 

@@ -132,7 +132,7 @@ def test_router_ttl_follows_each_candidates_own_delay() -> None:
 def test_screen_prunes_the_ttl_grid() -> None:
     grid = [5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0]
     keep, pruned = prune_ttls(grid, [0, 0, 0, 0.05, 0.4, 0.8, 1.0, 1.0, 1.0])
-    assert keep == [30.0, 45.0, 60.0, 90.0, 120.0] and pruned == [5.0, 10.0, 15.0, 180.0]
+    assert keep == [45.0, 60.0, 90.0, 120.0] and pruned == [5.0, 10.0, 15.0, 30.0, 180.0]
     keep, pruned = prune_ttls(grid, [0.0] * len(grid))
     assert keep == [5.0, 180.0]
     assert prune_ttls(grid, [math.nan] * len(grid)) == (grid, [])  # the screen could not say: nothing pruned

@@ -46,6 +46,8 @@ def scenario_16p56d(conversations: int) -> dict[str, Any]:
 
 
 def _summary(rec: Any) -> dict[str, Any]:
+    from kvplan.app.cmd_recommend import render_text
+
     keys = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "pinned_kv_gib_mean", "prefill_utilization")
     return {"bidirectional": rec.bidirectional, "decoder_kv_blocks_ttl_s": rec.decoder_kv_blocks_ttl_s,
             "router_ttl_s": rec.router_ttl_s, "kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
@@ -54,6 +56,7 @@ def _summary(rec: Any) -> dict[str, Any]:
             "binding_constraint": rec.binding_constraint, "rationale": list(rec.rationale),
             "warnings": list(rec.warnings), "screen": rec.screen, "steady_state": rec.steady_state,
             "transfer": {k: v for k, v in rec.transfer.items() if k != "text"},
+            "text": [ln for ln in render_text(rec) if not ln.startswith(("rule:", "assumption:", "warning: profile"))],
             "ttl_curve": [{k: c[k] for k in ("ttl_s", "router_ttl_s", "ttft_p90_s", "hit_rate", "saturated", "steady",
                                              "router_settled")} for c in rec.ttl_curve]}
 

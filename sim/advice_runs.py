@@ -35,7 +35,7 @@ import pandas as pd
 from kvplan.models.costs import decode_step_time_s
 from kvplan.sim.advice_rules import Rows, col, router_ttl
 from kvplan.sim.engine import Resolved
-from kvplan.sim.scenario import PoissonArrival, Scenario, with_overrides
+from kvplan.sim.scenario import ClosedLoopArrival, PoissonArrival, Scenario, with_overrides
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.units import human_s
 
@@ -161,8 +161,11 @@ def settle_router_ttls(run: Callable[[dict[K, dict[str, Any]]], dict[K, Rows]], 
 
 def screened_hits(sc: Scenario, grid: Sequence[float], margin: float, trace_gaps: np.ndarray | None) -> np.ndarray:
     """Hit rate per TTL of ``grid`` with the router TTL at ``TTL - margin - 1 s``: the analytic screen, or on a
-    trace the share of its gaps within that router TTL."""
+    trace the share of its gaps within that router TTL; NaN for a closed loop (a turn also waits for a free
+    client, which the screen's gap model does not see: nothing is pruned)."""
     routers = np.array([max(t - margin - MIN_ALLOWANCE_S, 1.0) for t in grid])
+    if trace_gaps is None and isinstance(sc.workload.arrival, ClosedLoopArrival):
+        return np.full(len(grid), np.nan)
     if trace_gaps is not None:
         g = np.sort(trace_gaps[np.isfinite(trace_gaps)])
         return np.searchsorted(g, routers, side="right") / max(len(g), 1)
@@ -276,4 +279,6 @@ def workload_gaps(sc: Scenario, trace_gaps: np.ndarray | None) -> Gaps | None:
         q = np.percentile(trace_gaps, [10, 50, 90])
         return Gaps(float(q[0]), float(q[1]), float(q[2]), "trace turn gaps (arrival to arrival, as workload show)")
     q = np.percentile(quantile_sample(sc.workload.turn_gap_s), [10, 50, 90])
-    return Gaps(float(q[0]), float(q[1]), float(q[2]), "turn gaps (end of response to next turn)")
+    what = ("think times (closed loop: a turn also waits for a free client)"
+            if isinstance(sc.workload.arrival, ClosedLoopArrival) else "turn gaps (end of response to next turn)")
+    return Gaps(float(q[0]), float(q[1]), float(q[2]), what)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvplan.app.cli import main
@@ -17,6 +18,7 @@ from kvplan.sim.advice_runs import (
     measured_allowance,
     prune_ttls,
     saturation,
+    screened_hits,
     settle_router_ttls,
     steady,
     steady_conversations,
@@ -136,6 +138,10 @@ def test_screen_prunes_the_ttl_grid() -> None:
     keep, pruned = prune_ttls(grid, [0.0] * len(grid))
     assert keep == [5.0, 180.0]
     assert prune_ttls(grid, [math.nan] * len(grid)) == (grid, [])  # the screen could not say: nothing pruned
+    closed = scenario_from_dict({**small(600_000, 150_000, 0.5, 6000),
+                                 "workload": {"arrival": {"kind": "closed_loop", "clients": 2,
+                                                          "max_active_conversations": 10}}})
+    assert np.isnan(screened_hits(closed, grid, 5.0, None)).all()  # a turn also waits for a client: not screened
 
 
 def test_steady_state_lengthening_and_flags() -> None:

@@ -117,10 +117,6 @@ def render_text(rec: Recommendation) -> list[str]:
                     ("ttft_mean_s", "TTFT mean")):
         lines.append(f"{name:24}{ms(e, k):>18}{ms(b, k):>18}{ms(o, k):>20}")
     lines.append(f"{'hit rate':24}{e['hit_rate']:>18.1%}{b['hit_rate']:>18.1%}{o['hit_rate']:>20.1%}")
-    sat = rec.saturation or {}
-    lines.append(f"{'saturated':24}" + "".join(f"{(', '.join(RESOURCE_NAMES[r] for r in sat.get(k, [])) or '-'):>{w}}"
-                                               for k, w in (("recommended", 18), ("vllm_defaults", 18),
-                                                            ("bidirectional_off", 20))))
     h = rec.decode_hbm
     lines += [
         f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>9.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
@@ -129,6 +125,7 @@ def render_text(rec: Recommendation) -> list[str]:
         f"{h['decode_batch_capacity_at_vllm_defaults']:>18.0f}{h['decode_batch_capacity_without_retention']:>20.0f}",
         f"(±: 95% CI over replications; decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
         + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
+        _saturated_line(rec.saturation or {}),
         "",
         f"binding constraint: {rec.binding_constraint}",
         *([f"SLO TTFT p90 {rec.slo['ttft_p90_ms']:g} ms: {'met' if rec.slo['met'] else 'NOT met'} "
@@ -163,3 +160,12 @@ def _run_notes(rec: Recommendation) -> list[str]:
         out.append(f"steady state: runs lengthened from {ss['conversations_asked']:,} to "
                    f"{ss['conversations_simulated']:,} conversations (arrival span >= 2 x (TTL + p90 conversation span))")
     return out
+
+
+def _saturated_line(sat: dict[str, list[str]]) -> str:
+    """What each configuration saturates (health section of its runs)."""
+    def names(key: str) -> str:
+        return ", ".join(RESOURCE_NAMES[r] for r in sat.get(key, [])) or "nothing"
+
+    return (f"saturated: recommended {names('recommended')}; vLLM defaults {names('vllm_defaults')}; "
+            f"bidirectional off {names('bidirectional_off')}")

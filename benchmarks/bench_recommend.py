@@ -4,6 +4,7 @@ Two parts, both with the local backend on 2 workers:
 
 * ``reference``: wall time of ``recommend`` on benchmarks/reference.yaml (1P1D Qwen3-32B, 2,000 conversations x
   10 turns) with the CLI's defaults (3 replications, the default TTL grid, ``--policies`` on); target < 3 min.
+  ``--no-policies``: the advisor alone (``reference_no_policies``).
 * ``16p56d``: the issue's saturated deployment: Llama-3.3-70B on p5, 16P56D TP8, 30k-token prefix growing by
   1,500 user + 500 output tokens per turn, 10 turns, gaps uniform 20-60 s, 3 conversations/s, 3,600
   conversations. ``recommend`` (no policies), then the hand sweep it must match: TTL 60/90/120/180 s with router
@@ -61,14 +62,15 @@ def _summary(rec: Any) -> dict[str, Any]:
                                              "router_settled")} for c in rec.ttl_curve]}
 
 
-def part_reference(replications: int) -> dict[str, Any]:
-    """Wall time of recommend on the reference workload with the CLI's defaults."""
+def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
+    """Wall time of recommend on the reference workload with the CLI's defaults (``policies=False``: the advisor
+    alone, as ``--no-policies``)."""
     from kvplan.sim.advice import recommend
     from kvplan.sim.scenario import load_scenario
 
     runs = [0]
     t0 = time.perf_counter()
-    rec = recommend(load_scenario(REF), replications=replications, workers=WORKERS, policies=True,
+    rec = recommend(load_scenario(REF), replications=replications, workers=WORKERS, policies=policies,
                     progress=lambda d, n: runs.__setitem__(0, d))
     wall = time.perf_counter() - t0
     out = {"wall_s": wall, "target_s": TARGET_REFERENCE_S, "meets_target": wall < TARGET_REFERENCE_S,
@@ -119,11 +121,13 @@ def main() -> None:
     ap.add_argument("--part", choices=("reference", "16p56d", "all"), default="all")
     ap.add_argument("--conversations", type=int, default=3600, help="Conversations of the 16P56D scenario.")
     ap.add_argument("--replications", type=int, default=3)
+    ap.add_argument("--no-policies", action="store_true", help="Reference part: the advisor alone (no compare).")
     a = ap.parse_args()
     results: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if a.part in ("reference", "all"):
-        results["reference"] = part_reference(a.replications)
+        key = "reference_no_policies" if a.no_policies else "reference"
+        results[key] = part_reference(a.replications, policies=not a.no_policies)
     if a.part in ("16p56d", "all"):
         results["16p56d"] = part_16p56d(a.conversations, a.replications)
     from kvplan.sim.results import json_safe

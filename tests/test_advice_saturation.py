@@ -208,3 +208,19 @@ def test_cost_prints_descriptors_with_and_without_cross_layer(capsys: pytest.Cap
     assert d["kv_transfer_cross_layer_s"] > d["kv_line_rate_s"] > 0 and math.isfinite(d["kv_xfer_cross_layer_s"])
     assert main(["cost", "--model", "llama-3.3-70b", "--hardware", "p5", "--tokens", "32000"]) == 0
     assert "with cross-layer blocks" in capsys.readouterr().out
+
+
+def test_short_run_is_lengthened_end_to_end() -> None:
+    # 30 conversations at 0.5/s = 60 s of arrivals, shorter than 2 x (TTL + ~60 s of conversation): lengthened
+    sc = scenario_from_dict(small(600_000, 150_000, 0.5, 6000, conversations=30))
+    rec = recommend(sc, replications=1, ttl_grid=(15, 30), workers=1)
+    ss = rec.steady_state
+    assert ss["lengthened"] and ss["conversations_asked"] == 30 and 30 < ss["conversations_simulated"] <= 120
+    assert not ss["unsteady_ttls_s"] and all(c["steady"] for c in rec.ttl_curve)
+    from kvplan.sim.advice import recommendation_inputs
+
+    assert rec.inputs == recommendation_inputs(sc, 1, (15, 30), None, None)  # the scenario as given
+    # up to TTL 60 s it would need more than 4x the conversations: not lengthened, flagged instead
+    rec = recommend(sc, replications=1, ttl_grid=(30, 60), workers=1)
+    assert not rec.steady_state["lengthened"] and rec.steady_state["unsteady_ttls_s"] == [30.0, 60.0]
+    assert any(w.startswith("runs too short for steady state at TTL 30, 60 s") for w in rec.warnings), rec.warnings

@@ -78,7 +78,7 @@ from kvplan.sim.advice_runs import (
     RouterFit,
     prune_ttls,
     saturation,
-    screened_hits,
+    screen_ttls,
     settle_router_ttls,
     steady,
     steady_conversations,
@@ -124,8 +124,9 @@ RULES = (
     "Saturation rule: a TTL whose runs saturate a resource (health: waits > 1 s at p90 on a resource >= 90% busy, in "
     "half the replications) is not eligible; saturated baselines are reported as such.",
 )
-SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, and those above the one after the first reaching "
-               "99% of it, are not simulated (analytic screen, router TTL = TTL - margin - 1 s)")
+SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, those above the one after the first reaching 99% "
+               "of it, and those whose screened prefill utilisation is >= 1.25 (unless all are) are not simulated "
+               "(analytic screen, router TTL = TTL - margin - 1 s)")
 ASSUMPTIONS = (
     "TTFT benefit is measured on mean TTFT with common random numbers (same seeds for every configuration).",
     "Pinned decode KV mean is time-weighted over the steady window (after TTL + p90 conversation span, before the "
@@ -375,7 +376,7 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
     if be.tokens not in candidates:
         candidates = sorted([*candidates, be.tokens])
     margin = pol.expiry_safety_margin_s + max(pol.clock_skew_s, 0.0)
-    ttls, pruned = prune_ttls(grid, screened_hits(sc, grid, margin, trace_gaps))
+    ttls, pruned = prune_ttls(grid, *screen_ttls(sc, grid, margin, trace_gaps))
     lengthened = None
     n = steady_conversations(rs, max(ttls))
     if n is not None:

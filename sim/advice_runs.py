@@ -13,7 +13,8 @@
   its gaps) orders the TTL grid by hit rate; TTLs whose screened hit rate is under
   :data:`PRUNE_LOW_HIT_FRACTION` of the best, and those above the first after the one reaching
   :data:`PRUNE_HIGH_HIT_FRACTION` of it, are not simulated (the TTL rule could not pick them), and are listed
-  as pruned. When no TTL gets any hit, the shortest and the longest are simulated (they say so).
+  as pruned. When no TTL gets any hit, the shortest and the longest are simulated (they say so). TTLs whose
+  screened prefill utilisation reaches :data:`PRUNE_P_OVERLOAD` are pruned too, unless every TTL kept overloads P.
 * :func:`steady_conversations`: how many conversations make the arrival span at least
   :data:`STEADY_SPAN_FACTOR` x (TTL + p90 conversation span) (the steady-window definition of
   ``run_extras``), estimated before any run, when at most :data:`MAX_LENGTHEN_FACTOR` x the scenario's do;
@@ -49,6 +50,9 @@ MIN_ALLOWANCE_S = 1.0
 PRUNE_LOW_HIT_FRACTION = 0.25
 #: ... and TTLs beyond the one after the first reaching this share of the best.
 PRUNE_HIGH_HIT_FRACTION = 0.99
+#: ... and TTLs whose screened prefill utilisation is at least this (P overloaded by a quarter: the misses of a
+#: too-short TTL saturate P), when another TTL kept is below 1.
+PRUNE_P_OVERLOAD = 1.25
 #: Arrival span sought, in units of (TTL + p90 conversation span): run_extras' steady window starts at
 #: min(t_b / 2, TTL + p90 span), so it is steady only when t_b >= 2 (TTL + p90 span).
 STEADY_SPAN_FACTOR = 2.0
@@ -163,20 +167,43 @@ def screened_hits(sc: Scenario, grid: Sequence[float], margin: float, trace_gaps
     """Hit rate per TTL of ``grid`` with the router TTL at ``TTL - margin - 1 s``: the analytic screen, or on a
     trace the share of its gaps within that router TTL; NaN for a closed loop (a turn also waits for a free
     client, which the screen's gap model does not see: nothing is pruned)."""
+    return screen_ttls(sc, grid, margin, trace_gaps)[0]
+
+
+def screen_ttls(sc: Scenario, grid: Sequence[float], margin: float,
+                trace_gaps: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(hit rate, prefill utilisation) per TTL of ``grid`` (:func:`screened_hits`); the utilisation is the
+    screen's (NaN on a trace or a closed loop)."""
     routers = np.array([max(t - margin - MIN_ALLOWANCE_S, 1.0) for t in grid])
+    nan = np.full(len(grid), np.nan)
     if trace_gaps is None and isinstance(sc.workload.arrival, ClosedLoopArrival):
-        return np.full(len(grid), np.nan)
+        return nan, nan
     if trace_gaps is not None:
         g = np.sort(trace_gaps[np.isfinite(trace_gaps)])
-        return np.searchsorted(g, routers, side="right") / max(len(g), 1)
+        return np.searchsorted(g, routers, side="right") / max(len(g), 1), nan
     variants = [with_overrides(sc, {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": t,
                                     "policy.router_ttl_s": float(r), "policy.kv_load_failure_policy": "recompute"})
                 for t, r in zip(grid, routers, strict=True)]
-    return screen_scenarios(variants)["screen_hit_rate"].to_numpy(dtype=float)
+    df = screen_scenarios(variants)
+    return (df["screen_hit_rate"].to_numpy(dtype=float), df["screen_prefill_utilization"].to_numpy(dtype=float))
 
 
-def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tuple[list[float], list[float]]:
-    """(TTLs to simulate, TTLs pruned) of the sorted ``grid`` by the screened ``hits`` (module docstring)."""
+def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float],
+               p_util: np.ndarray | Sequence[float] | None = None) -> tuple[list[float], list[float]]:
+    """(TTLs to simulate, TTLs pruned) of the sorted ``grid`` by the screened ``hits`` and, when given, the
+    screened prefill utilisation ``p_util`` (module docstring)."""
+    keep, pruned = _prune_by_hits(grid, hits)
+    if p_util is None:
+        return keep, pruned
+    util = dict(zip(grid, np.asarray(p_util, dtype=float), strict=True))
+    over = [t for t in keep if util[t] >= PRUNE_P_OVERLOAD]
+    if over and any(util[t] < 1.0 for t in keep):  # keep them all when every TTL overloads P (it is said so)
+        keep = [t for t in keep if t not in over]
+        pruned = sorted([*pruned, *over])
+    return keep, pruned
+
+
+def _prune_by_hits(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tuple[list[float], list[float]]:
     n = len(grid)
     raw = np.asarray(hits, dtype=float)
     if n <= 2 or not np.isfinite(raw).any():  # nothing to prune, or the screen could not say (closed loop)

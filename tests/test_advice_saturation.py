@@ -138,6 +138,10 @@ def test_screen_prunes_the_ttl_grid() -> None:
     keep, pruned = prune_ttls(grid, [0.0] * len(grid))
     assert keep == [5.0, 180.0]
     assert prune_ttls(grid, [math.nan] * len(grid)) == (grid, [])  # the screen could not say: nothing pruned
+    hits = [0, 0, 0, 0.05, 0.4, 0.8, 1.0, 1.0, 1.0]
+    util = [3.5, 3.5, 3.5, 3.4, 2.35, 1.16, 0.43, 0.43, 0.43]  # the screen of the 16P56D scenario
+    assert prune_ttls(grid, hits, util)[0] == [60.0, 90.0, 120.0]  # TTL 45 s overloads P by 2.35x: not simulated
+    assert prune_ttls(grid, hits, [2.0] * len(grid))[0] == [45.0, 60.0, 90.0, 120.0]  # all overload P: all kept
     closed = scenario_from_dict({**small(600_000, 150_000, 0.5, 6000),
                                  "workload": {"arrival": {"kind": "closed_loop", "clients": 2,
                                                           "max_active_conversations": 10}}})

@@ -76,7 +76,8 @@ def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
     out = {"wall_s": wall, "target_s": TARGET_REFERENCE_S, "meets_target": wall < TARGET_REFERENCE_S,
            "advisor_runs": runs[0], "replications": replications, "workers": WORKERS,
            "best_policy": rec.best_policy.get("policy"), **_summary(rec)}
-    print(f"reference: recommend wall {wall:.1f} s ({runs[0]} advisor runs + compare; target < {TARGET_REFERENCE_S:.0f} s)"
+    print(f"reference: recommend wall {wall:.1f} s ({runs[0]} advisor runs{' + compare' if policies else ''}; target < "
+          f"{TARGET_REFERENCE_S:.0f} s)"
           f" -> TTL {rec.decoder_kv_blocks_ttl_s} s, router {rec.router_ttl_s} s, threshold "
           f"{rec.kv_recompute_threshold_tokens}; screen pruned {rec.screen.get('pruned_ttls_s')}")
     return out

@@ -18,9 +18,13 @@ link: request creation before the post (outside NIXL's timer) + NIXL xferDuratio
 --context X tokens each, default C + N). The profile is the one a simulation of --model on --hardware at --tp
 would use (or --profile P). --json prints prefill_s, kv_transfer_s (visible pull), kv_xfer_s (what NIXL
 reports as xferDuration, and the engine log as Avg xfer time), kv_pull_visible_s (= kv_transfer_s),
-decode_step_s, kv_cache_tokens (the KV pool of one instance under vLLM's memory accounting at the scenario
-defaults, gpu_memory_utilization 0.9 and max_num_seqs 1024; null when the weights leave no room) and what the
-profile is made of."""
+descriptors_per_rank (regions x blocks, NIXL posts one per descriptor), the same pull with cross-layer blocks
+(vLLM's enable_cross_layers_blocks: one region per rank): descriptors_per_rank_cross_layer,
+kv_transfer_cross_layer_s, kv_xfer_cross_layer_s, and kv_line_rate_s (bytes at the link's line rate, what
+no descriptor count can beat), read_thread_s (the reader's engine-thread time per read), decode_step_s,
+kv_cache_tokens (the KV pool of one instance under vLLM's memory accounting at the scenario defaults,
+gpu_memory_utilization 0.9 and max_num_seqs 1024; null when the weights leave no room) and what the profile
+is made of. --cross-layer-blocks makes the cross-layer pull the headline kv_transfer_s."""
 
 
 def _pool_tokens(arch: Any, gpu: Any, tp: int, chunk_tokens: int) -> int | None:
@@ -48,6 +52,8 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(1, "--batch", min=1, help="Decode batch size B."),
         context: int | None = typer.Option(None, "--context", min=1, help="Decode context per sequence (default C + N)."),
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens."),
+        cross_layer: bool = typer.Option(False, "--cross-layer-blocks",
+                                         help="Price the headline pull with cross-layer blocks (both are printed)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
         allow_unreliable: bool = typer.Option(
             False, "--allow-unreliable-profile", help="Use a profile of status 'unreliable' anyway."
@@ -85,7 +91,9 @@ def register(app: typer.Typer) -> None:
         prof, notes = resolve_profile(arch, node, n_tp, profile, allow_unreliable)
         c = prof.costs
         nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
-        desc = descriptors_per_transfer(arch, tokens)
+        desc_plain = descriptors_per_transfer(arch, tokens, False)
+        desc_cross = descriptors_per_transfer(arch, tokens, True)
+        desc = desc_cross if cross_layer else desc_plain
         ctx = context if context is not None else cached_tokens + tokens
         pool = _pool_tokens(arch, node.gpu, n_tp, chunk_tokens)
         out: dict[str, Any] = {
@@ -94,6 +102,13 @@ def register(app: typer.Typer) -> None:
             "kv_xfer_s": xfer_time_s(c.transfer, nbytes, desc),
             "kv_pull_visible_s": pull_visible_time_s(c.transfer, nbytes, desc),
             "read_thread_s": read_thread_time_s(c.transfer, desc),
+            "cross_layer_blocks": cross_layer,
+            "descriptors_per_rank": desc_plain,
+            "descriptors_per_rank_cross_layer": desc_cross,
+            "kv_transfer_plain_s": pull_visible_time_s(c.transfer, nbytes, desc_plain),
+            "kv_transfer_cross_layer_s": pull_visible_time_s(c.transfer, nbytes, desc_cross),
+            "kv_xfer_cross_layer_s": xfer_time_s(c.transfer, nbytes, desc_cross),
+            "kv_line_rate_s": nbytes * c.transfer.per_byte_s,
             "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
             "model": arch.name,
             "hardware": node.name,
@@ -119,6 +134,10 @@ def register(app: typer.Typer) -> None:
                   f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
         con.print(f"reader's engine thread per read (post + thread_per_descriptor_s x descriptors, overlapped with "
                   f"the step's forward, vLLM PR #53333): {out['read_thread_s'] * 1e3:.3f} ms")
+        con.print(f"descriptors per rank: {desc_plain:,} (regions x blocks) -> pull "
+                  f"{out['kv_transfer_plain_s'] * 1e3:.2f} ms; "
+                  f"with cross-layer blocks (enable_cross_layers_blocks) {desc_cross:,} -> pull "
+                  f"{out['kv_transfer_cross_layer_s'] * 1e3:.2f} ms; line rate alone {out['kv_line_rate_s'] * 1e3:.2f} ms")
         con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
         con.print(f"KV pool per instance: {pool:,} tokens (vLLM's accounting at gpu_memory_utilization 0.9, "
                   f"max_num_batched_tokens {chunk_tokens}, max_num_seqs 1024; kvplan memory for the terms)"

@@ -11,6 +11,8 @@ from pathlib import Path
 import typer
 
 from kvplan.sim.advice import IF_KEPT_ON, Recommendation
+from kvplan.sim.advice_runs import RESOURCE_NAMES
+from kvplan.units import human_s
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +31,7 @@ def register(app: typer.Typer) -> None:
         ttl_grid: str | None = typer.Option(None, "--ttl-grid", help="TTLs to try, e.g. '30,60,120,300,480,900'."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         conversations: int | None = typer.Option(None, "--conversations", help="Conversations per run (preset default)."),
+        trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
         policies: bool = typer.Option(True, "--policies/--no-policies",
                                       help="Also compare retention off, lease, evictable pins, offload and aggregated "
@@ -64,6 +67,14 @@ def register(app: typer.Typer) -> None:
                 sc = with_overrides(sc, {"workload.arrival.rate_per_s": rate})
         else:
             sc = preset_scenario(workload or "chat", model, hardware, rate_per_s=rate, conversations=conversations)
+        if trace is not None:
+            if sc.workload.trace is not None:
+                raise input_error("--trace", f"the scenario already replays workload.trace '{sc.workload.trace.path}'",
+                                  "remove one of them")
+            if rate is not None or conversations is not None:
+                raise input_error("--trace", "a trace brings its own arrivals and conversations",
+                                  "drop --rate and --conversations (use the trace's time_scale/window_s in a scenario)")
+            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
         grid = DEFAULT_TTL_GRID_S
         if ttl_grid is not None:
             grid = seconds_list("--ttl-grid", ttl_grid)
@@ -86,13 +97,13 @@ def render_text(rec: Recommendation) -> list[str]:
 
     def ms(d: dict[str, float], k: str) -> str:
         ci = d.get(f"{k}_ci95", math.nan)
-        return f"{d[k] * 1000:.0f}" + (f" ±{ci * 1000:.0f}" if math.isfinite(ci) else "")
+        return human_s(d[k]) + (f" ±{human_s(ci)}" if math.isfinite(ci) else "")
 
     knobs = (f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
              f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s")
     # retention off: the TTL, threshold and router TTL are not part of the advice, only a marked conditional line
     head = ([f"{knobs}, bidirectional_kv_xfer = true"] if rec.bidirectional else
-            ["bidirectional_kv_xfer = false: retention does not pay for this workload (see why:)",
+            ["bidirectional_kv_xfer = false: retention does not lower TTFT for this workload at this load (see why:)",
              f"  {IF_KEPT_ON}{knobs}"])
     lines = [
         *head,
@@ -102,8 +113,8 @@ def render_text(rec: Recommendation) -> list[str]:
         "",
         f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
     ]
-    for k, name in (("ttft_p50_s", "TTFT p50 ms"), ("ttft_p90_s", "TTFT p90 ms"), ("ttft_p99_s", "TTFT p99 ms"),
-                    ("ttft_mean_s", "TTFT mean ms")):
+    for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"), ("ttft_p99_s", "TTFT p99"),
+                    ("ttft_mean_s", "TTFT mean")):
         lines.append(f"{name:24}{ms(e, k):>18}{ms(b, k):>18}{ms(o, k):>20}")
     lines.append(f"{'hit rate':24}{e['hit_rate']:>18.1%}{b['hit_rate']:>18.1%}{o['hit_rate']:>20.1%}")
     h = rec.decode_hbm
@@ -114,11 +125,13 @@ def render_text(rec: Recommendation) -> list[str]:
         f"{h['decode_batch_capacity_at_vllm_defaults']:>18.0f}{h['decode_batch_capacity_without_retention']:>20.0f}",
         f"(±: 95% CI over replications; decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
         + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
+        _saturated_line(rec.saturation or {}),
         "",
         f"binding constraint: {rec.binding_constraint}",
         *([f"SLO TTFT p90 {rec.slo['ttft_p90_ms']:g} ms: {'met' if rec.slo['met'] else 'NOT met'} "
            f"({rec.slo['expected_ttft_p90_ms']:.0f} ms expected)"] if rec.slo else []),
         *[f"why: {r}" for r in rec.rationale],
+        *_run_notes(rec),
         *[f"rule: {r}" for r in rec.rules],
         *([f"rule: {rec.best_policy['rule']}"] if rec.best_policy else []),
         *([f"best policy: {rec.best_policy['why']}"] if rec.best_policy.get("why") else []),
@@ -127,8 +140,32 @@ def render_text(rec: Recommendation) -> list[str]:
         *[f"disagreement: {d}" for d in rec.disagreements],
         "",
         "prefill and decode servers (identical):",
+        *([f"  (with cross-layer blocks: add \"{rec.transfer['vllm_flag']}\":true to kv_connector_extra_config)"]
+          if rec.transfer.get("adopted") else []),
         f"  --kv-transfer-config '{json.dumps(rec.kv_transfer_config['prefill'], separators=(',', ':'))}'",
         f"router: {rec.router['how']}" if rec.bidirectional else f"router, {IF_KEPT_ON[0].lower()}{IF_KEPT_ON[1:]}"
                                                                   f"{rec.router['how']}",
     ]
     return lines
+
+
+def _run_notes(rec: Recommendation) -> list[str]:
+    """What was simulated: the TTLs the screen kept and pruned, and lengthened runs."""
+    out = []
+    scr, ss = rec.screen or {}, rec.steady_state or {}
+    if scr.get("pruned_ttls_s"):
+        out.append(f"screen: simulated TTLs {', '.join(f'{t:g}' for t in scr['simulated_ttls_s'])} s; pruned "
+                   f"{', '.join(f'{t:g}' for t in scr['pruned_ttls_s'])} s ({scr['rule']})")
+    if ss.get("lengthened"):
+        out.append(f"steady state: runs lengthened from {ss['conversations_asked']:,} to "
+                   f"{ss['conversations_simulated']:,} conversations (arrival span >= 2 x (TTL + p90 conversation span))")
+    return out
+
+
+def _saturated_line(sat: dict[str, list[str]]) -> str:
+    """What each configuration saturates (health section of its runs)."""
+    def names(key: str) -> str:
+        return ", ".join(RESOURCE_NAMES[r] for r in sat.get(key, [])) or "nothing"
+
+    return (f"saturated: recommended {names('recommended')}; vLLM defaults {names('vllm_defaults')}; "
+            f"bidirectional off {names('bidirectional_off')}")

@@ -19,8 +19,9 @@ import pandas as pd
 from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key, variant
 from kvplan.errors import input_error
 from kvplan.sim.advice import recommend
-from kvplan.sim.scenario import Policy, Scenario
+from kvplan.sim.scenario import PoissonArrival, Policy, Scenario
 from kvplan.sim.sweep import aggregate, grid_from_dict, run_grid
+from kvplan.units import human_s
 
 #: Largest TTL x threshold grid the explorer runs.
 MAX_GRID_POINTS = 400
@@ -169,16 +170,35 @@ def grid_marks(scenario: Scenario, recommendation: Mapping[str, Any] | None) -> 
 
 
 def recommendation_dict(scenario: Scenario, slo_ttft_p90_ms: float | None, decode_hbm_budget_gib: float | None,
-                        replications: int, progress: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Run ``sim.advice.recommend`` and return its ``to_json()`` as a dict."""
+                        replications: int, progress: Callable[..., Any] | None = None,
+                        workers: int = 1) -> dict[str, Any]:
+    """Run ``sim.advice.recommend`` (the same call as ``kvplan recommend --no-policies``) and return its
+    ``to_json()`` as a dict."""
     rec = recommend(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
-             replications=replications, progress=progress)
+                    replications=replications, progress=progress, workers=workers)
     out = rec.to_json() if hasattr(rec, "to_json") else rec
     if isinstance(out, str | bytes):
         out = json.loads(out)
     if not isinstance(out, dict):
         raise input_error("advice", f"recommend() returned {type(out).__name__}, expected a JSON object")
     return out
+
+
+def advice_caption(scenario: Scenario) -> str:
+    """What the advice is for, from the scenario itself: deployment, model, hardware and load."""
+    dep, wl = scenario.deployment, scenario.workload
+    if dep.mode == "aggregated":
+        shape = f"{dep.replicas} aggregated replica(s)"
+    else:
+        shape = f"{dep.prefill_nodes}P{dep.decode_nodes}D"
+    where = f"{shape} TP{dep.tensor_parallel_size}, {scenario.model} on {scenario.hardware}"
+    if wl.trace is not None:
+        load = f"replay of {wl.trace.path} (time scale {wl.trace.time_scale:g})"
+    elif isinstance(wl.arrival, PoissonArrival):
+        load = f"{wl.arrival.rate_per_s:g} new conversations/s, {wl.conversations:,} conversations"
+    else:
+        load = f"closed loop, {wl.arrival.clients} clients, {wl.conversations:,} conversations"
+    return f"Advice for {where}; {load}; P prefix caching {'on' if dep.prefill_prefix_caching else 'off'}."
 
 
 def advice_key(scenario: Scenario, slo: float | None, budget: float | None, replications: int) -> str:
@@ -228,15 +248,16 @@ METRIC_LABELS = {
 
 
 def format_metric(name: str, value: Any, ci95: Any = None) -> str:
-    """A metric as text with its unit from its name (``_s`` -> ms, rates -> %, ``gib`` -> GiB) and 95% CI."""
+    """A metric as text with its unit from its name (``_s`` -> ms, s, min or h as the size asks, rates -> %,
+    ``gib`` -> GiB) and 95% CI."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if not isinstance(value, int | float):
         return str(value)
     ci = float(ci95) if isinstance(ci95, int | float) and math.isfinite(float(ci95)) else None
     if name.endswith("_s"):
-        scale, unit, fmt = 1000.0, " ms", ",.1f"
-    elif name in ("hit_rate", "pull_rate", "prefill_utilization") or name.endswith("_fraction"):
+        return human_s(value) + (f" +/- {human_s(ci)}" if ci else "")
+    if name in ("hit_rate", "pull_rate", "prefill_utilization") or name.endswith("_fraction"):
         scale, unit, fmt = 100.0, " %", ".1f"
     elif "gib" in name:
         scale, unit, fmt = 1.0, " GiB", ",.1f"
@@ -282,6 +303,14 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
             # rows named for people (the values carry their units: ms, %, GiB), not by summary keys
             table[title] = {METRIC_LABELS.get(str(m), str(m)): format_metric(m, v, metrics.get(f"{m}_ci95"))
                             for m, v in metrics.items() if not m.endswith("_ci95")}
+    sat = rec.get("saturation")
+    if isinstance(sat, Mapping) and table:
+        names = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
+                 "link": "P<->D links"}
+        keys = {"expected": "recommended", "baseline": "vllm_defaults", "bidirectional_off": "bidirectional_off"}
+        for key, title in ADVICE_COLUMNS.items():
+            if title in table:
+                table[title]["saturated"] = ", ".join(names.get(r, r) for r in sat.get(keys[key], [])) or "-"
     rationale = _lines(rec.get("rationale"))
     if rec.get("binding_constraint"):
         rationale.append(f"Binding constraint: {rec['binding_constraint']}.")
@@ -293,7 +322,7 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
         settings=tuple(settings),
         comparison=pd.DataFrame(table),
         rationale=tuple(rationale),
-        caveats=tuple(_lines(rec.get("warnings")) + _lines(rec.get("disagreements"))),
+        caveats=tuple(_lines(rec.get("warnings")) + _lines(rec.get("disagreements")) + _run_notes(rec)),
         method=tuple(_lines(rec.get("rules")) + _lines(rec.get("assumptions"))),
         router_how=how,
         configs=tuple(kv_transfer_config_snippets(rec.get("kv_transfer_config", {}))),
@@ -318,3 +347,16 @@ def progress_adapter(bar: Any, label: str) -> Callable[..., None]:
         bar.progress(min(max(float(frac), 0.0), 1.0), text=text)
 
     return cb
+
+
+def _run_notes(rec: Mapping[str, Any]) -> list[str]:
+    """What was simulated (the screen's pruning, lengthened runs), as the CLI prints it."""
+    out = []
+    scr, ss = rec.get("screen") or {}, rec.get("steady_state") or {}
+    if isinstance(scr, Mapping) and scr.get("pruned_ttls_s"):
+        out.append("screen: simulated TTLs " + ", ".join(f"{float(t):g}" for t in scr.get("simulated_ttls_s", []))
+                   + " s; pruned " + ", ".join(f"{float(t):g}" for t in scr["pruned_ttls_s"]) + " s")
+    if isinstance(ss, Mapping) and ss.get("lengthened"):
+        out.append(f"runs lengthened from {ss['conversations_asked']:,} to {ss['conversations_simulated']:,} "
+                   "conversations for steady state")
+    return out

@@ -270,9 +270,21 @@ def parsed_points(frame: pd.DataFrame, x: str, y: str, colour: str | None, title
     return _layout(fig, title, x_title, y_title, legend_title_text=colour or "")
 
 
+def time_unit(values_s: Sequence[float]) -> tuple[float, str]:
+    """(scale, unit) that shows seconds in human units: ms below 1 s, s below 2 min, else min (by the largest)."""
+    finite = [abs(float(v)) for v in values_s if v is not None and math.isfinite(float(v))]
+    top = max(finite, default=0.0)
+    if top < 1.0:
+        return MS_PER_S, "ms"
+    if top < 120.0:
+        return 1.0, "s"
+    return 1 / 60, "min"
+
+
 def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = None,
               baseline_ttft_mean_s: float | None = None) -> go.Figure:
-    """The advisor's TTL sweep: mean TTFT (ms, left) and pinned decode KV (GiB, right) against the TTL.
+    """The advisor's TTL sweep: mean TTFT (left, in ms, s or min by its size: :func:`time_unit`) and pinned decode
+    KV (GiB, right) against the TTL.
 
     ``curve`` rows carry ``ttl_s``, ``ttft_mean_s`` and ``pinned_kv_gib_mean`` (``sim.advice``'s
     ``ttl_curve``); the chosen TTL is a vertical line, TTFT with bidirectional off a horizontal one.
@@ -280,12 +292,15 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
     from plotly.subplots import make_subplots
 
     frame = pd.DataFrame(list(curve))
+    times = [*(frame["ttft_mean_s"].tolist() if not frame.empty else []),
+             *([baseline_ttft_mean_s] if baseline_ttft_mean_s is not None else [])]
+    scale, unit = time_unit(times)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if not frame.empty:
         frame = frame.sort_values("ttl_s")
-        fig.add_trace(go.Scatter(x=frame["ttl_s"], y=frame["ttft_mean_s"] * MS_PER_S, mode="lines+markers",
-                                 name="mean TTFT (ms)", line={"color": "#1f77b4"},
-                                 hovertemplate="TTL %{x:g} s: %{y:.1f} ms<extra></extra>"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=frame["ttl_s"], y=frame["ttft_mean_s"] * scale, mode="lines+markers",
+                                 name=f"mean TTFT ({unit})", line={"color": "#1f77b4"},
+                                 hovertemplate=f"TTL %{{x:g}} s: %{{y:.3g}} {unit}<extra></extra>"), secondary_y=False)
         fig.add_trace(go.Scatter(x=frame["ttl_s"], y=frame["pinned_kv_gib_mean"], mode="lines+markers",
                                  name="pinned decode KV mean (GiB)", line={"color": "#ff7f0e", "dash": "dot"},
                                  hovertemplate="TTL %{x:g} s: %{y:.1f} GiB<extra></extra>"), secondary_y=True)
@@ -295,12 +310,12 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
         fig.add_annotation(x=math.log10(chosen_ttl_s), y=1.0, xref="x", yref="paper", text=f"recommended {chosen_ttl_s:g} s",
                            showarrow=False, xanchor="right", yanchor="top")
     if baseline_ttft_mean_s is not None and math.isfinite(baseline_ttft_mean_s):
-        fig.add_hline(y=baseline_ttft_mean_s * MS_PER_S, line={"color": "#d62728", "dash": "dot"},
+        fig.add_hline(y=baseline_ttft_mean_s * scale, line={"color": "#d62728", "dash": "dot"},
                       annotation_text="bidirectional off", annotation_position="bottom right")
     fig.update_xaxes(type="log", title_text="decoder_kv_blocks_ttl (s)")
-    fig.update_yaxes(title_text="mean TTFT (ms)", secondary_y=False)
+    fig.update_yaxes(title_text=f"mean TTFT ({unit})", secondary_y=False)
     fig.update_yaxes(title_text="pinned decode KV mean (GiB)", secondary_y=True, rangemode="tozero")
-    return _layout(fig, "TTL sweep behind the advice", "decoder_kv_blocks_ttl (s)", "mean TTFT (ms)")
+    return _layout(fig, "TTL sweep behind the advice", "decoder_kv_blocks_ttl (s)", f"mean TTFT ({unit})")
 
 
 def _num(v: Any) -> float:

@@ -16,9 +16,17 @@ Rules (printed with every recommendation, see :data:`RULES`):
   count against it), among TTLs whose peak pinned decode KV fits the HBM budget. When no TTL gets there
   within the budget, the shortest reaching 95% of the best feasible benefit; when no feasible TTL gives a
   significant (and > 1%) benefit, retention is turned down (bidirectional off, or the minimum TTL).
-* **Router TTL**: ``floor(TTL - safety margin - clock skew - allowance)``, allowance = p99 of arrival ->
-  P's connector decision (>= 1 s), so that the router's entry expires before P would decline the read
-  (the reference proxy uses 450 s under 480 s).
+  A TTL whose runs saturate a resource (health section) is not feasible; when every TTL saturates, the
+  advice says so and names the smallest change (a TTL that does not, else more P or D: ``kvplan capacity``).
+* **Router TTL**: each TTL candidate is simulated with its own ``floor(TTL - safety margin - clock skew -
+  allowance)``, allowance = that candidate's own p99 of arrival -> P's connector decision (>= 1 s), never a
+  baseline's: searched from 1 s and re-run while the measured p99 exceeds the allowance it ran with
+  (:func:`kvplan.sim.advice_runs.settle_router_ttls`), so that the router's entry expires before P would
+  decline the read (the reference proxy uses 450 s under 480 s).
+* **Screen**: the analytic screen prunes the TTL grid before any run (:func:`kvplan.sim.advice_runs.prune_ttls`);
+  a run too short for steady state (arrival span < TTL + p90 conversation span) is lengthened or flagged.
+* **Transfer**: when pulls are a large part of TTFT the recommendation is simulated again with cross-layer
+  blocks (:mod:`kvplan.sim.advice_transfer`).
 
 Every simulated configuration uses ``kv_load_failure_policy='recompute'`` (a declined read falls back to
 prefill instead of failing the request), except the vLLM-defaults baseline (``fail``, 480 s, 64, 450 s).
@@ -37,10 +45,20 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvplan.errors import input_error
+from kvplan.errors import KvplanInputError, input_error
+from kvplan.sim.advice_report import (
+    PROXY_ROUTER_TTL_S,
+    VLLM_THRESHOLD,
+    VLLM_TTL_S,
+    run_warnings,
+    saturation_lines,
+    steady_json,
+    unsaturate_hint,
+)
 from kvplan.sim.advice_rules import (
     Evidence,
     Rows,
+    RunFacts,
     TtlCandidate,
     TtlChoice,
     apply_slo,
@@ -48,24 +66,37 @@ from kvplan.sim.advice_rules import (
     binding_text,
     choose_ttl,
     col,
-    gap_text,
     mean_ci,
     metrics,
     paired,
-    router_ttl,
     significant_gain,
     threshold_rationale,
     ttl_curve,
 )
+from kvplan.sim.advice_runs import (
+    Gaps,
+    RouterFit,
+    prune_ttls,
+    saturation,
+    screen_ttls,
+    settle_router_ttls,
+    steady,
+    steady_conversations,
+    trace_gap_sample,
+    trace_pairs,
+    workload_gaps,
+)
+from kvplan.sim.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
 from kvplan.sim.breakeven import BreakEven, break_even
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.executor import run_tasks
 from kvplan.sim.history import follow_up_tail_tokens, history_assumption
 from kvplan.sim.results import json_safe
 from kvplan.sim.router import KV_AWARE_ROUTING
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
+from kvplan.sim.scenario import Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.sim.seeds import replication_seeds
+from kvplan.units import human_s
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +105,12 @@ __all__ = ["BreakEven", "Recommendation", "break_even", "kv_transfer_config", "r
 DEFAULT_TTL_GRID_S: tuple[float, ...] = (5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800)
 UNLIMITED_TTL_S = 1e7
 UNBOUNDED_DECODE_KV_TOKENS = 10**12
-#: Arrivals must span this many TTLs for the pinned-KV mean at a TTL to be steady (else a warning).
-STEADY_HORIZON_TTLS = 2
 #: The Little's-law screen is compared with the simulated pinned KV only above this mean (GiB) ...
 SCREEN_CHECK_MIN_GIB = 0.5
 #: ... and reported as a disagreement beyond this relative difference.
 SCREEN_DISAGREEMENT_REL = 0.2
-VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
-VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
 #: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
 IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
-PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
             "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
 RULES = (
@@ -93,9 +119,15 @@ RULES = (
     "Threshold rule: the analytic break-even pull size n* where pulling (transfer_time_s incl. descriptors, idle "
     "link) stops beating recomputing (prefill_time_s of those tokens on top of the local prefix, minus the tail "
     "computed anyway); checked by simulation at the target load against n*/2, 2n* and 64 (the simulator wins).",
-    "Router rule: router TTL = floor(D TTL - 5 s safety margin - clock skew - p99 of arrival->P decision, >= 1 s), "
-    "so a router hit is never declined by P (PR #47021).",
+    "Router rule: each TTL is simulated with router TTL = floor(D TTL - 5 s safety margin - clock skew - allowance), "
+    "allowance = that run's own p99 of arrival->P decision (>= 1 s): searched from 1 s and re-run (up to 3 rounds) "
+    "while the measured p99 exceeds the allowance it ran with, so a router hit is never declined by P (PR #47021).",
+    "Saturation rule: a TTL whose runs saturate a resource (health: waits > 1 s at p90 on a resource >= 90% busy, in "
+    "half the replications) is not eligible; saturated baselines are reported as such.",
 )
+SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, those above the one after the first reaching 99% "
+               "of it, and those whose screened prefill utilisation is >= 1.25 (unless all are) are not simulated "
+               "(analytic screen, router TTL = TTL - margin - 1 s)")
 ASSUMPTIONS = (
     "TTFT benefit is measured on mean TTFT with common random numbers (same seeds for every configuration).",
     "Pinned decode KV mean is time-weighted over the steady window (after TTL + p90 conversation span, before the "
@@ -115,7 +147,8 @@ class Recommendation:
     ``router_ttl_s``, ``kv_transfer_config`` (``prefill`` and ``decode``), ``expected`` (metrics at the
     recommendation, each with a ``<metric>_ci95`` half-width) and ``baseline`` (vLLM defaults), plus
     ``bidirectional_off``, ``decode_hbm``, ``binding_constraint``, ``rationale``, ``rules``, ``assumptions``,
-    ``warnings``, ``ttl_curve``, ``threshold_check``, ``slo`` and ``disagreements``, and ``inputs`` (what it
+    ``warnings``, ``ttl_curve``, ``threshold_check``, ``slo`` and ``disagreements``, ``saturation``, ``screen``,
+    ``steady_state`` and ``transfer``, and ``inputs`` (what it
     was computed from, :func:`recommendation_inputs`: a recommendation is reused only for the same inputs).
     """
 
@@ -141,6 +174,10 @@ class Recommendation:
     slo: dict[str, Any] = field(default_factory=dict)
     disagreements: tuple[str, ...] = ()
     best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (sim/compare.py)
+    saturation: dict[str, Any] = field(default_factory=dict)  # health resources each configuration saturates
+    screen: dict[str, Any] = field(default_factory=dict)  # TTLs simulated and pruned by the analytic screen
+    steady_state: dict[str, Any] = field(default_factory=dict)  # conversations simulated, TTLs not steady
+    transfer: dict[str, Any] = field(default_factory=dict)  # the cross-layer blocks trial (advice_transfer)
     inputs: dict[str, Any] = field(default_factory=dict)  # recommendation_inputs() of the call
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,9 +201,12 @@ def recommendation_inputs(sc: Scenario, replications: int, ttl_grid: Sequence[fl
             "slo_ttft_p90_ms": slo_ttft_p90_ms, "decode_hbm_budget_gib": decode_hbm_budget_gib}
 
 
-def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_policy: str) -> dict[str, Any]:
+def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_policy: str,
+                       cross_layer_blocks: bool = False) -> dict[str, Any]:
     """The ``--kv-transfer-config`` JSON for one server (identical on P and D, VLLM_BEHAVIOUR.md 1.1)."""
     extra: dict[str, Any] = {"bidirectional_kv_xfer": bidirectional, "backends": ["LIBFABRIC"]}
+    if cross_layer_blocks:
+        extra[VLLM_FLAG] = True
     if bidirectional:  # with bidirectional off the knobs are unused (and the newest code applies a set
         extra["decoder_kv_blocks_ttl"] = int(ttl_s)  # threshold to P->D too), so they are left at defaults
         extra["kv_recompute_threshold"] = int(threshold)
@@ -181,9 +221,17 @@ def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
-    """(mean local prefix on P, tail tokens) of a follow-up turn, for the break-even."""
+def _follow_up_shape(sc: Scenario, pairs: Any = None) -> tuple[int, int]:
+    """(mean local prefix on P, tail tokens) of a follow-up turn, for the break-even; on a trace, from its turn
+    pairs (the previous prompt, which P computed, and the new tokens)."""
     wl, dep = sc.workload, sc.deployment
+    same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
+    if pairs is not None:
+        if not len(pairs):
+            return 0, 1
+        prev = float(pairs["parent_input"].mean())
+        tail = float(np.maximum(pairs["new_tokens"], 0).mean())
+        return (int(prev) if (dep.prefill_prefix_caching and same_p) else 0), int(round(tail)) + 1
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     et, et2 = t.mean(), (t * t).mean()
     prefix = float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean())
@@ -191,7 +239,6 @@ def _follow_up_shape(sc: Scenario) -> tuple[int, int]:
     out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
     km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0
     prev_prompt = prefix + user * km1 + out * (km1 - 1)
-    same_p = dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING
     local = int(prev_prompt) if (dep.prefill_prefix_caching and same_p) else 0
     return local, follow_up_tail_tokens(wl, user, out, prev_prompt + out)  # sim/history.py: what the prompt repeats
 
@@ -226,6 +273,7 @@ class _Runner:
         """Rows of every variant, one per replication (replication ``k`` has the same seed in every variant)."""
         results: dict[K, Rows] = {name: [{}] * self.reps for name in variants}
         tasks = [((name, k), ov, self.seeds[k]) for name, ov in variants.items() for k in range(self.reps)]
+        self.total = max(self.total, self.done + len(tasks))  # re-runs of the router search grow the count
 
         def on_result(key: Any, row: dict[str, Any]) -> None:
             name, k = key
@@ -242,27 +290,28 @@ class _Runner:
 class _Setup:
     """The validated inputs of :func:`recommend` and what follows from them before any simulation."""
 
-    sc: Scenario
+    sc: Scenario  # what is simulated: the user's scenario, lengthened for steady state when needed
     rs: Resolved
-    grid: list[float]
+    grid: list[float]  # the TTL grid asked for
+    ttls: list[float]  # the TTLs simulated (the grid after the screen's pruning)
+    pruned: list[float]
     be: BreakEven
     candidates: list[int]
     margin: float
     slo_ms: float | None
     budget: float | None
+    gaps: Gaps | None
+    lengthened: tuple[int, int] | None  # (conversations asked, conversations simulated)
 
 
 @dataclass
 class _Stages:
-    """The simulated rows of the three stages and the threshold they settle on."""
+    """The simulated rows of the baselines, of each TTL at its own router TTL, and of the unlimited TTL."""
 
     off: Rows
     defaults: Rows
-    allowance: float
-    threshold: int
-    check_rows: list[dict[str, Any]]
-    disagreements: list[str]
-    ttl_rows: dict[float, Rows]
+    fits: dict[float, RouterFit]
+    unlimited: Rows
 
 
 def recommend(
@@ -283,18 +332,21 @@ def recommend(
     lease, evictable pins, offload, aggregated serving) are simulated at the same load and seeds and the
     best is named in ``best_policy`` (:data:`kvplan.sim.compare.BEST_RULE`).
 
-    Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults,
-    the threshold candidates, every TTL of ``ttl_grid`` and an unlimited TTL; applies :data:`RULES`;
-    ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it; ``decode_hbm_budget_gib``
-    (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per finished run.
+    Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults, every
+    TTL of ``ttl_grid`` the screen keeps (each at its own router TTL) and an unlimited TTL, then the threshold
+    candidates at the chosen TTL and, when pulls are a large part of TTFT, cross-layer blocks; applies
+    :data:`RULES`; ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it;
+    ``decode_hbm_budget_gib`` (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per
+    finished run. A scenario too short for steady state is lengthened (:func:`steady_conversations`).
     """
-    setup = _setup(as_scenario(scenario), slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
-    total = replications * (2 + len(setup.candidates) + len(setup.grid) + 1)
+    user_sc = as_scenario(scenario)
+    setup = _setup(user_sc, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
+    total = replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
     runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address)
     from dataclasses import replace
 
-    rec = replace(_decide(setup, _simulate_stages(setup, runner)),
-                  inputs=recommendation_inputs(setup.sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    rec = replace(_decide(setup, _simulate_stages(setup, runner), runner),
+                  inputs=recommendation_inputs(user_sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
     rec = replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload)))
     if not policies or setup.sc.deployment.mode == "aggregated":
         return rec
@@ -317,39 +369,50 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
             raise input_error(name, f"must be a positive number, got {v!r}")
     rs = resolve(sc)
     pol = sc.policy
-    be = break_even(rs, *_follow_up_shape(sc))
+    pairs = trace_pairs(sc)
+    trace_gaps = trace_gap_sample(pairs)
+    be = break_even(rs, *_follow_up_shape(sc, pairs))
     bs = rs.arch.block_size_tokens
     cands = {be.tokens, max(bs, round(be.tokens / 2 / bs) * bs), round(2 * be.tokens / bs) * bs, VLLM_THRESHOLD}
     candidates = sorted(int(c) for c in cands if 0 < c <= rs.arch.max_model_len + 1)
+    if be.tokens not in candidates:
+        candidates = sorted([*candidates, be.tokens])
     margin = pol.expiry_safety_margin_s + max(pol.clock_skew_s, 0.0)
-    return _Setup(sc, rs, grid, be, candidates, margin, slo_ms, budget)
+    ttls, pruned = prune_ttls(grid, *screen_ttls(sc, grid, margin, trace_gaps))
+    lengthened = None
+    n = steady_conversations(rs, max(ttls))
+    if n is not None:
+        try:
+            longer = with_overrides(sc, {"workload.conversations": n})
+        except KvplanInputError:  # beyond the scenario's limits: the runs are flagged instead
+            longer = None
+        if longer is not None:
+            lengthened, sc = (sc.workload.conversations, n), longer
+            rs = resolve(sc)
+    return _Setup(sc, rs, grid, ttls, pruned, be, candidates, margin, slo_ms, budget,
+                  workload_gaps(sc, trace_gaps), lengthened)
+
+
+def _on(ttl: float, router: float, threshold: int) -> dict[str, Any]:
+    return {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": float(ttl),
+            "policy.router_ttl_s": float(router), "policy.kv_recompute_threshold_tokens": int(threshold),
+            "policy.kv_load_failure_policy": "recompute"}
 
 
 def _simulate_stages(setup: _Setup, runner: _Runner) -> _Stages:
-    on = {"policy.bidirectional": True, "policy.kv_load_failure_policy": "recompute"}
-    # stage 1: the baselines (they also give the P decision delay the router TTL must leave room for)
+    # stage 1: the baselines, measured (their saturation is reported, their P-decision delay is not reused)
     base_rows = runner.run({
         Baseline.OFF: {"policy.bidirectional": False},
         Baseline.VLLM_DEFAULTS: {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": VLLM_TTL_S,
                                  "policy.kv_recompute_threshold_tokens": VLLM_THRESHOLD,
                                  "policy.router_ttl_s": PROXY_ROUTER_TTL_S, "policy.kv_load_failure_policy": "fail"},
     })
-    defaults = base_rows[Baseline.VLLM_DEFAULTS]
-    allowance = max(1.0, math.ceil(max(col(defaults, "p_decide_p99_s") + [0.0])))
-    margin, pol = setup.margin, setup.sc.policy
-    ttl0 = pol.decoder_kv_blocks_ttl_s if pol.decoder_kv_blocks_ttl_s > margin + allowance else VLLM_TTL_S
-    # stage 2: the threshold check at the scenario's TTL
-    thr_rows = runner.run({c: {**on, "policy.decoder_kv_blocks_ttl_s": ttl0, "policy.kv_recompute_threshold_tokens": c,
-                               "policy.router_ttl_s": router_ttl(ttl0, margin, allowance)} for c in setup.candidates})
-    threshold, check_rows, disagreements = _check_threshold(setup.be, thr_rows)
-    # stage 3: TTL sweep at the chosen threshold, plus an unlimited TTL (memory unbounded)
-    ttl_var = {t: {**on, "policy.decoder_kv_blocks_ttl_s": t, "policy.kv_recompute_threshold_tokens": threshold,
-                   "policy.router_ttl_s": router_ttl(t, margin, allowance)} for t in setup.grid}
-    ttl_var[UNLIMITED] = {**on, "policy.decoder_kv_blocks_ttl_s": UNLIMITED_TTL_S, "policy.router_ttl_s": UNLIMITED_TTL_S,
-                          "policy.kv_recompute_threshold_tokens": threshold,
-                          "deployment.decode_kv_capacity_tokens": UNBOUNDED_DECODE_KV_TOKENS}
-    return _Stages(base_rows[Baseline.OFF], defaults, allowance, threshold, check_rows, disagreements,
-                   runner.run(ttl_var))
+    n_star = setup.be.tokens
+    # stage 2: each TTL at the analytic threshold with its own router TTL, plus an unlimited TTL (memory unbounded)
+    unlimited = runner.run({UNLIMITED: {**_on(UNLIMITED_TTL_S, UNLIMITED_TTL_S, n_star),
+                                        "deployment.decode_kv_capacity_tokens": UNBOUNDED_DECODE_KV_TOKENS}})[UNLIMITED]
+    fits = settle_router_ttls(runner.run, {t: t for t in setup.ttls}, lambda t, r: _on(t, r, n_star), setup.margin)
+    return _Stages(base_rows[Baseline.OFF], base_rows[Baseline.VLLM_DEFAULTS], fits, unlimited)
 
 
 def _check_threshold(be: BreakEven, thr_rows: dict[int, Rows]) -> tuple[int, list[dict[str, Any]], list[str]]:
@@ -371,40 +434,94 @@ def _check_threshold(be: BreakEven, thr_rows: dict[int, Rows]) -> tuple[int, lis
     return threshold, check_rows, disagreements
 
 
-def _decide(setup: _Setup, st: _Stages) -> Recommendation:
+@dataclass(frozen=True)
+class _Threshold:
+    tokens: int
+    check_rows: list[dict[str, Any]]
+    disagreements: list[str]
+    rows: Rows | None  # the chosen TTL's rows at the chosen threshold (None: retention off)
+
+
+def _threshold_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, rec_rows: Rows | None) -> _Threshold:
+    """Stage 3: the threshold candidates at the chosen TTL and its router TTL (with retention off: at the shortest
+    TTL simulated, the one advised if bidirectional is kept on)."""
+    n_star = setup.be.tokens
+    if rec is None or rec_rows is None:
+        return _Threshold(n_star, [], [], None)
+    others = runner.run({c: _on(rec.ttl_s, rec.router_ttl_s, c) for c in setup.candidates if c != n_star})
+    thr_rows = {n_star: rec_rows, **others}
+    tokens, check_rows, disagreements = _check_threshold(setup.be, thr_rows)
+    return _Threshold(tokens, check_rows, disagreements, thr_rows[tokens])
+
+
+def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, thr: _Threshold,
+                       m: Callable[[Rows], dict[str, float]]) -> dict[str, Any]:
+    """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT."""
+    if rec is None or thr.rows is None or setup.sc.deployment.cross_layer_blocks:
+        return {}
+    base = m(thr.rows)
+    if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_p50_s"]:
+        return {}
+    rows = runner.run({"x": {**_on(rec.ttl_s, rec.router_ttl_s, thr.tokens), "deployment.cross_layer_blocks": True}})["x"]
+    mx = m(rows)
+    gain = paired(thr.rows, rows)
+    adopted = significant_gain(gain, base["ttft_mean_s"])
+    ok = [r for r in thr.rows if r.get("error") is None]
+    dc = descriptor_cost(setup.rs, mean_pulled_tokens(ok[0]) if ok else 0)
+    return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
+            "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
+            "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
+            "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
+            "text": trial_text(dc, base, mx, gain, adopted, human_s)}
+
+
+def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     sc, dep = setup.sc, setup.sc.deployment
 
     def m(rows: Rows) -> dict[str, float]:
         return metrics(rows, dep.max_num_seqs, dep.decode_nodes)
 
     off_m, def_m = m(st.off), m(st.defaults)
-    unlimited = paired(st.off, st.ttl_rows[UNLIMITED])
-    curve = ttl_curve(setup.grid, st.ttl_rows, st.off, unlimited, off_m["ttft_mean_s"], m, setup.budget,
-                      setup.margin, st.allowance)
-    gaps = gap_text(quantile_sample(sc.workload.turn_gap_s))
-    choice = choose_ttl(Evidence(curve, off_m["ttft_mean_s"], unlimited,
-                                 mean_ci(col(st.ttl_rows[UNLIMITED], "hit_rate"))[0], setup.budget, gaps,
-                                 setup.be.local_prefix_tokens))
+    off_sat, def_sat = saturation(st.off), saturation(st.defaults)
+    unlimited = paired(st.off, st.unlimited)
+    facts = {t: RunFacts(f.router_ttl_s, f.allowance_s, f.settled, saturation(f.rows).text(), steady(f.rows, t))
+             for t, f in st.fits.items()}
+    ttl_rows = {t: f.rows for t, f in st.fits.items()}
+    curve = ttl_curve(setup.ttls, ttl_rows, st.off, unlimited, off_m["ttft_mean_s"], m, setup.budget, facts)
+    gaps = setup.gaps.text() if setup.gaps is not None else "no follow-up turns"
+    choice = choose_ttl(Evidence(curve, off_m["ttft_mean_s"], unlimited, mean_ci(col(st.unlimited, "hit_rate"))[0],
+                                 setup.budget, gaps, setup.be.local_prefix_tokens,
+                                 setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text()))
     warnings: list[str] = []
     slo = apply_slo(choice, curve, off_m, setup.slo_ms, warnings)
     rec = choice.chosen
-    exp_m = rec.metrics if rec is not None else off_m
-    binding = binding_constraint(choice.binding, exp_m, slo, rec is not None)
-    ttl = int(rec.ttl_s) if rec is not None else int(setup.grid[0])
-    router = router_ttl(ttl, setup.margin, st.allowance)
+    at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
+    thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
+    transfer = _cross_layer_stage(setup, runner, rec, thr, m)
+    exp_rows = thr.rows if rec is not None and thr.rows is not None else st.off
+    exp_m = m(exp_rows)
+    exp_sat = saturation(exp_rows)
+    binding = binding_constraint(choice.binding, exp_m, slo, rec is not None, exp_sat.resources)
+    ttl, router, allowance = int(at.ttl_s), at.router_ttl_s, at.allowance_s
     bidir = not choice.retention_off
-    rationale = choice.rationale
+    rationale = [*saturation_lines((def_m, def_sat), (off_m, off_sat), curve), *choice.rationale]
+    if rec is None or all(c.saturated for c in curve):
+        rationale.extend(unsaturate_hint(setup.rs, exp_sat if rec is not None else off_sat, curve))
     # with retention off the threshold and router TTL only matter if the operator keeps bidirectional on anyway
     kept_on = IF_KEPT_ON if choice.retention_off else ""
     if choice.retention_off:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
-    rationale.append(kept_on + threshold_rationale(st.threshold, setup.be))
-    rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {st.allowance:g} s "
-                     "P-decision allowance).")
-    warnings.extend(_run_warnings(setup, ttl))
+    rationale.append(kept_on + threshold_rationale(thr.tokens, setup.be))
+    how = f"its own p99 arrival->P decision, {st.fits[at.ttl_s].rounds} simulation round(s)"
+    rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {allowance:g} s "
+                     f"P-decision allowance ({how})).")
+    if transfer:
+        rationale.append(transfer["text"])
+    warnings.extend(run_warnings(setup.rs, curve))
+    disagreements = list(thr.disagreements)
     if rec is not None:
-        st.disagreements.extend(_screen_disagreement(sc, ttl, router, st.threshold, exp_m["pinned_kv_gib_mean"]))
+        disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))
     off0 = st.off[0] if st.off and st.off[0].get("error") is None else {}
     hbm = {
         "pinned_kv_gib_mean": exp_m["pinned_kv_gib_mean"] if bidir else 0.0,
@@ -415,25 +532,19 @@ def _decide(setup: _Setup, st: _Stages) -> Recommendation:
         "decode_batch_capacity_at_recommendation": exp_m["decode_batch_capacity"],
         "decode_batch_capacity_at_vllm_defaults": def_m["decode_batch_capacity"],
     }
-    return _recommendation(setup, st, bidir, ttl, router, (exp_m, def_m, off_m), hbm, binding_text(binding, exp_m, gaps),
-                           choice, curve, slo, warnings)
-
-
-def _run_warnings(setup: _Setup, ttl: int) -> list[str]:
-    """An extrapolated profile, and a run too short for steady pinned-KV means at ``ttl``."""
-    out = []
-    if setup.rs.profile.extrapolated:
-        out.append("profile not calibrated on this deployment: " + setup.rs.profile.status_line())
-    arr, wl = setup.sc.workload.arrival, setup.sc.workload
-    if not isinstance(arr, ClosedLoopArrival):
-        horizon = wl.conversations / arr.rate_per_s
-        if horizon < STEADY_HORIZON_TTLS * (ttl + 1):
-            out.append(f"only {horizon:.0f} s of arrivals: pinned-KV means at TTLs above {horizon / 2:.0f} s are not steady")
-    return out
+    choice.rationale = rationale
+    extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),
+                            "recommended": list(exp_sat.resources)},
+             "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
+             "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer}
+    return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
+                           binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
 
 
 def _screen_disagreement(sc: Scenario, ttl: int, router: int, threshold: int, simulated_gib: float) -> list[str]:
     """The Little's-law screen of pinned KV against the simulated mean, when they differ by more than 20%."""
+    if sc.workload.trace is not None:
+        return []  # the screen reads the synthetic workload fields
     pred = float(screen_scenarios([_variant(sc, ttl, router, threshold)])["screen_pinned_kv_gib_mean"].iloc[0])
     if not (math.isfinite(pred) and simulated_gib > SCREEN_CHECK_MIN_GIB):
         return []
@@ -442,13 +553,13 @@ def _screen_disagreement(sc: Scenario, ttl: int, router: int, threshold: int, si
     return [f"pinned KV: Little's-law screen {pred:.1f} GiB vs simulated {simulated_gib:.1f} GiB (the simulator wins)"]
 
 
-def _recommendation(setup: _Setup, st: _Stages, bidir: bool, ttl: int, router: int,
+def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, router: int,
                     ms: tuple[dict[str, float], dict[str, float], dict[str, float]], hbm: dict[str, Any],
                     binding_txt: str, choice: TtlChoice, curve: list[TtlCandidate], slo: dict[str, Any],
-                    warnings: list[str]) -> Recommendation:
+                    warnings: list[str], disagreements: list[str], extra: dict[str, Any]) -> Recommendation:
     exp_m, def_m, off_m = ms
-    be, threshold = setup.be, st.threshold
-    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute")
+    be, threshold = setup.be, thr.tokens
+    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute", setup.sc.deployment.cross_layer_blocks)
 
     def shown(m: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in m.items() if not k.startswith(("kv_pull", "d_queue"))}
@@ -458,19 +569,19 @@ def _recommendation(setup: _Setup, st: _Stages, bidir: bool, ttl: int, router: i
         router_ttl_s=router, kv_load_failure_policy="recompute", kv_transfer_config={"prefill": cfg, "decode": cfg},
         router={"conversation_ttl_s": router, "send_conversation_id": True,
                 "how": f"disagg_proxy_multiturn.py hard-codes a 450 s conversation TTL: set it to {router} s "
-                       "(it must stay below decoder_kv_blocks_ttl - 5 s)"},
+                       f"(it must stay below decoder_kv_blocks_ttl - {setup.margin:g} s - P's decision delay)"},
         expected=shown(exp_m), baseline=shown(def_m), bidirectional_off=shown(off_m), decode_hbm=hbm,
         binding_constraint=binding_txt, rationale=tuple(choice.rationale), retention_off=choice.retention_off,
         warnings=tuple(warnings), ttl_curve=tuple(c.curve_row() for c in curve),
         threshold_check={"analytic_break_even_tokens": be.tokens, "verdict": be.verdict,
                          "local_prefix_tokens": be.local_prefix_tokens, "tail_tokens": be.tail_tokens,
                          "pull_s_at_break_even": be.pull_s, "recompute_s_at_break_even": be.recompute_s,
-                         "simulated": st.check_rows, "chosen_tokens": int(threshold)},
-        slo=slo, disagreements=tuple(st.disagreements),
+                         "simulated": thr.check_rows, "chosen_tokens": int(threshold),
+                         "simulated_at": "the chosen TTL and router TTL" if bidir else
+                         "the minimum TTL advised if bidirectional is kept on"},
+        slo=slo, disagreements=tuple(disagreements), **extra,
     )
 
 
 def _variant(sc: Scenario, ttl: float, router: float, threshold: int) -> Scenario:
-    return with_overrides(sc, {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": ttl,
-                               "policy.router_ttl_s": router, "policy.kv_recompute_threshold_tokens": threshold,
-                               "policy.kv_load_failure_policy": "recompute"})
+    return with_overrides(sc, _on(ttl, router, threshold))

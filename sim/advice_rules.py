@@ -16,6 +16,7 @@ import numpy as np
 
 from kvplan.sim.breakeven import BreakEven
 from kvplan.sim.executor import t_quantile_975
+from kvplan.units import human_s
 
 Rows = list[dict[str, Any]]
 #: (mean, 95% CI half-width) of a paired difference over replications
@@ -37,6 +38,10 @@ LINK_BINDING_FRACTION = 0.5
 
 #: The binding constraints (``binding_constraint`` names one of them).
 TURN_GAPS, DECODE_HBM, PREFILL_COMPUTE, LINK = "turn-gap distribution", "decode HBM", "prefill compute", "link"
+P_KV_POOL = "P's KV pool"
+#: Health resource (:mod:`kvplan.sim.health`) -> binding constraint, in the order a saturated one is named.
+SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), ("prefill_compute", PREFILL_COMPUTE),
+                     ("link", LINK))
 
 #: Metric name -> column of the per-run rows (:func:`kvplan.sim.executor.summarise` output).
 METRIC_COLUMNS = (
@@ -46,6 +51,11 @@ METRIC_COLUMNS = (
     ("prefill_utilization", "prefill_utilization"), ("kv_pull_mean_s", "kv_pull_mean_s"),
     ("d_queue_mean_s", "d_queue_mean_s"),
 )
+
+
+def _signed(x: float) -> str:
+    """A signed time difference in human units."""
+    return ("+" if x >= 0 else "-") + human_s(abs(x))
 
 
 def mean_ci(x: Sequence[float]) -> Gain:
@@ -109,6 +119,10 @@ class TtlCandidate:
     unlimited_benefit_s: float
     feasible: bool
     significant: bool
+    saturated: str = ""  # what the runs saturate ('' = nothing; a saturated TTL is not feasible)
+    steady: bool = True  # arrival span >= TTL + p90 conversation span in every replication
+    router_settled: bool = True  # the router TTL leaves room for this candidate's own P-decision delay
+    allowance_s: float = 1.0  # the P-decision allowance its router TTL was derived with
 
     @property
     def benefit_s(self) -> float:
@@ -128,7 +142,8 @@ class TtlCandidate:
             "ttft_p90_s": m["ttft_p90_s"], "hit_rate": m["hit_rate"], "benefit_s": self.benefit_s,
             "benefit_ci95": self.benefit[1], "benefit_fraction": self.benefit_fraction,
             "pinned_kv_gib_mean": m["pinned_kv_gib_mean"], "pinned_kv_gib_peak": m["pinned_kv_gib_peak"],
-            "feasible": self.feasible, "significant": self.significant,
+            "feasible": self.feasible, "significant": self.significant, "saturated": self.saturated,
+            "steady": self.steady, "router_settled": self.router_settled, "p_decision_allowance_s": self.allowance_s,
         }
 
 
@@ -143,6 +158,8 @@ class Evidence:
     budget_gib: float | None
     gap_text: str
     local_prefix_tokens: int
+    gap_p10_s: float = math.nan  # the workload's or trace's p10 turn gap (s)
+    off_saturated: str = ""  # what bidirectional off saturates ('' = nothing)
 
 
 @dataclass
@@ -155,17 +172,31 @@ class TtlChoice:
     rationale: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What the advisor measured of one TTL's runs besides its metrics (router TTL, saturation, steadiness)."""
+
+    router_ttl_s: int
+    allowance_s: float
+    settled: bool
+    saturated: str
+    steady: bool
+
+
 def ttl_curve(grid: Sequence[float], ttl_rows: dict[float, Rows], off: Rows, unlimited: Gain, off_mean_s: float,
-              metric_fn: Any, budget_gib: float | None, margin: float, allowance: float) -> list[TtlCandidate]:
-    """One :class:`TtlCandidate` per TTL of ``grid`` (``metric_fn(rows) -> metrics``)."""
+              metric_fn: Any, budget_gib: float | None, facts: dict[float, RunFacts]) -> list[TtlCandidate]:
+    """One :class:`TtlCandidate` per TTL of ``grid`` (``metric_fn(rows) -> metrics``); a TTL whose runs saturate a
+    resource is not feasible."""
     out = []
     for t in grid:
         mt = metric_fn(ttl_rows[t])
         gain = paired(off, ttl_rows[t])
+        f = facts[t]
         out.append(TtlCandidate(
-            ttl_s=t, router_ttl_s=router_ttl(t, margin, allowance), metrics=mt, benefit=gain,
-            unlimited_benefit_s=unlimited[0], feasible=budget_gib is None or mt["pinned_kv_gib_peak"] <= budget_gib,
-            significant=significant_gain(gain, off_mean_s)))
+            ttl_s=t, router_ttl_s=f.router_ttl_s, metrics=mt, benefit=gain, unlimited_benefit_s=unlimited[0],
+            feasible=(budget_gib is None or mt["pinned_kv_gib_peak"] <= budget_gib) and not f.saturated,
+            significant=significant_gain(gain, off_mean_s), saturated=f.saturated, steady=f.steady,
+            router_settled=f.settled, allowance_s=f.allowance_s))
     return out
 
 
@@ -176,11 +207,13 @@ def gap_text(gaps: np.ndarray) -> str:
 
 
 def choose_ttl(ev: Evidence) -> TtlChoice:
-    """The TTL rule (module docstring of :mod:`kvplan.sim.advice`)."""
+    """The TTL rule (module docstring of :mod:`kvplan.sim.advice`); every TTL saturated: :func:`_all_saturated`."""
+    if ev.curve and all(c.saturated for c in ev.curve):
+        return _all_saturated(ev)
     if not significant_gain(ev.unlimited, ev.off_mean_s):
         return TtlChoice(None, True, TURN_GAPS, [
-            f"Even unlimited retention does not lower mean TTFT materially (gain {ev.unlimited[0] * 1000:.1f} ms vs "
-            f"{ev.off_mean_s * 1000:.1f} ms with bidirectional off): pulls are not faster than recomputing here, or "
+            f"Even unlimited retention does not lower mean TTFT materially (gain {human_s(ev.unlimited[0])} vs "
+            f"{human_s(ev.off_mean_s)} with bidirectional off): pulls are not faster than recomputing here, or "
             "turns rarely come back."])
     target = BENEFIT_FRACTION * ev.unlimited[0]
     feasible = [c for c in ev.curve if c.feasible]
@@ -198,29 +231,46 @@ def _reaching(ev: Evidence, rec: TtlCandidate, target: float) -> TtlChoice:
     hbm = ev.budget_gib is not None and any(c.benefit_s >= target and not c.feasible for c in shorter)
     return TtlChoice(rec, False, DECODE_HBM if hbm else TURN_GAPS, [
         f"TTL {rec.ttl_s:g} s is the shortest reaching {rec.benefit_fraction:.0%} of the unlimited-TTL "
-        f"benefit ({rec.benefit_s * 1000:.1f} of {ev.unlimited[0] * 1000:.1f} ms mean TTFT); {ev.gap_text}."])
+        f"benefit ({human_s(rec.benefit_s)} of {human_s(ev.unlimited[0])} mean TTFT); {ev.gap_text}."])
+
+
+def _all_saturated(ev: Evidence) -> TtlChoice:
+    """Every TTL tried saturates something: the best mean TTFT among them and bidirectional off, said as such."""
+    best = min(ev.curve, key=lambda c: c.metrics["ttft_mean_s"])
+    keep = significant_gain(best.benefit, ev.off_mean_s)
+    off = f"bidirectional off saturates {ev.off_saturated}" if ev.off_saturated else "bidirectional off does not"
+    what = "; ".join(sorted({c.saturated for c in ev.curve}))
+    pick = (f"TTL {best.ttl_s:g} s has the lowest mean TTFT of them" if keep else
+            "none lowers mean TTFT against bidirectional off")
+    return TtlChoice(best if keep else None, not keep, DECODE_HBM if "decode HBM" in best.saturated else PREFILL_COMPUTE, [
+        f"Every TTL tried saturates the deployment at this load ({what}; {off}): {pick}, but the deployment is "
+        "too small for the load whatever the TTL."])
 
 
 def _retention_down(ev: Evidence) -> TtlChoice:
     top = max(ev.curve, key=lambda c: c.ttl_s)
     best = max(ev.curve, key=lambda c: c.benefit_s)
     hit, peak = top.metrics["hit_rate"], top.metrics["pinned_kv_gib_peak"]
-    gain_ms = ev.unlimited[0] * 1000
+    gain = human_s(ev.unlimited[0])
     binding = TURN_GAPS
     if ev.budget_gib is not None and any(c.significant for c in ev.curve):
         why = f"no TTL that helps fits the {ev.budget_gib:g} GiB decode HBM budget"
         binding = DECODE_HBM
-    elif hit < EXPIRES_UNREAD_HIT_FRACTION * ev.unlimited_hit_rate:
+    elif hit < EXPIRES_UNREAD_HIT_FRACTION * ev.unlimited_hit_rate and ev.gap_p10_s > top.ttl_s:
         why = (f"{ev.gap_text}: they lie far beyond every TTL considered (up to {top.ttl_s:g} s), so retained "
                f"blocks expire unread (hit rate {hit:.1%} at {top.ttl_s:g} s vs {ev.unlimited_hit_rate:.1%} "
                f"unlimited) while pinning up to {peak:.1f} GiB of decode HBM; unlimited retention would gain "
-               f"{gain_ms:.1f} ms only by holding KV for hours")
+               f"{gain} only by holding KV for hours")
+    elif hit < EXPIRES_UNREAD_HIT_FRACTION * ev.unlimited_hit_rate:
+        why = (f"retained blocks mostly expire unread (hit rate {hit:.1%} at {top.ttl_s:g} s vs "
+               f"{ev.unlimited_hit_rate:.1%} unlimited; {ev.gap_text}) and no TTL tried lowers mean TTFT significantly "
+               f"(best {_signed(best.benefit_s)} at {best.ttl_s:g} s)")
     else:
         why = (f"retained blocks are read back (hit rate {hit:.1%} at {top.ttl_s:g} s) but no finite TTL lowers mean "
-               f"TTFT significantly (best {best.benefit_s * 1000:+.1f} ms at {best.ttl_s:g} s): the pulls are little "
+               f"TTFT significantly (best {_signed(best.benefit_s)} at {best.ttl_s:g} s): the pulls are little "
                f"faster than recomputing what P's prefix cache lacks (local prefix ~{ev.local_prefix_tokens} "
                f"tokens), and the pinned KV (up to {peak:.1f} GiB) shrinks the decode batch; the unlimited-TTL gain "
-               f"of {gain_ms:.1f} ms needs unbounded decode memory")
+               f"of {gain} needs unbounded decode memory")
         binding = DECODE_HBM if top.metrics["d_queue_mean_s"] > 0 else binding
     return TtlChoice(None, True, binding, [f"Turn retention down: {why}."])
 
@@ -231,8 +281,8 @@ def _best_attainable(ev: Evidence, significant: list[TtlCandidate]) -> TtlChoice
     by_hbm = ev.budget_gib is not None and any(not c.feasible and c.benefit_s > best.benefit_s for c in ev.curve)
     where = f"within the {ev.budget_gib:g} GiB budget" if by_hbm else f"in the grid ({ev.gap_text})"
     return TtlChoice(rec, False, DECODE_HBM if by_hbm else TURN_GAPS, [
-        f"No TTL reaches 95% of the unlimited-TTL benefit ({ev.unlimited[0] * 1000:.1f} ms) {where}; TTL "
-        f"{rec.ttl_s:g} s reaches 95% of the best attainable ({best.benefit_s * 1000:.1f} ms)."])
+        f"No TTL reaches 95% of the unlimited-TTL benefit ({human_s(ev.unlimited[0])}) {where}; TTL "
+        f"{rec.ttl_s:g} s reaches 95% of the best attainable ({human_s(best.benefit_s)})."])
 
 
 def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[str, float], slo_ms: float | None,
@@ -256,12 +306,18 @@ def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[st
     met_p90 = p90(choice.chosen)
     slo = {"ttft_p90_ms": slo_ms, "met": bool(met_p90 <= slo_s), "expected_ttft_p90_ms": met_p90 * 1000}
     if not slo["met"]:
-        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({met_p90 * 1000:.0f} ms expected)")
+        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({human_s(met_p90)} expected)")
     return slo
 
 
-def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool) -> str:
-    """The constraint at the recommendation (metrics ``m``), unless the TTL rule already found decode HBM."""
+def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool,
+                       saturated: Sequence[str] = ()) -> str:
+    """The constraint at the recommendation (metrics ``m``): a resource its runs saturate (health keys in
+    ``saturated``, named in :data:`SATURATED_BINDING` order), decode HBM when the TTL rule found it, else from the
+    waits and utilisations measured."""
+    for res, name in SATURATED_BINDING:
+        if res in saturated:
+            return name
     if binding == DECODE_HBM:
         return binding
     if m["d_queue_mean_s"] > D_QUEUE_BINDING_FRACTION * m["ttft_mean_s"]:
@@ -279,14 +335,15 @@ def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
     return {
         TURN_GAPS: f"turn-gap distribution ({gaps}; longer TTLs add < 5% of the benefit)",
         DECODE_HBM: "decode HBM (pinned KV against the budget / the decode KV pool)",
+        P_KV_POOL: "P's KV pool (prompts held for D's reads fill it; P's queue waits on the lease backpressure)",
         PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization']:.0%}; the prefill of first turns "
                          "and misses sets the TTFT tail)",
-        LINK: f"link (pulls take {m['kv_pull_mean_s'] * 1000:.0f} ms of a {m['ttft_mean_s'] * 1000:.0f} ms TTFT)",
+        LINK: f"link (pulls take {human_s(m['kv_pull_mean_s'])} of a {human_s(m['ttft_mean_s'])} TTFT)",
     }[binding]
 
 
 def threshold_rationale(threshold: int, be: BreakEven) -> str:
     """The threshold sentence of the rationale."""
     return (f"Threshold {threshold} tokens: analytic break-even {be.tokens} ({be.verdict}; pull "
-            f"{be.pull_s * 1000:.1f} ms vs recompute {be.recompute_s * 1000:.1f} ms at n*, local prefix "
+            f"{human_s(be.pull_s)} vs recompute {human_s(be.recompute_s)} at n*, local prefix "
             f"{be.local_prefix_tokens}, tail {be.tail_tokens}).")

@@ -71,6 +71,8 @@ def run_extras(result: Any) -> dict[str, float]:
     ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
     ``p_decide_p99_s``: p99 of
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
+    ``arrival_span_s`` (= t_b) and ``conversation_span_p90_s`` (p90 of first to last arrival of a conversation):
+    the run reaches a steady state at a TTL only when ``arrival_span_s >= TTL + conversation_span_p90_s``.
     ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
     ``steady_served_turns_per_s``: turns finished without error inside the steady window over its length (the
     basis every cost per million turns uses, :mod:`kvplan.sim.pricing`; ``served_turns_per_s`` when the window
@@ -97,6 +99,8 @@ def run_extras(result: Any) -> dict[str, float]:
     t_a = min(t_b / 2, ttl + span_p90)
     series = result.pinned_series()
     out["steady_window_s"] = max(t_b - t_a, 0.0)
+    out["arrival_span_s"] = t_b
+    out["conversation_span_p90_s"] = span_p90
     out["steady_pinned_kv_gib_mean"] = (
         _window_mean(series["t_s"].to_numpy(), series["pinned_gib"].to_numpy(), t_a, t_b) if len(series) else 0.0
     )

@@ -98,7 +98,15 @@ def test_advice_view_and_config_snippets() -> None:
     view = sw.advice_view(rec)
     assert view.settings[0] == ("decoder_kv_blocks_ttl", "30 s") and view.settings[-1][1] == "recompute"
     assert list(view.comparison.columns) == list(sw.ADVICE_COLUMNS.values())
-    assert view.comparison.loc["TTFT p90", "recommended"] == "500.0 ms +/- 10.0"
+    assert view.comparison.loc["TTFT p90", "recommended"] == "500.0 ms +/- 10.0 ms"
+    # times in human units (issue 18: not "268,554.9 ms")
+    assert sw.format_metric("ttft_p50_s", 268.5549) == "4.5 min" and sw.format_metric("ttft_p50_s", 1.87) == "1.87 s"
+    from kvplan.app import figures
+
+    fig = figures.ttl_curve([{"ttl_s": 30, "ttft_mean_s": 270.0, "pinned_kv_gib_mean": 1},
+                             {"ttl_s": 90, "ttft_mean_s": 2.0, "pinned_kv_gib_mean": 9}], 90, 273.0)
+    assert fig.layout.yaxis.title.text == "mean TTFT (min)" and fig.data[0].y[0] == pytest.approx(4.5)  # not 0.3M ms
+    assert figures.time_unit([0.2]) == (1000.0, "ms") and figures.time_unit([3.0]) == (1.0, "s")
     assert view.comparison.loc["hit rate", "bidirectional off"] == "0.0 %"
     assert not any(str(i).endswith("_s") for i in view.comparison.index)  # no ms values under *_s names
     assert view.rationale[-1] == "Binding constraint: turn-gap distribution."

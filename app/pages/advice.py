@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import streamlit as st
 
@@ -17,8 +18,9 @@ scenario = ds.scenario_sidebar()
 st.title("Advice: decoder_kv_blocks_ttl and kv_recompute_threshold")
 if scenario is None:
     st.stop()
-st.caption("The advisor (`kvplan recommend`) simulates the sidebar scenario with bidirectional off, at vLLM's defaults, "
-           "at threshold candidates and over a TTL grid (seeded replications, common random numbers).")
+st.caption(sw.advice_caption(scenario) + " The advisor (`kvplan recommend --no-policies`, the same call) simulates it "
+           "with bidirectional off, at vLLM's defaults and over the TTL grid the screen keeps, each TTL at its own router "
+           "TTL, then the threshold candidates at the chosen TTL (seeded replications, common random numbers).")
 c1, c2, c3 = st.columns(3)
 slo = c1.number_input("SLO: TTFT p90 (ms), 0 = none", min_value=0.0, value=0.0, step=50.0, key="advice_slo")
 budget = c2.number_input("decode HBM budget for retention (GiB), 0 = none", min_value=0.0, value=0.0, step=10.0,
@@ -29,7 +31,8 @@ key = sw.advice_key(scenario, *args)
 if st.button("Recommend", type="primary", key="advice_run"):
     bar = st.progress(0.0, text="simulating the sweeps behind the advice")
     try:
-        st.session_state[key] = sw.recommendation_dict(scenario, *args, progress=sw.progress_adapter(bar, "advice"))
+        st.session_state[key] = sw.recommendation_dict(scenario, *args, progress=sw.progress_adapter(bar, "advice"),
+                                                       workers=os.cpu_count() or 1)
     except KvplanInputError as exc:
         ds.show_error(exc)
     bar.empty()

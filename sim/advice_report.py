@@ -1,0 +1,113 @@
+"""The sentences and flags of a recommendation that come from what its runs measured (:mod:`kvplan.sim.advice`).
+
+* :func:`saturation_lines`: what vLLM's defaults and bidirectional off saturate (health section), said as such:
+  a saturated baseline is never read as "retention does not pay".
+* :func:`unsaturate_hint`: the smallest change that removes a saturation: a TTL that saturates nothing, else
+  more P or D nodes (``kvplan capacity`` at this load).
+* :func:`run_warnings` and :func:`steady_json`: runs too short for steady state, identical pinned KV at different
+  TTLs, router TTLs that did not settle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvplan.sim.advice_rules import Rows, TtlCandidate
+from kvplan.sim.advice_runs import ROUTER_ROUNDS, Saturation
+from kvplan.sim.engine import Resolved
+from kvplan.sim.scenario import PoissonArrival, Scenario
+from kvplan.units import human_s
+
+VLLM_TTL_S = 480.0  # decoder_kv_blocks_ttl default (VLLM_BEHAVIOUR.md 1.1)
+VLLM_THRESHOLD = 64  # kv_recompute_threshold default with bidirectional on
+PROXY_ROUTER_TTL_S = 450.0  # disagg_proxy_multiturn.py hard-coded conversation TTL
+#: Pinned-KV means of two TTLs within this relative difference are "the same" (a warning: the runs do not separate them).
+SAME_PINNED_REL = 0.005
+#: Pinned-KV means below this (GiB) are not compared.
+SAME_PINNED_MIN_GIB = 0.5
+
+
+def saturation_lines(defaults: tuple[dict[str, float], Saturation], off: tuple[dict[str, float], Saturation],
+                     curve: list[TtlCandidate]) -> list[str]:
+    """What the baselines saturate, said as such (never read as "retention does not pay")."""
+    (def_m, def_sat), (off_m, off_sat) = defaults, off
+    out = []
+    if def_sat:
+        fine = [c for c in curve if not c.saturated]
+        fix = (f" The smallest change that removes it: TTL {max(fine, key=lambda c: c.ttl_s).ttl_s:g} s (router TTL "
+               f"{max(fine, key=lambda c: c.ttl_s).router_ttl_s} s), the longest TTL tried that saturates nothing."
+               if fine else "")
+        out.append(f"vLLM's defaults (TTL {VLLM_TTL_S:g} s, router TTL {PROXY_ROUTER_TTL_S:g} s, threshold "
+                   f"{VLLM_THRESHOLD}) saturate {def_sat.text()} at this load (TTFT p50 {human_s(def_m['ttft_p50_s'])}, "
+                   f"p90 {human_s(def_m['ttft_p90_s'])}, {def_m['errors']:.0f} failed turns): that is the defaults "
+                   f"failing at this load, not a verdict on retention.{fix}")
+    if off_sat:
+        why = (" (recomputing every follow-up's context is more than P can serve)"
+               if "prefill_compute" in off_sat.resources else "")
+        verb = "saturates" if len(off_sat.resources) == 1 else "saturate"
+        out.append(f"With bidirectional off, {off_sat.text()} {verb} at this load (P busy "
+                   f"{off_m['prefill_utilization']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
+    return out
+
+
+def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) -> list[str]:
+    """When the recommendation itself saturates: the smallest change that removes it (a TTL, else more nodes)."""
+    if not sat:
+        return []
+    fine = [c for c in curve if not c.saturated]
+    if fine:
+        best = min(fine, key=lambda c: c.metrics["ttft_mean_s"])
+        return [f"Smallest change that removes the saturation: TTL {best.ttl_s:g} s (router TTL {best.router_ttl_s} s) "
+                "saturates nothing."]
+    dep, wl = rs.scenario.deployment, rs.scenario.workload
+    add = []
+    if {"prefill_compute", "prefill_held_kv"} & set(sat.resources) and not sat.backpressure:
+        add.append(f"P nodes (now {dep.prefill_nodes})")
+    if "decode_kv" in sat.resources or sat.backpressure:
+        add.append(f"D nodes (now {dep.decode_nodes})")
+    if "link" in sat.resources:
+        add.append("link bandwidth")
+    rate = f" --rate {wl.arrival.rate_per_s:g}" if isinstance(wl.arrival, PoissonArrival) else ""
+    return [f"No TTL tried removes the saturation ({sat.text()}): add {' and '.join(add) or 'nodes'} — run `kvplan "
+            f"capacity --model {rs.arch.name} --hardware {rs.node.name}{rate} --slo-ttft-p90-ms <SLO>` "
+            f"(xPyD search at this load; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D "
+            f"TP{dep.tensor_parallel_size})."]
+
+
+def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[TtlCandidate], off: Rows) -> dict[str, Any]:
+    """The ``steady_state`` JSON: conversations asked and simulated, TTLs not steady, TTLs saturated."""
+    wl = sc.workload
+    ran = [int(r["conversations"]) for r in off if r.get("error") is None and "conversations" in r]
+    simulated = ran[0] if ran else wl.conversations  # a trace replays its own sessions
+    return {"conversations_asked": lengthened[0] if lengthened else simulated,
+            "conversations_simulated": simulated, "lengthened": lengthened is not None,
+            "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled],
+            "saturated_ttls_s": [c.ttl_s for c in curve if c.saturated],
+            "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication); "
+                    "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
+
+
+def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
+    """An extrapolated profile, runs too short for steady state, identical pinned KV at different TTLs, and router
+    TTLs that did not settle."""
+    out = []
+    if rs.profile.extrapolated:
+        out.append("profile not calibrated on this deployment: " + rs.profile.status_line())
+    # saturated (or unsettled: its P-decision delay leaves no router TTL) -> no length would be steady
+    short = [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled]
+    if short:
+        fix = ("the trace cannot be lengthened: replay a longer window" if rs.scenario.workload.trace is not None
+               else "raise --conversations")
+        out.append(f"runs too short for steady state at TTL {', '.join(f'{t:g}' for t in short)} s (arrival span < "
+                   f"TTL + p90 conversation span): their pinned KV and hit rates are not steady figures; {fix}")
+    pinned = [(c.ttl_s, c.metrics["pinned_kv_gib_mean"]) for c in curve
+              if math.isfinite(c.metrics["pinned_kv_gib_mean"]) and c.metrics["pinned_kv_gib_mean"] > SAME_PINNED_MIN_GIB]
+    for (t1, g1), (t2, g2) in zip(pinned, pinned[1:], strict=False):
+        if abs(g1 - g2) <= SAME_PINNED_REL * max(g1, g2):
+            out.append(f"pinned decode KV mean is the same ({g1:.1f} GiB) at TTL {t1:g} s and {t2:g} s: the runs do not "
+                       "separate them (too short for steady state, or the decode pool is full)")
+    out.extend(f"router TTL at TTL {c.ttl_s:g} s did not settle within {ROUTER_ROUNDS} rounds: its own p99 arrival->P "
+               "decision leaves no router TTL that expires before P would decline, or grows as the router TTL shrinks "
+               "(P queues at this TTL); shown at its longest router TTL" for c in curve if not c.router_settled)
+    return out

@@ -1,0 +1,311 @@
+"""What :mod:`kvplan.sim.advice` reads from its runs and from the workload before it applies its rules.
+
+* :func:`saturation`: the resources a configuration saturates, from the health section of its runs
+  (:mod:`kvplan.sim.health`, a resource counts when at least half the replications saturate it).
+* :func:`settle_router_ttls`: each TTL candidate simulated with its **own** router TTL. Round 0 uses
+  ``floor(TTL - margin - 1 s)``; each round measures the candidate's own p99 of arrival -> P's connector
+  decision (``p_decide_p99_s``) and, when that exceeds the allowance it was run with, re-runs it with
+  ``floor(TTL - margin - ceil(p99))``; a candidate is settled once its measured allowance is within the one it
+  ran with (so its router entries expire before P would decline the read, PR #47021). One that
+  :data:`ROUTER_ROUNDS` rounds do not settle, or whose delay leaves no router TTL of 1 s, keeps its first
+  (longest) router TTL and is flagged: P's decision delay grows as the router forgets (saturation).
+* :func:`prune_ttls`: the analytic screen (:func:`kvplan.sim.screen.screen_scenarios`; on a trace, the CDF of
+  its gaps) orders the TTL grid by hit rate; TTLs whose screened hit rate is under
+  :data:`PRUNE_LOW_HIT_FRACTION` of the best, and those above the first after the one reaching
+  :data:`PRUNE_HIGH_HIT_FRACTION` of it, are not simulated (the TTL rule could not pick them), and are listed
+  as pruned. When no TTL gets any hit, the shortest and the longest are simulated (they say so). TTLs whose
+  screened prefill utilisation reaches :data:`PRUNE_P_OVERLOAD` are pruned too, unless every TTL kept overloads P.
+* :func:`steady_conversations`: how many conversations make the arrival span at least
+  :data:`STEADY_SPAN_FACTOR` x (TTL + p90 conversation span) (the steady-window definition of
+  ``run_extras``), estimated before any run, when at most :data:`MAX_LENGTHEN_FACTOR` x the scenario's do;
+  every run is checked after with its measured spans (:func:`steady`) and flagged when too short.
+* :func:`workload_gaps`: the turn gaps the rationale quotes: the synthetic ``turn_gap_s``, or the trace's
+  arrival-to-arrival gaps as ``kvplan workload show`` computes them (:func:`kvplan.traces.stats.turn_pairs`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from kvplan.models.costs import decode_step_time_s
+from kvplan.sim.advice_rules import Rows, col, router_ttl
+from kvplan.sim.engine import Resolved
+from kvplan.sim.scenario import ClosedLoopArrival, PoissonArrival, Scenario, with_overrides
+from kvplan.sim.screen import quantile_sample, screen_scenarios
+from kvplan.units import human_s
+
+K = TypeVar("K", bound=Hashable)
+
+#: Rounds of the router-TTL search per candidate (round 0 included).
+ROUTER_ROUNDS = 3
+#: The smallest P-decision allowance (s): the router rule's floor (and round 0 of the search).
+MIN_ALLOWANCE_S = 1.0
+#: Screen pruning: TTLs whose screened hit rate is under this share of the best are dropped ...
+PRUNE_LOW_HIT_FRACTION = 0.25
+#: ... and TTLs beyond the one after the first reaching this share of the best.
+PRUNE_HIGH_HIT_FRACTION = 0.99
+#: ... and TTLs whose screened prefill utilisation is at least this (P overloaded by a quarter: the misses of a
+#: too-short TTL saturate P), when another TTL kept is below 1.
+PRUNE_P_OVERLOAD = 1.25
+#: Arrival span sought, in units of (TTL + p90 conversation span): run_extras' steady window starts at
+#: min(t_b / 2, TTL + p90 span), so it is steady only when t_b >= 2 (TTL + p90 span).
+STEADY_SPAN_FACTOR = 2.0
+#: Lengthening stops at this many times the scenario's conversations (the rest is flagged).
+MAX_LENGTHEN_FACTOR = 4.0
+#: A resource is saturated for a configuration when this share of its replications saturate it.
+SATURATED_SHARE = 0.5
+
+#: health resource -> what the advice calls it.
+RESOURCE_NAMES = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
+                  "link": "the P<->D links"}
+
+
+# --- saturation ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """The resources a configuration saturates (health keys, in :data:`RESOURCE_NAMES` order) and why."""
+
+    resources: tuple[str, ...]
+    by_retention: bool = False
+    backpressure: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.resources)
+
+    def text(self) -> str:
+        """'decode HBM and P's KV pool' with the cause of each."""
+        parts = []
+        for r in self.resources:
+            name = RESOURCE_NAMES[r]
+            if r == "decode_kv" and self.by_retention:
+                name += " (pinned KV of finished conversations)"
+            if r == "prefill_held_kv" and self.backpressure:
+                name += " (lease backpressure: prompts held until D can read them)"
+            parts.append(name)
+        return " and ".join(parts) if len(parts) <= 2 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _share(rows: Rows, key: str) -> float:
+    v = [x for x in col(rows, key) if math.isfinite(x)]
+    return float(np.mean(v)) if v else 0.0
+
+
+def saturation(rows: Rows) -> Saturation:
+    """What the health sections of ``rows`` (one per replication) saturate."""
+    res = tuple(r for r in RESOURCE_NAMES if _share(rows, f"health.resources.{r}.saturated") >= SATURATED_SHARE)
+    return Saturation(res, _share(rows, "health.resources.decode_kv.by_retention") >= SATURATED_SHARE,
+                      _share(rows, "health.resources.prefill_held_kv.backpressure_from_decode") >= SATURATED_SHARE)
+
+
+# --- router TTL per candidate ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouterFit:
+    """A candidate's runs at the router TTL that leaves room for its own P-decision delay."""
+
+    rows: Rows
+    router_ttl_s: int
+    allowance_s: float  # the allowance it ran with (>= its own measured p99, when settled)
+    measured_s: float  # its own p99 arrival -> P decision, max over replications
+    rounds: int
+    settled: bool
+
+
+def measured_allowance(rows: Rows) -> float:
+    """``max(1 s, ceil(p99 arrival -> P decision))`` over the replications (NaN runs ignored)."""
+    v = [x for x in col(rows, "p_decide_p99_s") if math.isfinite(x)]
+    return max(MIN_ALLOWANCE_S, float(math.ceil(max(v)))) if v else MIN_ALLOWANCE_S
+
+
+def settle_router_ttls(run: Callable[[dict[K, dict[str, Any]]], dict[K, Rows]], ttls: Mapping[K, float],
+                       overrides: Callable[[K, int], dict[str, Any]], margin: float) -> dict[K, RouterFit]:
+    """Simulate every candidate ``key`` (TTL ``ttls[key]``) with ``overrides(key, router_ttl)`` until its router
+    TTL leaves room for its own measured P-decision delay (module docstring); all pending candidates of a round
+    run together (one parallel batch).
+
+    The result is the last settled round; a candidate that does not settle (its measured delay leaves no router
+    TTL >= 1 s, its round saturates P, or the delay keeps growing as the router TTL shrinks: fewer hits load P
+    more) keeps its first round, the longest router TTL, and is flagged ``settled=False``.
+    """
+    allowance = dict.fromkeys(ttls, MIN_ALLOWANCE_S)
+    fits: dict[K, RouterFit] = {}
+    pending = list(ttls)
+    for rnd in range(1, ROUTER_ROUNDS + 1):
+        routers = {k: router_ttl(ttls[k], margin, allowance[k]) for k in pending}
+        rows = run({k: overrides(k, routers[k]) for k in pending})
+        nxt = []
+        for k in pending:
+            got = measured_allowance(rows[k])
+            fit = RouterFit(rows[k], routers[k], allowance[k], got, rnd, got <= allowance[k])
+            if fit.settled or k not in fits:
+                fits[k] = fit
+            no_room = ttls[k] - margin - got < 1.0  # floor(TTL - margin - allowance) would be below 1 s
+            # a shorter router TTL only turns pulls into recomputes: a round that saturates P cannot be cured by one
+            p_saturated = bool({"prefill_compute", "prefill_held_kv"} & set(saturation(rows[k]).resources))
+            if not fit.settled and not no_room and not p_saturated and rnd < ROUTER_ROUNDS:
+                allowance[k] = got
+                nxt.append(k)
+        pending = nxt
+        if not pending:
+            break
+    return fits
+
+
+# --- screen pruning --------------------------------------------------------------------------------------------
+
+
+def screened_hits(sc: Scenario, grid: Sequence[float], margin: float, trace_gaps: np.ndarray | None) -> np.ndarray:
+    """Hit rate per TTL of ``grid`` with the router TTL at ``TTL - margin - 1 s``: the analytic screen, or on a
+    trace the share of its gaps within that router TTL; NaN for a closed loop (a turn also waits for a free
+    client, which the screen's gap model does not see: nothing is pruned)."""
+    return screen_ttls(sc, grid, margin, trace_gaps)[0]
+
+
+def screen_ttls(sc: Scenario, grid: Sequence[float], margin: float,
+                trace_gaps: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(hit rate, prefill utilisation) per TTL of ``grid`` (:func:`screened_hits`); the utilisation is the
+    screen's (NaN on a trace or a closed loop)."""
+    routers = np.array([max(t - margin - MIN_ALLOWANCE_S, 1.0) for t in grid])
+    nan = np.full(len(grid), np.nan)
+    if trace_gaps is None and isinstance(sc.workload.arrival, ClosedLoopArrival):
+        return nan, nan
+    if trace_gaps is not None:
+        g = np.sort(trace_gaps[np.isfinite(trace_gaps)])
+        return np.searchsorted(g, routers, side="right") / max(len(g), 1), nan
+    variants = [with_overrides(sc, {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": t,
+                                    "policy.router_ttl_s": float(r), "policy.kv_load_failure_policy": "recompute"})
+                for t, r in zip(grid, routers, strict=True)]
+    df = screen_scenarios(variants)
+    return (df["screen_hit_rate"].to_numpy(dtype=float), df["screen_prefill_utilization"].to_numpy(dtype=float))
+
+
+def prune_ttls(grid: Sequence[float], hits: np.ndarray | Sequence[float],
+               p_util: np.ndarray | Sequence[float] | None = None) -> tuple[list[float], list[float]]:
+    """(TTLs to simulate, TTLs pruned) of the sorted ``grid`` by the screened ``hits`` and, when given, the
+    screened prefill utilisation ``p_util`` (module docstring)."""
+    keep, pruned = _prune_by_hits(grid, hits)
+    if p_util is None:
+        return keep, pruned
+    util = dict(zip(grid, np.asarray(p_util, dtype=float), strict=True))
+    over = [t for t in keep if util[t] >= PRUNE_P_OVERLOAD]
+    if over and any(util[t] < 1.0 for t in keep):  # keep them all when every TTL overloads P (it is said so)
+        keep = [t for t in keep if t not in over]
+        pruned = sorted([*pruned, *over])
+    return keep, pruned
+
+
+def _prune_by_hits(grid: Sequence[float], hits: np.ndarray | Sequence[float]) -> tuple[list[float], list[float]]:
+    n = len(grid)
+    raw = np.asarray(hits, dtype=float)
+    if n <= 2 or not np.isfinite(raw).any():  # nothing to prune, or the screen could not say (closed loop)
+        return list(grid), []
+    h = np.nan_to_num(raw, nan=0.0)
+    top = float(h.max())
+    if top <= 0:
+        keep = {0, n - 1}  # nothing comes back within any TTL: the shortest and the longest say so
+    else:
+        hi = int(np.argmax(h >= PRUNE_HIGH_HIT_FRACTION * top))
+        lo = int(np.argmax(h >= PRUNE_LOW_HIT_FRACTION * top))
+        keep = set(range(lo, min(hi + 1, n - 1) + 1))
+    return [t for i, t in enumerate(grid) if i in keep], [t for i, t in enumerate(grid) if i not in keep]
+
+
+# --- steady state ----------------------------------------------------------------------------------------------
+
+
+def conversation_span_estimate_s(rs: Resolved) -> float:
+    """p90 of first -> last arrival of a conversation, before any run: (T90 - 1) x (mean gap + one turn's decode
+    at batch 1), T90 the p90 of turns (a lower bound of the service time: the runs measure the real one)."""
+    wl = rs.scenario.workload
+    t90 = float(np.percentile(np.maximum(1, np.rint(quantile_sample(wl.turns))), 90))
+    gap = float(np.mean(quantile_sample(wl.turn_gap_s)))
+    out = float(np.mean(np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))))
+    ctx = float(np.mean(quantile_sample(wl.prefix_tokens))) + t90 / 2 * (
+        float(np.mean(quantile_sample(wl.user_tokens))) + out)
+    service = out * decode_step_time_s(rs.costs.decode, 1, int(ctx))
+    return max(t90 - 1, 0.0) * (gap + service)
+
+
+def steady_conversations(rs: Resolved, ttl_s: float) -> int | None:
+    """Conversations giving an arrival span of :data:`STEADY_SPAN_FACTOR` x (``ttl_s`` + p90 conversation span)
+    at the scenario's Poisson rate, capped at :data:`MAX_LENGTHEN_FACTOR` x the scenario's; None when it needs
+    no more, or when a trace or closed loop (which cannot be lengthened) or more than the cap would be needed
+    (the runs are then flagged instead)."""
+    wl = rs.scenario.workload
+    if wl.trace is not None or not isinstance(wl.arrival, PoissonArrival):
+        return None
+    need = STEADY_SPAN_FACTOR * (ttl_s + conversation_span_estimate_s(rs)) * wl.arrival.rate_per_s
+    if wl.conversations >= need or need > MAX_LENGTHEN_FACTOR * wl.conversations:
+        return None
+    return int(math.ceil(need))
+
+
+def steady(rows: Rows, ttl_s: float) -> bool:
+    """The issue-18 criterion on measured spans: arrival span >= TTL + p90 conversation span (every replication)."""
+    spans, conv = col(rows, "arrival_span_s"), col(rows, "conversation_span_p90_s")
+    ok = [a >= ttl_s + c for a, c in zip(spans, conv, strict=True) if math.isfinite(a) and math.isfinite(c)]
+    return bool(ok) and all(ok)
+
+
+# --- gaps ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """Turn-gap quantiles (s) of the workload or trace, and what they measure."""
+
+    p10: float
+    p50: float
+    p90: float
+    what: str
+
+    def text(self) -> str:
+        """The sentence fragment the rationale quotes."""
+        return f"{self.what} p10 {_s(self.p10)}, p50 {_s(self.p50)}, p90 {_s(self.p90)}"
+
+
+def _s(x: float) -> str:
+    return "0 s" if x == 0 else human_s(x)
+
+
+def trace_pairs(sc: Scenario) -> pd.DataFrame | None:
+    """The (parent -> child) turn pairs of the scenario's trace (:func:`kvplan.traces.stats.turn_pairs`, what
+    ``kvplan workload show`` reads), gaps divided by its ``time_scale``; None for a synthetic workload."""
+    src = sc.workload.trace
+    if src is None:
+        return None
+    from kvplan.traces.readers import load_trace
+    from kvplan.traces.stats import turn_pairs
+
+    pairs = turn_pairs(load_trace(src.path, src.format))
+    return pairs.assign(gap_s=pairs["gap_s"] / src.time_scale)
+
+
+def trace_gap_sample(pairs: pd.DataFrame | None) -> np.ndarray | None:
+    """The finite arrival-to-arrival gaps of :func:`trace_pairs` (None for a synthetic workload)."""
+    if pairs is None:
+        return None
+    gaps = pairs["gap_s"].to_numpy(dtype=float)
+    return gaps[np.isfinite(gaps)]
+
+
+def workload_gaps(sc: Scenario, trace_gaps: np.ndarray | None) -> Gaps | None:
+    """The gaps the rationale quotes; None for a trace without any follow-up turn."""
+    if trace_gaps is not None:
+        if not len(trace_gaps):
+            return None
+        q = np.percentile(trace_gaps, [10, 50, 90])
+        return Gaps(float(q[0]), float(q[1]), float(q[2]), "trace turn gaps (arrival to arrival, as workload show)")
+    q = np.percentile(quantile_sample(sc.workload.turn_gap_s), [10, 50, 90])
+    what = ("think times (closed loop: a turn also waits for a free client)"
+            if isinstance(sc.workload.arrival, ClosedLoopArrival) else "turn gaps (end of response to next turn)")
+    return Gaps(float(q[0]), float(q[1]), float(q[2]), what)

@@ -1,0 +1,72 @@
+"""The transfer knob of the advice: ``cross_layer_blocks`` (vLLM's ``enable_cross_layers_blocks``).
+
+NIXL posts one descriptor per (registered region x block) (VLLM_BEHAVIOUR.md 1.11: ``num_descs = num_regions
+x num_blocks``); with cross-layer blocks a logical block is contiguous over the layers, so one region per rank
+(:func:`kvplan.models.arch.kv_regions_per_rank`). When pulls are a large part of TTFT (the mean pull at least
+:data:`PULL_SHARE_TRIAL` of the TTFT p50: the median, so that queueing tails do not hide it)
+:mod:`kvplan.sim.advice` simulates its recommendation again with
+``deployment.cross_layer_blocks: true`` (same seeds) and reports what the descriptor count costs
+(:func:`descriptor_cost`): the pull of the mean pulled size on an idle link with and without cross-layer
+blocks, against the line rate (bytes x per_byte_s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
+from kvplan.models.costs import TransferCost, pull_visible_time_s
+from kvplan.sim.engine import Resolved
+
+#: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50.
+PULL_SHARE_TRIAL = 0.25
+#: vLLM's switch (kv_connector_extra_config, nixl_connector_usage.md) behind deployment.cross_layer_blocks.
+VLLM_FLAG = "enable_cross_layers_blocks"
+
+
+@dataclass(frozen=True)
+class DescriptorCost:
+    """One pull of ``tokens`` per rank: descriptors and idle-link visible pull time with and without cross-layer."""
+
+    tokens: int
+    descriptors: int
+    descriptors_cross_layer: int
+    pull_s: float
+    pull_cross_layer_s: float
+    line_rate_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"tokens": self.tokens, "descriptors_per_rank": self.descriptors,
+                "descriptors_per_rank_cross_layer": self.descriptors_cross_layer, "pull_s": self.pull_s,
+                "pull_cross_layer_s": self.pull_cross_layer_s, "line_rate_s": self.line_rate_s}
+
+
+def descriptor_cost(rs: Resolved, tokens: int) -> DescriptorCost:
+    """What a ``tokens``-token pull costs per rank with the scenario's transfer costs (link override applied)."""
+    tc = TransferCost.model_validate({**rs.costs.transfer.model_dump(), "per_byte_s": rs.per_byte_s})
+    nbytes = tokens * kv_bytes_per_token_per_rank(rs.arch, rs.scenario.deployment.tensor_parallel_size)
+    d0 = descriptors_per_transfer(rs.arch, tokens, False)
+    d1 = descriptors_per_transfer(rs.arch, tokens, True)
+    return DescriptorCost(tokens, d0, d1, pull_visible_time_s(tc, nbytes, d0), pull_visible_time_s(tc, nbytes, d1),
+                          nbytes * rs.per_byte_s)
+
+
+def mean_pulled_tokens(row: dict[str, Any]) -> int:
+    """Mean tokens per pull of one run row (0 without pulls)."""
+    pulls = int(row.get("decisions.pull") or 0)
+    return int(round(float(row.get("pulled_tokens") or 0) / pulls)) if pulls else 0
+
+
+def trial_text(dc: DescriptorCost, m_off: dict[str, float], m_on: dict[str, float], gain: tuple[float, float],
+               adopted: bool, fmt: Any) -> str:
+    """The rationale sentence of the cross-layer trial (``fmt`` renders seconds)."""
+    verdict = (f"enable it ({VLLM_FLAG}: true in kv_connector_extra_config on P and D, where the attention backend "
+               "supports it)" if adopted else "no significant gain here")
+    return (f"Transfer: pulls take {fmt(m_off['kv_pull_mean_s'])} of a {fmt(m_off['ttft_p50_s'])} TTFT p50; a "
+            f"{dc.tokens:,}-token pull posts {dc.descriptors:,} descriptors per rank (regions x blocks), "
+            f"{fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; with cross_layer_blocks "
+            f"{dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}. Simulated with the same seeds: "
+            f"TTFT p50 {fmt(m_off['ttft_p50_s'])} -> {fmt(m_on['ttft_p50_s'])}, p90 {fmt(m_off['ttft_p90_s'])} -> "
+            f"{fmt(m_on['ttft_p90_s'])} (mean {fmt(gain[0])} lower): {verdict}.")

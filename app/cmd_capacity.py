@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.errors import input_error
-        from kvplan.sim.capacity import plan_capacity
+        from kvplan.sim.capacity import check_inputs, plan_capacity
         from kvplan.sim.compare import ROUTINGS
 
         common_run_flags(replications, workers, conversations)
@@ -106,6 +106,7 @@ def register(app: typer.Typer) -> None:
                               f"use one of {', '.join(ROUTINGS[:3])}")
         grid = _ttl_grid(ttl_grid)
         sc = _scenario(scenario, workload, model, hardware, rate, conversations, trace)
+        check_inputs(sc, rate, slo_ttft_p90_ms, usd, max_nodes, grid)  # one-line errors before the progress bar
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,

@@ -229,8 +229,13 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
     inf["request_rate"] = "inf"
     inf_path = tmp / "inf.json"
     inf_path.write_text(json.dumps(inf))
+    nodep = tmp / "nodep.yaml"  # review2: was fitted on the defaults (TP8 1P1D) and written 'calibrated'
+    nodep.write_text("model: llama-3.1-8b\nhardware: p4de\npolicy: {bidirectional: false}\n")
     b = ["--bench", str(BENCH)]
     return {
+        "no deployment": ([*b, "--scenario", str(nodep)], "has no 'deployment:'"),
+        "second scenario without deployment": ([*b, "--bench", str(BENCH), "--scenario", str(SCEN_2P1D),
+                                                "--scenario", str(nodep)], "nodep.yaml"),
         "missing scenario": ([*b, "--scenario", str(tmp / "nope.yaml")], "nope.yaml"),
         "malformed yaml": ([*b, "--scenario", str(bad_yaml)], "bad.yaml"),
         "unknown model": ([*b, "--scenario", str(unknown)], "gpt-9"),
@@ -243,7 +248,7 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-HOSTILE = ("missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
+HOSTILE = ("no deployment", "second scenario without deployment", "missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
            "file of another model", "all at once", "tp differs")
 
 

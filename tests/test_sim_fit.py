@@ -101,6 +101,15 @@ def test_unreachable_fit_is_unreliable_and_refused(tmp_path: Path, capsys: pytes
     assert main(["simulate", str(sc), "--out", str(tmp_path / "run"), "--allow-unreliable-profile", "--json"]) == 0
     assert main(["cost", "--profile", str(out), "--tokens", "100"]) == 2
     capsys.readouterr()
+    # review2: the refusal says "pass --allow-unreliable-profile": compare and capacity take it as simulate does
+    cap = ["capacity", str(sc), "--slo-ttft-p90-ms", "60000", "--max-nodes", "2", "--no-max-rate", "--replications", "1",
+           "--ttl-grid", "60", "--usd-per-node-hour", "30", "--json"]
+    for args in (["compare", str(sc), "--policies", "off", "--replications", "1", "--json"], cap):
+        assert main(args) == 2
+        msg = capsys.readouterr().err
+        assert "unreliable" in msg and len(msg.strip().splitlines()) == 1
+        assert main([*args, "--allow-unreliable-profile"]) == 0, args[0]
+        capsys.readouterr()
 
 
 def test_conflicting_statistics_fail_the_self_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -248,7 +257,8 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-HOSTILE = ("no deployment", "second scenario without deployment", "missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
+HOSTILE = ("no deployment", "second scenario without deployment",
+           "missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
            "file of another model", "all at once", "tp differs")
 
 

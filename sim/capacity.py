@@ -16,9 +16,9 @@ Search (the screen prunes, the simulator decides):
    max_nodes`` by its slack ``max(prefill utilisation, decode KV demand)`` (with bidirectional, at the TTL of
    the grid that screens best). Totals ``x + y`` are simulated upwards from the smallest the screen finds
    plausible (slack < :data:`PLAUSIBLE_SLACK`; from 2 on a trace, which the screen cannot see), the
-   :data:`SPLITS_PER_TOTAL` best splits of each: ``max_nodes`` first (when none of its splits meets the SLO,
-   nothing smaller is simulated, so a hopeless load ends after a few runs; only its best split when the screen
-   finds nothing plausible), then bisection over the total;
+   :data:`SPLITS_PER_TOTAL` best splits of each: that smallest total first, then ``max_nodes`` (when none of
+   its splits meets the SLO, nothing in between is simulated, so a hopeless load ends after a few runs; only its
+   best split when the screen finds nothing plausible), then bisection over the totals between;
    the smallest total with a split meeting the SLO gives the candidate (its lowest p90).
 2. Neighbour checks: ``(x-1, y)`` and ``(x, y-1)`` are simulated; while one of them meets the SLO the answer
    moves there (a disagreement with the screen). The answer is the smallest in that sense: one P fewer and
@@ -233,10 +233,14 @@ class _Planner:
 
         plausible = [x + y for (x, y), s in slack.items() if s < PLAUSIBLE_SLACK] if self.screened else []
         lo = min(plausible) - 1 if plausible else 1  # totals <= lo are taken to miss (the screen, or 1 node)
-        # the largest total first: when it misses, nothing smaller is simulated (a huge load ends in a few runs)
-        # (its best split only when the screen finds none of them plausible: the load is far beyond the bound)
-        found = at_total(self.max_nodes, SPLITS_PER_TOTAL if plausible or not self.screened else 1)
-        hi = self.max_nodes
+        found = at_total(lo + 1)  # the smallest the screen finds plausible: the common case ends here
+        hi = lo + 1
+        if found is None and hi < self.max_nodes:
+            lo = hi
+            # then the largest: when it misses, nothing in between is simulated (a hopeless load ends in a few runs;
+            # only its best split when the screen finds nothing plausible: the load is far beyond the bound)
+            found = at_total(self.max_nodes, SPLITS_PER_TOTAL if plausible or not self.screened else 1)
+            hi = self.max_nodes
         while found is not None and hi - lo > 1:  # bisection over the total (meeting the SLO ~ monotone in it)
             mid = (lo + hi) // 2
             got = at_total(mid)

@@ -17,8 +17,8 @@ Search (the screen prunes, the simulator decides):
    the grid that screens best). Totals ``x + y`` are simulated upwards from the smallest the screen finds
    plausible (slack < :data:`PLAUSIBLE_SLACK`; from 2 on a trace, which the screen cannot see), the
    :data:`SPLITS_PER_TOTAL` best splits of each: that smallest total first, then ``max_nodes`` (when none of
-   its splits meets the SLO, nothing in between is simulated, so a hopeless load ends after a few runs; only its
-   best split when the screen finds nothing plausible), then bisection over the totals between;
+   its splits meets the SLO, nothing in between is simulated; when the screen finds nothing plausible, only the
+   best split of ``max_nodes``, so a hopeless load ends after a few runs), then bisection over the totals between;
    the smallest total with a split meeting the SLO gives the candidate (its lowest p90).
 2. Neighbour checks: ``(x-1, y)`` and ``(x, y-1)`` are simulated; while one of them meets the SLO the answer
    moves there (a disagreement with the screen). The answer is the smallest in that sense: one P fewer and
@@ -233,14 +233,16 @@ class _Planner:
 
         plausible = [x + y for (x, y), s in slack.items() if s < PLAUSIBLE_SLACK] if self.screened else []
         lo = min(plausible) - 1 if plausible else 1  # totals <= lo are taken to miss (the screen, or 1 node)
-        found = at_total(lo + 1)  # the smallest the screen finds plausible: the common case ends here
-        hi = lo + 1
-        if found is None and hi < self.max_nodes:
-            lo = hi
-            # then the largest: when it misses, nothing in between is simulated (a hopeless load ends in a few runs;
-            # only its best split when the screen finds nothing plausible: the load is far beyond the bound)
-            found = at_total(self.max_nodes, SPLITS_PER_TOTAL if plausible or not self.screened else 1)
+        if plausible or not self.screened:
+            found = at_total(lo + 1)  # the smallest the screen finds plausible: the common case ends here
+            hi = lo + 1
+            if found is None and hi < self.max_nodes:
+                # then the largest: when it misses, nothing in between is simulated
+                lo, hi = hi, self.max_nodes
+                found = at_total(hi)
+        else:  # the screen finds nothing plausible up to the bound: the largest total's best split first
             hi = self.max_nodes
+            found = at_total(hi, 1)
         while found is not None and hi - lo > 1:  # bisection over the total (meeting the SLO ~ monotone in it)
             mid = (lo + hi) // 2
             got = at_total(mid)
@@ -369,7 +371,10 @@ def _answer(pick: Pick, nodes: int, usd: float, rate: float | None, max_rate: tu
 
 def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> dict[str, Any]:
     """The answer when nothing up to the bound meets the SLO: the closest one tried and its p90."""
-    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {what} meets the SLO"}
+    # the keys of an answer stay present (null), so a consumer of --json reads the same shape either way
+    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "prefill_nodes": None, "decode_nodes": None,
+                           "ttft_p90_ms": None, "decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
+                           "kv_recompute_threshold_tokens": None, "note": f"no deployment up to {what} meets the SLO"}
     if closest is not None:
         name, p = closest
         p90 = p.metrics["ttft_p90_s"]

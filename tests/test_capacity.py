@@ -220,8 +220,8 @@ def test_a_hopeless_load_ends_after_a_few_runs() -> None:
     assert plan.without_bidirectional["closest_xpyd"] is not None
     # the JSON keys are there (null) when nothing meets the SLO, not only on an answer
     data = json.loads(plan.to_json())
-    for col in ("with_bidirectional", "without_bidirectional"):
+    for name in ("with_bidirectional", "without_bidirectional"):
         for key in ("prefill_nodes", "decode_nodes", "meets_slo", "ttft_p90_ms", "decoder_kv_blocks_ttl_s",
                     "router_ttl_s", "kv_recompute_threshold_tokens"):
-            assert key in data[col], (col, key)
-        assert data[col]["prefill_nodes"] is None and data[col]["ttft_p90_ms"] is None
+            assert key in data[name], (name, key)
+        assert data[name]["prefill_nodes"] is None and data[name]["ttft_p90_ms"] is None

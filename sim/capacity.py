@@ -425,7 +425,7 @@ def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: floa
     except (TypeError, ValueError):
         raise input_error("--ttl-grid", f"must be TTLs in seconds, got {ttl_grid!r}") from None
     # a TTL within the expiry margin + skew (+ 1 s of router TTL) can never be used: every candidate is skipped
-    floor = sc.policy.expiry_safety_margin_s + sc.policy.clock_skew_s + MIN_ROUTER_TTL_S
+    floor = max(sc.policy.expiry_safety_margin_s + sc.policy.clock_skew_s, 0.0) + MIN_ROUTER_TTL_S  # skew may be < 0
     if not grid or any(not (math.isfinite(t) and floor <= t <= MAX_SIM_TIME_S) for t in grid):
         raise input_error("--ttl-grid", f"every TTL must be in {floor:g}..{MAX_SIM_TIME_S:g} s (expiry margin + "
                           f"clock skew + {MIN_ROUTER_TTL_S:g} s of router TTL up to the time bound), got {ttl_grid!r}",

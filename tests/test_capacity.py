@@ -156,6 +156,8 @@ def _hostile_capacity(tmp: Path) -> dict[str, tuple[list[str], str]]:
     agg = tmp / "agg.yaml"
     agg.write_text(yaml.safe_dump({**SCENARIO, "deployment": {"mode": "aggregated", "replicas": 2,
                                                                "tensor_parallel_size": 2}}))
+    skew = tmp / "skew.yaml"
+    skew.write_text(yaml.safe_dump({**SCENARIO, "policy": {"clock_skew_s": -10.0}}))
     slo = ["--slo-ttft-p90-ms", "2000"]
     return {
         "slo 0": ([str(s), "--slo-ttft-p90-ms", "0"], "--slo-ttft-p90-ms"),
@@ -178,13 +180,15 @@ def _hostile_capacity(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "missing trace": ([str(s), *slo, "--trace", str(tmp / "nope.csv")], "--trace"),
         "aggregated scenario": ([str(agg), *slo], "deployment.mode"),
         "max nodes huge": ([str(s), *slo, "--max-nodes", "1000"], "--max-nodes"),
+        "ttl grid negative with a negative skew": ([str(skew), *slo, "--ttl-grid", "-1"], "--ttl-grid"),
     }
 
 
 HOSTILE_CAPACITY = ("slo 0", "slo negative", "slo nan", "slo huge", "rate 0", "rate negative", "rate huge",
                     "ttl grid empty", "ttl grid words", "ttl grid negative", "ttl grid within the margin",
                     "ttl grid huge", "ttl grid nan", "ttl grid too many", "scenario and preset", "unknown preset",
-                    "missing trace", "aggregated scenario", "max nodes huge")
+                    "missing trace", "aggregated scenario", "max nodes huge",
+                    "ttl grid negative with a negative skew")
 
 
 @pytest.mark.parametrize("case", HOSTILE_CAPACITY)

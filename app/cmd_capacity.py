@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Search each answer's maximum load."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+        yes: bool = typer.Option(False, "--yes", help="Run a search that may take more than 100,000 simulations."),
         allow_unreliable: bool = typer.Option(
             False, "--allow-unreliable-profile",
             help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
@@ -97,8 +98,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.errors import input_error
-        from kvplan.sim.capacity import check_inputs, plan_capacity
+        from kvplan.sim.capacity import check_inputs, max_simulations, plan_capacity
         from kvplan.sim.compare import ROUTINGS
+        from kvplan.sim.grid import MAX_RUNS
         from kvplan.sim.scenario import with_overrides
 
         common_run_flags(replications, workers, conversations)
@@ -114,6 +116,11 @@ def register(app: typer.Typer) -> None:
         if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         check_inputs(sc, rate, slo_ttft_p90_ms, usd, max_nodes, grid)  # one-line errors before the progress bar
+        bound = max_simulations(max_nodes, len(grid), replications, max_rate)
+        if bound > MAX_RUNS and not yes:
+            raise input_error("capacity", f"--max-nodes {max_nodes} x {len(grid)} TTLs x --replications {replications} "
+                              f"may take up to {bound:,} simulations (more than {MAX_RUNS:,})",
+                              "lower them, or pass --yes to run it anyway")
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,

@@ -442,6 +442,20 @@ def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: floa
     return _Inputs(sc, rate, slo_ttft_p90_ms / 1000, float(usd), max_nodes, tuple(sorted(set(grid))))
 
 
+def max_simulations(max_nodes: int, n_ttls: int, replications: int, max_rate: bool) -> int:
+    """An upper bound of the simulations of one plan (the search above), for the work check before it starts:
+    per P/D column the screen's smallest total, ``max_nodes`` and the bisection between (3 splits each; with
+    bidirectional two runs per TTL), a few neighbour moves; the aggregated doublings and bisection; the
+    max-load search of each answer."""
+    totals = 2 + math.ceil(math.log2(max(max_nodes, 2)))
+    moves = 2 * 4  # neighbour checks: a few moves of two checks
+    bidir = (totals * SPLITS_PER_TOTAL + moves) * 2 * n_ttls
+    off = totals * SPLITS_PER_TOTAL + moves
+    agg = 2 * math.ceil(math.log2(max(max_nodes, 2))) + 2
+    rate = 3 * (MAX_DOUBLINGS + BISECTION_STEPS + 1) if max_rate else 0
+    return (bidir + off + agg + rate) * replications
+
+
 def check_inputs(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: float | None, slo_ttft_p90_ms: float,
                  usd_per_node_hour: float | None = None, max_nodes: int = 16,
                  ttl_grid: Any = DEFAULT_TTL_GRID_S) -> None:

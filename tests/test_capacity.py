@@ -181,6 +181,8 @@ def _hostile_capacity(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "aggregated scenario": ([str(agg), *slo], "deployment.mode"),
         "max nodes huge": ([str(s), *slo, "--max-nodes", "1000"], "--max-nodes"),
         "ttl grid negative with a negative skew": ([str(skew), *slo, "--ttl-grid", "-1"], "--ttl-grid"),
+        "a search of days": ([str(s), *slo, "--max-nodes", "64", "--ttl-grid", ",".join(str(60 + i) for i in range(12)),
+                              "--replications", "1000"], "--yes"),
     }
 
 
@@ -188,7 +190,7 @@ HOSTILE_CAPACITY = ("slo 0", "slo negative", "slo nan", "slo huge", "rate 0", "r
                     "ttl grid empty", "ttl grid words", "ttl grid negative", "ttl grid within the margin",
                     "ttl grid huge", "ttl grid nan", "ttl grid too many", "scenario and preset", "unknown preset",
                     "missing trace", "aggregated scenario", "max nodes huge",
-                    "ttl grid negative with a negative skew")
+                    "ttl grid negative with a negative skew", "a search of days")
 
 
 @pytest.mark.parametrize("case", HOSTILE_CAPACITY)

@@ -42,13 +42,19 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
     bench, multi = list(traces.get("bench") or []), list(traces.get("multiturn") or [])
     if not bench and not multi:
         raise input_error("--scenario", "needs the measured run: give --bench F or --multiturn F")
-    scen = [load_scenario(p) for p in _pair_scenarios(scenarios, len(bench) + len(multi))]
+    paths = _pair_scenarios(scenarios, len(bench) + len(multi))
+    scen = [load_scenario(p) for p in paths]
     first = scen[0]
     arch = get_model(first.model)
     for flag, given, have in (("--model", model, arch.name), ("--hardware", hardware, first.hardware),
                               ("--tp", tp, first.deployment.tensor_parallel_size)):
         if given is not None and given != have:
             raise input_error(flag, f"{given} differs from the scenario's {have}", f"drop {flag} or fix the scenario")
+    for p, sc in zip(paths, scen, strict=True):
+        if "deployment" not in sc.model_fields_set:  # the defaults (TP8 1P1D) are not the run that was measured
+            raise input_error(f"--scenario {p}", "has no 'deployment:': the fit simulates the measured deployment",
+                              "give deployment: {tensor_parallel_size: N, prefill_nodes: X, decode_nodes: Y} "
+                              "(or mode: aggregated, replicas: R)")
     foreign = [m for m in (check_bench_model(b, arch, allow=allow_model_mismatch) for b in bench) if m]
     runs = [bench_run(parse_bench_serve(b)) for b in bench] + [multiturn_run(parse_multiturn_stats(m)) for m in multi]
     sources = [{"file": str(f), "format": kind, "sha256": sha256_of(f)} for kind, fs in (("bench", bench),

@@ -42,7 +42,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
             if sc.workload.conversations < need:
                 sc = with_overrides(sc, {"workload.conversations": min(need, MAX_CONVERSATIONS)})
     if trace is not None:
-        if not trace.is_file():
+        if not trace.exists():  # a file, or a directory of weka traces (as compare and simulate)
             raise input_error(f"--trace {trace}", "no such file")
         sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
     return sc
@@ -89,12 +89,19 @@ def register(app: typer.Typer) -> None:
         max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Search each answer's maximum load."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+        yes: bool = typer.Option(False, "--yes", help="Run a search that may take more than 100,000 simulations."),
+        allow_unreliable: bool = typer.Option(
+            False, "--allow-unreliable-profile",
+            help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
+        ),
     ) -> None:
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.errors import input_error
-        from kvplan.sim.capacity import plan_capacity
+        from kvplan.sim.capacity import check_inputs, max_simulations, plan_capacity
         from kvplan.sim.compare import ROUTINGS
+        from kvplan.sim.grid import MAX_RUNS
+        from kvplan.sim.scenario import with_overrides
 
         common_run_flags(replications, workers, conversations)
         positive_finite("--rate", rate, upper=1e6)
@@ -106,6 +113,14 @@ def register(app: typer.Typer) -> None:
                               f"use one of {', '.join(ROUTINGS[:3])}")
         grid = _ttl_grid(ttl_grid)
         sc = _scenario(scenario, workload, model, hardware, rate, conversations, trace)
+        if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
+            sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
+        check_inputs(sc, rate, slo_ttft_p90_ms, usd, max_nodes, grid)  # one-line errors before the progress bar
+        bound = max_simulations(max_nodes, len(grid), replications, max_rate)
+        if bound > MAX_RUNS and not yes:
+            raise input_error("capacity", f"--max-nodes {max_nodes} x {len(grid)} TTLs x --replications {replications} "
+                              f"may take up to {bound:,} simulations (more than {MAX_RUNS:,})",
+                              "lower them, or pass --yes to run it anyway")
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,

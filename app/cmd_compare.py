@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing --html file kvplan did not write (its own it replaces anyway)."
         ),
+        allow_unreliable: bool = typer.Option(
+            False, "--allow-unreliable-profile",
+            help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
+        ),
     ) -> None:
         from kvplan.app.flags import MAX_WORKERS, int_range
         from kvplan.atomic import check_output_file
@@ -77,6 +81,11 @@ def register(app: typer.Typer) -> None:
             if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
+            sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
+        from kvplan.sim.engine import resolve
+
+        resolve(sc)  # profile and cost errors (an 'unreliable' profile among them) in one line, before any run
         inputs += scenario_input_files(sc)
         if html is not None:
             check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)

@@ -16,8 +16,10 @@ Search (the screen prunes, the simulator decides):
    max_nodes`` by its slack ``max(prefill utilisation, decode KV demand)`` (with bidirectional, at the TTL of
    the grid that screens best). Totals ``x + y`` are simulated upwards from the smallest the screen finds
    plausible (slack < :data:`PLAUSIBLE_SLACK`; from 2 on a trace, which the screen cannot see), the
-   :data:`SPLITS_PER_TOTAL` best splits of each; the first total with a split meeting the SLO gives the
-   candidate (its lowest p90).
+   :data:`SPLITS_PER_TOTAL` best splits of each: that smallest total first, then ``max_nodes`` (when none of
+   its splits meets the SLO, nothing in between is simulated; when the screen finds nothing plausible, only the
+   best split of ``max_nodes``, so a hopeless load ends after a few runs), then bisection over the totals between;
+   the smallest total with a split meeting the SLO gives the candidate (its lowest p90).
 2. Neighbour checks: ``(x-1, y)`` and ``(x, y-1)`` are simulated; while one of them meets the SLO the answer
    moves there (a disagreement with the screen). The answer is the smallest in that sense: one P fewer and
    one D fewer both miss the SLO, and the checks are reported (``neighbour_checks``).
@@ -54,7 +56,7 @@ from kvplan.models.hardware import get_hardware
 from kvplan.sim.capacity_eval import Evaluator, Metrics, meets
 from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
-from kvplan.sim.scenario import ClosedLoopArrival, Scenario, as_scenario, with_overrides
+from kvplan.sim.scenario import MAX_SIM_TIME_S, ClosedLoopArrival, Scenario, as_scenario, with_overrides
 from kvplan.sim.screen import screen_scenarios
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
@@ -212,26 +214,45 @@ class _Planner:
         best.candidates = cands
         return best
 
-    # --- the walk ------------------------------------------------------------------------------------------
+    # --- the search ------------------------------------------------------------------------------------------
 
     def smallest(self, at: Callable[[int, int], Pick], slack: dict[tuple[int, int], float],
                  label: str) -> tuple[tuple[int, int, Pick] | None, tuple[int, int, Pick] | None, list[dict[str, Any]]]:
         """(answer, closest tried, neighbour checks) of one column."""
         closest: tuple[int, int, Pick] | None = None
-        found: tuple[int, int, Pick] | None = None
-        plausible = [x + y for (x, y), s in slack.items() if s < PLAUSIBLE_SLACK] if self.screened else []
-        total = min(plausible) if plausible else 2
-        while total <= self.max_nodes and found is None:
-            splits = sorted((s, x, y) for (x, y), s in slack.items() if x + y == total)[:SPLITS_PER_TOTAL]
+
+        def at_total(total: int, n: int = SPLITS_PER_TOTAL) -> tuple[int, int, Pick] | None:
+            nonlocal closest
+            splits = sorted((s, x, y) for (x, y), s in slack.items() if x + y == total)[:n]
             picks = [(x, y, at(x, y)) for _, x, y in splits]
             for x, y, p in picks:
                 if closest is None or p.metrics["ttft_p90_s"] < closest[2].metrics["ttft_p90_s"]:
                     closest = (x, y, p)
             ok = [(p.metrics["ttft_p90_s"], x, y, p) for x, y, p in picks if p.ok]
-            if ok:
-                _, x, y, p = min(ok, key=lambda t: t[:3])
-                found = (x, y, p)
-            total += 1
+            if not ok:
+                return None
+            _, x, y, p = min(ok, key=lambda t: t[:3])
+            return x, y, p
+
+        plausible = [x + y for (x, y), s in slack.items() if s < PLAUSIBLE_SLACK] if self.screened else []
+        lo = min(plausible) - 1 if plausible else 1  # totals <= lo are taken to miss (the screen, or 1 node)
+        if plausible or not self.screened:
+            found = at_total(lo + 1)  # the smallest the screen finds plausible: the common case ends here
+            hi = lo + 1
+            if found is None and hi < self.max_nodes:
+                # then the largest: when it misses, nothing in between is simulated
+                lo, hi = hi, self.max_nodes
+                found = at_total(hi)
+        else:  # the screen finds nothing plausible up to the bound: the largest total's best split first
+            hi = self.max_nodes
+            found = at_total(hi, 1)
+        while found is not None and hi - lo > 1:  # bisection over the total (meeting the SLO ~ monotone in it)
+            mid = (lo + hi) // 2
+            got = at_total(mid)
+            if got is None:
+                lo = mid
+            else:
+                hi, found = mid, got
         checks: list[dict[str, Any]] = []
         while found is not None:
             x, y, p = found
@@ -353,7 +374,10 @@ def _answer(pick: Pick, nodes: int, usd: float, rate: float | None, max_rate: tu
 
 def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> dict[str, Any]:
     """The answer when nothing up to the bound meets the SLO: the closest one tried and its p90."""
-    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "note": f"no deployment up to {what} meets the SLO"}
+    # the keys of an answer stay present (null), so a consumer of --json reads the same shape either way
+    out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "prefill_nodes": None, "decode_nodes": None,
+                           "ttft_p90_ms": None, "decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
+                           "kv_recompute_threshold_tokens": None, "note": f"no deployment up to {what} meets the SLO"}
     if closest is not None:
         name, p = closest
         p90 = p.metrics["ttft_p90_s"]
@@ -361,7 +385,13 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
                     "hit_rate": p.metrics.get("hit_rate"), **p.policy,
                     "turns_per_conversation": p.metrics.get("turns_per_conversation"),
                     "prefill_utilization": p.metrics.get("prefill_utilization")})
-        achieved = f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else "runs failed"
+        skipped = [f"TTL {c['decoder_kv_blocks_ttl_s']:g} s ({c['skipped']}"
+                   + (f": p99 arrival-to-decision {c['p_decide_p99_s']:.0f} s)" if "p_decide_p99_s" in c else ")")
+                   for c in p.candidates if c.get("skipped")]
+        achieved = (f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else
+                    "every TTL skipped: " + ", ".join(skipped) if skipped else "runs failed")
+        if skipped:
+            out["ttl_candidates"] = p.candidates
         out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms): raise "
                         "--max-nodes, relax the SLO or lower the load")
     return out
@@ -393,9 +423,16 @@ def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: floa
             raise input_error(name, f"must be a positive number, got {v!r}")
     if not isinstance(max_nodes, int) or max_nodes < 2:
         raise input_error("max_nodes", "must be an integer >= 2")
-    grid = tuple(float(t) for t in ttl_grid)
-    if not grid or any(not (math.isfinite(t) and t > 0) for t in grid):
-        raise input_error("--ttl-grid", f"must be positive TTLs in seconds, got {ttl_grid!r}")
+    try:
+        grid = tuple(float(t) for t in ttl_grid)
+    except (TypeError, ValueError):
+        raise input_error("--ttl-grid", f"must be TTLs in seconds, got {ttl_grid!r}") from None
+    # a TTL within the expiry margin + skew (+ 1 s of router TTL) can never be used: every candidate is skipped
+    floor = max(sc.policy.expiry_safety_margin_s + sc.policy.clock_skew_s, 0.0) + MIN_ROUTER_TTL_S  # skew may be < 0
+    if not grid or any(not (math.isfinite(t) and floor <= t <= MAX_SIM_TIME_S) for t in grid):
+        raise input_error("--ttl-grid", f"every TTL must be in {floor:g}..{MAX_SIM_TIME_S:g} s (expiry margin + "
+                          f"clock skew + {MIN_ROUTER_TTL_S:g} s of router TTL up to the time bound), got {ttl_grid!r}",
+                          "e.g. 60,120,240")
     usd = usd_per_node_hour if usd_per_node_hour is not None else get_hardware(sc.hardware).usd_per_hour
     if usd is None:
         raise input_error("--usd-per-node-hour", f"no on-demand price is known for hardware '{sc.hardware}'",
@@ -406,6 +443,27 @@ def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: floa
     rate = None if trace or isinstance(arr, ClosedLoopArrival) else float(
         rate_per_s if rate_per_s is not None else arr.rate_per_s)
     return _Inputs(sc, rate, slo_ttft_p90_ms / 1000, float(usd), max_nodes, tuple(sorted(set(grid))))
+
+
+def max_simulations(max_nodes: int, n_ttls: int, replications: int, max_rate: bool) -> int:
+    """An upper bound of the simulations of one plan (the search above), for the work check before it starts:
+    per P/D column the screen's smallest total, ``max_nodes`` and the bisection between (3 splits each; with
+    bidirectional two runs per TTL), a few neighbour moves; the aggregated doublings and bisection; the
+    max-load search of each answer."""
+    totals = 2 + math.ceil(math.log2(max(max_nodes, 2)))
+    moves = 2 * 4  # neighbour checks: a few moves of two checks
+    bidir = (totals * SPLITS_PER_TOTAL + moves) * 2 * n_ttls
+    off = totals * SPLITS_PER_TOTAL + moves
+    agg = 2 * math.ceil(math.log2(max(max_nodes, 2))) + 2
+    rate = 3 * (MAX_DOUBLINGS + BISECTION_STEPS + 1) if max_rate else 0
+    return (bidir + off + agg + rate) * replications
+
+
+def check_inputs(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: float | None, slo_ttft_p90_ms: float,
+                 usd_per_node_hour: float | None = None, max_nodes: int = 16,
+                 ttl_grid: Any = DEFAULT_TTL_GRID_S) -> None:
+    """The one-line input errors of :func:`plan_capacity`, raised before any work (the CLI calls it first)."""
+    _validate(scenario, rate_per_s, slo_ttft_p90_ms, usd_per_node_hour, max_nodes, ttl_grid)
 
 
 def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> dict[str, Any]:
@@ -498,6 +556,10 @@ def _notes(sc: Scenario, inp: _Inputs, replications: int, threshold: int, routin
         return notes
     horizon = sc.workload.conversations / _base_rate(sc)  # kept at every rate (conversations_for)
     notes.append(f"every run keeps {horizon:.0f} s of arrivals (conversations scale with the rate)")
+    if inp.rate * horizon > MAX_CONVERSATIONS:
+        horizon = MAX_CONVERSATIONS / inp.rate
+        notes.append(f"WARNING: runs are capped at {MAX_CONVERSATIONS:,} conversations, so at {inp.rate:g}/s they "
+                     f"keep only {horizon:.0f} s of arrivals (and fewer at the higher loads of the max-load search)")
     if horizon < 2 * max(inp.ttl_grid):
         notes.append(f"WARNING: {horizon:.0f} s of arrivals is short against TTLs up to {max(inp.ttl_grid):g} s: "
                      "retention may not reach steady state, so decode HBM pressure can be underestimated")

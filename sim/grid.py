@@ -327,13 +327,15 @@ def grid_from_dict(
         raise input_error(f"{where}: '{unknown[0]}'", "unknown grid key", f"use {', '.join(GRID_KEYS)}")
     if "base" not in data:
         raise input_error(where, "missing 'base:' (an inline scenario or a path to one)")
-    axes = _axes(data.get("axes") or {}, where)
-    zips = _zips(data.get("zip") or [], where)
+    # an empty or misspelt section ('ties: []', 'zip: {}') is an error, not a grid without it
+    axes = _axes({} if data.get("axes") is None else data["axes"], where)
+    zips = _zips([] if data.get("zip") is None else data["zip"], where)
     names = [n for n, _ in axes] + [n for group, _ in zips for n in group]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise input_error(f"{where}: '{twice[0]}'", "is an axis twice (in axes and/or zip groups)", "keep one")
-    ties = _ties(data.get("ties") or {}, where, names)
+    ties = _ties({} if data.get("ties") is None else data["ties"], where, names)
+    _check_nested([*names, *(n for n, _ in ties)], where)
     n_points = math.prod(len(v) for _, v in axes) * math.prod(len(rows) for _, rows in zips)
     if n_points > MAX_POINTS and not yes:
         raise input_error(
@@ -372,6 +374,16 @@ def _axes(axes_raw: Any, where: str) -> list[tuple[str, tuple[Any, ...]]]:
     for name, _ in axes:
         _check_axis_path(name, where)
     return axes
+
+
+def _check_nested(paths: list[str], where: str) -> None:
+    """Refuse a path inside another (``workload.turn_gap_s`` and ``workload.turn_gap_s.mean``): which of the two
+    values a point gets would depend on the order the overrides are applied in."""
+    for a in paths:
+        for b in paths:
+            if b.startswith(a + "."):
+                raise input_error(f"{where}: '{b}'", f"lies inside '{a}', also an axis, zipped axis or tie",
+                                  "vary one of them (give the whole mapping, or only the field)")
 
 
 def _check_axis_path(name: str, where: str) -> None:

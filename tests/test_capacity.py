@@ -148,3 +148,86 @@ def load_scenario_dict() -> Scenario:
     from kvplan.sim.scenario import scenario_from_dict
 
     return scenario_from_dict(SCENARIO)
+
+
+def _hostile_capacity(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    s = tmp / "s.yaml"
+    s.write_text(yaml.safe_dump(SCENARIO))
+    agg = tmp / "agg.yaml"
+    agg.write_text(yaml.safe_dump({**SCENARIO, "deployment": {"mode": "aggregated", "replicas": 2,
+                                                               "tensor_parallel_size": 2}}))
+    skew = tmp / "skew.yaml"
+    skew.write_text(yaml.safe_dump({**SCENARIO, "policy": {"clock_skew_s": -10.0}}))
+    slo = ["--slo-ttft-p90-ms", "2000"]
+    return {
+        "slo 0": ([str(s), "--slo-ttft-p90-ms", "0"], "--slo-ttft-p90-ms"),
+        "slo negative": ([str(s), "--slo-ttft-p90-ms", "-1"], "--slo-ttft-p90-ms"),
+        "slo nan": ([str(s), "--slo-ttft-p90-ms", "nan"], "--slo-ttft-p90-ms"),
+        "slo huge": ([str(s), "--slo-ttft-p90-ms", "1e308"], "--slo-ttft-p90-ms"),
+        "rate 0": ([str(s), *slo, "--rate", "0"], "--rate"),
+        "rate negative": ([str(s), *slo, "--rate", "-1"], "--rate"),
+        "rate huge": ([str(s), *slo, "--rate", "1e300"], "--rate"),
+        "ttl grid empty": ([str(s), *slo, "--ttl-grid", ""], "--ttl-grid"),
+        "ttl grid words": ([str(s), *slo, "--ttl-grid", "a,b"], "--ttl-grid"),
+        # review2: these three reached the search (the last one as a policy-field error naming no flag)
+        "ttl grid negative": ([str(s), *slo, "--ttl-grid", "-5"], "--ttl-grid"),
+        "ttl grid within the margin": ([str(s), *slo, "--ttl-grid", "3"], "--ttl-grid"),
+        "ttl grid huge": ([str(s), *slo, "--ttl-grid", "1e300"], "--ttl-grid"),
+        "ttl grid nan": ([str(s), *slo, "--ttl-grid", "60,nan"], "--ttl-grid"),
+        "ttl grid too many": ([str(s), *slo, "--ttl-grid", ",".join(str(60 + i) for i in range(13))], "--ttl-grid"),
+        "scenario and preset": ([str(s), *slo, "--workload", "chat"], "not both"),
+        "unknown preset": ([*slo, "--workload", "nope"], "--workload"),
+        "missing trace": ([str(s), *slo, "--trace", str(tmp / "nope.csv")], "--trace"),
+        "aggregated scenario": ([str(agg), *slo], "deployment.mode"),
+        "max nodes huge": ([str(s), *slo, "--max-nodes", "1000"], "--max-nodes"),
+        "ttl grid negative with a negative skew": ([str(skew), *slo, "--ttl-grid", "-1"], "--ttl-grid"),
+        "a search of days": ([str(s), *slo, "--max-nodes", "64", "--ttl-grid", ",".join(str(60 + i) for i in range(12)),
+                              "--replications", "1000"], "--yes"),
+    }
+
+
+HOSTILE_CAPACITY = ("slo 0", "slo negative", "slo nan", "slo huge", "rate 0", "rate negative", "rate huge",
+                    "ttl grid empty", "ttl grid words", "ttl grid negative", "ttl grid within the margin",
+                    "ttl grid huge", "ttl grid nan", "ttl grid too many", "scenario and preset", "unknown preset",
+                    "missing trace", "aggregated scenario", "max nodes huge",
+                    "ttl grid negative with a negative skew", "a search of days")
+
+
+@pytest.mark.parametrize("case", HOSTILE_CAPACITY)
+def test_capacity_hostile_flags_fail_in_one_line_before_any_run(case: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from kvplan.sim import capacity_eval
+
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(capacity_eval, "run_tasks", boom)
+    table = _hostile_capacity(tmp_path)
+    assert set(table) == set(HOSTILE_CAPACITY)
+    args, needle = table[case]
+    assert main(["capacity", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_hopeless_load_ends_after_a_few_runs() -> None:
+    """review2: far beyond --max-nodes, the search simulated every total from 2 upwards (3 splits, every TTL,
+    two runs each: 25 runs here, and at --rate 1000 on a 60 s horizon for hours). Now the largest total is simulated
+    first when the screen finds nothing plausible, and nothing smaller when it misses."""
+    from kvplan.sim.capacity import plan_capacity
+
+    sc = with_overrides(load_scenario_dict(), {"workload.conversations": 40})  # 20 s of arrivals at 2/s
+    plan = plan_capacity(sc, 100.0, 2000.0, max_nodes=6, replications=1, ttl_grid=(30.0, 60.0), max_rate=False)
+    for col in (plan.with_bidirectional, plan.without_bidirectional, plan.aggregated):
+        assert col["meets_slo"] is False and "closest tried" in col["note"], col
+    # the screen finds nothing plausible: per P/D column the largest total's best split only; one aggregated size
+    assert plan.simulations <= 4, plan.simulations
+    assert plan.without_bidirectional["closest_xpyd"] is not None
+    # the issue's JSON keys are there (null) when nothing meets the SLO, not only on an answer
+    data = json.loads(plan.to_json())
+    for name in ("with_bidirectional", "without_bidirectional"):
+        for key in ("prefill_nodes", "decode_nodes", "meets_slo", "ttft_p90_ms", "decoder_kv_blocks_ttl_s",
+                    "router_ttl_s", "kv_recompute_threshold_tokens"):
+            assert key in data[name], (name, key)
+        assert data[name]["prefill_nodes"] is None and data[name]["ttft_p90_ms"] is None

@@ -101,6 +101,15 @@ def test_unreachable_fit_is_unreliable_and_refused(tmp_path: Path, capsys: pytes
     assert main(["simulate", str(sc), "--out", str(tmp_path / "run"), "--allow-unreliable-profile", "--json"]) == 0
     assert main(["cost", "--profile", str(out), "--tokens", "100"]) == 2
     capsys.readouterr()
+    # review2: the refusal says "pass --allow-unreliable-profile": compare and capacity take it as simulate does
+    cap = ["capacity", str(sc), "--slo-ttft-p90-ms", "60000", "--max-nodes", "2", "--no-max-rate", "--replications", "1",
+           "--ttl-grid", "60", "--usd-per-node-hour", "30", "--json"]
+    for args in (["compare", str(sc), "--policies", "off", "--replications", "1", "--json"], cap):
+        assert main(args) == 2
+        msg = capsys.readouterr().err
+        assert "unreliable" in msg and len(msg.strip().splitlines()) == 1
+        assert main([*args, "--allow-unreliable-profile"]) == 0, args[0]
+        capsys.readouterr()
 
 
 def test_conflicting_statistics_fail_the_self_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -229,8 +238,13 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
     inf["request_rate"] = "inf"
     inf_path = tmp / "inf.json"
     inf_path.write_text(json.dumps(inf))
+    nodep = tmp / "nodep.yaml"  # review2: was fitted on the defaults (TP8 1P1D) and written 'calibrated'
+    nodep.write_text("model: llama-3.1-8b\nhardware: p4de\npolicy: {bidirectional: false}\n")
     b = ["--bench", str(BENCH)]
     return {
+        "no deployment": ([*b, "--scenario", str(nodep)], "has no 'deployment:'"),
+        "second scenario without deployment": ([*b, "--bench", str(BENCH), "--scenario", str(SCEN_2P1D),
+                                                "--scenario", str(nodep)], "nodep.yaml"),
         "missing scenario": ([*b, "--scenario", str(tmp / "nope.yaml")], "nope.yaml"),
         "malformed yaml": ([*b, "--scenario", str(bad_yaml)], "bad.yaml"),
         "unknown model": ([*b, "--scenario", str(unknown)], "gpt-9"),
@@ -243,7 +257,8 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-HOSTILE = ("missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
+HOSTILE = ("no deployment", "second scenario without deployment",
+           "missing scenario", "malformed yaml", "unknown model", "misspelt field", "with points", "no file",
            "file of another model", "all at once", "tp differs")
 
 

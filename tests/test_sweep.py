@@ -88,6 +88,25 @@ BAD = [
     ("zip lengths", grid(zip=[{"policy.router_ttl_s": [1, 2], "policy.clock_skew_s": [1]}]), "same length"),
     ("zip twice", grid(zip=[{"policy.decoder_kv_blocks_ttl_s": [1, 2]}]), "is an axis twice"),
     ("zip not a list", grid(zip={"policy.router_ttl_s": [1]}), "must be a list of groups"),
+    # review2: an empty section of the wrong kind is an error (was silently a grid without it)
+    ("ties empty list", grid(ties=[]), "ties: must be a mapping"),
+    ("zip empty mapping", grid(zip={}), "must be a list of groups"),
+    ("axes empty list", grid(axes=[]), "axes: must be a mapping"),
+    # review2: a path inside another would take whichever override was applied last
+    ("axis inside an axis", grid(axes={"workload.turn_gap_s": [{"dist": "exponential", "mean": 5}],
+                                       "workload.turn_gap_s.mean": [5, 50]}), "lies inside 'workload.turn_gap_s'"),
+    ("tie inside an axis", grid(axes={"policy.decoder_kv_blocks_ttl_s": [10, 60],
+                                      "workload.turn_gap_s": [{"dist": "exponential", "mean": 5}]},
+                                ties={"workload.turn_gap_s.mean": "policy.decoder_kv_blocks_ttl_s"}), "lies inside"),
+    ("zip inside a tie", grid(zip=[{"policy.router_ttl_s": [1, 2]}], ties={"policy": "policy.router_ttl_s"}),
+     "lies inside 'policy'"),
+    ("tie self-reference", grid(ties={"policy.router_ttl_s": "policy.router_ttl_s - 1"}), "is not an axis"),
+    ("tie to a tie", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s - 10",
+                                "policy.clock_skew_s": "policy.router_ttl_s"}), "is not an axis"),
+    ("tie too long", grid(ties={"policy.router_ttl_s": "1" * 300}), "cannot parse"),
+    ("tie overflows", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s * 1e308"}), "gives inf"),
+    ("tie negative TTL", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s * -1"}),
+     "greater than or equal to 0"),
 ]
 
 

@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
         policies: bool = typer.Option(True, "--policies/--no-policies",
                                       help="Also compare retention off, lease, evictable pins, offload and aggregated "
                                            "serving at the same load and name the best (kvplan compare)."),
+        allow_unreliable: bool = typer.Option(
+            False, "--allow-unreliable-profile",
+            help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
+        ),
     ) -> None:
         """Recommend decoder_kv_blocks_ttl, kv_recompute_threshold and the router TTL from simulated sweeps.
 
@@ -75,6 +79,8 @@ def register(app: typer.Typer) -> None:
                 raise input_error("--trace", "a trace brings its own arrivals and conversations",
                                   "drop --rate and --conversations (use the trace's time_scale/window_s in a scenario)")
             sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
+            sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         grid = DEFAULT_TTL_GRID_S
         if ttl_grid is not None:
             grid = seconds_list("--ttl-grid", ttl_grid)

@@ -110,6 +110,10 @@ def test_unreachable_fit_is_unreliable_and_refused(tmp_path: Path, capsys: pytes
         assert "unreliable" in msg and len(msg.strip().splitlines()) == 1
         assert main([*args, "--allow-unreliable-profile"]) == 0, args[0]
         capsys.readouterr()
+    # recommend names the flag in its refusal too, and takes it
+    assert main(["recommend", str(sc), "--no-policies", "--replications", "1", "--ttl-grid", "60", "--json"]) == 2
+    msg = capsys.readouterr().err
+    assert "unreliable" in msg and "--allow-unreliable-profile" in msg and len(msg.strip().splitlines()) == 1
 
 
 def test_conflicting_statistics_fail_the_self_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

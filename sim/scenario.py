@@ -168,8 +168,9 @@ def _bool_only(v: Any) -> Any:
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
 
-    # added with vLLM's memory accounting and max_model_len (sim/scenario_base.py: old fingerprints stay)
-    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len"})
+    # added with vLLM's memory accounting, max_model_len and async scheduling (sim/scenario_base.py: old
+    # fingerprints stay)
+    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling"})
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")

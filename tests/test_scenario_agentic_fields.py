@@ -119,7 +119,8 @@ def test_fingerprint_of_an_existing_scenario_is_unchanged(name: str) -> None:
     sc = scenario_from_dict(data)
     assert hashlib.sha256(sc.model_dump_json().encode()).hexdigest() == sha  # recommend's scenario_sha256
     dumped = json.dumps(sc.model_dump(mode="json"))  # the sweep grid's base
-    for new in ("kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "history", "shared_prefix_tokens"):
+    for new in ("kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "history", "shared_prefix_tokens",
+                "async_scheduling", "allow_unreliable_profile"):
         assert f'"{new}"' not in dumped
 
 

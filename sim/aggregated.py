@@ -218,6 +218,9 @@ class AggregatedNode:
         """The most decode-only steps (<= ``k``, >= 1) whose blocks fit in the free and evictable blocks."""
         bs = self.ctx.block_size
         room = self.pool.free() + self.pool.cached
+        # step 1's blocks were allocated when it was scheduled: k steps need at most (k - 1) // bs + 1 more each
+        if room >= len(decoding) * ((k - 1) // bs + 1):
+            return k
         held = self._held
         left = self._left
         # before the stretch a member's KV covers prompt + sampled - 1 tokens; step j computes one more
@@ -248,6 +251,7 @@ class AggregatedNode:
         ctx_pairs = 0.0  # of ``pairs``, those against KV already in the cache (priced at context_attention_s)
         ctx_sum = 0.0
         left = self._left
+        held = self._held
         bs = self.ctx.block_size
         self._preempted_now = False
         running = self.running
@@ -256,7 +260,8 @@ class AggregatedNode:
             r = running[i]
             if r.p_remaining > 0:
                 n = min(r.p_remaining, budget)
-                if not self._grow(r, -(-(r.p_ctx + n) // bs)):
+                blocks = -(-(r.p_ctx + n) // bs)
+                if blocks > held[id(r)] and not self._grow(r, blocks):
                     break  # it preempted itself: nothing after it runs
                 chunks.append((r, n))
                 pairs += causal_pairs(n, r.p_ctx)
@@ -264,7 +269,8 @@ class AggregatedNode:
                 budget -= n
             else:
                 kv = r.prompt + r.output - left[id(r)]  # KV after this step: prompt + the tokens sampled so far
-                if not self._grow(r, -(-kv // bs)):
+                blocks = -(-kv // bs)
+                if blocks > held[id(r)] and not self._grow(r, blocks):
                     break
                 decoding.append(r)
                 ctx_sum += kv

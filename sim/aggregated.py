@@ -13,12 +13,24 @@ blocks as LRU-evictable cache (``kv_cache_manager`` free-block queue).
 Model:
 
 * Step time: :func:`kvplan.models.costs.mixed_step_time_s` of the step's prefill chunks and decode tokens.
-* Blocks: a request reserves ``prompt + output`` tokens of blocks when it is scheduled (the same stated
-  simplification as the decode node: vLLM allocates per step and preempts running requests under KV
-  pressure; here admission waits instead, so no preemption happens).
+* Blocks (:class:`kvplan.sim.blocks.BlockPool`, the decode node's pool): a waiting request is admitted when
+  the blocks of its current tokens (the prompt; prompt + sampled tokens after a preemption) minus its
+  prefix-cache hit, plus ``deployment.kv_watermark`` of the pool once requests are running, are free after
+  evicting prefix cache (``kv_cache_manager.allocate_slots``). Each step then allocates the blocks of the
+  tokens it computes (``allocate_slots(request, num_new_tokens)`` in the RUNNING loop). When a running
+  request cannot get them, the newest running request is preempted (FCFS policy: ``self.running.pop()``,
+  ``_preempt_request``): its blocks are freed (full blocks stay as prefix cache, ``kv_cache_manager.free``),
+  it goes back to the front of the waiting queue, and no waiting request is scheduled in that step
+  (``if not preempted_reqs``). Readmitted, it recomputes prompt + sampled tokens as a prefill (minus its
+  surviving prefix) whose last chunk samples its next token. Counted as ``D_PREEMPT``/``D_RECOMPUTE``
+  rows (turns' ``d_preemptions``; summary ``d_preemptions``, ``d_preempted_recompute_tokens``).
+  A stretch of decode-only steps is cut at the last step whose blocks fit; its growth is allocated at its
+  end (stated: the router may see a cache entry that the stretch evicts for a few steps longer).
 * Prefix cache: per conversation (a conversation's context is a prefix chain), the previous turn's
   ``prompt + output - 1`` tokens in full blocks; a cache hit is logged as decision ``local``, otherwise
-  ``miss``. ``deployment.prefill_prefix_caching`` is the engines' ``enable_prefix_caching``.
+  ``miss``. ``deployment.prefill_prefix_caching`` is the engines' ``enable_prefix_caching``. A preempted
+  request's first admission keeps the turn's ``P_DECISION``/``P_COMPUTE``; its ``P_DONE`` (and TTFT)
+  comes at the end of the prefill that samples its first token.
 * Routing across replicas: ``deployment.routing`` (``round_robin``, ``sticky``/``session_affinity``,
   ``prefix_aware``; :mod:`kvplan.sim.router`).
 * Latency outside the engine: one proxy/HTTP leg, ``overhead.d_leg_s`` (proxy -> engine and the first
@@ -29,7 +41,7 @@ Model:
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -44,11 +56,12 @@ from kvplan.models.costs import (
     mixed_step_time_s,
     steps_within,
 )
+from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
 from kvplan.sim.evlog import RowBuffer
-from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats
+from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats, turn_stats
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -70,9 +83,10 @@ class AggregatedNode:
         self.running: list[Request] = []
         self._left: dict[int, int] = {}  # id(request) -> output tokens still to sample (0 while prefilling)
         self._held: dict[int, int] = {}  # id(request) -> blocks held
-        self.running_blocks = 0
-        self.cache: OrderedDict[int, tuple[int, int]] = OrderedDict()  # conv -> (tokens, blocks)
-        self.cache_blocks = 0
+        self.pool = BlockPool(self.capacity_blocks, ctx.block_size, self.caching)
+        self.watermark_blocks = int(dep.kv_watermark * self.capacity_blocks)
+        self.preemptions = 0
+        self._preempted_now = False  # a preemption in the step being scheduled (no waiting request joins it)
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.steps = 0
@@ -85,7 +99,7 @@ class AggregatedNode:
 
     def cached_tokens(self, conv: int) -> int:
         """Prefix-cached tokens of the conversation here (for ``prefix_aware`` routing)."""
-        entry = self.cache.get(conv)
+        entry = self.pool.cache.get(conv)
         return entry[0] if entry is not None else 0
 
     def load(self) -> int:
@@ -109,55 +123,122 @@ class AggregatedNode:
 
     # ---- blocks ----------------------------------------------------------------------------------------------
 
-    def _free_blocks(self) -> int:
-        return self.capacity_blocks - self.running_blocks - self.cache_blocks
-
     def _admit(self, r: Request) -> bool:
-        """Allocate the request's blocks after its prefix-cache hit; False when they do not fit (it waits)."""
+        """Allocate the blocks of the request's current tokens after its prefix-cache hit; False when they do not fit."""
+        pool = self.pool
         bs = self.ctx.block_size
-        total = -(-(r.prompt + r.output) // bs)
-        entry = self.cache.pop(r.conv, None) if self.caching else None
-        if entry is not None:
-            self.cache_blocks -= entry[1]  # taken out so the eviction below cannot take it
-        hit = min(entry[0], ((r.prompt - 1) // bs) * bs) if entry is not None else 0
-        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
+        resume = r.d_resume
+        tokens = r.prompt + r.d_generated if resume else r.prompt
+        total = -(-tokens // bs)
+        entry = pool.take(r.conv) if self.caching else None  # out of the LRU: eviction cannot take it
+        hit = min(entry[0], ((tokens - 1) // bs) * bs) if entry is not None else 0
+        if not resume and r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): full blocks
             hit = (r.reuse // bs) * bs
         owned = entry[1] if entry is not None and hit > 0 else 0
         need = max(total - owned, 0)
-        while self._free_blocks() < need and self.cache:
-            _, (_, b) = self.cache.popitem(last=False)
-            self.cache_blocks -= b
-        if self._free_blocks() < need:
-            if entry is not None:
-                self.cache[r.conv] = entry
-                self.cache_blocks += entry[1]
-            return False  # submit() refused requests larger than the pool: blocks come back at a finish
+        wm = self.watermark_blocks if self.running else 0  # allocate_slots: the watermark once others are scheduled
+        # a taken entry's blocks left the cached count but are still in use: they are not free
+        want = need + wm + (entry[1] if entry is not None else 0)
+        if pool.free() < want:
+            pool.evict(want)
+            if pool.free() < want:
+                if entry is not None:
+                    pool.put_back(r.conv, entry)
+                return False  # submit() refused requests larger than the pool: blocks come back at a finish
         if entry is not None and hit == 0:
-            self._put_cache(r.conv, entry[0])
-        self.running_blocks += need + owned
-        self._held[id(r)] = need + owned
-        r.local_hit = hit
+            pool.to_cache(r.conv, entry[0])
+        pool.held += total  # taken blocks past the current tokens go back to the free pool
+        self._held[id(r)] = total
+        pool.check()
         r.p_ctx = hit
-        r.p_remaining = r.prompt - hit
-        decision = Decision.LOCAL if hit > 0 else Decision.MISS
+        r.p_remaining = tokens - hit
+        self._left[id(r)] = 0
         now = self.env._now
         log = self.rows
+        if resume:
+            r.d_resume = False
+            log.append((now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+            return True
+        r.local_hit = hit
+        decision = Decision.LOCAL if hit > 0 else Decision.MISS
         log.append((now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, hit))
         log.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
         r.p_compute_start = now
-        self._left[id(r)] = 0
         return True
 
-    def _put_cache(self, conv: int, tokens: int) -> None:
-        if not self.caching:
-            return
+    def _grow(self, r: Request, blocks: int) -> bool:
+        """``allocate_slots`` for a running request up to ``blocks``: evict cache, then preempt the newest.
+
+        False when ``r`` itself was preempted (it was the newest left).
+        """
+        pool = self.pool
+        need = blocks - self._held[id(r)]
+        if need <= 0:
+            return True
+        if pool.free() < need:
+            pool.evict(need)
+            while pool.free() < need:
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    return False
+                pool.evict(need)  # its freed full blocks went to the prefix cache: take them back
+        pool.held += need
+        self._held[id(r)] = blocks
+        pool.check()
+        return True
+
+    def _preempt(self, r: Request) -> None:
+        """``_preempt_request`` of the newest running request: free its blocks, re-queue it at the front."""
+        self.running.pop()
+        self._preempted_now = True
+        left = self._left.pop(id(r))
+        if r.p_remaining > 0:  # still prefilling (or recomputing): what it had sampled before survives
+            sampled, kv_tokens = r.d_generated, r.p_ctx
+        else:
+            sampled = r.output - left
+            kv_tokens = r.prompt + sampled - 1  # the last sampled token has no KV yet
+        now = self.env._now
+        if r.itl_old is not None:  # its stay in the batch ends: keep the step histogram of it (sim/itl.py)
+            if r.itl_spans is None:
+                r.itl_spans = []
+            r.itl_spans.append((r.itl_old, self.itl.root, NO_SKIP))
+            r.itl_old = None
+            r.last_tok_t = now  # it sampled in the step that just ended
+        self.pool.held -= self._held.pop(id(r))
+        self.pool.to_cache(r.conv, kv_tokens)
+        self.preemptions += 1
+        r.d_preemptions += 1
+        r.d_generated = sampled
+        r.d_resume = True
+        self.rows.append((now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        self.waiting.appendleft(r)
+
+    def _stretch_fit(self, decoding: list[Request], k: int) -> int:
+        """The most decode-only steps (<= ``k``, >= 1) whose blocks fit in the free and evictable blocks."""
         bs = self.ctx.block_size
-        full = (tokens // bs) * bs
-        old = self.cache.pop(conv, None)
-        if old is not None:
-            self.cache_blocks -= old[1]
-        self.cache[conv] = (full, full // bs)
-        self.cache_blocks += full // bs
+        room = self.pool.free() + self.pool.cached
+        # step 1's blocks were allocated when it was scheduled: k steps need at most (k - 1) // bs + 1 more each
+        if room >= len(decoding) * ((k - 1) // bs + 1):
+            return k
+        held = self._held
+        left = self._left
+        # before the stretch a member's KV covers prompt + sampled - 1 tokens; step j computes one more
+        base = [(r.prompt + r.output - left[id(r)] - 1, held[id(r)]) for r in decoding]
+
+        def extra(j: int) -> int:
+            return sum(max(-(-(c + j) // bs) - h, 0) for c, h in base)
+
+        if extra(k) <= room:
+            return k
+        lo, hi = 1, k  # extra(lo) <= room (step 1 was allocated when scheduled), extra(hi) > room
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= room:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     # ---- the engine loop -------------------------------------------------------------------------------------
 
@@ -170,20 +251,32 @@ class AggregatedNode:
         ctx_pairs = 0.0  # of ``pairs``, those against KV already in the cache (priced at context_attention_s)
         ctx_sum = 0.0
         left = self._left
-        for r in self.running:
-            if budget <= 0:
-                break
+        held = self._held
+        bs = self.ctx.block_size
+        self._preempted_now = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:  # preemption pops from the end: never a request already scheduled
+            r = running[i]
             if r.p_remaining > 0:
                 n = min(r.p_remaining, budget)
+                blocks = -(-(r.p_ctx + n) // bs)
+                if blocks > held[id(r)] and not self._grow(r, blocks):
+                    break  # it preempted itself: nothing after it runs
                 chunks.append((r, n))
                 pairs += causal_pairs(n, r.p_ctx)
                 ctx_pairs += n * r.p_ctx
                 budget -= n
             else:
+                kv = r.prompt + r.output - left[id(r)]  # KV after this step: prompt + the tokens sampled so far
+                blocks = -(-kv // bs)
+                if blocks > held[id(r)] and not self._grow(r, blocks):
+                    break
                 decoding.append(r)
-                ctx_sum += r.prompt + r.output - left[id(r)]
+                ctx_sum += kv
                 budget -= 1
-        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
+            i += 1
+        while not self._preempted_now and self.waiting and len(self.running) < self.max_seqs and budget > 0:
             r = self.waiting[0]
             if not self._admit(r):
                 break  # scheduler.py: a waiting request that cannot get blocks stops the waiting loop
@@ -207,6 +300,8 @@ class AggregatedNode:
                 self._wake = None
             chunks, decoding, pairs, ctx_pairs, dec_ctx = self._schedule_step()
             if not chunks and not decoding:
+                if self._preempted_now:
+                    continue  # the preempted request is scheduled from the waiting queue in the next pass
                 # nothing can run: blocks are held by nothing running, so the head request can never fit
                 self._wake = env.event()
                 yield self._wake
@@ -231,7 +326,7 @@ class AggregatedNode:
         b = len(decoding)
         # a waiting request that could not be scheduled now can only be once blocks or slots free up, at a
         # finish: the stretch runs to the next finish unless an arrival cuts it
-        k = min(self._left[id(r)] for r in decoding)
+        k = self._stretch_fit(decoding, min(self._left[id(r)] for r in decoding))
         t0 = env._now
         total = decode_steps_time_s(dc, b, ctx_sum, k)
         if k > 1:
@@ -251,6 +346,12 @@ class AggregatedNode:
         self.steps += k
         first = decode_step_time_s(dc, b, ctx_sum)
         self.itl.add(first, decode_step_increment_s(dc, b), k, b, bucket_key(first))
+        if k > 1:  # the blocks of steps 2..k (step 1's were allocated when it was scheduled); they fit
+            bs = self.ctx.block_size
+            for r in decoding:
+                kv = r.prompt + r.output - self._left[id(r)] + k - 1
+                grew = self._grow(r, -(-kv // bs))
+                assert grew  # _stretch_fit kept the stretch within the free and evictable blocks
         self._after_step([], decoding, k)
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:
@@ -261,14 +362,19 @@ class AggregatedNode:
         for r, n in chunks:
             r.p_remaining -= n
             r.p_ctx += n
-            if r.p_remaining == 0:  # the last prompt token was computed: the first token is sampled now
-                log.append((now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, 0))
-                log.append((now, Ev.D_ENQUEUE, r.conv, r.turn, self.idx, 0, 0))
-                log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, 0, 0))
-                log.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
-                left[id(r)] = r.output - 1
+            if r.p_remaining == 0:  # the last prompt token was computed: the next token is sampled now
+                if r.d_generated == 0:  # the first token (TTFT)
+                    log.append((now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, 0))
+                    log.append((now, Ev.D_ENQUEUE, r.conv, r.turn, self.idx, 0, 0))
+                    log.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, 0, 0))
+                    log.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+                else:  # a preempted request's recompute: the gap from its last token before the preemption
+                    if r.itl_extra is None:
+                        r.itl_extra = []
+                    r.itl_extra.append(self.itl.gap(now - r.last_tok_t))
+                left[id(r)] = r.output - r.d_generated - 1
                 r.itl_old, r.itl_skip = self.itl.root, NO_SKIP  # every later step is a gap
-                if r.output <= 1:
+                if left[id(r)] <= 0:
                     done.append(r)
         for r in decoding:
             left[id(r)] -= steps
@@ -287,12 +393,18 @@ class AggregatedNode:
     def _finish(self, r: Request) -> None:
         now = self.env._now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
-        p50, top = stay_stats(r.itl_old, self.itl.root, NO_SKIP)
+        if r.itl_spans is None and r.itl_extra is None:  # one stay, no preemption
+            p50, top = stay_stats(r.itl_old, self.itl.root, NO_SKIP)
+        else:
+            spans = r.itl_spans or []
+            spans.append((r.itl_old, self.itl.root, NO_SKIP))
+            p50, top = turn_stats(spans, r.itl_extra or [])
+            r.itl_spans = r.itl_extra = None
         r.itl_old = None
         self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
         del self._left[id(r)]
-        self.running_blocks -= self._held.pop(id(r))
-        self._put_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV
+        self.pool.held -= self._held.pop(id(r))
+        self.pool.to_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV
         self.ctx.driver.d_done(r)
 
 

@@ -225,7 +225,8 @@ class Deployment(_Frozen):
     )
     kv_watermark: float = Field(
         default=0.0, ge=0, lt=1,
-        description="vLLM SchedulerConfig.watermark: fraction of D's KV blocks kept free when admitting.",
+        description="vLLM SchedulerConfig.watermark: fraction of D's (or an aggregated replica's) KV blocks kept free "
+                    "when admitting.",
     )
     async_scheduling: bool = Field(
         default=False,

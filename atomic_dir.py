@@ -385,6 +385,17 @@ def write_result_dir_files(
     return p
 
 
+def _place(dest: Path, staged: dict[str, Path], files: dict[str, bytes], new: Entries, mode: int) -> None:
+    """Move the staged files into ``dest``, write ``files`` there, then the manifest (last: its presence means
+    complete). Shared by both commits, so the order of renames the fault-injection tests count is one."""
+    for n, src in staged.items():
+        os.chmod(src, mode)
+        _atomic._rename(src, dest / n)
+    for n, data in files.items():
+        write_new_file(dest / n, data, mode=mode)
+    write_record(dest / RESULT_MANIFEST, {"writer": "kvplan", "files": new})
+
+
 def _commit_new(p: Path, staged: dict[str, Path], files: dict[str, bytes], new: Entries) -> None:
     mode = 0o666 & ~_umask()
     tmp = make_stage(p)
@@ -392,12 +403,7 @@ def _commit_new(p: Path, staged: dict[str, Path], files: dict[str, bytes], new: 
         build = tmp / "result"
         build.mkdir()
         os.chmod(build, 0o777 & ~_umask())
-        for n, src in staged.items():
-            os.chmod(src, mode)
-            _atomic._rename(src, build / n)
-        for n, data in files.items():
-            write_new_file(build / n, data, mode=mode)
-        write_record(build / RESULT_MANIFEST, {"writer": "kvplan", "files": new})
+        _place(build, staged, files, new, mode)
         _atomic._rename_new_dir(build, p)  # fails if someone created ``out`` meanwhile: then nothing is replaced
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -413,12 +419,7 @@ def _commit_existing(p: Path, staged: dict[str, Path], files: dict[str, bytes], 
         (p / RESULT_MANIFEST).unlink(missing_ok=True)
         for n in old:
             _atomic._rename(p / n, p / aside[n])
-        for n, src in staged.items():
-            os.chmod(src, mode)
-            _atomic._rename(src, p / n)
-        for n, data in files.items():
-            write_new_file(p / n, data, mode=mode)
-        write_record(p / RESULT_MANIFEST, {"writer": "kvplan", "files": new})
+        _place(p, staged, files, new, mode)
     except BaseException:
         recover(p)  # undo: the old complete result is back
         raise

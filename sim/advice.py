@@ -513,7 +513,10 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
     rationale.append(kept_on + threshold_rationale(thr.tokens, setup.be))
-    how = f"its own p99 arrival->P decision, {st.fits[at.ttl_s].rounds} simulation round(s)"
+    fit = st.fits[at.ttl_s]
+    how = (f"its own p99 arrival->P decision, {fit.rounds} simulation round(s)" if fit.settled else
+           f"not settled after {fit.rounds} round(s): its own p99 arrival->P decision measured "
+           f"{human_s(fit.measured_s)}, more than the allowance, so some router hits will be declined by P")
     rationale.append(f"{kept_on}Router TTL {router} s = floor({ttl} - {setup.margin:g} s margin - {allowance:g} s "
                      f"P-decision allowance ({how})).")
     if transfer:

@@ -230,10 +230,13 @@ def test_simulator_invariants(data: dict[str, Any]) -> None:
 def test_ttft_monotone_in_load_with_common_random_numbers(seed: int, rate: float) -> None:
     """Same seed (common random numbers: arrival draws scale with 1/rate), twice the load: TTFT never drops.
 
-    Bidirectional off and no prefix cache: a pure queueing system (P FCFS, then D), where compressing the
-    arrivals can only add waiting (Lindley recursion, pathwise)."""
+    Bidirectional off, no prefix cache and one sequence per step (``max_num_seqs: 1``): a tandem of FCFS
+    single servers (P, then D), where compressing the arrivals can only add waiting (Lindley recursion,
+    pathwise). With batching the property does not hold pathwise: at 4x the load two prompts can share a step
+    and its fixed overhead, and a quantile can fall (seed 206, rate 0.5 at max_num_seqs 8: TTFT p90 0.3539 ->
+    0.3508 s, found by Hypothesis on the session-start code as well), so the test no longer claims it there."""
     base: dict[str, Any] = {
-        "deployment": {"max_num_seqs": 8, "max_num_batched_tokens": 8192, "prefill_prefix_caching": False},
+        "deployment": {"max_num_seqs": 1, "max_num_batched_tokens": 8192, "prefill_prefix_caching": False},
         "policy": {"bidirectional": False},
         "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": rate},
                      "turns": {"dist": "constant", "value": 1},

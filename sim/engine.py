@@ -259,7 +259,7 @@ def simulate(
     dep = scenario.deployment
     aggregated = dep.mode == "aggregated"
     n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
-    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d)
+    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d, seed)
     ctx = Ctx(
         env=env,
         scenario=scenario,

@@ -6,6 +6,15 @@ lookup is **single-use** (the entry is popped) and an entry older than the route
 instances are chosen by independent round-robin iterators (the reference proxy) or sticky per
 conversation. The entry's age is measured from when the proxy cached it (end of the D response).
 
+``random``: every request picks an instance uniformly at random, independently of the previous ones. It is
+what a Kubernetes ClusterIP Service does in front of replicas: kube-proxy's iptables mode "chooses a backend
+at random" per new connection (kubernetes.io/docs/reference/networking/virtual-ips/, ``iptables`` proxy mode:
+one ``-m statistic --mode random --probability 1/k`` rule per remaining endpoint), so a client that opens a
+connection per request (vLLM ``benchmark_serving``'s one ``aiohttp.ClientSession`` per request) gets an
+independent uniform draw per request. Dynamo's ``RouterMode::Random`` is the same choice. The draws come
+from their own stream of the run's seed (:func:`router_seed`), so a run stays reproducible and its workload
+draws are untouched.
+
 KV-aware choices (not in the reference proxy; the scorers of llm-d's inference scheduler and vLLM's
 production-stack router work this way): ``session_affinity`` pins a conversation to one instance
 (``conversation mod n``, the same map as ``sticky``), so its next turn meets its own prefix cache on P and
@@ -17,11 +26,16 @@ KV-event feed: stated assumption).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from kvplan.sim.events import RouterResult
+
+ROUTER_STREAM = 0x524F5554  # "ROUT": the router's own SeedSequence stream of the run's seed
 
 
 @dataclass(slots=True)
@@ -57,6 +71,12 @@ def pick_prefix_aware(conv: int, nodes: Sequence[Instance]) -> int:
     return best
 
 
+def router_seed(seed: int) -> int:
+    """The seed of the ``random`` router's draws: a stream of ``SeedSequence([seed, ROUTER_STREAM])``, independent
+    of the workload's draws (which use ``seed`` itself)."""
+    return int(np.random.SeedSequence([seed, ROUTER_STREAM]).generate_state(1)[0])
+
+
 STICKY = ("sticky", "session_affinity")
 KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next turn tends to meet its own cache
 
@@ -64,9 +84,9 @@ KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next tu
 class Router:
     """Conversation map plus instance choice."""
 
-    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renew")
+    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renew", "_rng")
 
-    def __init__(self, ttl_s: float, routing: str, n_prefill: int, n_decode: int) -> None:
+    def __init__(self, ttl_s: float, routing: str, n_prefill: int, n_decode: int, seed: int = 0) -> None:
         self.ttl_s = ttl_s
         self.routing = routing
         self.n_p = n_prefill
@@ -78,6 +98,8 @@ class Router:
         self.d_nodes: Sequence[Instance] = ()
         # lease retention (sim/retention_policy.py): renew(entry, now) -> whether the lease was still alive
         self.renew: Callable[[KVParams, float], bool] | None = None
+        # ``random`` routing's draws (the other routings never touch it)
+        self._rng = random.Random(router_seed(seed)) if routing == "random" else None
 
     def bind(self, p_nodes: Sequence[Instance], d_nodes: Sequence[Instance]) -> None:
         """Give the router the instances whose state ``prefix_aware`` reads."""
@@ -106,6 +128,8 @@ class Router:
             return conv % self.n_p
         if self.routing == "prefix_aware" and self.p_nodes:
             return pick_prefix_aware(conv, self.p_nodes)
+        if self._rng is not None:
+            return self._rng.randrange(self.n_p)
         i = self._rr_p
         self._rr_p = (i + 1) % self.n_p
         return i
@@ -116,6 +140,8 @@ class Router:
             return conv % self.n_d
         if self.routing == "prefix_aware" and self.d_nodes:
             return pick_prefix_aware(conv, self.d_nodes)
+        if self._rng is not None:
+            return self._rng.randrange(self.n_d)
         i = self._rr_d
         self._rr_d = (i + 1) % self.n_d
         return i

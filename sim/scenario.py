@@ -187,10 +187,11 @@ class Deployment(_Frozen):
     )
     prefill_prefix_caching: bool = Field(default=True, description="Prefix caching on P (vLLM default on).")
     decode_prefix_caching: bool = Field(default=True, description="Prefix caching on D (vLLM default on).")
-    routing: Literal["round_robin", "sticky", "session_affinity", "prefix_aware"] = Field(
+    routing: Literal["round_robin", "sticky", "session_affinity", "prefix_aware", "random"] = Field(
         default="round_robin",
         description="Instance choice: round_robin (reference proxy), sticky / session_affinity (per conversation), "
-        "prefix_aware (longest cached prefix, ties to the least loaded).",
+        "prefix_aware (longest cached prefix, ties to the least loaded), random (uniform per request, seeded: a "
+        "Kubernetes ClusterIP Service, kube-proxy iptables mode).",
     )
     mode: Literal["disaggregated", "aggregated"] = Field(
         default="disaggregated",

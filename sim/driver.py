@@ -11,6 +11,11 @@ turn arrives is the arrival source's job, one class per mode:
   ``max_active_conversations / clients`` active conversations and sending the next turn one think time
   after the previous response (vLLM ``benchmarks/multi_turn/benchmark_serving_multi_turn.py``).
 
+With ``deployment.handoff`` (a non-vLLM stack's serialised transfer stage, :mod:`kvplan.sim.scenario_handoff`;
+off by default) the D leg waits, after its overhead, for the stage of the chosen D: FCFS one request at a time
+when serialised. The stage is deterministic per request and FCFS, so it is a ``free at`` time per D instance
+and one timeout per request (no queue object).
+
 Everything is callbacks, no generator per turn (this is the hot path). The proxy's overhead before P is
 folded into the timeout that ends the gap (one event, not two); the lookup is evaluated with the true
 arrival time, so nothing changes but the event count.
@@ -24,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvplan.models.arch import kv_bytes_per_token_per_rank
 from kvplan.sim.clock import call_later
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.events import Ev
@@ -64,6 +70,13 @@ class Driver:
         self.p_leg = oh.p_leg_s
         self.d_leg = oh.d_leg_s
         self.send_id = ctx.scenario.policy.send_conversation_id
+        ho = ctx.scenario.deployment.handoff
+        self.handoff = ho is not None
+        self.handoff_fixed_s = ho.fixed_s if ho is not None else 0.0
+        bw = ho.bandwidth_bytes_per_s if ho is not None else None
+        self.handoff_per_token_s = kv_bytes_per_token_per_rank(ctx.arch, 1) / bw if bw else 0.0
+        self.handoff_serialised = ho is not None and ho.serialised
+        self.handoff_free_at: list[float] = [0.0] * ctx.scenario.deployment.decode_nodes  # per D: stage free from
         # zero-copy views of the plan's arrays: indexing gives Python ints/floats at 0 extra bytes per turn (a list
         # of Python objects cost ~36 bytes per element and turn, ~100 bytes per turn for the three, issue 12)
         self.offsets: Sequence[int] = _view(plan.offsets, np.int64)
@@ -123,7 +136,26 @@ class Driver:
 
     def _at_d(self, r: Request) -> None:
         d = self.ctx.router.pick_decode(r.conv)
-        self.ctx.decode[d].submit(r)
+        if self.handoff:
+            self._handoff(r, d)
+        else:
+            self.ctx.decode[d].submit(r)
+
+    def _handoff(self, r: Request, d: int) -> None:
+        """The handoff stage of D ``d`` (FCFS, one at a time when serialised), then D."""
+        env = self.env
+        now = env._now
+        start = now
+        cost = self.handoff_fixed_s + r.prompt * self.handoff_per_token_s
+        if self.handoff_serialised:
+            start = max(now, self.handoff_free_at[d])
+            self.handoff_free_at[d] = start + cost
+        node = self.ctx.decode[d]
+        delay = start + cost - now
+        if delay > 0:
+            call_later(env, delay, lambda _e: node.submit(r))
+        else:
+            node.submit(r)
 
     def d_done(self, r: Request) -> None:
         """D finished the response: the turn is over."""

@@ -11,9 +11,10 @@ what a Kubernetes ClusterIP Service does in front of replicas: kube-proxy's ipta
 at random" per new connection (kubernetes.io/docs/reference/networking/virtual-ips/, ``iptables`` proxy mode:
 one ``-m statistic --mode random --probability 1/k`` rule per remaining endpoint), so a client that opens a
 connection per request (vLLM ``benchmark_serving``'s one ``aiohttp.ClientSession`` per request) gets an
-independent uniform draw per request. Dynamo's ``RouterMode::Random`` is the same choice. The draws come
-from their own stream of the run's seed (:func:`router_seed`), so a run stays reproducible and its workload
-draws are untouched.
+independent uniform draw per request (OVN-Kubernetes Services, OpenShift's default, choose per new connection
+by a hash of the 5-tuple: also independent per request; uniform is the stated assumption). Dynamo's
+``RouterMode::Random`` is the same choice. The draws come from their own stream of the run's seed
+(:func:`router_seed`), so a run stays reproducible and its workload draws are untouched.
 
 KV-aware choices (not in the reference proxy; the scorers of llm-d's inference scheduler and vLLM's
 production-stack router work this way): ``session_affinity`` pins a conversation to one instance

@@ -19,6 +19,7 @@ from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen
+from kvplan.sim.scenario_handoff import Handoff
 from kvplan.sim.scenario_retention import (  # the policy.retention and policy.offload sections, re-exported
     LeaseRetention as LeaseRetention,
 )
@@ -170,7 +171,8 @@ class Deployment(_Frozen):
 
     # added with vLLM's memory accounting, max_model_len and async scheduling (sim/scenario_base.py: old
     # fingerprints stay)
-    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling"})
+    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling",
+                                 "handoff"})
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
@@ -237,6 +239,12 @@ class Deployment(_Frozen):
                     "calibrated without it.",
     )
 
+    handoff: Handoff | None = Field(
+        default=None,
+        description="A serialised prefill-to-decode handoff stage of a non-vLLM P/D stack (sim/scenario_handoff.py; "
+                    "e.g. Dynamo + TensorRT-LLM's cache transceiver); null: vLLM's proxy sequence only.",
+    )
+
     _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
     _switches = field_validator("cudagraph_memory_profiling", mode="before")(_bool_only)
 
@@ -248,6 +256,9 @@ class Deployment(_Frozen):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}),"
                 " as vLLM requires; raise max_num_batched_tokens or lower max_num_seqs"
             )
+        if self.handoff is not None and self.mode == "aggregated":
+            raise ValueError("handoff is a stage between the P and D legs; aggregated mode has none (drop handoff "
+                             "or use mode: disaggregated)")
         return self
 
 

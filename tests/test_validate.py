@@ -104,7 +104,8 @@ def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
     scs = [run_scenario(case, x) for x in case.runs]
     assert [sc.deployment.mode for sc in scs] == ["aggregated", "aggregated"]
     assert [sc.deployment.replicas for sc in scs] == [2, 3]  # the run's own replica count over the case's
-    assert all(sc.deployment.tensor_parallel_size == 1 and sc.deployment.routing == "round_robin" for sc in scs)
+    # the ClusterIP Service: kube-proxy picks a backend at random per connection (the case file says why)
+    assert all(sc.deployment.tensor_parallel_size == 1 and sc.deployment.routing == "random" for sc in scs)
     assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5] and scs[1].workload.prefix_tokens.value == 10000
     assert (case.scenario or {})["deployment"]["replicas"] == 2  # the override does not leak into the case
     r = validate_case(case)
@@ -159,6 +160,13 @@ def test_serving_run_is_a_simulation_of_the_setup() -> None:
     # a closed loop at higher concurrency queues more: TTFT grows with the clients
     ttft = [by[(x.label, "ttft_mean_ms")] for x in case.runs]
     assert ttft == sorted(ttft) and ttft[-1] > ttft[0]
+    # the case's handoff stage (Dynamo + TensorRT-LLM's serialised KV receive) is in every TTFT: without it each one
+    # is lower by at least the stage's 1.39 s at one client
+    ho = sc.deployment.handoff
+    assert ho is not None and ho.serialised
+    bare = {**(case.scenario or {}), "deployment": {**(case.scenario or {})["deployment"], "handoff": None}}
+    one = run(run_scenario(case.model_copy(update={"scenario": bare}), case.runs[0])).summary["ttft_mean_s"] * 1e3
+    assert by[(case.runs[0].label, "ttft_mean_ms")] - one > 1000 * 2048 * 262_144 / ho.bandwidth_bytes_per_s - 1
 
 
 def test_open_loop_run_keeps_rate_and_burstiness() -> None:

@@ -1,0 +1,66 @@
+"""``deployment.handoff``: a serialised prefill-to-decode stage between the P and D legs (sim/scenario_handoff.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import small
+
+from kvplan.errors import KvplanInputError
+from kvplan.models.arch import kv_bytes_per_token_per_rank
+from kvplan.sim.api import run
+from kvplan.sim.engine import resolve
+from kvplan.sim.scenario import scenario_from_dict
+
+
+def _burst(handoff: dict[str, Any] | None, clients: int = 3) -> dict[str, Any]:
+    # ``clients`` single-turn requests of 2000 prompt tokens sent at once (closed loop, one request per client)
+    dep: dict[str, Any] = {"tensor_parallel_size": 8, "max_num_seqs": 64, "prefill_prefix_caching": False}
+    if handoff is not None:
+        dep["handoff"] = handoff
+    return small(
+        deployment=dep, policy={"bidirectional": False},
+        workload={"conversations": clients, "arrival": {"kind": "closed_loop", "clients": clients,
+                                                        "max_active_conversations": clients},
+                  "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 2000},
+                  "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 20},
+                  "turn_gap_s": {"dist": "constant", "value": 0}},
+    )
+
+
+def _ttft(handoff: dict[str, Any] | None, clients: int = 3) -> np.ndarray:
+    t = run(_burst(handoff, clients)).turns
+    return np.sort(t["ttft_s"].to_numpy())
+
+
+def test_handoff_adds_its_cost_to_ttft() -> None:
+    base = _ttft(None, clients=1)
+    assert _ttft({"fixed_s": 0.5}, clients=1) == pytest.approx(base + 0.5, abs=1e-9)
+    # the per-byte part: one copy of the model's KV per prompt token at the stage's bandwidth
+    per_token = kv_bytes_per_token_per_rank(resolve(scenario_from_dict(_burst(None))).arch, 1)
+    assert _ttft({"bandwidth_bytes_per_s": 1e9}, clients=1) == pytest.approx(base + 2000 * per_token / 1e9, abs=1e-9)
+
+
+def test_serialised_handoff_queues_concurrent_requests() -> None:
+    base = _ttft(None)
+    serial = _ttft({"fixed_s": 0.5})
+    parallel = _ttft({"fixed_s": 0.5, "serialised": False})
+    assert parallel == pytest.approx(base + 0.5, abs=1e-9)  # independent stages: each request pays 0.5 s
+    # one at a time: the k-th request through the stage waits for the k-1 before it
+    assert np.all(np.diff(serial) > 0.5 - 0.05)
+    assert serial[-1] > parallel[-1] + 0.9
+
+
+def test_handoff_refused_in_aggregated_mode() -> None:
+    with pytest.raises(KvplanInputError, match="handoff"):
+        scenario_from_dict(small(deployment={"mode": "aggregated", "handoff": {"fixed_s": 0.1}}))
+    with pytest.raises(KvplanInputError, match="bandwidth_bytes_per_s"):
+        scenario_from_dict(small(deployment={"handoff": {"bandwidth_bytes_per_s": 0}}))
+
+
+def test_handoff_absent_by_default_and_left_out_of_the_dump() -> None:
+    sc = scenario_from_dict(small())
+    assert sc.deployment.handoff is None
+    assert "handoff" not in sc.model_dump()["deployment"]  # old scenario fingerprints stay

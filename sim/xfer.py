@@ -71,4 +71,6 @@ class Reads:
                 on_done(xfer, post)
 
         link.send(self.seq, nbytes_rank, bw_done)
-        return post + tc.thread_per_descriptor_s * desc  # = read_thread_time_s(tc, desc), without the call
+        # = read_thread_time_s(tc, desc, nbytes_rank), without the call; the per-byte part is the bytes a software
+        # transport (UCX TCP) moves on the reader's engine thread (0 over RDMA)
+        return post + tc.thread_per_descriptor_s * desc + tc.thread_per_byte_s * nbytes_rank

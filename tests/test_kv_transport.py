@@ -83,6 +83,16 @@ def test_tcp_reads_stall_decode_for_their_wire_time() -> None:
     assert rdma.turns["ttft_s"].mean() < tcp.turns["ttft_s"].mean()  # the first token waits for the thread too
 
 
+def test_the_tcp_post_alone_stalls_decode_per_descriptor() -> None:
+    """With the wire time kept off the thread (inline ``thread_per_byte_s: 0``), the measured TCP post still stalls
+    D's steps, by ~3.22 us per descriptor of each read."""
+    post_only = run(_pd("tcp", thread_per_byte_s=0.0))
+    rdma = run(_pd("rdma"))
+    desc = 64 * -(-6001 // 16)
+    post = desc * TCP_POST_PER_DESCRIPTOR_S  # ~0.08 s
+    assert rdma.summary["itl_p99_s"] < 0.5 * post < post * 0.9 < post_only.summary["itl_p99_s"] < post * 1.5
+
+
 def test_cost_shows_the_tcp_engine_thread_time() -> None:
     """``kvplan cost --kv-transport tcp`` prices the read's engine-thread time; rdma keeps the post only."""
     args = ["cost", "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1", "--tokens", "10000", "--json"]

@@ -54,6 +54,11 @@ def register(app: typer.Typer) -> None:
         chunk_tokens: int = typer.Option(8192, "--chunk-tokens", min=1, help="max_num_batched_tokens."),
         cross_layer: bool = typer.Option(False, "--cross-layer-blocks",
                                          help="Price the headline pull with cross-layer blocks (both are printed)."),
+        kv_transport: str = typer.Option(
+            "rdma", "--kv-transport",
+            help="deployment.kv_transport: rdma (the NIC moves the bytes) or tcp (UCX's TCP transport: the reader's "
+                 "engine thread posts at the measured TCP rate and moves the bytes; shown in read_thread_s).",
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
         allow_unreliable: bool = typer.Option(
             False, "--allow-unreliable-profile", help="Use a profile of status 'unreliable' anyway."
@@ -68,6 +73,7 @@ def register(app: typer.Typer) -> None:
             prep_time_s,
             pull_visible_time_s,
             read_thread_time_s,
+            with_transport,
             xfer_time_s,
         )
         from kvplan.models.hardware import get_hardware
@@ -76,6 +82,10 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.validity import check_cost_request
 
         check_cost_request(tokens, cached_tokens, chunk_tokens, batch, context)
+        if kv_transport not in ("rdma", "tcp"):
+            from kvplan.errors import input_error
+
+            raise input_error("--kv-transport", f"unknown transport '{kv_transport}'", "use rdma or tcp")
         base = load_profile(profile) if profile is not None else None
         spec = base.provenance.get("architecture") if base is not None and model is None else None
         arch = get_model(spec if isinstance(spec, dict) else model or (base.model if base is not None else "qwen3-32b"))
@@ -89,7 +99,7 @@ def register(app: typer.Typer) -> None:
         n_tp = tp if tp is not None else (base.tensor_parallel_size if base is not None else 8)
         check_tp(arch, n_tp, node.gpus_per_node)
         prof, notes = resolve_profile(arch, node, n_tp, profile, allow_unreliable)
-        c = prof.costs
+        c = with_transport(prof.costs, kv_transport, prof.costs.transfer.per_byte_s, set(), notes)
         nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
         desc_plain = descriptors_per_transfer(arch, tokens, False)
         desc_cross = descriptors_per_transfer(arch, tokens, True)
@@ -101,7 +111,10 @@ def register(app: typer.Typer) -> None:
             "kv_transfer_s": pull_visible_time_s(c.transfer, nbytes, desc),
             "kv_xfer_s": xfer_time_s(c.transfer, nbytes, desc),
             "kv_pull_visible_s": pull_visible_time_s(c.transfer, nbytes, desc),
-            "read_thread_s": read_thread_time_s(c.transfer, desc),
+            "read_thread_s": read_thread_time_s(c.transfer, desc, nbytes),
+            "kv_transport": kv_transport,
+            "thread_per_descriptor_s": c.transfer.thread_per_descriptor_s,
+            "thread_per_byte_s": c.transfer.thread_per_byte_s,
             "cross_layer_blocks": cross_layer,
             "descriptors_per_rank": desc_plain,
             "descriptors_per_rank_cross_layer": desc_cross,
@@ -132,8 +145,10 @@ def register(app: typer.Typer) -> None:
                   f"{out['kv_xfer_s'] * 1e3:.2f} ms, of which post {post_time_s(c.transfer, desc) * 1e3:.2f} ms; "
                   f"+ request creation {prep_time_s(c.transfer, desc) * 1e3:.2f} ms "
                   f"+ poll {c.transfer.poll_s * 1e3:.2f} ms)")
-        con.print(f"reader's engine thread per read (post + thread_per_descriptor_s x descriptors, overlapped with "
-                  f"the step's forward, vLLM PR #53333): {out['read_thread_s'] * 1e3:.3f} ms")
+        con.print(f"reader's engine thread per read (post + thread_per_descriptor_s x descriptors + thread_per_byte_s x "
+                  f"bytes, overlapped with the step's forward, vLLM PR #53333; kv_transport {kv_transport}: "
+                  f"{c.transfer.thread_per_descriptor_s * 1e6:.2f} us/descriptor, "
+                  f"{c.transfer.thread_per_byte_s * 1e9:.3f} s/GB): {out['read_thread_s'] * 1e3:.3f} ms")
         con.print(f"descriptors per rank: {desc_plain:,} (regions x blocks) -> pull "
                   f"{out['kv_transfer_plain_s'] * 1e3:.2f} ms; "
                   f"with cross-layer blocks (enable_cross_layers_blocks) {desc_cross:,} -> pull "

@@ -132,7 +132,8 @@ class TransferCost(_Cost):
     Visible pull latency on the reader = prep + ``xferDuration`` + ``poll_s`` (the engine step that notices
     completion: vLLM's NIXL worker checks ``check_xfer_state`` in ``get_finished`` once per step) +
     ``handshake_s`` on a pair's first use. The reader's engine thread is busy for the post plus
-    ``thread_per_descriptor_s x d`` (:func:`~kvplan.models.formulas.read_thread_time_s`): the engine's step
+    ``thread_per_descriptor_s x d`` (+ ``thread_per_byte_s x bytes`` where the bytes move on that thread, i.e.
+    ``deployment.kv_transport: tcp``) (:func:`~kvplan.models.formulas.read_thread_time_s`): the engine's step
     that posts the read cannot end before that work is done. ``per_byte_s`` is the inverse line rate; concurrent transfers on
     one link share it.
     """
@@ -157,6 +158,14 @@ class TransferCost(_Cost):
         description="Reader's engine-thread time per descriptor of building and posting a read (descriptor ids, "
                     "make_prepped_xfer), beside the post; overlapped with the step's forward (vLLM PR #53333). "
                     "0 unless measured.",
+    )
+    thread_per_byte_s: float = Field(
+        default=0.0, ge=0,
+        description="Reader's engine-thread time per byte the read moves (per rank): 0 when the NIC moves the bytes "
+                    "(RDMA: EFA/LIBFABRIC, verbs); the link's per_byte_s under deployment.kv_transport tcp, where UCX's "
+                    "TCP transport moves them inside the progress calls NIXL's UCX backend makes on the posting and "
+                    "polling thread (postXfer and checkXfer end in nixlUcxBackendH::status, which progresses the "
+                    "worker: ai-dynamo/nixl src/plugins/ucx/ucx_backend.cpp).",
     )
 
 
@@ -212,6 +221,37 @@ def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float =
     upd["linear_knots_s"] = tuple(v * linear for v in cost.linear_knots_s)
     return cost.model_copy(update=upd)
 
+
+
+#: NIXL's synchronous post per descriptor over UCX's TCP transport: vLLM issue #34054 (1P1D on one host in
+#: Kubernetes, where pods cannot use CUDA IPC/NVLink, NCCL issue #1781, so UCX falls back to TCP): "Avg post time
+#: (ms)=129.127 ... Avg number of descriptors=40064.0" (xferDuration 173.8 ms, 313 MB per transfer), i.e. 3.22 us
+#: per descriptor spent in ``postXferReq`` on the posting thread.
+TCP_POST_PER_DESCRIPTOR_S = 129.127e-3 / 40064
+
+
+def with_transport(costs: CostModel, transport: str, per_byte_s: float, given: set[str], notes: list[str]) -> CostModel:
+    """``costs`` for the deployment's KV transport (``deployment.kv_transport``).
+
+    ``rdma`` (the default) leaves them as they are. ``tcp`` puts the read's CPU work on the reader's engine
+    thread (:func:`~kvplan.models.formulas.read_thread_time_s`): ``transfer.thread_per_byte_s`` = the link's
+    ``per_byte_s`` (UCX's TCP transport moves the bytes in the progress calls NIXL makes on that thread) and
+    ``transfer.thread_per_descriptor_s`` = :data:`TCP_POST_PER_DESCRIPTOR_S` (the measured TCP post), each unless
+    ``given`` inline (the names of the inline ``costs.transfer`` fields); ``notes`` says what was set.
+    """
+    if transport != "tcp":
+        return costs
+    upd: dict[str, float] = {}
+    if "thread_per_byte_s" not in given:
+        upd["thread_per_byte_s"] = per_byte_s
+    if "thread_per_descriptor_s" not in given:
+        upd["thread_per_descriptor_s"] = TCP_POST_PER_DESCRIPTOR_S
+    rate = f"{1.0 / per_byte_s / 1e9:.2f} GB/s per rank" if per_byte_s > 0 else "no per-byte cost on this link"
+    notes.append(f"kv_transport tcp: the reader's engine thread posts the read ({TCP_POST_PER_DESCRIPTOR_S * 1e6:.2f} us "
+                 f"per descriptor, vLLM issue #34054) and moves its bytes (the link's {rate})"
+                 + (f"; kept inline: {', '.join(sorted(given & {'thread_per_byte_s', 'thread_per_descriptor_s'}))}"
+                    if given & {"thread_per_byte_s", "thread_per_descriptor_s"} else ""))
+    return costs.model_copy(update={"transfer": costs.transfer.model_copy(update=upd)})
 
 
 def scale_decode_gpu(cost: DecodeCost, scale: float) -> DecodeCost:

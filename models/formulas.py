@@ -40,6 +40,7 @@ class TransferParams(Protocol):
     poll_s: float
     handshake_s: float
     thread_per_descriptor_s: float
+    thread_per_byte_s: float
 
 
 class DecodeParams(Protocol):
@@ -140,8 +141,9 @@ def prep_time_s(cost: TransferParams, descriptors: int) -> float:
     return cost.prep_fixed_s + cost.prep_per_descriptor_s * descriptors
 
 
-def read_thread_time_s(cost: TransferParams, descriptors: int) -> float:
-    """Engine-thread time of posting one READ on the reader: the post plus ``thread_per_descriptor_s x d``.
+def read_thread_time_s(cost: TransferParams, descriptors: int, nbytes_per_rank: float = 0.0) -> float:
+    """Engine-thread time of one READ on the reader: the post, ``thread_per_descriptor_s x d`` and
+    ``thread_per_byte_s x bytes`` (the bytes a software transport moves on that thread).
 
     vLLM's NIXL worker builds the descriptor ids and calls ``make_prepped_xfer`` then ``transfer`` inside
     ``_read_blocks``, called from ``start_load_kv`` on the reading engine's worker thread
@@ -150,8 +152,17 @@ def read_thread_time_s(cost: TransferParams, descriptors: int) -> float:
     large pulls still stall decode). The post is NIXL's measured ``postDuration`` (synchronous in
     ``postXferReq``); the request creation's thread share is ``thread_per_descriptor_s`` (0 unless measured:
     the profiles' fitted ``prep_*`` is an effective latency, not known to be thread time).
+
+    ``thread_per_byte_s`` is 0 over RDMA (the NIC moves the bytes; progress only polls completions). Over UCX's
+    TCP transport (``UCX_TLS`` without an RDMA transport: ``deployment.kv_transport: tcp``) the bytes move inside
+    ``ucp_worker_progress``, and NIXL's UCX backend progresses the worker on the calling thread at the end of
+    every post and every ``check_xfer_state`` (``nixlUcxBackendH::status``: once per pending request through
+    ``nixlUcxWorker::test`` in NIXL <= 0.3, until idle from 0.5; ai-dynamo/nixl
+    ``src/plugins/ucx/ucx_backend.cpp``, ``src/utils/ucx/ucx_utils.cpp``), so the reader's engine thread is
+    busy for the read's wire time: ``thread_per_byte_s`` = the link's ``per_byte_s``.
     """
-    return post_time_s(cost, descriptors) + cost.thread_per_descriptor_s * descriptors
+    return (post_time_s(cost, descriptors) + cost.thread_per_descriptor_s * descriptors
+            + cost.thread_per_byte_s * nbytes_per_rank)
 
 
 def pull_visible_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: int, first_use: bool = False) -> float:

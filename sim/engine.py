@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import ModelArch, full_blocks_tokens, get_model
 from kvplan.models.bounds import bound_violations
-from kvplan.models.costs import CostModel
+from kvplan.models.costs import CostModel, with_transport
 from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
 from kvplan.models.memory import MemoryPlan, plan_memory, with_kv_cache_dtype
 from kvplan.models.profile import Profile
@@ -156,6 +156,7 @@ def resolve(scenario: Scenario) -> Resolved:
         per_byte_s = 1.0 / link.bandwidth_bytes_per_s_per_rank
         notes.append(f"link overridden: {link.description}")
     dep = scenario.deployment
+    costs = with_transport(costs, dep.kv_transport, per_byte_s, set(scenario.costs.transfer or {}), notes)
     arch = with_kv_cache_dtype(arch, dep.kv_cache_dtype)
     # P and D are the same kind of node: one pool size, vLLM's memory accounting, unless overridden per role
     mem = plan_memory(

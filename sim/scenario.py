@@ -171,8 +171,9 @@ class Deployment(_Frozen):
 
     # added with vLLM's memory accounting, max_model_len and async scheduling (sim/scenario_base.py: old
     # fingerprints stay)
-    OMIT_AT_DEFAULT = frozenset({"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling",
-                                 "handoff"})
+    OMIT_AT_DEFAULT = frozenset(
+        {"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling", "handoff", "kv_transport"}
+    )
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
     decode_nodes: int = Field(default=1, gt=0, le=256, description="Decode instances (one node each).")
@@ -222,6 +223,12 @@ class Deployment(_Frozen):
     )
     cross_layer_blocks: bool = Field(default=False, description="enable_cross_layers_blocks (fewer descriptors).")
     link: str | None = Field(default=None, description="Override the hardware's link preset (e.g. tcp).")
+    kv_transport: Literal["rdma", "tcp"] = Field(
+        default="rdma",
+        description="Who moves the KV bytes of a NIXL read: rdma (the NIC: EFA/LIBFABRIC, verbs) or tcp (UCX's TCP "
+                    "transport, UCX_TLS without an RDMA transport: the bytes move in the reader's progress calls, so its "
+                    "engine thread is busy for the read's wire time; transfer.thread_per_byte_s = the link's per_byte_s).",
+    )
     max_model_len: int | None = Field(
         default=None, ge=2, le=MAX_TOKENS, description="vLLM --max-model-len: context limit of this deployment (default: "
         "the model's; at most it). Requests beyond it are cut (synthetic) or skipped/truncated (traces).",

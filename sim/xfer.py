@@ -5,7 +5,8 @@ Owned by :class:`~kvplan.sim.context.Ctx` (``ctx.reads``) and compiled with the 
 of models/costs.py: the reader pays request creation (``prep``, before NIXL's timer), xferDuration
 (fixed + per descriptor + per byte, the post inside it) and the step-boundary ``poll_s``; the one-off
 handshake the first time a reader contacts that remote engine (``pull_worker.start_load_kv``). The
-reader's engine thread is busy creating and posting the read (``prep + post``); the handshake runs in
+reader's engine thread is busy creating and posting the read (``prep + post``), and over UCX's TCP transport
+(``deployment.kv_transport: tcp``) moving its bytes too (``thread_per_byte_s``); the handshake runs in
 vLLM's background handshake thread (``_background_nixl_handshake``), not on the engine thread.
 """
 
@@ -71,4 +72,7 @@ class Reads:
                 on_done(xfer, post)
 
         link.send(self.seq, nbytes_rank, bw_done)
-        return post + tc.thread_per_descriptor_s * desc  # = read_thread_time_s(tc, desc), without the call
+        # = read_thread_time_s(tc, desc, nbytes_rank), without the call; the per-byte part is the bytes a software
+        # transport (UCX TCP, deployment.kv_transport) moves on the reader's engine thread (0 over RDMA); reads of D's
+        # host copy (HOST2P) are NIXL reads over the same transport, so they pay it too
+        return post + tc.thread_per_descriptor_s * desc + tc.thread_per_byte_s * nbytes_rank

@@ -1,0 +1,113 @@
+"""deployment.kv_transport (issue 20): over UCX's TCP transport the reader's engine thread posts and moves the
+KV bytes of every NIXL read, so D's decode steps stall for each P->D read; over RDMA they do not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.app.cli import app, main
+from kvplan.models.costs import TCP_POST_PER_DESCRIPTOR_S, CostModel, TransferCost, read_thread_time_s, with_transport
+from kvplan.sim.api import run
+from kvplan.sim.engine import resolve
+from kvplan.sim.scenario import Scenario
+
+
+def _pd(transport: str | None, **costs: object) -> Scenario:
+    """A 1P1D Llama-3.1-8B TP1 run of long single-turn prompts (the llm-d shape, scaled down)."""
+    dep: dict[str, object] = {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1}
+    if transport is not None:
+        dep["kv_transport"] = transport
+    data: dict[str, object] = {
+        "model": "llama-3.1-8b", "hardware": "p4de", "deployment": dep, "policy": {"bidirectional": False},
+        "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 1.5},
+                     "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 6000},
+                     "user_tokens": {"dist": "constant", "value": 1}, "output_tokens": {"dist": "constant", "value": 60},
+                     "turn_gap_s": {"dist": "constant", "value": 1.0}},
+        "seed": 1,
+    }
+    if costs:
+        data["costs"] = {"transfer": costs}
+    return Scenario.model_validate(data)
+
+
+def test_read_thread_time_adds_the_bytes_a_software_transport_moves() -> None:
+    """``read_thread_time_s``: post + per descriptor + per byte; the per-byte part is 0 unless set."""
+    tc = TransferCost(post_fixed_s=1e-3, thread_per_descriptor_s=2e-6)
+    assert read_thread_time_s(tc, 1000, 5e8) == pytest.approx(1e-3 + 2e-3)
+    tcp = tc.model_copy(update={"thread_per_byte_s": 1 / 5e9})
+    assert read_thread_time_s(tcp, 1000, 5e8) == pytest.approx(1e-3 + 2e-3 + 0.1)
+
+
+def test_with_transport_sets_the_tcp_costs_and_keeps_inline_ones() -> None:
+    """tcp: thread_per_byte_s = the link's per_byte_s, thread_per_descriptor_s = the measured TCP post (vLLM issue
+    #34054: 129.127 ms over 40,064 descriptors); rdma changes nothing; inline values win."""
+    base = CostModel(transfer=TransferCost(per_byte_s=1 / 6.25e9))
+    notes: list[str] = []
+    assert with_transport(base, "rdma", 1 / 6.25e9, set(), notes) is base and notes == []
+    tcp = with_transport(base, "tcp", 1 / 6.25e9, set(), notes).transfer
+    assert tcp.thread_per_byte_s == pytest.approx(1 / 6.25e9)
+    assert tcp.thread_per_descriptor_s == pytest.approx(129.127e-3 / 40064) == TCP_POST_PER_DESCRIPTOR_S
+    assert notes and "kv_transport tcp" in notes[0]
+    kept = with_transport(base.model_copy(update={"transfer": TransferCost(thread_per_byte_s=0.0)}), "tcp", 1e-9,
+                          {"thread_per_byte_s"}, []).transfer
+    assert kept.thread_per_byte_s == 0.0 and kept.thread_per_descriptor_s == TCP_POST_PER_DESCRIPTOR_S
+
+
+def test_resolve_uses_the_effective_link_and_rdma_is_the_default() -> None:
+    """The default (rdma) resolves as before; tcp moves the bytes at the link the run uses."""
+    rdma = resolve(_pd(None))
+    assert rdma.costs.transfer.thread_per_byte_s == 0.0
+    assert rdma.costs == resolve(_pd("rdma")).costs
+    tcp = resolve(_pd("tcp"))
+    assert tcp.costs.transfer.thread_per_byte_s == pytest.approx(tcp.per_byte_s) and tcp.per_byte_s > 0
+    assert any("kv_transport tcp" in n for n in tcp.notes)
+    assert "kv_transport" not in json.dumps(_pd(None).model_dump(exclude_defaults=True))
+
+
+def test_tcp_reads_stall_decode_for_their_wire_time() -> None:
+    """Over TCP each P->D read keeps D's engine thread busy for its post and wire time: the other requests' gaps
+    include stalls of that length and TPOT rises; over RDMA D's gaps are its decode steps."""
+    rdma, tcp = run(_pd("rdma")), run(_pd("tcp"))
+    rs = resolve(_pd("tcp"))
+    tokens = 6001
+    desc = 64 * -(-tokens // 16)  # Llama-3.1-8B: 32 layers x K,V regions, 16-token blocks
+    stall = read_thread_time_s(rs.costs.transfer, desc, tokens * 131072.0)
+    assert stall > 0.15  # ~0.13 s of bytes at p4de's 6.25 GB/s per GPU + ~0.08 s of posting
+    s_r, s_t = rdma.summary, tcp.summary
+    assert s_r["itl_p99_s"] < 0.1 < stall * 0.9 < s_t["itl_p99_s"]  # the stalls are in the gaps, as long as a read
+    assert s_t["itl_p99_s"] < stall * 1.5
+    assert s_t["tpot_mean_s"] > 1.5 * s_r["tpot_mean_s"]
+    assert rdma.turns["ttft_s"].mean() < tcp.turns["ttft_s"].mean()  # the first token waits for the thread too
+
+
+def test_the_tcp_post_alone_stalls_decode_per_descriptor() -> None:
+    """With the wire time kept off the thread (inline ``thread_per_byte_s: 0``), the measured TCP post still stalls
+    D's steps, by ~3.22 us per descriptor of each read."""
+    post_only = run(_pd("tcp", thread_per_byte_s=0.0))
+    rdma = run(_pd("rdma"))
+    desc = 64 * -(-6001 // 16)
+    post = desc * TCP_POST_PER_DESCRIPTOR_S  # ~0.08 s
+    assert rdma.summary["itl_p99_s"] < 0.5 * post < post * 0.9 < post_only.summary["itl_p99_s"] < post * 1.5
+
+
+def test_cost_shows_the_tcp_engine_thread_time() -> None:
+    """``kvplan cost --kv-transport tcp`` prices the read's engine-thread time; rdma keeps the post only."""
+    args = ["cost", "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1", "--tokens", "10000", "--json"]
+    r = CliRunner().invoke(app, args)
+    t = CliRunner().invoke(app, [*args, "--kv-transport", "tcp"])
+    assert r.exit_code == 0 and t.exit_code == 0
+    rd, td = json.loads(r.stdout), json.loads(t.stdout)
+    assert rd["kv_transport"] == "rdma" and rd["thread_per_byte_s"] == 0.0
+    wire = 10000 * 131072 * td["thread_per_byte_s"]
+    assert td["read_thread_s"] == pytest.approx(rd["read_thread_s"] + 40000 * TCP_POST_PER_DESCRIPTOR_S + wire)
+    assert td["kv_transfer_s"] == rd["kv_transfer_s"]  # the visible pull is priced as before
+
+def test_cost_refuses_an_unknown_transport(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input: a one-line error naming the option, exit 2."""
+    rc = main(["cost", "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1", "--tokens", "10",
+               "--kv-transport", "udp"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--kv-transport" in err and "rdma or tcp" in err and "Traceback" not in err

@@ -57,11 +57,13 @@ from kvplan.models.costs import (
     steps_within,
 )
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
 from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats, turn_stats
+from kvplan.sim.node_config import AggregatedConfig, DriverConfig
+from kvplan.sim.ports import Wiring
+from kvplan.sim.request import Request
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -69,22 +71,21 @@ from kvplan.sim.workload import ConversationPlan
 class AggregatedNode:
     """One aggregated vLLM engine (TP ranks act as one engine)."""
 
-    def __init__(self, ctx: Ctx, idx: int) -> None:
+    def __init__(self, ctx: Wiring, idx: int, cfg: AggregatedConfig) -> None:
         self.ctx = ctx
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
-        dep = ctx.scenario.deployment
-        self.max_seqs = dep.max_num_seqs
-        self.max_tokens = dep.max_num_batched_tokens
-        self.caching = dep.prefill_prefix_caching
-        self.capacity_blocks = ctx.decode_capacity_blocks
+        self.max_seqs = cfg.max_num_seqs
+        self.max_tokens = cfg.max_num_batched_tokens
+        self.caching = cfg.prefix_caching
+        self.capacity_blocks = cfg.capacity_blocks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._left: dict[int, int] = {}  # id(request) -> output tokens still to sample (0 while prefilling)
         self._held: dict[int, int] = {}  # id(request) -> blocks held
-        self.pool = BlockPool(self.capacity_blocks, ctx.block_size, self.caching)
-        self.watermark_blocks = int(dep.kv_watermark * self.capacity_blocks)
+        self.pool = BlockPool(self.capacity_blocks, cfg.block_size, self.caching)
+        self.watermark_blocks = cfg.watermark_blocks
         self.preemptions = 0
         self._preempted_now = False  # a preemption in the step being scheduled (no waiting request joins it)
         self._wake: simpy.Event | None = None
@@ -409,25 +410,18 @@ class AggregatedNode:
 
 
 class AggregatedDriver(Driver):
-    """The conversation driver of aggregated mode: one leg to the chosen replica, no P/D sequence."""
+    """The conversation driver of aggregated mode: one leg to the chosen replica, no P/D sequence.
 
-    def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
-        super().__init__(ctx, plan, closed_loop)
-        self.p_leg = ctx.costs.overhead.d_leg_s  # proxy -> engine and the first streamed chunk back
-        self.d_leg = 0.0
+    Its config has the one leg as ``p_leg_s`` (proxy -> engine and the first streamed chunk back) and no D leg
+    (``sim/node_setup.py`` :: ``driver_config``).
+    """
 
     def _submit(self, r: Request) -> None:
         self.ctx.replicas[self.ctx.router.pick_prefill(r.conv)].submit(r)
 
 
-def build(ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
-    """Create the replicas and the driver of an aggregated run."""
-    dep = ctx.scenario.deployment
-    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
-        v = getattr(dep, name, None)
-        if v is not None and v != dep.tensor_parallel_size:
-            raise input_error(f"deployment.{name}", "an aggregated replica runs both phases at one TP",
-                              "use deployment.tensor_parallel_size only")
-    ctx.replicas = [AggregatedNode(ctx, i) for i in range(ctx.scenario.deployment.replicas)]
-    ctx.router.bind(ctx.replicas, ())
-    ctx.driver = AggregatedDriver(ctx, plan, closed_loop)
+def build(ctx: Wiring, cfg: AggregatedConfig, replicas: int, driver_cfg: DriverConfig, plan: ConversationPlan,
+          closed_loop: ClosedLoopArrival | None) -> tuple[list[AggregatedNode], AggregatedDriver]:
+    """Create the replicas and the driver of an aggregated run (the caller binds the router and stores them)."""
+    nodes = [AggregatedNode(ctx, i, cfg) for i in range(replicas)]
+    return nodes, AggregatedDriver(ctx, driver_cfg, plan, closed_loop)

@@ -1,4 +1,8 @@
-"""Shared run state: derived constants and the wiring every node needs (the request record is in request.py)."""
+"""Shared run state: derived constants and the wiring every node needs (the request record is in request.py).
+
+:class:`Ctx` is the engine's concrete run state; a node sees it only through the ``Wiring`` protocol of
+``sim/ports.py`` (nodes import neither this module nor each other) and gets its constants as a frozen slice
+(``sim/node_config.py``, built by ``sim/node_setup.py``)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ __all__ = ["D2P", "HOST2P", "P2D", "Ctx", "Request"]  # Request and the directio
 if TYPE_CHECKING:
     from kvplan.sim.aggregated import AggregatedNode
     from kvplan.sim.decode import DecodeNode
-    from kvplan.sim.engine import Driver
+    from kvplan.sim.driver import Driver
     from kvplan.sim.prefill import PrefillNode
 
 @dataclass
@@ -46,7 +50,7 @@ class Ctx:
     fabric: Fabric = field(default_factory=Fabric)
     driver: Driver = field(init=False)
     block_size: int = 16
-    host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the decode nodes
+    host_per_byte_s: float = 0.0  # offload tier reads (HOST2P), set by the engine from D's retention config
     p_tp: int = 0  # prefill TP (0: ``tp``)
     d_tp: int = 0  # decode TP (0: ``tp``)
     d_costs: CostModel | None = None  # D's cost model when D's TP differs (None: ``costs``, which is P's)

@@ -34,16 +34,19 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_later
-from kvplan.sim.context import P2D, Ctx, Request
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
+from kvplan.sim.node_config import DecodeConfig
+from kvplan.sim.ports import Wiring
+from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
@@ -53,32 +56,29 @@ from kvplan.sim.shared import SharedPrefixes
 class DecodeNode:
     """One decode instance."""
 
-    def __init__(self, ctx: Ctx, idx: int) -> None:
+    def __init__(self, ctx: Wiring, idx: int, cfg: DecodeConfig, conv_offsets: Sequence[int]) -> None:
         self.ctx = ctx
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
-        sc = ctx.scenario
-        self.caching = sc.deployment.decode_prefix_caching
-        self.bidirectional = sc.policy.bidirectional
-        self.p2d_threshold = sc.policy.kv_recompute_threshold_tokens if ctx.threshold_applies_to_p2d else 0
-        self.chunk = sc.deployment.max_num_batched_tokens
-        assert ctx.d_costs is not None
-        self.costs = ctx.d_costs  # D's own cost model (its TP)
-        self.pool = BlockPool(ctx.decode_capacity_blocks, ctx.block_size, self.caching)
-        self.watermark_blocks = int(sc.deployment.kv_watermark * ctx.decode_capacity_blocks)
+        self.caching = cfg.prefix_caching
+        self.bidirectional = cfg.bidirectional
+        self.p2d_threshold = cfg.p2d_threshold_tokens
+        self.chunk = cfg.max_num_batched_tokens
+        self.costs = cfg.costs  # D's own cost model (its TP)
+        self.pool = BlockPool(cfg.capacity_blocks, cfg.block_size, self.caching)
+        self.watermark_blocks = cfg.watermark_blocks
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
-        self._max_tokens = self.pool.capacity * ctx.block_size
-        self.retention = Retention(idx, sc.deployment.decode_nodes)
-        self.policy = RetentionPolicy(ctx)  # ttl (vLLM), lease or ttl_evictable, and the offload tier
+        self._max_tokens = self.pool.capacity * cfg.block_size
+        self.retention = Retention(idx, cfg.decode_nodes)
+        # ttl (vLLM), lease or ttl_evictable, and the offload tier
+        self.policy = RetentionPolicy(cfg.retention, self.retention, conv_offsets)
         self.host = self.policy.host_tier()
-        ctx.host_per_byte_s = self.policy.host_per_byte_s()
         self.batch = DecodeBatch(
-            self.env, ctx.log.buf, idx, self.costs.decode, sc.deployment.max_num_seqs,
-            sc.simulation.decode_mode == "exact", ctx.block_size, self,
+            self.env, ctx.log.buf, idx, self.costs.decode, cfg.max_num_seqs, cfg.exact_steps, cfg.block_size, self,
         )
         self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
-        self.batch.async_scheduling = sc.deployment.async_scheduling
+        self.batch.async_scheduling = cfg.async_scheduling
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
@@ -89,13 +89,17 @@ class DecodeNode:
         self.running: dict[Request, None] = {}
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None:
-            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, ctx.block_size)
+            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, cfg.block_size)
 
     # ---- retention ---------------------------------------------------------------------------------------
 
     def pin_alive(self, pin_id: int, now: float) -> bool:
         """Whether the pinned blocks still exist at ``now`` (deadline not passed, not yet released)."""
         return self.retention.alive(pin_id, now)
+
+    def renew_lease(self, entry: KVParams, now: float) -> bool:
+        """Lease retention: the conversation's next request reached the router; renew its lease if still alive."""
+        return self.policy.renew(entry, now)
 
     def mark_reading(self, pin_id: int) -> None:
         """A P worker posted a READ of these blocks: they stay until the read completes."""
@@ -160,6 +164,8 @@ class DecodeNode:
             self.host.pop(conv)
 
     def _expire(self, now: float) -> None:
+        """What an expiry does (the rule: ``sim/retention.py``): each due pin no read holds is released as of its
+        deadline; its blocks become prefix cache, or go to the host tier with offload (``_unpin``)."""
         for expiry, pid in self.retention.due(now):
             self._unpin(pid, Release.EXPIRED, expiry)
 
@@ -196,8 +202,7 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        heap = self.retention._heap
-        if heap and heap[0][0] <= self.env._now:
+        if self.retention.next_expiry_due(self.env._now):
             self._expire(self.env._now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached

@@ -29,11 +29,12 @@ from typing import Protocol
 
 import numpy as np
 
-from kvplan.models.arch import kv_bytes_per_token_per_rank
 from kvplan.sim.clock import call_later
-from kvplan.sim.context import Ctx, Request
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.node_config import DriverConfig
+from kvplan.sim.ports import Wiring
+from kvplan.sim.request import Request
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -61,22 +62,21 @@ class ArrivalSource(Protocol):
 class Driver:
     """Sends turns to P then D and hands their timing to an :class:`ArrivalSource`."""
 
-    def __init__(self, ctx: Ctx, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None) -> None:
+    def __init__(
+        self, ctx: Wiring, cfg: DriverConfig, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None
+    ) -> None:
         self.ctx = ctx
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan
-        oh = ctx.costs.overhead
-        self.p_leg = oh.p_leg_s
-        self.d_leg = oh.d_leg_s
-        self.send_id = ctx.scenario.policy.send_conversation_id
-        ho = ctx.scenario.deployment.handoff
-        self.handoff = ho is not None
-        self.handoff_fixed_s = ho.fixed_s if ho is not None else 0.0
-        bw = ho.bandwidth_bytes_per_s if ho is not None else None
-        self.handoff_per_token_s = kv_bytes_per_token_per_rank(ctx.arch, 1) / bw if bw else 0.0
-        self.handoff_serialised = ho is not None and ho.serialised
-        self.handoff_free_at: list[float] = [0.0] * ctx.scenario.deployment.decode_nodes  # per D: stage free from
+        self.p_leg = cfg.p_leg_s
+        self.d_leg = cfg.d_leg_s
+        self.send_id = cfg.send_conversation_id
+        self.handoff = cfg.handoff
+        self.handoff_fixed_s = cfg.handoff_fixed_s
+        self.handoff_per_token_s = cfg.handoff_per_token_s
+        self.handoff_serialised = cfg.handoff_serialised
+        self.handoff_free_at: list[float] = [0.0] * cfg.n_decode  # per D: stage free from
         # zero-copy views of the plan's arrays: indexing gives Python ints/floats at 0 extra bytes per turn (a list
         # of Python objects cost ~36 bytes per element and turn, ~100 bytes per turn for the three, issue 12)
         self.offsets: Sequence[int] = _view(plan.offsets, np.int64)

@@ -22,6 +22,7 @@ from kvplan.models.hardware import LINK_PRESETS, Node, get_hardware
 from kvplan.models.memory import MemoryPlan, plan_memory, with_kv_cache_dtype
 from kvplan.models.profile import Profile
 from kvplan.models.resolve import resolve_profile
+from kvplan.sim import node_setup
 from kvplan.sim.clock import queue_access, run_until
 from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
@@ -260,7 +261,7 @@ def simulate(
     dep = scenario.deployment
     aggregated = dep.mode == "aggregated"
     n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
-    router = Router(scenario.policy.router_ttl_s, dep.routing, n_p, n_d, seed)
+    router = Router(node_setup.router_config(scenario, n_p, n_d, seed))
     ctx = Ctx(
         env=env,
         scenario=scenario,
@@ -282,15 +283,22 @@ def simulate(
         ctx.shared_tokens = np.ascontiguousarray(plan.shared_tokens, dtype=np.int64).data
     arrival = scenario.workload.arrival
     closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
+    driver_cfg = node_setup.driver_config(scenario, ctx)
     if aggregated:
         from kvplan.sim import aggregated as agg
 
-        agg.build(ctx, plan, closed)
+        ctx.replicas, ctx.driver = agg.build(ctx, node_setup.aggregated_config(scenario, ctx), dep.replicas, driver_cfg,
+                                             plan, closed)
+        router.bind(ctx.replicas, ())
     else:
-        ctx.prefill = [PrefillNode(ctx, i) for i in range(dep.prefill_nodes)]
-        ctx.decode = [DecodeNode(ctx, i) for i in range(dep.decode_nodes)]
+        p_cfg = node_setup.prefill_config(scenario, ctx)
+        d_cfg = node_setup.decode_config(scenario, rs_d.node, ctx)
+        ctx.host_per_byte_s = d_cfg.retention.host_per_byte_s
+        offsets = np.ascontiguousarray(plan.offsets, dtype=np.int64).data  # lease: a conversation's last turn
+        ctx.prefill = [PrefillNode(ctx, i, p_cfg) for i in range(dep.prefill_nodes)]
+        ctx.decode = [DecodeNode(ctx, i, d_cfg, offsets) for i in range(dep.decode_nodes)]
         router.bind(ctx.prefill, ctx.decode)
-        ctx.driver = Driver(ctx, plan, closed)
+        ctx.driver = Driver(ctx, driver_cfg, plan, closed)
     ctx.driver.start()
     _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan))
     for dn in ctx.decode:

@@ -30,54 +30,54 @@ import math
 from collections import deque
 
 from kvplan.errors import input_error
-from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_first, call_later
-from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.node_config import PrefillConfig
+from kvplan.sim.ports import Wiring
+from kvplan.sim.request import D2P, HOST2P, Request
+from kvplan.sim.retention import read_declined
 from kvplan.sim.shared import SharedPrefixes
 
 
 class PrefillNode:
     """One prefill instance (TP ranks act as one engine)."""
 
-    def __init__(self, ctx: Ctx, idx: int) -> None:
+    def __init__(self, ctx: Wiring, idx: int, cfg: PrefillConfig) -> None:
         self.ctx = ctx
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.idx = idx
-        dep = ctx.scenario.deployment
-        pol = ctx.scenario.policy
-        self.max_seqs = dep.max_num_seqs
-        self.max_tokens = dep.max_num_batched_tokens
-        self.threshold = pol.kv_recompute_threshold_tokens
-        self.margin = pol.expiry_safety_margin_s + pol.clock_skew_s
-        self.fail_on_decline = pol.kv_load_failure_policy == "fail"
-        self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
-        self.lease_s = pol.kv_lease_duration_s
-        self.bytes_per_block = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp) * ctx.block_size  # all P's ranks
-        self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
+        self.max_seqs = cfg.max_num_seqs
+        self.max_tokens = cfg.max_num_batched_tokens
+        self.threshold = cfg.kv_recompute_threshold_tokens
+        self.margin = cfg.read_margin_s
+        self.fail_on_decline = cfg.fail_on_decline
+        self.pool = BlockPool(cfg.capacity_blocks, cfg.block_size, cfg.prefix_caching)
+        self.lease_s = cfg.kv_lease_duration_s
+        self.bytes_per_block = cfg.bytes_per_block  # all P's ranks
+        self.heartbeat_s = max(cfg.kv_lease_duration_s // 6, 1e-9)
         self._leases: list[tuple[float, int, Request]] = []  # (initial deadline, seq, request) of held prompts
         # D's first heartbeat comes at most one interval after the D leg reaches it: if that is always within
         # the lease, no lease can lapse and the deadlines need no bookkeeping
-        self.can_lapse = ctx.costs.overhead.d_leg_s + self.heartbeat_s > self.lease_s
+        self.can_lapse = cfg.d_leg_s + self.heartbeat_s > self.lease_s
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
-        self._pc = ctx.costs.prefill
+        self._pc = cfg.costs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
-        self.async_scheduling = ctx.scenario.deployment.async_scheduling
+        self.async_scheduling = cfg.async_scheduling
         self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None and self.pool.caching:
-            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, ctx.block_size)
+            self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, cfg.block_size)
         # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
         call_first(self.env, self._start)
 
@@ -217,7 +217,7 @@ class PrefillNode:
             elif n < self.threshold:
                 decision = Decision.RECOMPUTE_BELOW_THRESHOLD
                 dnode.release_pin(params.pin_id, Release.NOTIFIED)
-            elif env._now + self.margin >= params.expiry_s or not dnode.pin_alive(params.pin_id, env._now):
+            elif read_declined(env._now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, env._now):
                 # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
                 # tier holds the context (sim/retention_policy.py)
                 n_host = min(dnode.host_tokens(r.conv, env._now), prompt) - local

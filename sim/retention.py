@@ -8,12 +8,55 @@ Pinned blocks belong to a finished request: neither evictable nor preemptable.
 
 This class only keeps the pins and their deadlines; the node moves the blocks between its pool's
 ``pinned`` and ``cached`` counts. Deadlines are checked lazily (a heap), whenever blocks are needed.
+
+**The expiry rule, in one place** (every other module calls these functions):
+
+* when a held block set expires: its deadline is fixed at the finish (:func:`pin_deadline_s`: ``finish +
+  decoder_kv_blocks_ttl``; a lease's hold is chosen by ``sim/retention_policy.py``), the blocks exist while
+  ``now < deadline`` (:func:`is_held`) and are due for release once ``deadline <= now`` (:func:`is_due`);
+* the margin: P declines a D->P read when ``now + margin >= deadline`` (:func:`read_declined`, PR #47021
+  ``pull_worker``), the margin being ``expiry_safety_margin_s`` plus P's clock error against D's clock
+  (:func:`read_margin_s`), so no read starts after the deadline minus the margin;
+* what an expiry does: ``DecodeNode._expire`` (``sim/decode.py``) releases every due pin no read holds, as
+  of its deadline (``Release.EXPIRED``): its blocks become LRU prefix cache, or go to the host tier when
+  ``policy.offload`` is on. It runs lazily, whenever D needs blocks (admission, batch growth), when P asks
+  for host-tier tokens, and at the admission wake-up set for the next deadline; at the end of the run every
+  pin still held expires at its deadline (``DecodeNode.expire_all``).
+
+The router's own entry TTL (``policy.router_ttl_s``, the proxy's 450 s) is a different clock: a stale entry
+is a router miss (``sim/router.py`` :: ``Router.lookup``), the pin itself is untouched.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+
+
+def pin_deadline_s(finish_s: float, hold_s: float) -> float:
+    """D's ``remote_blocks_expiry_time`` of a request finished at ``finish_s`` held for ``hold_s`` (never renewed
+    under vLLM's TTL; ``nixl/pull_scheduler.py`` ``request_finished``)."""
+    return finish_s + hold_s
+
+
+def is_held(now: float, deadline_s: float) -> bool:
+    """Whether pinned blocks with this deadline still exist at ``now`` (the worker frees them once it has passed)."""
+    return now < deadline_s
+
+
+def is_due(now: float, deadline_s: float) -> bool:
+    """Whether a pin with this deadline is due for release at ``now``."""
+    return deadline_s <= now
+
+
+def read_margin_s(safety_margin_s: float, clock_skew_s: float) -> float:
+    """The margin P applies to D's deadline: its safety margin plus its clock's error against D's clock."""
+    return safety_margin_s + clock_skew_s
+
+
+def read_declined(now: float, deadline_s: float, margin_s: float) -> bool:
+    """PR #47021 (``pull_worker``): P declines a read of blocks whose deadline is within ``margin_s`` of ``now``."""
+    return now + margin_s >= deadline_s
 
 
 class Pin:
@@ -55,7 +98,7 @@ class Retention:
     def alive(self, pid: int, now: float) -> bool:
         """Whether the pinned blocks still exist at ``now`` (deadline not passed, not yet released)."""
         pin = self.pins.get(pid)
-        return pin is not None and now < pin.expiry_s
+        return pin is not None and is_held(now, pin.expiry_s)
 
     def renew(self, pid: int, expiry_s: float) -> None:
         """Move a pin's deadline (a lease renewal); the old heap entry is skipped when it comes up."""
@@ -84,7 +127,7 @@ class Retention:
     def due(self, now: float) -> Iterator[tuple[float, int]]:
         """(deadline, pin id) of every pin whose deadline has passed and that no read holds."""
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        while heap and is_due(now, heap[0][0]):
             expiry, pid = heapq.heappop(heap)
             pin = self.pins.get(pid)
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
@@ -92,7 +135,7 @@ class Retention:
 
     def next_expiry_due(self, now: float) -> bool:
         """Whether some deadline in the heap has passed (cheap check before :meth:`due`)."""
-        return bool(self._heap) and self._heap[0][0] <= now
+        return bool(self._heap) and is_due(now, self._heap[0][0])
 
     def next_expiry(self) -> float | None:
         """The earliest deadline still in the heap (may belong to a pin already released)."""

@@ -44,13 +44,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from kvplan.errors import input_error
-from kvplan.models.arch import kv_bytes_per_token_all_ranks
-from kvplan.models.hardware import GBIT_BYTES, GIB, get_hardware
-from kvplan.sim.context import D2P, Ctx
+from kvplan.sim.node_config import RetentionConfig
+from kvplan.sim.retention import Retention, pin_deadline_s
 from kvplan.sim.router import KVParams
-from kvplan.sim.scenario import LeaseRetention, TtlEvictableRetention
 
 
 class HostTier:
@@ -86,63 +84,46 @@ class HostTier:
 
 
 class RetentionPolicy:
-    """What a decode node's retention does at a finish, under pressure and at release."""
+    """What a decode node's retention does at a finish, under pressure and at release.
 
-    def __init__(self, ctx: Ctx) -> None:
-        pol = ctx.scenario.policy
-        self.ctx = ctx
-        ret = pol.retention
-        self.lease = ret if isinstance(ret, LeaseRetention) else None
-        self.evictable = isinstance(ret, TtlEvictableRetention)
-        self.ttl_s = pol.decoder_kv_blocks_ttl_s
-        self.offload = pol.offload
-        if self.lease is not None:
-            # heartbeats pass through the router, which keeps the entry as long as the lease
-            ctx.router.ttl_s = math.inf
-            ctx.router.renew = self.renew
-            hb = self.lease.heartbeat_s
-            self._idle_hold_s = hb * math.floor(self.lease.idle_timeout_s / hb)
+    Given its slice of the policy (:class:`~kvplan.sim.node_config.RetentionConfig`, built once per run by
+    ``sim/node_setup.py``, which also sizes the offload tier from the hardware preset), the node's pins and the
+    plan's conversation offsets (a lease's client knows a conversation's last turn). The router asks the node
+    to renew a lease (``DecodeNode.renew_lease``); its TTL for lease runs is set in its own config.
+    """
+
+    def __init__(self, cfg: RetentionConfig, retention: Retention, conv_offsets: Sequence[int]) -> None:
+        self.cfg = cfg
+        self.retention = retention
+        self.offsets = conv_offsets
+        self.lease = cfg.lease
+        self.evictable = cfg.evictable
+        self.ttl_s = cfg.ttl_s
+        self.lease_s = cfg.lease_s
+        self.client_knows_end = cfg.client_knows_end
+        self._idle_hold_s = 0.0
+        if self.lease:
+            hb = cfg.heartbeat_s
+            self._idle_hold_s = hb * math.floor(cfg.idle_timeout_s / hb)
 
     def expiry_at_finish(self, conv: int, index: int, now: float) -> float:
         """The deadline of a pin made when turn ``index`` (flat plan index) of ``conv`` finished at ``now``."""
-        if self.lease is None:
-            return now + self.ttl_s
-        ends = self.lease.client_knows_end and index + 1 >= self.ctx.driver.offsets[conv + 1]
-        return now + (0.0 if ends else self._idle_hold_s) + self.lease.lease_s
+        if not self.lease:
+            return pin_deadline_s(now, self.ttl_s)
+        ends = self.client_knows_end and index + 1 >= self.offsets[conv + 1]
+        return now + (0.0 if ends else self._idle_hold_s) + self.lease_s
 
     def renew(self, entry: KVParams, now: float) -> bool:
         """The conversation's next request reached the router: renew its lease if it is still alive."""
-        assert self.lease is not None
-        dnode = self.ctx.decode[entry.decode_node]
-        if not dnode.pin_alive(entry.pin_id, now):
+        assert self.lease
+        if not self.retention.alive(entry.pin_id, now):
             return False
-        expiry = now + self.lease.lease_s
-        dnode.retention.renew(entry.pin_id, expiry)
+        expiry = now + self.lease_s
+        self.retention.renew(entry.pin_id, expiry)
         entry.expiry_s = expiry
         return True
 
     def host_tier(self) -> HostTier | None:
-        """A fresh host tier for one decode node, sized from ``policy.offload`` or the hardware preset."""
-        if self.offload is None:
-            return None
-        node = get_hardware(self.ctx.scenario.hardware)
-        gib = self.offload.host_capacity_gib if self.offload.host_capacity_gib is not None else node.host_kv_gib
-        if gib <= 0:
-            raise input_error("policy.offload.host_capacity_gib", f"hardware '{node.name}' has no host KV preset",
-                              "give host_capacity_gib")
-        return HostTier(int(gib * GIB // kv_bytes_per_token_all_ranks(self.ctx.arch, self.ctx.d_tp)))
-
-    def host_per_byte_s(self) -> float:
-        """Seconds per byte per TP rank of a read from D's host memory (the node's host bandwidth is shared)."""
-        if self.offload is None:
-            return self.ctx.per_byte_s
-        node = get_hardware(self.ctx.scenario.hardware)
-        gbps = self.offload.host_bandwidth_gbps if self.offload.host_bandwidth_gbps is not None else node.host_to_nic_gbps
-        if gbps <= 0:
-            raise input_error("policy.offload.host_bandwidth_gbps", f"hardware '{node.name}' has no host bandwidth "
-                              "preset", "give host_bandwidth_gbps")
-        # the read's bytes through its busiest NIC stand for all of it: scale the node's host bandwidth by
-        # total / bottleneck bytes (= D's TP for equal TP), as if every rank drew on the same host memory
-        plan = self.ctx.plans[D2P]
-        share = plan.total_bytes_per_token / plan.bottleneck_bytes_per_token
-        return max(self.ctx.per_byte_s, share / (gbps * GBIT_BYTES))
+        """A fresh host tier for one decode node (None: no offload)."""
+        cap = self.cfg.host_capacity_tokens
+        return None if cap is None else HostTier(cap)

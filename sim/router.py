@@ -28,13 +28,14 @@ KV-event feed: stated assumption).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from kvplan.sim.events import RouterResult
+from kvplan.sim.node_config import RouterConfig
 
 ROUTER_STREAM = 0x524F5554  # "ROUT": the router's own SeedSequence stream of the run's seed
 
@@ -62,6 +63,14 @@ class Instance(Protocol):
         ...
 
 
+class LeaseHolder(Instance, Protocol):
+    """A decode instance whose retained blocks a lookup can renew (lease retention, ``sim/retention_policy.py``)."""
+
+    def renew_lease(self, entry: KVParams, now: float) -> bool:
+        """Renew the entry's lease to ``now + lease_s`` if it is still alive; False when it lapsed."""
+        ...
+
+
 def pick_prefix_aware(conv: int, nodes: Sequence[Instance]) -> int:
     """Index of the instance with the longest cached prefix of ``conv``; ties to the least loaded, then the lowest."""
     best, best_key = 0, (1, 0)
@@ -85,25 +94,24 @@ KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next tu
 class Router:
     """Conversation map plus instance choice."""
 
-    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renew", "_rng")
+    __slots__ = ("ttl_s", "routing", "n_p", "n_d", "_map", "_rr_p", "_rr_d", "p_nodes", "d_nodes", "renews", "_rng")
 
-    def __init__(self, ttl_s: float, routing: str, n_prefill: int, n_decode: int, seed: int = 0) -> None:
-        self.ttl_s = ttl_s
-        self.routing = routing
-        self.n_p = n_prefill
-        self.n_d = n_decode
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.ttl_s = cfg.ttl_s
+        self.routing = cfg.routing
+        self.n_p = cfg.n_prefill
+        self.n_d = cfg.n_decode
+        self.renews = cfg.renews_leases
         self._map: dict[int, KVParams] = {}
         self._rr_p = 0
         self._rr_d = 0
         self.p_nodes: Sequence[Instance] = ()
-        self.d_nodes: Sequence[Instance] = ()
-        # lease retention (sim/retention_policy.py): renew(entry, now) -> whether the lease was still alive
-        self.renew: Callable[[KVParams, float], bool] | None = None
+        self.d_nodes: Sequence[LeaseHolder] = ()
         # ``random`` routing's draws (the other routings never touch it)
-        self._rng = random.Random(router_seed(seed)) if routing == "random" else None
+        self._rng = random.Random(router_seed(cfg.seed)) if cfg.routing == "random" else None
 
-    def bind(self, p_nodes: Sequence[Instance], d_nodes: Sequence[Instance]) -> None:
-        """Give the router the instances whose state ``prefix_aware`` reads."""
+    def bind(self, p_nodes: Sequence[Instance], d_nodes: Sequence[LeaseHolder]) -> None:
+        """Give the router the instances whose state ``prefix_aware`` reads (and, on D, whose leases it renews)."""
         self.p_nodes, self.d_nodes = p_nodes, d_nodes
 
     def lookup(self, conv: int, now: float, has_conversation_id: bool) -> tuple[RouterResult, KVParams | None]:
@@ -115,7 +123,7 @@ class Router:
             return RouterResult.NO_ENTRY, None
         if now - entry.cached_at_s > self.ttl_s:
             return RouterResult.STALE, None
-        if self.renew is not None and not self.renew(entry, now):
+        if self.renews and not self.d_nodes[entry.decode_node].renew_lease(entry, now):
             return RouterResult.STALE, None  # the lease lapsed: the router saw the heartbeats stop
         return RouterResult.HIT, entry
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import full_costs
 
 from kvplan.sim.api import run
+from kvplan.sim.node_config import RouterConfig
 from kvplan.sim.results import turns_csv_bytes
 from kvplan.sim.router import Router, router_seed
 
@@ -42,7 +43,7 @@ def test_random_routing_reproducible_uniform_and_its_own_stream() -> None:
     # the same workload draws as round-robin (the router has its own stream): identical arrivals and prompts
     rr = run(_replicas("round_robin", n=600)).turns
     assert np.array_equal(rr["arrival_s"].to_numpy(), a.turns["arrival_s"].to_numpy())
-    r = Router(450.0, "random", 4, 2, seed=3)
+    r = Router(RouterConfig(450.0, "random", 4, 2, seed=3))
     picks = np.array([r.pick_prefill(c) for c in range(8000)])
     counts = np.bincount(picks, minlength=4)
     chi2 = float(((counts - 2000) ** 2 / 2000).sum())

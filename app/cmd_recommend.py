@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from kvplan.sim.advice import IF_KEPT_ON, Recommendation
-from kvplan.sim.advice_runs import RESOURCE_NAMES
+from kvplan.plan.advice import IF_KEPT_ON, Recommendation
+from kvplan.plan.advice_runs import RESOURCE_NAMES
 from kvplan.units import human_s
 
 
@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.flags import common_run_flags, positive_finite, seconds_list
         from kvplan.app.output import console
         from kvplan.errors import input_error
-        from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommend
+        from kvplan.plan.advice import DEFAULT_TTL_GRID_S, recommend
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import ClosedLoopArrival, load_scenario, with_overrides
 

@@ -65,7 +65,7 @@ def _summary(rec: Any) -> dict[str, Any]:
 def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
     """Wall time of recommend on the reference workload with the CLI's defaults (``policies=False``: the advisor
     alone, as ``--no-policies``)."""
-    from kvplan.sim.advice import recommend
+    from kvplan.plan.advice import recommend
     from kvplan.sim.scenario import load_scenario
 
     runs = [0]
@@ -85,8 +85,8 @@ def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
 
 def part_16p56d(conversations: int, replications: int) -> dict[str, Any]:
     """The saturated 16P56D scenario against the hand sweep."""
-    from kvplan.sim.advice import recommend
-    from kvplan.sim.executor import run_row
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.executor import run_row
     from kvplan.sim.scenario import scenario_from_dict, with_overrides
     from kvplan.sim.seeds import replication_seeds
 

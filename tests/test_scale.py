@@ -182,7 +182,7 @@ def test_event_log_flushes_typed_chunks() -> None:
 
 
 def test_typed_summary_is_the_summary_json(reference: dict) -> None:
-    from kvplan.sim.executor import flatten_summary
+    from kvplan.plan.executor import flatten_summary
     from kvplan.sim.summary import Summary
 
     res = reference["kept"]

@@ -15,8 +15,9 @@ import pytest
 
 from kvplan.sim.api import run
 from kvplan.sim.events import SCHEMA, Ev, EventChunk, EventLog, col
-from kvplan.sim.results import TURN_COLUMNS, ResultDirWriter, summary_json_bytes, tpot_series
+from kvplan.sim.results import TURN_COLUMNS, ResultDirWriter, summary_json_bytes
 from kvplan.sim.scenario import load_scenario
+from kvplan.sim.turns import tpot_series
 
 REF = Path(__file__).resolve().parents[1] / "benchmarks" / "reference.yaml"
 

@@ -324,13 +324,8 @@ def recommend(
     workers: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
-    policies: bool = False,
 ) -> Recommendation:
     """Recommend ``decoder_kv_blocks_ttl``, ``kv_recompute_threshold`` and the router TTL for ``scenario``.
-
-    With ``policies``, the alternatives of :mod:`kvplan.plan.compare` (retention off, the recommended TTL,
-    lease, evictable pins, offload, aggregated serving) are simulated at the same load and seeds and the
-    best is named in ``best_policy`` (:data:`kvplan.plan.compare.BEST_RULE`).
 
     Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults, every
     TTL of ``ttl_grid`` the screen keeps (each at its own router TTL) and an unlimited TTL, then the threshold
@@ -338,7 +333,25 @@ def recommend(
     :data:`RULES`; ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it;
     ``decode_hbm_budget_gib`` (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per
     finished run. A scenario too short for steady state is lengthened (:func:`steady_conversations`).
+    The best of the policy alternatives (``kvplan recommend --policies``) is added on top of this by
+    :func:`kvplan.plan.compare.recommend_with_best_policy`.
     """
+    return recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
+                               workers, backend, ray_address)[0]
+
+
+def recommend_simulated(
+    scenario: Scenario | dict[str, Any] | str | Path,
+    slo_ttft_p90_ms: float | None = None,
+    decode_hbm_budget_gib: float | None = None,
+    replications: int = 3,
+    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
+) -> tuple[Recommendation, Scenario]:
+    """:func:`recommend` and the scenario its runs simulated (the user's, lengthened for steady state when needed)."""
     user_sc = as_scenario(scenario)
     setup = _setup(user_sc, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
@@ -347,14 +360,7 @@ def recommend(
 
     rec = replace(_decide(setup, _simulate_stages(setup, runner), runner),
                   inputs=recommendation_inputs(user_sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
-    rec = replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload)))
-    if not policies or setup.sc.deployment.mode == "aggregated":
-        return rec
-    from kvplan.plan.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides
-
-    rows = compare(setup.sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
-                   recommended=recommendation_overrides(rec))
-    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    return replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload))), setup.sc
 
 
 def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replications: int,

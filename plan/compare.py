@@ -42,12 +42,23 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.plan.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S
+from kvplan.plan.advice import (
+    DEFAULT_TTL_GRID_S,
+    PROXY_ROUTER_TTL_S,
+    UNLIMITED_TTL_S,
+    VLLM_THRESHOLD,
+    VLLM_TTL_S,
+    Recommendation,
+    recommend,
+    recommend_simulated,
+    recommendation_inputs,
+)
 from kvplan.plan.advice_rules import mean_ci
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
@@ -89,7 +100,8 @@ MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5
 BISECTIONS = 4
-__all__ = ["BEST_CANDIDATES", "BEST_RULE", "CROSS_LAYER_PULL_SHARE", "best_policy", "compare", "compare_json"]
+__all__ = ["BEST_CANDIDATES", "BEST_RULE", "CROSS_LAYER_PULL_SHARE", "best_policy", "compare", "compare_json",
+           "recommend_with_best_policy"]
 
 
 @dataclass(frozen=True)
@@ -188,8 +200,6 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
 def recommended_overrides(sc: Scenario, replications: int, workers: int,
                           progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], str]:
     """The ``ttl_recommended`` overrides from :func:`kvplan.plan.advice.recommend` and a one-line description."""
-    from kvplan.plan.advice import recommend
-
     return recommendation_overrides(recommend(sc, replications=replications, workers=workers, progress=progress))
 
 
@@ -209,8 +219,6 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
     """``rec`` (a Recommendation or its ``to_json()`` object) if it is the one ``compare`` would compute for
     ``ttl_recommended`` (same scenario and replications, default TTL grid, no SLO, no budget), so that reusing
     it gives the same rows as rerunning the advisor; otherwise a one-line error naming ``where``."""
-    from kvplan.plan.advice import DEFAULT_TTL_GRID_S, recommendation_inputs
-
     got = rec.get("inputs") if isinstance(rec, Mapping) else getattr(rec, "inputs", None)
     want = recommendation_inputs(sc, replications, DEFAULT_TTL_GRID_S, None, None)
     if got != want:
@@ -219,6 +227,31 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
                           f"run `kvplan recommend` on this scenario with --replications {replications} and no SLO, "
                           "budget or TTL grid, or leave it out (compare then runs the advisor)")
     return rec
+
+
+def recommend_with_best_policy(
+    scenario: Scenario | dict[str, Any] | str | Path,
+    slo_ttft_p90_ms: float | None = None,
+    decode_hbm_budget_gib: float | None = None,
+    replications: int = 3,
+    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
+) -> Recommendation:
+    """``kvplan recommend --policies``: :func:`kvplan.plan.advice.recommend`, then the alternatives of
+    :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
+    serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
+    ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
+    """
+    rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
+                                  workers, backend, ray_address)
+    if sc.deployment.mode == "aggregated":
+        return rec
+    rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+                   recommended=recommendation_overrides(rec))
+    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
 def _value(row: dict[str, Any], key: str) -> float:

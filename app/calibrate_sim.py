@@ -25,7 +25,7 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
                             allow_model_mismatch: bool, *, overwrite: bool = False,
                             inputs: list[Path | None] | None = None) -> None:
     """Parse the files, check them against the scenarios, fit by simulation, write the profile, report."""
-    from kvplan.app.cmd_calibrate import _clean, warn_unreliable
+    from kvplan.app.output import warn_unreliable
     from kvplan.calibration.calibrate import sha256_of
     from kvplan.calibration.checks import check_bench_model
     from kvplan.calibration.parsers import parse_bench_serve, parse_multiturn_stats
@@ -33,6 +33,7 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
     from kvplan.errors import input_error
     from kvplan.models.arch import get_model
     from kvplan.models.profile import save_profile
+    from kvplan.sim.results import json_safe
     from kvplan.sim.scenario import load_scenario
 
     other = [k for k in ("log", "prometheus", "points") if traces.get(k)]
@@ -70,7 +71,7 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
     if prof.status == "unreliable":
         warn_unreliable(fit.report["unreliable_reasons"], out)
     if json_out:
-        typer.echo(json.dumps(_clean({**fit.report, "status": prof.status}), indent=2, sort_keys=True))
+        typer.echo(json.dumps(json_safe({**fit.report, "status": prof.status}), indent=2, sort_keys=True))
         return
     _print(fit.report, prof.status, prof.name, out)
 

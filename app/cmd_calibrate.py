@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import typer
@@ -107,8 +106,10 @@ def register(app: typer.Typer) -> None:
                 raise input_error("--published", "cannot be combined with trace files", "run two calibrations")
             _published(published, arch.name, node.name, tp, out, include_first_turn, json_out, overwrite)
             return
+        from kvplan.app.output import warn_unreliable
         from kvplan.calibration.calibrate import calibrate
         from kvplan.calibration.checks import check_bench_model
+        from kvplan.sim.results import json_safe
         from kvplan.sim.validity import check_tensor_parallel
 
         check_tensor_parallel(arch, tp, "--tp")
@@ -136,15 +137,9 @@ def register(app: typer.Typer) -> None:
         if result.profile.status == "unreliable":
             warn_unreliable(result.report.get("unreliable_reasons", []), out)
         if json_out:
-            typer.echo(json.dumps(_clean(result.report), indent=2, sort_keys=True))
+            typer.echo(json.dumps(json_safe(result.report), indent=2, sort_keys=True))
             return
         _print_trace_report(result, out)
-
-
-def warn_unreliable(reasons: list[str], out: Path) -> None:
-    """The warning every unreliable fit prints (stderr), with its reasons."""
-    typer.echo(f"WARNING: {out} is written with status 'unreliable' (kvplan simulate refuses it without "
-               f"--allow-unreliable-profile): {'; '.join(reasons)}", err=True)
 
 
 def _published(path: Path, model: str, hardware: str, tp: int, out: Path, include_first: bool, json_out: bool,
@@ -153,6 +148,7 @@ def _published(path: Path, model: str, hardware: str, tp: int, out: Path, includ
     from kvplan.calibration.calibrate import sha256_of
     from kvplan.calibration.published import Aggregation, fit_published, published_points
     from kvplan.models.profile import save_profile
+    from kvplan.sim.results import json_safe
 
     points = published_points(str(path))
     fit = fit_published(
@@ -167,7 +163,7 @@ def _published(path: Path, model: str, hardware: str, tp: int, out: Path, includ
     )
     save_profile(fit.profile, out, overwrite=overwrite, inputs=[path])
     if json_out:
-        typer.echo(json.dumps(_clean(fit.report), indent=2, sort_keys=True))
+        typer.echo(json.dumps(json_safe(fit.report), indent=2, sort_keys=True))
         return
     from rich.table import Table
 
@@ -226,12 +222,3 @@ def _print_trace_report(result: object, out: Path) -> None:
     c.print(f"wrote {out}")
 
 
-def _clean(value: object) -> object:
-    """JSON-ready copy (NaN/inf -> None)."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

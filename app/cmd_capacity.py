@@ -23,7 +23,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
     import math
 
     from kvplan.errors import input_error
-    from kvplan.sim.capacity import MAX_CONVERSATIONS
+    from kvplan.plan.capacity import MAX_CONVERSATIONS
     from kvplan.sim.presets import preset_scenario
     from kvplan.sim.scenario import load_scenario, with_overrides
 
@@ -50,7 +50,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
 
 def _ttl_grid(text: str | None) -> tuple[float, ...]:
     from kvplan.errors import input_error
-    from kvplan.sim.capacity import DEFAULT_TTL_GRID_S
+    from kvplan.plan.capacity import DEFAULT_TTL_GRID_S
 
     if text is None:
         return DEFAULT_TTL_GRID_S
@@ -98,9 +98,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.cmd_sweep import _progress_bar
         from kvplan.app.flags import common_run_flags, int_range, positive_finite
         from kvplan.errors import input_error
-        from kvplan.sim.capacity import check_inputs, max_simulations, plan_capacity
-        from kvplan.sim.compare import ROUTINGS
-        from kvplan.sim.grid import MAX_RUNS
+        from kvplan.plan.capacity import check_inputs, max_simulations, plan_capacity
+        from kvplan.plan.compare import ROUTINGS
+        from kvplan.plan.grid import MAX_RUNS
         from kvplan.sim.scenario import with_overrides
 
         common_run_flags(replications, workers, conversations)

@@ -54,8 +54,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.flags import MAX_WORKERS, int_range
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
-        from kvplan.sim.compare import compare, compare_json, parse_policies
-        from kvplan.sim.grid import scenario_input_files
+        from kvplan.plan.compare import compare, compare_json, parse_policies
+        from kvplan.plan.grid import scenario_input_files
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 

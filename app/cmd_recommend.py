@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from kvplan.sim.advice import IF_KEPT_ON, Recommendation
-from kvplan.sim.advice_runs import RESOURCE_NAMES
+from kvplan.plan.advice import IF_KEPT_ON, Recommendation
+from kvplan.plan.advice_runs import RESOURCE_NAMES
 from kvplan.units import human_s
 
 
@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.flags import common_run_flags, positive_finite, seconds_list
         from kvplan.app.output import console
         from kvplan.errors import input_error
-        from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommend
+        from kvplan.plan.advice import DEFAULT_TTL_GRID_S, recommend
+        from kvplan.plan.compare import recommend_with_best_policy
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import ClosedLoopArrival, load_scenario, with_overrides
 
@@ -86,9 +87,9 @@ def register(app: typer.Typer) -> None:
             grid = seconds_list("--ttl-grid", ttl_grid)
         bar, cb = _progress_bar()
         with bar:
-            rec = recommend(sc, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=budget, replications=replications,
-                            ttl_grid=grid, progress=cb, workers=workers if workers > 0 else (os.cpu_count() or 1),
-                            policies=policies)
+            advise = recommend_with_best_policy if policies else recommend
+            rec = advise(sc, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=budget, replications=replications,
+                         ttl_grid=grid, progress=cb, workers=workers if workers > 0 else (os.cpu_count() or 1))
         if json_out:
             sys.stdout.write(rec.to_json() + "\n")
             return

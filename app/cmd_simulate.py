@@ -55,9 +55,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from kvplan.app.output import print_summary
         from kvplan.atomic_dir import check_result_dir
+        from kvplan.plan.grid import scenario_input_files
         from kvplan.sim.api import run
         from kvplan.sim.defaults import default_scenario
-        from kvplan.sim.grid import scenario_input_files
         from kvplan.sim.results import ResultDirWriter, result_file_names
         from kvplan.sim.scenario import load_scenario, with_overrides
 

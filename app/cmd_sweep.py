@@ -118,8 +118,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.flags import MAX_WORKERS, check_ray_address
         from kvplan.app.output import console
         from kvplan.errors import input_error
-        from kvplan.sim.grid import MAX_REPLICATIONS, load_grid
-        from kvplan.sim.sweep import check_sweep_outputs, run_grid, screen_path, summary_path
+        from kvplan.plan.grid import MAX_REPLICATIONS, load_grid
+        from kvplan.plan.sweep import check_sweep_outputs, run_grid, screen_path, summary_path
 
         if out.suffix != ".parquet":
             raise input_error(f"--out {out}", "results are Parquet files", f"give a path ending in .parquet "

@@ -1,5 +1,5 @@
 """The Compare page's plain data: the policy choices, a caption naming the deployment shown, the rows in human
-units and the best policy (``kvplan compare``'s rule, :func:`kvplan.sim.compare.best_policy`)."""
+units and the best policy (``kvplan compare``'s rule, :func:`kvplan.plan.compare.best_policy`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvplan.sim import compare as cmp
+from kvplan.plan import compare as cmp
 from kvplan.sim.scenario import Scenario
 from kvplan.units import human_s
 

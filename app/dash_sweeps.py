@@ -1,5 +1,5 @@
-"""Sweeps behind the explorer and the advice: the TTL x threshold grid (``sim.sweep.run_grid``) and the
-recommendation (``sim.advice.recommend``), laid out as plain data for the pages.
+"""Sweeps behind the explorer and the advice: the TTL x threshold grid (``plan.sweep.run_grid``) and the
+recommendation (``plan.advice.recommend``), laid out as plain data for the pages.
 
 Everything here is a plain function of scenarios and dicts (the pages add widgets and progress bars);
 results are keyed on the scenario key of :mod:`kvplan.app.dash_state` plus the sweep's own inputs.
@@ -18,9 +18,9 @@ import pandas as pd
 
 from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key, variant
 from kvplan.errors import input_error
-from kvplan.sim.advice import recommend
+from kvplan.plan.advice import recommend
+from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid
 from kvplan.sim.scenario import PoissonArrival, Policy, Scenario
-from kvplan.sim.sweep import aggregate, grid_from_dict, run_grid
 from kvplan.units import human_s
 
 #: Largest TTL x threshold grid the explorer runs.
@@ -32,7 +32,7 @@ MAX_GRID_POINTS = 400
 #: thresholds from 0 to beyond its 24k-token pulls (where every pull turns into a recompute).
 DEFAULT_GRID_TTLS = "0, 5, 10, 15, 20, 30, 60, 120, 480, 900"
 DEFAULT_GRID_THRESHOLDS = "0, 64, 1024, 8192, 32768"
-#: Replications of ``sim.advice.recommend`` the dashboard asks for (its default).
+#: Replications of ``plan.advice.recommend`` the dashboard asks for (its default).
 DEFAULT_REPLICATIONS = 3
 
 #: TTFT statistics the explorer's heatmap can show: label -> summary key.
@@ -96,7 +96,7 @@ def grid_spec(base: Scenario, ttls_s: Sequence[float], thresholds: Sequence[floa
 
 
 #: Seconds the explorer leaves between the router's entry expiry and D's, on top of P's safety margin and
-#: clock skew, for the arrival -> P decision delay (the advisor's minimum allowance, ``sim.advice`` router rule).
+#: clock skew, for the arrival -> P decision delay (the advisor's minimum allowance, ``plan.advice`` router rule).
 ROUTER_DECISION_ALLOWANCE_S = 1.0
 
 
@@ -118,7 +118,7 @@ def ttl_base(base: Scenario, ttl_s: float) -> Scenario:
 
 
 def grid_frame(spec: GridSpec, progress: Callable[[float, str], object] | None = None, workers: int = 1) -> pd.DataFrame:
-    """Simulate the grid with ``sim.sweep.run_grid`` (one threshold sweep per TTL, whose base carries the
+    """Simulate the grid with ``plan.sweep.run_grid`` (one threshold sweep per TTL, whose base carries the
     TTL and its router TTL, :func:`ttl_base`) and return one row per point: ``ttl_s``, ``threshold_tokens``, the mean
     of each of :data:`GRID_METRICS` over the replications and its 95% half-width (``<metric>_ci95``)."""
     base = scenario_from_key(spec.base_key)
@@ -166,13 +166,13 @@ def grid_marks(scenario: Scenario, recommendation: Mapping[str, Any] | None) -> 
     return marks
 
 
-# --- advice (sim.advice, issue 4) ------------------------------------------------------------------------------
+# --- advice (plan.advice, issue 4) ------------------------------------------------------------------------------
 
 
 def recommendation_dict(scenario: Scenario, slo_ttft_p90_ms: float | None, decode_hbm_budget_gib: float | None,
                         replications: int, progress: Callable[..., Any] | None = None,
                         workers: int = 1) -> dict[str, Any]:
-    """Run ``sim.advice.recommend`` (the same call as ``kvplan recommend --no-policies``) and return its
+    """Run ``plan.advice.recommend`` (the same call as ``kvplan recommend --no-policies``) and return its
     ``to_json()`` as a dict."""
     rec = recommend(scenario, slo_ttft_p90_ms=slo_ttft_p90_ms, decode_hbm_budget_gib=decode_hbm_budget_gib,
                     replications=replications, progress=progress, workers=workers)
@@ -283,7 +283,7 @@ def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:
 
 
 def advice_view(rec: Mapping[str, Any]) -> AdviceView:
-    """Lay out ``Recommendation.to_json()`` of ``sim.advice`` (settings, expected vs baselines with CIs,
+    """Lay out ``Recommendation.to_json()`` of ``plan.advice`` (settings, expected vs baselines with CIs,
     rationale and binding constraint, warnings and disagreements, rules and assumptions, the config)."""
     # retention off: the knobs apply only if bidirectional is kept on against the advice, and say so
     off = bool(rec.get("retention_off"))

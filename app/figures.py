@@ -286,7 +286,7 @@ def ttl_curve(curve: Sequence[Mapping[str, Any]], chosen_ttl_s: float | None = N
     """The advisor's TTL sweep: mean TTFT (left, in ms, s or min by its size: :func:`time_unit`) and pinned decode
     KV (GiB, right) against the TTL.
 
-    ``curve`` rows carry ``ttl_s``, ``ttft_mean_s`` and ``pinned_kv_gib_mean`` (``sim.advice``'s
+    ``curve`` rows carry ``ttl_s``, ``ttft_mean_s`` and ``pinned_kv_gib_mean`` (``plan.advice``'s
     ``ttl_curve``); the chosen TTL is a vertical line, TTFT with bidirectional off a horizontal one.
     """
     from plotly.subplots import make_subplots

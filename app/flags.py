@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kvplan.errors import input_error
-from kvplan.sim.grid import MAX_REPLICATIONS
+from kvplan.plan.grid import MAX_REPLICATIONS
 from kvplan.sim.scenario import MAX_CONVERSATIONS, MAX_SIM_TIME_S
 
 MAX_WORKERS = 256

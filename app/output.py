@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -92,3 +93,9 @@ def print_summary(
 def print_json(obj: Any) -> None:
     """Print an object as JSON (NaN -> null)."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def warn_unreliable(reasons: list[str], out: Path) -> None:
+    """The warning every unreliable fit prints (stderr), with its reasons (``kvplan calibrate``, both paths)."""
+    typer.echo(f"WARNING: {out} is written with status 'unreliable' (kvplan simulate refuses it without "
+               f"--allow-unreliable-profile): {'; '.join(reasons)}", err=True)

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--replications", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from kvplan.sim.capacity import plan_capacity
+    from kvplan.plan.capacity import plan_capacity
 
     load_before = os.getloadavg()
     runs: dict[str, Any] = {}

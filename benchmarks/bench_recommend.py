@@ -65,13 +65,15 @@ def _summary(rec: Any) -> dict[str, Any]:
 def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
     """Wall time of recommend on the reference workload with the CLI's defaults (``policies=False``: the advisor
     alone, as ``--no-policies``)."""
-    from kvplan.sim.advice import recommend
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.compare import recommend_with_best_policy
     from kvplan.sim.scenario import load_scenario
 
     runs = [0]
     t0 = time.perf_counter()
-    rec = recommend(load_scenario(REF), replications=replications, workers=WORKERS, policies=policies,
-                    progress=lambda d, n: runs.__setitem__(0, d))
+    advise = recommend_with_best_policy if policies else recommend
+    rec = advise(load_scenario(REF), replications=replications, workers=WORKERS,
+                 progress=lambda d, n: runs.__setitem__(0, d))
     wall = time.perf_counter() - t0
     out = {"wall_s": wall, "target_s": TARGET_REFERENCE_S, "meets_target": wall < TARGET_REFERENCE_S,
            "advisor_runs": runs[0], "replications": replications, "workers": WORKERS,
@@ -85,8 +87,8 @@ def part_reference(replications: int, policies: bool = True) -> dict[str, Any]:
 
 def part_16p56d(conversations: int, replications: int) -> dict[str, Any]:
     """The saturated 16P56D scenario against the hand sweep."""
-    from kvplan.sim.advice import recommend
-    from kvplan.sim.executor import run_row
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.executor import run_row
     from kvplan.sim.scenario import scenario_from_dict, with_overrides
     from kvplan.sim.seeds import replication_seeds
 

@@ -48,9 +48,9 @@ def profile_one() -> dict[str, object]:
     """Where one reference run's time goes: wall time per phase, then cProfile self-time shares of the
     discrete-event phase grouped by component."""
     from kvplan.models.arch import kv_bytes_per_token_all_ranks
+    from kvplan.plan.executor import run_extras
     from kvplan.sim.api import run
     from kvplan.sim.engine import ChunkSink, simulate
-    from kvplan.sim.executor import run_extras
     from kvplan.sim.results import build_result
     from kvplan.sim.scenario import load_scenario
     from kvplan.sim.stream import RunStream
@@ -172,7 +172,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", type=int, default=100)
     args = ap.parse_args()
-    from kvplan.sim.sweep import run_grid
+    from kvplan.plan.sweep import run_grid
 
     g = grid(args.points)
     n = len(g["axes"]["policy.decoder_kv_blocks_ttl_s"]) * len(g["axes"]["workload.turn_gap_s.mean"])  # type: ignore[index]

@@ -22,8 +22,9 @@ from typing import Any
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.calibration.derive import AIC_MODEL_PATHS, AIC_VLLM_VERSION, AicSession, derive_prior, prior_name, require_aic
-from kvplan.models.arch import get_model, kv_capacity_tokens
+from kvplan.models.arch import get_model
 from kvplan.models.hardware import GPU_PRESETS
+from kvplan.models.memory import kv_capacity_tokens
 from kvplan.models.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]

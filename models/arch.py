@@ -9,7 +9,7 @@ Units are in the names: ``*_bytes``, ``*_tokens``. A *rank* is one tensor-parall
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -149,18 +149,6 @@ def attention_flops_per_pair(arch: ModelArch) -> float:
         return arch.attention_flops_per_pair
     head_dim = arch.head_dim if arch.head_dim else arch.mla_latent_dim
     return 2 * FLOPS_PER_MAC * arch.num_q_heads * head_dim * arch.num_layers
-
-
-def kv_capacity_tokens(arch: ModelArch, tp: int, gpu: Any, **settings: Any) -> int:
-    """Tokens of KV one instance (``tp`` GPUs) holds: vLLM's ``num_gpu_blocks x block_size``.
-
-    The one accounting is :func:`kvplan.models.memory.plan_memory` (total memory x gpu_memory_utilization -
-    weights - activation peak - non-torch - CUDA graphs, whole blocks); ``settings`` are its keyword arguments.
-    Every rank holds its slice of every token, so the per-GPU token count is the instance's.
-    """
-    from kvplan.models.memory import plan_memory
-
-    return plan_memory(arch, gpu, tp, **settings).kv_cache_tokens
 
 
 # --- presets -------------------------------------------------------------------------------------------

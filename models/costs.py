@@ -2,7 +2,7 @@
 
 The one home of every cost formula (the per-step ones are written in :mod:`kvplan.models.formulas`, which
 is compiled with the simulator's hot path, and re-exported here): the simulator (``sim/prefill.py``,
-``sim/decode.py``), the analytic screen and break-even (``sim/screen.py``, ``sim/breakeven.py``), the
+``sim/decode.py``), the analytic screen and break-even (``plan/screen.py``, ``plan/breakeven.py``), the
 calibration fits and ``kvplan cost`` call these functions. Each function is the formula in its docstring and nothing else.
 
 Structure (so that costs transfer across GPUs and TP sizes):

@@ -178,6 +178,16 @@ KV_CACHE_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3":
                    "fp8_ds_mla": "fp8_ds_mla"}
 
 
+def kv_capacity_tokens(arch: ModelArch, tp: int, gpu: GPU, **settings: Any) -> int:
+    """Tokens of KV one instance (``tp`` GPUs) holds: vLLM's ``num_gpu_blocks x block_size``.
+
+    The one accounting is :func:`plan_memory` (total memory x gpu_memory_utilization - weights - activation
+    peak - non-torch - CUDA graphs, whole blocks); ``settings`` are its keyword arguments. Every rank holds its
+    slice of every token, so the per-GPU token count is the instance's.
+    """
+    return plan_memory(arch, gpu, tp, **settings).kv_cache_tokens
+
+
 def with_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str) -> ModelArch:
     """``arch`` with vLLM's ``--kv-cache-dtype`` applied (``auto``: unchanged; one-line error for a bad value)."""
     if kv_cache_dtype == "auto":

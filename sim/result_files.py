@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
 from kvplan.atomic_dir import open_result_dir, write_result_dir_files
 from kvplan.sim.events import Release, RouterResult
+from kvplan.sim.scenario import Scenario
 
 GIB = 1024**3
 ROUTER_NAMES = {int(v): v.name.lower() for v in RouterResult}
@@ -54,8 +55,26 @@ TURN_COLUMNS = [
     "itl_max_s",
 ]
 
-if TYPE_CHECKING:
-    from kvplan.sim.results import Result
+
+
+class ResultView(Protocol):
+    """What the writers read of a run; :class:`kvplan.sim.results.Result` has it. A protocol rather than that
+    class because :mod:`kvplan.sim.results` imports this module (no import circle, ``tests/test_import_graph.py``)."""
+
+    @property
+    def scenario(self) -> Scenario:
+        """The scenario run (written as ``scenario.yaml``)."""
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The ``summary.json`` content."""
+
+    @property
+    def turns(self) -> pd.DataFrame:
+        """The per-turn records (``turns.*``) of a kept run."""
+
+    def pinned_series(self) -> pd.DataFrame:
+        """The pinned decode KV series (``pinned.*``)."""
 
 
 # --- writers ---------------------------------------------------------------------------------------------
@@ -192,7 +211,7 @@ class ResultDirWriter:
             self._flush_parquet(None)
             self._pq.close()
 
-    def commit(self, result: Result, extra_files: dict[str, bytes] | None = None) -> Path:
+    def commit(self, result: ResultView, extra_files: dict[str, bytes] | None = None) -> Path:
         """Close the streams and move the complete result into ``out`` (summary and manifest last)."""
         import shutil
 
@@ -263,7 +282,7 @@ def _stage_pinned(series: pd.DataFrame, stage: Path, formats: tuple[str, ...]) -
 
 
 def write_result_dir(
-    result: Result, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False,
+    result: ResultView, out: str | Path, extra_files: dict[str, bytes] | None = None, overwrite: bool = False,
     fmt: str = "csv", inputs: Any = (),
 ) -> Path:
     """Write a kept run's ``turns.*``, ``summary.json``, ``pinned.*`` and ``scenario.yaml`` into ``out``.

@@ -5,7 +5,7 @@ typed chunk to :class:`RunStream`, which
 
 * keeps the events of turns still in flight and completes a turn's record as soon as the turn is over
   (its response finished or it failed, and P no longer holds its KV for D), with the same arithmetic as
-  :func:`kvplan.sim.results.turn_columns`;
+  :func:`kvplan.sim.turns.turn_columns`;
 * releases finished records in (conversation, turn) order as soon as every earlier conversation is over
   (a reorder buffer bounded by the turns of conversations still running), to a sink (the streamed
   ``turns.parquet``/``turns.csv`` writers) and to the summary aggregates;
@@ -33,6 +33,8 @@ import pandas as pd
 from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, col
 from kvplan.sim.health import Waits
 from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat, LogSketch
+from kvplan.sim.result_files import TURN_COLUMNS
+from kvplan.sim.turns import turn_columns
 
 GIB = 1024**3
 TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP, Ev.ITL_HIST)), dtype=np.int16)
@@ -161,8 +163,6 @@ class RunStream:
 
     def __init__(self, offsets: np.ndarray, turns_per_conv: np.ndarray, sink: TurnSink | None = None,
                  keep_turns: bool = True, exact_max_turns: int = EXACT_PERCENTILE_MAX_TURNS) -> None:
-        from kvplan.sim.results import turn_columns
-
         self._turn_columns = turn_columns
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.remaining = np.asarray(turns_per_conv, dtype=np.int64).copy()
@@ -332,8 +332,6 @@ class RunStream:
 
     def turns(self) -> pd.DataFrame:
         """Every released turn (only when ``keep_turns``), in (conversation, turn) order."""
-        from kvplan.sim.results import TURN_COLUMNS
-
         if not self.kept_turns:
             return self._turn_columns(EventChunk.empty(), self.offsets)[TURN_COLUMNS]
         return pd.concat(self.kept_turns, ignore_index=True) if len(self.kept_turns) > 1 else self.kept_turns[0]

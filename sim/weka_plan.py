@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from kvplan.errors import input_error
+from kvplan.sim.conversation_plan import ConversationPlan
 from kvplan.sim.scenario import MAX_SIM_TIME_S, MAX_TOTAL_TURNS, TraceSource
-from kvplan.sim.workload import ConversationPlan
 from kvplan.traces.weka import WEKA_BLOCK_TOKENS, WekaTrace, lcp_blocks, read_weka, reuse_tokens
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvplan.errors import input_error
 from kvplan.inputfile import read_text
+from kvplan.sim.conversation_plan import ConversationPlan
 from kvplan.sim.history import combine_reuse, history_reuse
 from kvplan.sim.scenario import (
     MAX_EMPIRICAL_VALUES,
@@ -154,37 +154,6 @@ def dist_mean(dist: Dist) -> float:
         dist.path or "", dist.column
     )
     return float(vals.mean())
-
-
-@dataclass(frozen=True)
-class ConversationPlan:
-    """All conversations of a run, drawn up front. Per-turn arrays are flat, indexed via ``offsets``.
-
-    ``prompt_tokens[offsets[c] + k]`` is conversation ``c``'s turn ``k+1`` prompt (prefix on turn 1, then
-    previous prompt + previous output + new user tokens: the whole grown context is resent).
-    ``start_s`` is each conversation's first arrival (open loop) or NaN (closed loop).
-    """
-
-    start_s: np.ndarray
-    turns: np.ndarray
-    offsets: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    gap_s: np.ndarray
-    truncated_conversations: int
-    arrival_s: np.ndarray | None = None  # per-turn arrival times (trace replay: open loop on the trace clock)
-    trace_report: dict[str, Any] | None = None
-    # per turn: tokens of the previous turn's context (prompt + output) the prompt repeats token for token
-    # (sim/history.py); None = all of it (verbatim history)
-    reuse_tokens: np.ndarray | None = None
-    # per conversation: its shared-prefix group (-1: none) and its tokens of that prefix (sim/shared.py)
-    shared_group: np.ndarray | None = None
-    shared_tokens: np.ndarray | None = None
-
-    @property
-    def total_turns(self) -> int:
-        """Number of turns in the plan."""
-        return int(self.turns.sum())
 
 
 def make_plan(workload: Workload, seed: int, max_model_len: int) -> ConversationPlan:

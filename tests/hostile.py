@@ -17,8 +17,8 @@ from pathlib import Path
 
 import kvplan.app.cli  # noqa: F401 - imported before forking, so every child starts warm
 import kvplan.calibration.traces  # noqa: F401
+import kvplan.plan.sweep  # noqa: F401
 import kvplan.sim.api  # noqa: F401
-import kvplan.sim.sweep  # noqa: F401
 
 TIME_LIMIT_S = 10.0
 MEM_LIMIT_BYTES = 1024**3

@@ -21,12 +21,12 @@ from kvplan.app.cli import main
 from kvplan.errors import KvplanInputError
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank
 from kvplan.models.costs import transfer_time_s
-from kvplan.sim.advice import break_even, kv_transfer_config, recommend
+from kvplan.plan.advice import break_even, kv_transfer_config, recommend
+from kvplan.plan.screen import screen_scenarios
 from kvplan.sim.api import run
 from kvplan.sim.engine import resolve
 from kvplan.sim.presets import PRESETS, preset_scenario
 from kvplan.sim.scenario import Empirical, LogNormal, PoissonArrival, scenario_from_dict
-from kvplan.sim.screen import screen_scenarios
 
 GIB = 1024**3
 
@@ -84,7 +84,7 @@ def test_gaps_beyond_every_ttl_turn_retention_down() -> None:
     assert rec.expected["pinned_kv_gib_mean"] == 0.0
     # the threshold and router TTL are shown only as marked conditionals (CLI text and rationale)
     from kvplan.app.cmd_recommend import render_text
-    from kvplan.sim.advice import IF_KEPT_ON
+    from kvplan.plan.advice import IF_KEPT_ON
 
     lines = render_text(rec)
     assert lines[0].startswith("bidirectional_kv_xfer = false") and "kv_recompute_threshold" not in lines[0]
@@ -165,7 +165,7 @@ def test_pinned_kv_littles_law() -> None:
     assert s["pinned_kv_gib_mean"] == pytest.approx(little, rel=0.05)
     # the steady window against the nominal rate, and the analytic screen, agree too
     nominal = 1.0 * kv_token_s_per_conversation * bytes_tok / GIB
-    from kvplan.sim.executor import run_extras
+    from kvplan.plan.executor import run_extras
 
     assert run_extras(res)["steady_pinned_kv_gib_mean"] == pytest.approx(nominal, rel=0.05)
     assert screen_scenarios([sc])["screen_pinned_kv_gib_mean"].iloc[0] == pytest.approx(nominal, rel=0.05)
@@ -238,7 +238,7 @@ def test_kv_transfer_config_shape() -> None:
 
 
 def test_capacity_small() -> None:
-    from kvplan.sim.capacity import plan_capacity
+    from kvplan.plan.capacity import plan_capacity
 
     sc = preset_scenario("tool-agent", conversations=60)
     plan = plan_capacity(sc, rate_per_s=0.25, slo_ttft_p90_ms=2000, max_nodes=4, replications=1)

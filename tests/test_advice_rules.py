@@ -1,4 +1,4 @@
-"""The pure TTL rules of kvplan.sim.advice_rules on hand-made candidates (no simulation)."""
+"""The pure TTL rules of kvplan.plan.advice_rules on hand-made candidates (no simulation)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from kvplan.sim.advice_rules import (
+from kvplan.plan.advice_rules import (
     BENEFIT_FRACTION,
     DECODE_HBM,
     LINK,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from kvplan.app.cli import main
-from kvplan.sim.advice import recommend
-from kvplan.sim.advice_rules import router_ttl
-from kvplan.sim.advice_runs import (
+from kvplan.plan.advice import recommend
+from kvplan.plan.advice_rules import router_ttl
+from kvplan.plan.advice_runs import (
     measured_allowance,
     prune_ttls,
     saturation,
@@ -23,8 +23,8 @@ from kvplan.sim.advice_runs import (
     steady,
     steady_conversations,
 )
+from kvplan.plan.executor import run_row
 from kvplan.sim.engine import resolve
-from kvplan.sim.executor import run_row
 from kvplan.sim.scenario import scenario_from_dict, with_overrides
 from kvplan.sim.seeds import replication_seeds
 
@@ -221,7 +221,7 @@ def test_short_run_is_lengthened_end_to_end() -> None:
     ss = rec.steady_state
     assert ss["lengthened"] and ss["conversations_asked"] == 30 and 30 < ss["conversations_simulated"] <= 120
     assert not ss["unsteady_ttls_s"] and all(c["steady"] for c in rec.ttl_curve)
-    from kvplan.sim.advice import recommendation_inputs
+    from kvplan.plan.advice import recommendation_inputs
 
     assert rec.inputs == recommendation_inputs(sc, 1, (15, 30), None, None)  # the scenario as given
     # up to TTL 60 s it would need more than 4x the conversations: not lengthened, flagged instead

@@ -94,7 +94,7 @@ def test_capacity_answer_meets_the_slo_and_one_fewer_does_not(planned: tuple[Pat
 
 def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tuple[Path, dict[str, Any]]) -> None:
     """Same deployment, load and seeds: the same runs, priced on the same steady-state basis."""
-    from kvplan.sim.compare import compare
+    from kvplan.plan.compare import compare
 
     path, plan = planned
     sc = load_scenario(path)
@@ -115,7 +115,7 @@ def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tupl
 
 
 def test_capacity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kvplan.sim.capacity import plan_capacity
+    from kvplan.plan.capacity import plan_capacity
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(SCENARIO))
@@ -133,7 +133,7 @@ def test_capacity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_capacity_on_a_trace(tmp_path: Path) -> None:
     """A trace replays at its own clock: sizes from 1P1D, no rate search, the answer's checks reported."""
-    from kvplan.sim.capacity import plan_capacity
+    from kvplan.plan.capacity import plan_capacity
 
     trace = Path(__file__).parent / "data" / "traces" / "mooncake_small.jsonl"
     sc = with_overrides(load_scenario_dict(), {"workload.trace": {"path": str(trace)}})
@@ -197,7 +197,7 @@ HOSTILE_CAPACITY = ("slo 0", "slo negative", "slo nan", "slo huge", "rate 0", "r
 def test_capacity_hostile_flags_fail_in_one_line_before_any_run(case: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from kvplan.sim import capacity_eval
+    from kvplan.plan import capacity_eval
 
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a simulation started")
@@ -215,7 +215,7 @@ def test_a_hopeless_load_ends_after_a_few_runs() -> None:
     """review2: far beyond --max-nodes, the search simulated every total from 2 upwards (3 splits, every TTL,
     two runs each: 25 runs here, and at --rate 1000 on a 60 s horizon for hours). Now the largest total is simulated
     first when the screen finds nothing plausible, and nothing smaller when it misses."""
-    from kvplan.sim.capacity import plan_capacity
+    from kvplan.plan.capacity import plan_capacity
 
     sc = with_overrides(load_scenario_dict(), {"workload.conversations": 40})  # 20 s of arrivals at 2/s
     plan = plan_capacity(sc, 100.0, 2000.0, max_nodes=6, replications=1, ttl_grid=(30.0, 60.0), max_rate=False)

@@ -11,7 +11,7 @@ from conftest import small
 
 from kvplan.app.cli import main
 from kvplan.errors import KvplanInputError
-from kvplan.sim.compare import compare, parse_policies
+from kvplan.plan.compare import compare, parse_policies
 from kvplan.sim.scenario import scenario_from_dict
 
 KEYS = ("policy", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate",
@@ -42,7 +42,7 @@ def test_compare_json_keys_and_identical_seeds(tmp_path: Path, capsys: pytest.Ca
     assert off["pinned_kv_gib_mean"] == 0 and ttl["pinned_kv_gib_mean"] > 0 and agg["pinned_kv_gib_peak"] == 0
     assert ttl["hit_rate"] > off["hit_rate"] == 0
     assert agg["settings"]["deployment.replicas"] == 2
-    from kvplan.sim.pricing import COST_BASIS
+    from kvplan.plan.pricing import COST_BASIS
 
     assert all(r["cost_basis"] == COST_BASIS and len(r["ttft_p90_s_by_replication"]) == 2 for r in rows)
     assert main(args[:-1]) == 0
@@ -76,7 +76,7 @@ def test_bad_policy_lists_refused(policies: str, needle: str) -> None:
 
 def test_unmodelled_policy_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                    tmp_path: Path) -> None:
-    import kvplan.sim.compare as cmp
+    import kvplan.plan.compare as cmp
 
     monkeypatch.setattr(cmp, "implemented", lambda name: name != "lease")
     assert "lease" not in cmp.parse_policies(None)
@@ -90,7 +90,7 @@ def test_compare_max_load_meeting_slo() -> None:
     r = rows[0]
     best = r["max_rate_per_s_meeting_slo"]
     assert r["ttft_p90_s"] < 2.0 and 0.5 <= best < 0.5 * 2**5  # met at the base rate, broken within 5 doublings
-    from kvplan.sim.capacity import conversations_for
+    from kvplan.plan.capacity import conversations_for
     from kvplan.sim.scenario import with_overrides
 
     def p90(rate: float) -> float:
@@ -106,7 +106,7 @@ def _row(policy: str, p90: float, pinned: float, errors: float = 0.0, ci: float 
 
 
 def test_best_policy_rule() -> None:
-    from kvplan.sim.compare import best_policy
+    from kvplan.plan.compare import best_policy
 
     rows = [_row("off", 0.300, 0.0), _row("ttl_recommended", 0.200, 50.0, peak=90.0), _row("lease", 0.201, 10.0, peak=40.0),
             _row("offload", 0.150, 80.0, errors=50.0)]
@@ -141,7 +141,7 @@ def test_compare_counts_gpus_with_split_tp() -> None:
 def test_ttl_recommended_reuses_a_recommendation(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A recommendation the caller already has gives the same rows as rerunning the advisor, without rerunning it."""
-    from kvplan.sim import advice
+    from kvplan.plan import advice
     from kvplan.sim.scenario import load_scenario
 
     path = _scenario(tmp_path)
@@ -175,7 +175,7 @@ def test_best_policy_on_paired_differences_ties_to_the_cheaper() -> None:
     """The pick uses per-seed differences (common random numbers), not each row's own CI width: a policy always
     0.1 s slower is significantly worse even with wide per-row CIs; one whose difference is noise ties, and the
     tie goes to the cheaper policy (less pinned KV at equal $/M turns)."""
-    from kvplan.sim.compare import best_policy
+    from kvplan.plan.compare import best_policy
 
     def row(policy: str, reps: list[float], pinned: float, usd: float = 1000.0) -> dict:
         mean = sum(reps) / len(reps)

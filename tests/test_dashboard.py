@@ -329,7 +329,7 @@ def test_advice_page_runs() -> None:
     at.number_input(key="advice_reps").set_value(1)
     at.button(key="advice_run").click().run(timeout=120)
     assert not at.exception and not at.error
-    from kvplan.sim.advice import recommend
+    from kvplan.plan.advice import recommend
 
     rec = json.loads(recommend(published_benchmark(), replications=1).to_json())
     shown = {m.label: m.value for m in at.metric}
@@ -354,8 +354,8 @@ def test_compare_page_matches_the_api() -> None:
     at.number_input(key="compare_reps").set_value(1)
     at.button(key="compare_run").click().run(timeout=120)
     assert not at.exception and not at.error
-    from kvplan.sim.compare import best_policy, compare
-    from kvplan.sim.pricing import COST_BASIS
+    from kvplan.plan.compare import best_policy, compare
+    from kvplan.plan.pricing import COST_BASIS
     from kvplan.units import human_s
 
     rows = compare(published_benchmark(), policies, replications=1)
@@ -385,7 +385,7 @@ def test_whatif_policy_selector_runs_the_variant() -> None:
     at = _app()
     at.selectbox(key="whatif_policy").set_value("aggregated (same GPUs)").run()
     assert not at.exception and not at.error
-    from kvplan.sim.compare import policy_run
+    from kvplan.plan.compare import policy_run
 
     sc = published_benchmark()
     summary = run(with_overrides(sc, policy_run("aggregated", sc).overrides)).summary

@@ -13,9 +13,9 @@ import pytest
 from conftest import small
 
 from kvplan.errors import KvplanInputError
-from kvplan.sim.advice import _follow_up_shape, recommend
+from kvplan.plan.advice import _follow_up_shape, recommend
+from kvplan.plan.breakeven import break_even
 from kvplan.sim.api import run
-from kvplan.sim.breakeven import break_even
 from kvplan.sim.engine import resolve
 from kvplan.sim.scenario import scenario_from_dict
 from kvplan.sim.workload import make_plan

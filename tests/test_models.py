@@ -13,7 +13,6 @@ from kvplan.models.arch import (
     descriptors_per_transfer,
     get_model,
     kv_bytes_per_token_per_rank,
-    kv_capacity_tokens,
     weights_bytes_per_gpu,
 )
 from kvplan.models.costs import (
@@ -30,6 +29,7 @@ from kvplan.models.costs import (
     xfer_time_s,
 )
 from kvplan.models.hardware import H200, get_hardware
+from kvplan.models.memory import kv_capacity_tokens
 from kvplan.models.profile import load_prior, load_profile, shipped_profiles
 
 

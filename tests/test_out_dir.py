@@ -106,8 +106,8 @@ def test_out_dot_is_refused_without_overwrite(tmp_path: Path, capsys: pytest.Cap
 
 def test_sweep_never_deletes_a_foreign_parts_directory(tmp_path: Path) -> None:
     from kvplan.errors import KvplanInputError
-    from kvplan.sim.grid import load_grid
-    from kvplan.sim.sweep import PartStore
+    from kvplan.plan.grid import load_grid
+    from kvplan.plan.sweep import PartStore
 
     grid_file = tmp_path / "g.yaml"
     grid_file.write_text("base: {}\naxes:\n  policy.decoder_kv_blocks_ttl_s: [60, 120]\n")

@@ -282,7 +282,7 @@ def _parts_user_file(d: Path) -> None:
 
 
 def _parts_user_file_in_shard(d: Path) -> None:
-    from kvplan.sim.grid import load_grid
+    from kvplan.plan.grid import load_grid
 
     fp = load_grid(d / "g.yaml").fingerprint()
     (d / "r.parts" / "000000").mkdir(parents=True)
@@ -328,8 +328,8 @@ def test_sweep_never_removes_a_parts_directory_holding_a_user_file(tmp_path: Pat
 
 
 def test_parts_gaining_a_user_file_during_a_sweep_are_kept(tmp_path: Path) -> None:
-    from kvplan.sim.grid import load_grid
-    from kvplan.sim.sweep import PartStore
+    from kvplan.plan.grid import load_grid
+    from kvplan.plan.sweep import PartStore
 
     _inputs(tmp_path)
     store = PartStore(tmp_path / "r.parquet", load_grid(tmp_path / "g.yaml"))

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from kvplan.calibration.parse_csv import parse_points_csv
 from kvplan.calibration.traces import load_trace
 from kvplan.errors import KvplanInputError
+from kvplan.plan.grid import grid_from_dict
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.api import run
 from kvplan.sim.events import Ev
-from kvplan.sim.grid import grid_from_dict
 from kvplan.sim.scenario import scenario_from_dict
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

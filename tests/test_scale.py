@@ -15,8 +15,9 @@ import pytest
 
 from kvplan.sim.api import run
 from kvplan.sim.events import SCHEMA, Ev, EventChunk, EventLog, col
-from kvplan.sim.results import TURN_COLUMNS, ResultDirWriter, summary_json_bytes, tpot_series
+from kvplan.sim.results import TURN_COLUMNS, ResultDirWriter, summary_json_bytes
 from kvplan.sim.scenario import load_scenario
+from kvplan.sim.turns import tpot_series
 
 REF = Path(__file__).resolve().parents[1] / "benchmarks" / "reference.yaml"
 
@@ -182,7 +183,7 @@ def test_event_log_flushes_typed_chunks() -> None:
 
 
 def test_typed_summary_is_the_summary_json(reference: dict) -> None:
-    from kvplan.sim.executor import flatten_summary
+    from kvplan.plan.executor import flatten_summary
     from kvplan.sim.summary import Summary
 
     res = reference["kept"]

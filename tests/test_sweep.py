@@ -18,13 +18,13 @@ import pytest
 import yaml
 from scipy import stats
 
-import kvplan.sim.executor as executor
+import kvplan.plan.executor as executor
 from kvplan.app.cli import main
 from kvplan.errors import KvplanInputError
-from kvplan.sim.grid import MAX_POINTS, as_grid, grid_from_dict, load_grid
+from kvplan.plan.grid import MAX_POINTS, as_grid, grid_from_dict, load_grid
+from kvplan.plan.screen import screen_scenarios
+from kvplan.plan.sweep import aggregate, analytic_screen, load_results, parts_dir, run_grid
 from kvplan.sim.scenario import with_overrides
-from kvplan.sim.screen import screen_scenarios
-from kvplan.sim.sweep import aggregate, analytic_screen, load_results, parts_dir, run_grid
 
 BASE: dict[str, Any] = {
     "model": "qwen3-32b",
@@ -220,7 +220,7 @@ def test_leftover_parts_need_resume(tmp_path: Path) -> None:
     out = tmp_path / "r.parquet"
     d = parts_dir(out)
     g = grid_from_dict(grid())
-    from kvplan.sim.sweep import PartStore
+    from kvplan.plan.sweep import PartStore
 
     store = PartStore(out, g)
     store.open(False)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvplan.sim.sweep import parts_dir, run_grid, screen_path, summary_path
+from kvplan.plan.sweep import parts_dir, run_grid, screen_path, summary_path
 
 BASE: dict[str, Any] = {
     "model": "qwen3-32b",

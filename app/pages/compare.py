@@ -11,8 +11,8 @@ from kvplan.app import dash_state as ds
 from kvplan.app import dash_sweeps as sw
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
-from kvplan.sim import compare as cmp
-from kvplan.sim.pricing import COST_BASIS
+from kvplan.plan import compare as cmp
+from kvplan.plan.pricing import COST_BASIS
 
 ds.page_guard()
 

@@ -21,7 +21,7 @@ choice = st.selectbox("serving policy (kvplan compare's variants of the sidebar 
 try:
     name = POLICIES[choice]
     if name is not None:
-        from kvplan.sim.compare import policy_run
+        from kvplan.plan.compare import policy_run
         from kvplan.sim.scenario import with_overrides
 
         scenario = with_overrides(scenario, policy_run(name, scenario).overrides)

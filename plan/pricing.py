@@ -4,7 +4,7 @@
 deployment's nodes are its GPUs over the GPUs of one node (an instance of TP < 8 on an 8-GPU node is billed
 its share: the other GPUs of the node host other instances), and the steady
 served turns per second are the turns finished without error inside the run's steady window (after TTL + p90
-conversation span, before the last conversation's first arrival; :func:`kvplan.sim.executor.run_extras`),
+conversation span, before the last conversation's first arrival; :func:`kvplan.plan.executor.run_extras`),
 not over the whole run: the ramp-up and the drain after the last arrival would count idle node-hours that a
 deployment serving this load around the clock does not have.
 """

@@ -12,7 +12,7 @@ hardware, TP, workload (or trace) and policy and answers three columns:
 
 Search (the screen prunes, the simulator decides):
 
-1. The analytic screen (:mod:`kvplan.sim.screen`) rates every (P nodes x, D nodes y) with ``x + y <=
+1. The analytic screen (:mod:`kvplan.plan.screen`) rates every (P nodes x, D nodes y) with ``x + y <=
    max_nodes`` by its slack ``max(prefill utilisation, decode KV demand)`` (with bidirectional, at the TTL of
    the grid that screens best). Totals ``x + y`` are simulated upwards from the smallest the screen finds
    plausible (slack < :data:`PLAUSIBLE_SLACK`; from 2 on a trace, which the screen cannot see), the
@@ -30,11 +30,11 @@ Search (the screen prunes, the simulator decides):
    declines a read within the margin of D's expiry (``nixl/pull_scheduler.py``, PR #47021), so the proxy must
    forget a D earlier by the time its requests wait before P decides. A TTL whose router TTL would be below
    1 s is skipped. The shortest TTL meeting the SLO is chosen (the least pinned HBM), else the lowest p90 is
-   reported. The threshold is the analytic pull-vs-recompute break-even (:mod:`kvplan.sim.breakeven`) of the
+   reported. The threshold is the analytic pull-vs-recompute break-even (:mod:`kvplan.plan.breakeven`) of the
    workload's mean follow-up.
 4. The maximum sustainable load of the answer (its policy held): the rate is doubled until the SLO breaks,
    then bisected (:data:`BISECTION_STEPS` steps); not on a trace (the trace brings its own clock).
-5. Cost per million turns on the steady-state basis (:mod:`kvplan.sim.pricing`), as ``compare`` prices it.
+5. Cost per million turns on the steady-state basis (:mod:`kvplan.plan.pricing`), as ``compare`` prices it.
 
 Every candidate runs with ``replications`` seeds spawned from the scenario's seed (``compare``'s seeds), and
 meets the SLO when its mean TTFT p90 is at most the SLO with at most 1% of turns errored.
@@ -53,11 +53,11 @@ import numpy as np
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.sim.capacity_eval import Evaluator, Metrics, meets
-from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
+from kvplan.plan.capacity_eval import Evaluator, Metrics, meets
+from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
+from kvplan.plan.screen import screen_scenarios
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import MAX_SIM_TIME_S, ClosedLoopArrival, Scenario, as_scenario, with_overrides
-from kvplan.sim.screen import screen_scenarios
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
 SPLITS_PER_TOTAL = 3
@@ -296,9 +296,9 @@ class _Planner:
 def break_even_threshold(sc: Scenario) -> int:
     """The threshold ``recommend``'s rule starts from: the analytic pull-vs-recompute break-even of the mean
     follow-up turn (local prefix on P when it has one, the new user tokens as the tail)."""
-    from kvplan.sim.breakeven import break_even
+    from kvplan.plan.breakeven import break_even
+    from kvplan.plan.screen import quantile_sample
     from kvplan.sim.engine import resolve
-    from kvplan.sim.screen import quantile_sample
 
     wl, dep = sc.workload, sc.deployment
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))

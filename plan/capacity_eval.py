@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvplan.sim.executor import run_tasks
+from kvplan.plan.executor import run_tasks
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.seeds import replication_seeds
 

@@ -1,6 +1,6 @@
 """Analytic pull-vs-recompute break-even of a follow-up turn under the calibrated costs (pure, no SimPy).
 
-Used by the threshold rule of :mod:`kvplan.sim.advice`: ``kv_recompute_threshold`` should be the smallest pull
+Used by the threshold rule of :mod:`kvplan.plan.advice`: ``kv_recompute_threshold`` should be the smallest pull
 size from which pulling (``transfer_time_s`` incl. descriptors, idle link, no handshake) is no slower than
 recomputing on P (``prefill_time_s`` of those tokens on top of the local prefix, minus the tail of new tokens
 the request computes anyway: the per-step fixed cost is paid on both paths and cancels).

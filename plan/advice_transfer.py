@@ -4,7 +4,7 @@ NIXL posts one descriptor per (registered region x block) (VLLM_BEHAVIOUR.md 1.1
 x num_blocks``); with cross-layer blocks a logical block is contiguous over the layers, so one region per rank
 (:func:`kvplan.models.arch.kv_regions_per_rank`). When pulls are a large part of TTFT (the mean pull at least
 :data:`PULL_SHARE_TRIAL` of the TTFT p50: the median, so that queueing tails do not hide it)
-:mod:`kvplan.sim.advice` simulates its recommendation again with
+:mod:`kvplan.plan.advice` simulates its recommendation again with
 ``deployment.cross_layer_blocks: true`` (same seeds) and reports what the descriptor count costs
 (:func:`descriptor_cost`): the pull of the mean pulled size on an idle link with and without cross-layer
 blocks, against the line rate (bytes x per_byte_s).

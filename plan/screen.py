@@ -33,8 +33,8 @@ from scipy import special
 
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
+from kvplan.plan.grid import Grid
 from kvplan.sim.engine import Resolved, resolve
-from kvplan.sim.grid import Grid
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
     Constant,

@@ -2,12 +2,12 @@
 
 Public API (used by the CLI ``kvplan sweep`` and the dashboard):
 
-* :func:`run_grid` runs every point of a :class:`~kvplan.sim.grid.Grid` (or a grid mapping / YAML path)
+* :func:`run_grid` runs every point of a :class:`~kvplan.plan.grid.Grid` (or a grid mapping / YAML path)
   ``replications`` times with seeds spawned from ``SeedSequence(base_seed)`` (common random numbers),
   in-process, on a local
   process pool or on Ray (``backend``), and returns the rows in canonical order (point, replication).
 * :func:`aggregate` gives the per-point mean and 95% t-interval half-width of every metric.
-* :func:`analytic_screen` (from :mod:`kvplan.sim.screen`) and :func:`screen_report` compare the analytic
+* :func:`analytic_screen` (from :mod:`kvplan.plan.screen`) and :func:`screen_report` compare the analytic
   screen with the simulator; the simulator wins and every disagreement is listed.
 
 Files (when ``out`` is given): each finished run is committed at once as ``OUT.parts/<shard>/<point>-<rep>.json``
@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 
 from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file
 from kvplan.errors import input_error
-from kvplan.sim.executor import Task, require_ray, run_tasks, t_quantile_975
-from kvplan.sim.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
-from kvplan.sim.screen import analytic_screen, compare_screen, simulator_saturated
+from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
+from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
+from kvplan.plan.screen import analytic_screen, compare_screen, simulator_saturated
 
 __all__ = [
     "Grid",

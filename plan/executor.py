@@ -75,7 +75,7 @@ def run_extras(result: Any) -> dict[str, float]:
     the run reaches a steady state at a TTL only when ``arrival_span_s >= TTL + conversation_span_p90_s``.
     ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
     ``steady_served_turns_per_s``: turns finished without error inside the steady window over its length (the
-    basis every cost per million turns uses, :mod:`kvplan.sim.pricing`; ``served_turns_per_s`` when the window
+    basis every cost per million turns uses, :mod:`kvplan.plan.pricing`; ``served_turns_per_s`` when the window
     is empty); ``tpot_mean_s`` (unless the
     summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that reused any KV of their
     context (a local prefix hit on P or an aggregated replica, or a pull), whatever the decision was.
@@ -177,7 +177,7 @@ def run_task(base_dump: dict[str, Any], base_key: str, overrides: dict[str, Any]
 def _mp_context() -> Any:
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["kvplan.sim.executor", "kvplan.sim.api"])
+        ctx.set_forkserver_preload(["kvplan.plan.executor", "kvplan.sim.api"])
         return ctx
     return multiprocessing.get_context("spawn")
 

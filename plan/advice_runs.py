@@ -1,4 +1,4 @@
-"""What :mod:`kvplan.sim.advice` reads from its runs and from the workload before it applies its rules.
+"""What :mod:`kvplan.plan.advice` reads from its runs and from the workload before it applies its rules.
 
 * :func:`saturation`: the resources a configuration saturates, from the health section of its runs
   (:mod:`kvplan.sim.health`, a resource counts when at least half the replications saturate it).
@@ -9,7 +9,7 @@
   ran with (so its router entries expire before P would decline the read, PR #47021). One that
   :data:`ROUTER_ROUNDS` rounds do not settle, or whose delay leaves no router TTL of 1 s, keeps its first
   (longest) router TTL and is flagged: P's decision delay grows as the router forgets (saturation).
-* :func:`prune_ttls`: the analytic screen (:func:`kvplan.sim.screen.screen_scenarios`; on a trace, the CDF of
+* :func:`prune_ttls`: the analytic screen (:func:`kvplan.plan.screen.screen_scenarios`; on a trace, the CDF of
   its gaps) orders the TTL grid by hit rate; TTLs whose screened hit rate is under
   :data:`PRUNE_LOW_HIT_FRACTION` of the best, and those above the first after the one reaching
   :data:`PRUNE_HIGH_HIT_FRACTION` of it, are not simulated (the TTL rule could not pick them), and are listed
@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 
 from kvplan.models.costs import decode_step_time_s
-from kvplan.sim.advice_rules import Rows, col, router_ttl
+from kvplan.plan.advice_rules import Rows, col, router_ttl
+from kvplan.plan.screen import quantile_sample, screen_scenarios
 from kvplan.sim.engine import Resolved
 from kvplan.sim.scenario import ClosedLoopArrival, PoissonArrival, Scenario, with_overrides
-from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.units import human_s
 
 K = TypeVar("K", bound=Hashable)

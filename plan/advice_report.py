@@ -1,4 +1,4 @@
-"""The sentences and flags of a recommendation that come from what its runs measured (:mod:`kvplan.sim.advice`).
+"""The sentences and flags of a recommendation that come from what its runs measured (:mod:`kvplan.plan.advice`).
 
 * :func:`saturation_lines`: what vLLM's defaults and bidirectional off saturate (health section), said as such:
   a saturated baseline is never read as "retention does not pay".
@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvplan.sim.advice_rules import Rows, TtlCandidate
-from kvplan.sim.advice_runs import ROUTER_ROUNDS, Saturation
+from kvplan.plan.advice_rules import Rows, TtlCandidate
+from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation
 from kvplan.sim.engine import Resolved
 from kvplan.sim.scenario import PoissonArrival, Scenario
 from kvplan.units import human_s

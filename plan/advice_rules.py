@@ -1,7 +1,7 @@
-"""The pure decision rules of :mod:`kvplan.sim.advice`: simulated rows in, the TTL choice and its reasons out.
+"""The pure decision rules of :mod:`kvplan.plan.advice`: simulated rows in, the TTL choice and its reasons out.
 
 Nothing here simulates. :func:`ttl_curve` turns the replicated rows of each TTL into :class:`TtlCandidate`
-objects; :func:`choose_ttl` applies the TTL rule (:data:`kvplan.sim.advice.RULES`); :func:`apply_slo` moves
+objects; :func:`choose_ttl` applies the TTL rule (:data:`kvplan.plan.advice.RULES`); :func:`apply_slo` moves
 the TTL up for a TTFT p90 SLO; :func:`binding_constraint` names what limits the recommendation.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from kvplan.sim.breakeven import BreakEven
-from kvplan.sim.executor import t_quantile_975
+from kvplan.plan.breakeven import BreakEven
+from kvplan.plan.executor import t_quantile_975
 from kvplan.units import human_s
 
 Rows = list[dict[str, Any]]
@@ -43,7 +43,7 @@ P_KV_POOL = "P's KV pool"
 SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), ("prefill_compute", PREFILL_COMPUTE),
                      ("link", LINK))
 
-#: Metric name -> column of the per-run rows (:func:`kvplan.sim.executor.summarise` output).
+#: Metric name -> column of the per-run rows (:func:`kvplan.plan.executor.summarise` output).
 METRIC_COLUMNS = (
     ("ttft_mean_s", "ttft_mean_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p90_s", "ttft_p90_s"),
     ("ttft_p99_s", "ttft_p99_s"), ("hit_rate", "hit_rate"), ("errors", "errors"),
@@ -207,7 +207,7 @@ def gap_text(gaps: np.ndarray) -> str:
 
 
 def choose_ttl(ev: Evidence) -> TtlChoice:
-    """The TTL rule (module docstring of :mod:`kvplan.sim.advice`); every TTL saturated: :func:`_all_saturated`."""
+    """The TTL rule (module docstring of :mod:`kvplan.plan.advice`); every TTL saturated: :func:`_all_saturated`."""
     if ev.curve and all(c.saturated for c in ev.curve):
         return _all_saturated(ev)
     if not significant_gain(ev.unlimited, ev.off_mean_s):

@@ -5,7 +5,7 @@ the grid file) and ``axes:`` (``{dotted.path: [values...]}``, e.g. ``policy.deco
 [30, 60, 120]``), plus optional ``replications:`` (default 1) and ``seed:`` (the base seed; default the
 base scenario's), ``zip:`` (a list of groups ``{path: [...], path2: [...]}`` of equal-length lists whose
 values vary together, one dimension each) and ``ties:`` (``{path: "axis.path - 10"}``: a value computed from
-an axis of the point, :mod:`kvplan.sim.grid_ties`, parsed, never evaluated). Points are the cartesian product
+an axis of the point, :mod:`kvplan.plan.grid_ties`, parsed, never evaluated). Points are the cartesian product
 of the axes in file order and then the zipped groups, the last varying fastest; point ``i`` is decoded from
 ``i`` in mixed radix. A point's values are the axes', then the zipped paths', then the tied paths'.
 Replication ``k`` of every point runs with seed ``replication_seeds(seed, K)[k]``, spawned from
@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.sim.grid_ties import Tie, parse_tie, parse_zip
+from kvplan.plan.grid_ties import Tie, parse_tie, parse_zip
 from kvplan.sim.scenario import (
     Scenario,
     load_scenario,

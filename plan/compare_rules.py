@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvplan.sim.advice_rules import mean_ci
+from kvplan.plan.advice_rules import mean_ci
 from kvplan.sim.scenario import Scenario
 
 #: mean TTFT p90 differences within this share of the lowest p90 are ties even when significant

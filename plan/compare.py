@@ -7,7 +7,7 @@ seeds of sweeps and ``capacity``), so the rows differ only by the policy:
 * ``off``: ``bidirectional_kv_xfer`` off (plain P/D: every follow-up recomputes what P does not cache).
 * ``ttl``: bidirectional at vLLM's defaults (``decoder_kv_blocks_ttl`` 480 s, ``kv_recompute_threshold`` 64,
   proxy TTL 450 s, ``kv_load_failure_policy`` fail).
-* ``ttl_recommended``: bidirectional at what ``kvplan recommend`` (:mod:`kvplan.sim.advice`) picks for this
+* ``ttl_recommended``: bidirectional at what ``kvplan recommend`` (:mod:`kvplan.plan.advice`) picks for this
   scenario (its TTL, threshold, router TTL and ``recompute`` failure policy).
 * ``lease``, ``ttl_evictable``, ``offload``: the retention alternatives (see :data:`POLICY_HELP` and
   :mod:`kvplan.sim.retention_policy`); ``lease:no_end`` is the lease when clients do not know that a
@@ -25,7 +25,7 @@ with bidirectional off); pinned decode KV mean (time-weighted over the run) and 
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
 modelled); prefill (engine) utilisation; the cost per million turns ``node-hours x $/node-hour / served turns
-x 10^6`` on the steady-state basis (:mod:`kvplan.sim.pricing`: GPUs over GPUs per node, turns served inside the
+x 10^6`` on the steady-state basis (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the
 steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
 policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer``, vLLM's
@@ -34,7 +34,7 @@ policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer
 mean pulled size with and without. With an SLO, the maximum Poisson rate of new conversations whose mean
 TTFT p90 meets it (and at most 1% of turns errored) is searched per policy: doubled or halved from the scenario's rate (at
 most 5 times), then bisected 4 times (~6%), the arrival horizon kept
-(:func:`kvplan.sim.capacity.conversations_for`).
+(:func:`kvplan.plan.capacity.conversations_for`).
 """
 
 from __future__ import annotations
@@ -42,15 +42,26 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.sim.advice import PROXY_ROUTER_TTL_S, UNLIMITED_TTL_S, VLLM_THRESHOLD, VLLM_TTL_S
-from kvplan.sim.advice_rules import mean_ci
-from kvplan.sim.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
-from kvplan.sim.compare_rules import (
+from kvplan.plan.advice import (
+    DEFAULT_TTL_GRID_S,
+    PROXY_ROUTER_TTL_S,
+    UNLIMITED_TTL_S,
+    VLLM_THRESHOLD,
+    VLLM_TTL_S,
+    Recommendation,
+    recommend,
+    recommend_simulated,
+    recommendation_inputs,
+)
+from kvplan.plan.advice_rules import mean_ci
+from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
+from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
     BEST_RULE,
     CROSS_LAYER,
@@ -59,8 +70,8 @@ from kvplan.sim.compare_rules import (
     cross_layer_candidate,
     cross_layer_note,
 )
-from kvplan.sim.executor import run_tasks
-from kvplan.sim.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
+from kvplan.plan.executor import run_tasks
+from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
@@ -89,7 +100,8 @@ MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5
 BISECTIONS = 4
-__all__ = ["BEST_CANDIDATES", "BEST_RULE", "CROSS_LAYER_PULL_SHARE", "best_policy", "compare", "compare_json"]
+__all__ = ["BEST_CANDIDATES", "BEST_RULE", "CROSS_LAYER_PULL_SHARE", "best_policy", "compare", "compare_json",
+           "recommend_with_best_policy"]
 
 
 @dataclass(frozen=True)
@@ -187,14 +199,12 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
 
 def recommended_overrides(sc: Scenario, replications: int, workers: int,
                           progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], str]:
-    """The ``ttl_recommended`` overrides from :func:`kvplan.sim.advice.recommend` and a one-line description."""
-    from kvplan.sim.advice import recommend
-
+    """The ``ttl_recommended`` overrides from :func:`kvplan.plan.advice.recommend` and a one-line description."""
     return recommendation_overrides(recommend(sc, replications=replications, workers=workers, progress=progress))
 
 
 def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
-    """The scenario overrides of a :class:`kvplan.sim.advice.Recommendation` (or its ``to_json()`` object) and a
+    """The scenario overrides of a :class:`kvplan.plan.advice.Recommendation` (or its ``to_json()`` object) and a
     one-line description."""
     r = rec if isinstance(rec, Mapping) else rec.to_dict()
     ov = {"policy.bidirectional": r["bidirectional"], "policy.decoder_kv_blocks_ttl_s": float(r["decoder_kv_blocks_ttl_s"]),
@@ -209,8 +219,6 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
     """``rec`` (a Recommendation or its ``to_json()`` object) if it is the one ``compare`` would compute for
     ``ttl_recommended`` (same scenario and replications, default TTL grid, no SLO, no budget), so that reusing
     it gives the same rows as rerunning the advisor; otherwise a one-line error naming ``where``."""
-    from kvplan.sim.advice import DEFAULT_TTL_GRID_S, recommendation_inputs
-
     got = rec.get("inputs") if isinstance(rec, Mapping) else getattr(rec, "inputs", None)
     want = recommendation_inputs(sc, replications, DEFAULT_TTL_GRID_S, None, None)
     if got != want:
@@ -219,6 +227,31 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
                           f"run `kvplan recommend` on this scenario with --replications {replications} and no SLO, "
                           "budget or TTL grid, or leave it out (compare then runs the advisor)")
     return rec
+
+
+def recommend_with_best_policy(
+    scenario: Scenario | dict[str, Any] | str | Path,
+    slo_ttft_p90_ms: float | None = None,
+    decode_hbm_budget_gib: float | None = None,
+    replications: int = 3,
+    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
+) -> Recommendation:
+    """``kvplan recommend --policies``: :func:`kvplan.plan.advice.recommend`, then the alternatives of
+    :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
+    serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
+    ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
+    """
+    rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
+                                  workers, backend, ray_address)
+    if sc.deployment.mode == "aggregated":
+        return rec
+    rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+                   recommended=recommendation_overrides(rec))
+    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
 def _value(row: dict[str, Any], key: str) -> float:

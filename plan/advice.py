@@ -21,12 +21,12 @@ Rules (printed with every recommendation, see :data:`RULES`):
 * **Router TTL**: each TTL candidate is simulated with its own ``floor(TTL - safety margin - clock skew -
   allowance)``, allowance = that candidate's own p99 of arrival -> P's connector decision (>= 1 s), never a
   baseline's: searched from 1 s and re-run while the measured p99 exceeds the allowance it ran with
-  (:func:`kvplan.sim.advice_runs.settle_router_ttls`), so that the router's entry expires before P would
+  (:func:`kvplan.plan.advice_runs.settle_router_ttls`), so that the router's entry expires before P would
   decline the read (the reference proxy uses 450 s under 480 s).
-* **Screen**: the analytic screen prunes the TTL grid before any run (:func:`kvplan.sim.advice_runs.prune_ttls`);
+* **Screen**: the analytic screen prunes the TTL grid before any run (:func:`kvplan.plan.advice_runs.prune_ttls`);
   a run too short for steady state (arrival span < TTL + p90 conversation span) is lengthened or flagged.
 * **Transfer**: when pulls are a large part of TTFT the recommendation is simulated again with cross-layer
-  blocks (:mod:`kvplan.sim.advice_transfer`).
+  blocks (:mod:`kvplan.plan.advice_transfer`).
 
 Every simulated configuration uses ``kv_load_failure_policy='recompute'`` (a declined read falls back to
 prefill instead of failing the request), except the vLLM-defaults baseline (``fail``, 480 s, 64, 450 s).
@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.sim.advice_report import (
+from kvplan.plan.advice_report import (
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
@@ -55,7 +55,7 @@ from kvplan.sim.advice_report import (
     steady_json,
     unsaturate_hint,
 )
-from kvplan.sim.advice_rules import (
+from kvplan.plan.advice_rules import (
     Evidence,
     Rows,
     RunFacts,
@@ -73,7 +73,7 @@ from kvplan.sim.advice_rules import (
     threshold_rationale,
     ttl_curve,
 )
-from kvplan.sim.advice_runs import (
+from kvplan.plan.advice_runs import (
     Gaps,
     RouterFit,
     prune_ttls,
@@ -86,15 +86,15 @@ from kvplan.sim.advice_runs import (
     trace_pairs,
     workload_gaps,
 )
-from kvplan.sim.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
-from kvplan.sim.breakeven import BreakEven, break_even
+from kvplan.plan.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
+from kvplan.plan.breakeven import BreakEven, break_even
+from kvplan.plan.executor import run_tasks
+from kvplan.plan.screen import quantile_sample, screen_scenarios
 from kvplan.sim.engine import Resolved, resolve
-from kvplan.sim.executor import run_tasks
 from kvplan.sim.history import follow_up_tail_tokens, history_assumption
 from kvplan.sim.results import json_safe
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import Scenario, as_scenario, with_overrides
-from kvplan.sim.screen import quantile_sample, screen_scenarios
 from kvplan.sim.seeds import replication_seeds
 from kvplan.units import human_s
 
@@ -173,7 +173,7 @@ class Recommendation:
     threshold_check: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, Any] = field(default_factory=dict)
     disagreements: tuple[str, ...] = ()
-    best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (sim/compare.py)
+    best_policy: dict[str, Any] = field(default_factory=dict)  # kvplan compare's best alternative (plan/compare.py)
     saturation: dict[str, Any] = field(default_factory=dict)  # health resources each configuration saturates
     screen: dict[str, Any] = field(default_factory=dict)  # TTLs simulated and pruned by the analytic screen
     steady_state: dict[str, Any] = field(default_factory=dict)  # conversations simulated, TTLs not steady
@@ -324,13 +324,8 @@ def recommend(
     workers: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
-    policies: bool = False,
 ) -> Recommendation:
     """Recommend ``decoder_kv_blocks_ttl``, ``kv_recompute_threshold`` and the router TTL for ``scenario``.
-
-    With ``policies``, the alternatives of :mod:`kvplan.sim.compare` (retention off, the recommended TTL,
-    lease, evictable pins, offload, aggregated serving) are simulated at the same load and seeds and the
-    best is named in ``best_policy`` (:data:`kvplan.sim.compare.BEST_RULE`).
 
     Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults, every
     TTL of ``ttl_grid`` the screen keeps (each at its own router TTL) and an unlimited TTL, then the threshold
@@ -338,7 +333,25 @@ def recommend(
     :data:`RULES`; ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it;
     ``decode_hbm_budget_gib`` (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per
     finished run. A scenario too short for steady state is lengthened (:func:`steady_conversations`).
+    The best of the policy alternatives (``kvplan recommend --policies``) is added on top of this by
+    :func:`kvplan.plan.compare.recommend_with_best_policy`.
     """
+    return recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
+                               workers, backend, ray_address)[0]
+
+
+def recommend_simulated(
+    scenario: Scenario | dict[str, Any] | str | Path,
+    slo_ttft_p90_ms: float | None = None,
+    decode_hbm_budget_gib: float | None = None,
+    replications: int = 3,
+    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
+) -> tuple[Recommendation, Scenario]:
+    """:func:`recommend` and the scenario its runs simulated (the user's, lengthened for steady state when needed)."""
     user_sc = as_scenario(scenario)
     setup = _setup(user_sc, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
@@ -347,14 +360,7 @@ def recommend(
 
     rec = replace(_decide(setup, _simulate_stages(setup, runner), runner),
                   inputs=recommendation_inputs(user_sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
-    rec = replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload)))
-    if not policies or setup.sc.deployment.mode == "aggregated":
-        return rec
-    from kvplan.sim.compare import BEST_CANDIDATES, best_policy, compare, recommendation_overrides
-
-    rows = compare(setup.sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
-                   recommended=recommendation_overrides(rec))
-    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    return replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload))), setup.sc
 
 
 def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replications: int,

@@ -20,16 +20,6 @@ from scipy.sparse.csgraph import connected_components
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The one circle still allowed: ``sim/context.py`` <-> the node classes, owned by the ``nodes`` work of issue 23
-#: (nodes get typed slices and small protocols instead of ``Ctx``). A circle among some of these modules passes;
-#: one reaching any other module, or any other circle, fails. Delete this allowance when that work lands (the test
-#: says so once the circle is gone).
-NODES_CIRCLE = frozenset({
-    "kvplan.sim.aggregated", "kvplan.sim.context", "kvplan.sim.decode", "kvplan.sim.driver", "kvplan.sim.engine",
-    "kvplan.sim.prefill", "kvplan.sim.retention_policy",
-})
-
-
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     """kvplan's import graph, ``if TYPE_CHECKING:`` imports included (no cache: always the tree as it is)."""
@@ -75,13 +65,11 @@ def test_circle_finder_finds_a_planted_circle(graph: grimp.ImportGraph) -> None:
     assert any({"kvplan.sim.scenario", "kvplan.plan.screen"} <= c for c in found), found
 
 
-def test_no_import_circle_but_the_named_nodes_allowance(graph: grimp.ImportGraph) -> None:
-    """Every strongly connected component of the import graph lies inside :data:`NODES_CIRCLE`."""
+def test_no_import_circle_anywhere(graph: grimp.ImportGraph) -> None:
+    """No strongly connected component of more than one module in the whole package (TYPE_CHECKING and
+    in-function imports included): every module sits strictly above what it imports."""
     found = circles(graph)
-    other = [sorted(c) for c in found if not c <= NODES_CIRCLE]
-    assert not other, f"import circles: {other}"
-    assert any(c & NODES_CIRCLE for c in found), (
-        "the sim/context.py <-> node-class circle is gone: delete NODES_CIRCLE and its allowance from this test")
+    assert not found, f"import circles: {[sorted(c) for c in found]}"
 
 
 def _layers_contract() -> list[str]:

@@ -7,7 +7,8 @@ A refactor that must keep outputs byte-identical (issue 23) runs this before and
 
 Each scenario runs in-process through ``kvplan simulate --format both`` in pure Python (``KVPLAN_NATIVE=0``,
 set before ``kvplan`` is imported) unless ``--native``. Trace files are copied to one fixed temporary path so
-that a scenario's recorded trace path, and so its outputs, do not depend on where the checkout lives.
+that a scenario's recorded trace path, and so its outputs, do not depend on where the checkout lives; each run
+writes its results in its own folder, so concurrent runs do not collide.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXED = Path(tempfile.gettempdir()) / "kvplan-matrix-digest"
+FIXED = Path("/tmp") / "kvplan-matrix-digest"  # fixed, not $TMPDIR: the trace path is recorded in the outputs
 
 
 def _rewrite_traces(sc: dict[str, Any], traces: Path) -> dict[str, Any]:
@@ -31,7 +32,9 @@ def _rewrite_traces(sc: dict[str, Any], traces: Path) -> dict[str, Any]:
     if isinstance(tr, dict) and "path" in tr:
         src = Path(tr["path"])
         dst = traces / src.name
-        shutil.copyfile(src, dst)
+        tmp = traces / f".{src.name}.{os.getpid()}"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)  # atomic: a concurrent run never reads a half-copied trace
         sc = {**sc, "workload": {**sc["workload"], "trace": {**tr, "path": str(dst)}}}
     return sc
 
@@ -46,20 +49,20 @@ def digests(native: bool) -> dict[str, dict[str, str]]:
 
     from kvplan.app.cli import main  # noqa: PLC0415
 
-    if FIXED.exists():
-        shutil.rmtree(FIXED)
-    (FIXED / "traces").mkdir(parents=True)
+    (FIXED / "traces").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=FIXED))  # concurrent runs share only the trace copies
     out: dict[str, dict[str, str]] = {}
     for name, sc in sorted(test_native._scenarios().items()):
         sc = _rewrite_traces(sc, FIXED / "traces")
-        path = FIXED / f"{name}.yaml"
+        path = work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(sc, sort_keys=True))
-        res_dir = FIXED / name
+        res_dir = work / name
         rc = main(["simulate", str(path), "--out", str(res_dir), "--format", "both"])
         if rc not in (0, None):
             raise SystemExit(f"{name}: kvplan simulate exited {rc}")
         out[name] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(res_dir.iterdir()) if p.is_file()}
         print(f"{name}: {len(out[name])} files", flush=True)
+    shutil.rmtree(work)
     return out
 
 

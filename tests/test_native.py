@@ -147,17 +147,15 @@ def test_no_build_means_pure_python(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_inlined_step_equals_simpy_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """sim/clock.py's ``run_until`` (SimPy's ``Environment.step`` inlined over its queue) gives the same run as
-    stepping with SimPy itself: every event, in the same order, at the same times."""
-    import simpy
-
+    """sim/clock.py's ``SimEnv.run_until`` (its typed copy of SimPy's ``Environment.step``) gives the same run as
+    stepping with SimPy's own ``Environment.step``: every event, in the same order, at the same times."""
     from kvplan.sim import clock, engine
     from kvplan.sim.api import run
 
-    env = simpy.Environment(initial_time=5.0)
-    assert clock.queue_access(env) and env._now == env.now == 5.0  # what the hot modules read as the clock
+    env = clock.SimEnv(initial_time=5.0)
+    assert env._now == env.now == 5.0 and isinstance(env.now, float)  # the one accessor reads SimPy's clock
     clock.call_later(env, 2.5, lambda _e: None)
-    clock.run_until(env, 10.0)
+    env.run_until(10.0)
     assert env.now == 7.5 and env.peek() == float("inf")
 
     sc = {**_pressure(), "workload": {**_pressure()["workload"], "conversations": 20}}

@@ -3,9 +3,19 @@
 :func:`resolve` turns a scenario into its model, hardware and costs; :func:`simulate` wires the nodes,
 the router and the :class:`~kvplan.sim.driver.Driver` (which sends every turn: router lookup, the P leg
 strictly first, then the D leg; when turns arrive is its arrival source's job) and runs SimPy.
+
+Importing this module installs the compiled build of the hot path (:func:`kvplan.sim.native.install`), first,
+before it imports any hot module: from then on every hot module is the compiled one. If a hot module was
+imported before the engine (``import kvplan.models.costs`` imports ``kvplan.models.formulas``), none is
+compiled: the run is pure Python and ``kvplan native status`` says why. So the entry points that simulate
+(``kvplan.app.cli``, ``kvplan.sim.api``, the sweep workers, the dashboard) import this module first.
 """
 
 from __future__ import annotations
+
+from kvplan.sim import native
+
+native.install()  # before the imports below: all hot modules compiled, or none (sim/native.py)
 
 from collections.abc import Callable
 from dataclasses import dataclass

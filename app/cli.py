@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.app import (
     cmd_calibrate,
     cmd_capacity,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import streamlit as st
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
+
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 
 #: (file, title, icon, url path) of every page, in menu order; the first is the default.

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.sim import native
 
 HERE = Path(__file__).resolve().parent

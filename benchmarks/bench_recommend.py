@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
+
 HERE = Path(__file__).resolve().parent
 REF = HERE / "reference.yaml"
 OUT = HERE / "results" / "recommend.json"

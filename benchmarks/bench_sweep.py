@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.sim import native
 
 HERE = Path(__file__).resolve().parent

@@ -6,3 +6,7 @@ parts), policy comparison (``compare``, ``compare_rules``), the capacity search 
 ``capacity_eval``) and the one cost basis (``pricing``). No module of :mod:`kvplan.sim` imports from here
 (``pyproject.toml [tool.importlinter]``).
 """
+
+# Planning simulates: the engine installs the compiled build before any hot module is imported (sim/native.py),
+# so importing a planning module first (it imports models.costs -> the hot models.formulas) still gets it.
+import kvplan.sim.engine  # noqa: E402, F401

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.sim.events import Ev
 from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
@@ -177,7 +178,7 @@ def run_task(base_dump: dict[str, Any], base_key: str, overrides: dict[str, Any]
 def _mp_context() -> Any:
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["kvplan.plan.executor", "kvplan.sim.api"])
+        ctx.set_forkserver_preload(["kvplan.sim.engine", "kvplan.plan.executor", "kvplan.sim.api"])
         return ctx
     return multiprocessing.get_context("spawn")
 

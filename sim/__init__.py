@@ -1,5 +1,5 @@
 """kvplan.sim: the SimPy model (planning on top of it lives in kvplan.plan).
 
-``import kvplan`` first lets :mod:`kvplan.sim.native` serve the hot modules from a compiled build of exactly
-the current sources, if one exists (pure Python otherwise; ``KVPLAN_NATIVE=0`` forces it).
+Importing :mod:`kvplan.sim.engine` first lets :mod:`kvplan.sim.native` serve the hot modules from a compiled build
+of exactly the current sources, if one exists (pure Python otherwise; ``KVPLAN_NATIVE=0`` forces it).
 """

@@ -6,6 +6,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.engine import ChunkSink, ProgressHook, simulate
 from kvplan.sim.health import compute_health

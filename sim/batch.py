@@ -27,8 +27,6 @@ import math
 from collections import deque
 from typing import Protocol
 
-import simpy
-
 from kvplan.models.costs import (
     DecodeCost,
     PrefillCost,
@@ -39,7 +37,7 @@ from kvplan.models.costs import (
     steps_within,
 )
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_later
+from kvplan.sim.clock import SimEnv, call_later
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
@@ -69,7 +67,7 @@ class DecodeBatch:
     """The running set of one decode engine, its step clock and its block growth."""
 
     def __init__(
-        self, env: simpy.Environment, log: RowBuffer, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
+        self, env: SimEnv, log: RowBuffer, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
         block_size: int, owner: BatchOwner,
     ) -> None:
         self.env = env

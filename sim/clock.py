@@ -1,29 +1,40 @@
-"""SimPy's clock, driven from compiled code: scheduling a callback and stepping events (the hottest operations).
+"""The simulator's SimPy environment: :class:`SimEnv`, SimPy's ``Environment`` through its extension points.
 
-``call_later(env, delay, fn)`` is what ``env.timeout(delay).callbacks.append(fn)`` does, and
-:func:`run_until` is what ``while env.peek() < stop: env.step()`` does: both work on SimPy's own event
-queue with SimPy's own ordering (time, priority, insertion id), so every result is unchanged
-(``tests/test_native.py`` and ``tests/test_sim.py`` compare with SimPy's ``Environment.step``). They
-inline SimPy 4's ``Environment.schedule`` and ``Environment.step`` (simpy/core.py) over its queue,
-clock and id counter (``_queue``, ``_now``, ``_eid``), which is what makes them cheap once compiled
-(sim/native.py): no ``Timeout`` object (its ``__init__`` is Python code) and no interpreted ``step``. An
-environment without those attributes (another SimPy version) falls back to the public API.
+SimPy (pinned 4.1.x in pyproject) is the engine. :class:`SimEnv` subclasses ``simpy.Environment`` the way
+SimPy's own ``RealtimeEnvironment`` does (simpy/rt.py): it overrides ``step`` and adds nothing to the
+event order. Its ``step`` is SimPy 4.1.2's ``Environment.step`` (simpy/core.py) written in typed code so
+that the compiled build (sim/native.py) runs it as C: pop the next ``(time, priority, id, event)``, set the
+clock, run the event's callbacks; a ``StopSimulation`` raised by a callback (``env.run(until=event)``)
+re-attaches the callbacks not yet run and re-schedules the event at priority -1 before propagating, as
+SimPy does; a failed event nobody defused crashes the run with a copy of its exception. :meth:`SimEnv.run_until`
+is ``while env.peek() < stop: env.step()`` without a Python call per event. ``env.run()``,
+``env.process``, ``env.timeout`` and the rest are SimPy's own, unchanged.
 
-The hot modules read the clock as ``env._now``, the attribute behind SimPy's ``Environment.now`` property
-(a property call per read costs more than the read; pyproject pins SimPy 4, and ``tests/test_native.py``
-checks that the two agree).
+This is the one module that touches SimPy's internals (``_queue``, ``_now``, ``_eid``, an event's
+``callbacks``/``_ok``/``_value``); everything else uses the public API plus the two scheduling helpers
+below. ``call_later(env, delay, fn)`` is ``env.timeout(delay).callbacks.append(fn)`` and
+``call_first(env, fn)`` is how SimPy starts a process (an URGENT event now), both without a ``Timeout``
+object: they push a :class:`Wake` on SimPy's queue with SimPy's ordering, exactly what
+``Environment.schedule`` does (``tests/test_native.py`` and ``tests/test_clock.py`` compare with SimPy).
 
-The event they schedule is a :class:`Wake`, which carries only what ``Environment.step`` reads of an
-event (``callbacks``, ``_ok``, ``_value``).
+The clock is read through one accessor, ``env.now`` (SimPy's public property). :class:`SimEnv` overrides
+it with a typed getter (``-> float``) over a typed field: compiled code calls it directly in C and gets an
+unboxed float, instead of a dictionary lookup returning an untyped object (``env._now`` on a plain
+``simpy.Environment``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappop, heappush
+from itertools import count
 from typing import Any
 
-from simpy.events import NORMAL, URGENT
+import simpy
+from simpy.core import EmptySchedule, StopSimulation
+from simpy.events import NORMAL, URGENT, EventPriority
+
+_RESCHEDULED = EventPriority(-1)  # SimPy's EventPriority(-1): an event interrupted by StopSimulation runs first on resume
 
 
 class Wake:
@@ -37,42 +48,71 @@ class Wake:
         self._value: object = None
 
 
-def queue_access(env: Any) -> bool:
-    """True when ``env`` has SimPy 4's queue, clock and id counter (the fast paths apply)."""
-    return hasattr(env, "_queue") and hasattr(env, "_now") and hasattr(env, "_eid")
+class SimEnv(simpy.Environment):
+    """``simpy.Environment`` with a typed clock and ``step`` (SimPy 4.1.2's, compiled with the hot path).
+
+    SimPy's own attributes are declared with their types: compiled, they are fields of the object (a read of
+    the clock is a load, not a dictionary lookup); SimPy's interpreted code reaches them as before."""
+
+    _now: float
+    _queue: list[Any]
+    _eid: count[int]
+
+    def __init__(self, initial_time: float = 0.0) -> None:
+        super().__init__(float(initial_time))
+        if not (isinstance(self._queue, list) and hasattr(self._eid, "__next__")):
+            raise RuntimeError(f"SimPy {getattr(simpy, '__version__', '?')} is not supported: kvplan needs SimPy 4.1")
+
+    @property
+    def now(self) -> float:
+        """The current simulation time (SimPy's ``Environment.now``, typed for compiled callers)."""
+        return self._now
+
+    def step(self) -> None:
+        """Process the next event (SimPy 4.1.2's ``Environment.step``); ``EmptySchedule`` when none is left."""
+        q = self._queue
+        if not q:
+            raise EmptySchedule()
+        t, _prio, _eid, event = heappop(q)
+        self._now = t
+        _fire(self, event)
+
+    def run_until(self, stop: float) -> None:
+        """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``)."""
+        q = self._queue
+        while q and q[0][0] < stop:
+            t, _prio, _eid, event = heappop(q)
+            self._now = t
+            _fire(self, event)
 
 
-def call_later(env: Any, delay: float, fn: Callable[[Any], None]) -> None:
+def _fire(env: SimEnv, event: Any) -> None:
+    """The body of ``Environment.step`` after the pop: run the callbacks; StopSimulation and failures as SimPy."""
+    callbacks: list[Any] = event.callbacks
+    event.callbacks = None
+    try:
+        for cb in callbacks:
+            cb(event)
+    except StopSimulation:
+        # SimPy: re-attach the callbacks not run yet and process the event first when the simulation resumes
+        event.callbacks = callbacks[callbacks.index(cb) + 1:]
+        env.schedule(event, _RESCHEDULED)
+        raise
+    if not event._ok and not hasattr(event, "_defused"):
+        # a failed event nobody waited for: crash the run as SimPy does (a copy with a new traceback)
+        exc = type(event._value)(*event._value.args)
+        exc.__cause__ = event._value
+        raise exc
+
+
+def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    try:
-        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), Wake(fn)))
-    except AttributeError:
-        env.schedule(Wake(fn), NORMAL, delay)
+    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), Wake(fn)))
 
 
-def call_first(env: Any, fn: Callable[[Any], None]) -> None:
+def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    try:
-        heappush(env._queue, (env._now, URGENT, next(env._eid), Wake(fn)))
-    except AttributeError:
-        env.schedule(Wake(fn), URGENT, 0.0)
-
-
-def run_until(env: Any, stop: float) -> None:
-    """Process every queued event scheduled before ``stop``, in order (``Environment.step`` inlined)."""
-    q: list[Any] = env._queue
-    while q and q[0][0] < stop:
-        t, _prio, _eid, event = heappop(q)
-        env._now = t
-        callbacks = event.callbacks
-        event.callbacks = None
-        for cb in callbacks:
-            cb(event)
-        if not event._ok and not hasattr(event, "_defused"):
-            # a failed event nobody waited for: crash the run as SimPy does (a copy with a new traceback)
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+    heappush(env._queue, (env._now, URGENT, next(env._eid), Wake(fn)))

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import simpy
-
 from kvplan.models.arch import ModelArch, kv_regions_per_rank
 from kvplan.models.costs import CostModel
+from kvplan.sim.clock import SimEnv
 from kvplan.sim.events import EventLog
 from kvplan.sim.link import Fabric, Link
 from kvplan.sim.request import D2P, HOST2P, P2D, Request
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 class Ctx:
     """Everything a node needs: environment, log, costs, policy, derived sizes, peers and links."""
 
-    env: simpy.Environment
+    env: SimEnv
     scenario: Scenario
     arch: ModelArch
     costs: CostModel

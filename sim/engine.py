@@ -3,9 +3,19 @@
 :func:`resolve` turns a scenario into its model, hardware and costs; :func:`simulate` wires the nodes,
 the router and the :class:`~kvplan.sim.driver.Driver` (which sends every turn: router lookup, the P leg
 strictly first, then the D leg; when turns arrive is its arrival source's job) and runs SimPy.
+
+Importing this module installs the compiled build of the hot path (:func:`kvplan.sim.native.install`), first,
+before it imports any hot module: from then on every hot module is the compiled one. If a hot module was
+imported before the engine (``import kvplan.models.costs`` imports ``kvplan.models.formulas``), none is
+compiled: the run is pure Python and ``kvplan native status`` says why. So the entry points that simulate
+(``kvplan.app.cli``, ``kvplan.sim.api``, the sweep workers, the dashboard) import this module first.
 """
 
 from __future__ import annotations
+
+from kvplan.sim import native
+
+native.install()  # before the imports below: all hot modules compiled, or none (sim/native.py)
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +33,7 @@ from kvplan.models.memory import MemoryPlan, plan_memory, with_kv_cache_dtype
 from kvplan.models.profile import Profile
 from kvplan.models.resolve import resolve_profile
 from kvplan.sim import node_setup
-from kvplan.sim.clock import queue_access, run_until
+from kvplan.sim.clock import SimEnv
 from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
 from kvplan.sim.driver import Driver
@@ -229,7 +239,7 @@ def _refuse_if_unfinished(env: simpy.Environment) -> None:
 
 ChunkSink = Callable[[EventChunk], None]
 ProgressHook = Callable[[float, float], None]
-USE_QUEUE_LOOP = True  # False: step with SimPy's own Environment.step (tests compare the two)
+USE_QUEUE_LOOP = True  # False: step with SimPy's own Environment.step, not SimEnv's (tests compare the two)
 SLICE_EVENTS = 131_072  # events per flushed slice of simulated time (the slice length adapts to reach it)
 
 
@@ -257,7 +267,7 @@ def simulate(
                           "or a window with requests in it)")
     check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
     on_chunk = consumer(plan) if consumer is not None else None
-    env = simpy.Environment()
+    env = SimEnv()
     dep = scenario.deployment
     aggregated = dep.mode == "aggregated"
     n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
@@ -325,15 +335,15 @@ def _horizon_s(plan: ConversationPlan) -> float:
 
 
 def _run_sliced(
-    env: simpy.Environment, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float
+    env: SimEnv, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float
 ) -> None:
     """``env.run()`` in slices of simulated time, flushing the log between them (deterministic slice lengths).
 
     Steps events itself (what ``env.run`` does) so that no stop event enters the queue; the clock limit's
     sentinel (:data:`CLOCK_LIMIT_S`) is checked before each slice.
     """
-    step, peek = env.step, env.peek
-    fast = USE_QUEUE_LOOP and queue_access(env)
+    peek = env.peek
+    fast = USE_QUEUE_LOOP
     dt = max(horizon / 1000.0, 1.0)
     while True:
         nxt = peek()
@@ -344,10 +354,10 @@ def _run_sliced(
         before = log.total
         stop = min(nxt + dt, CLOCK_LIMIT_S)
         if fast:
-            run_until(env, stop)  # SimPy's step, inlined in compiled code (sim/clock.py)
+            env.run_until(stop)  # SimEnv.step's loop, compiled with the hot path (sim/clock.py)
         else:
             while peek() < stop:
-                step()
+                simpy.Environment.step(env)  # SimPy's own step (the reference the tests compare with)
         n = log.total - before
         if len(log) >= SLICE_EVENTS or peek() == float("inf"):
             chunk = log.flush()

@@ -21,9 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-import simpy
-
-from kvplan.sim.clock import call_later
+from kvplan.sim.clock import SimEnv, call_later
 
 EPS_S = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
@@ -38,7 +36,7 @@ class Link:
     __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "frac", "nics", "fabric", "bytes_sent")
 
     def __init__(
-        self, env: simpy.Environment, per_byte_s: float, nics: tuple[int, int] = (0, 1), fabric: Fabric | None = None
+        self, env: SimEnv, per_byte_s: float, nics: tuple[int, int] = (0, 1), fabric: Fabric | None = None
     ) -> None:
         self.env = env
         self.per_byte_s = per_byte_s

@@ -3,11 +3,15 @@
 The model's hot modules (:data:`HOT_MODULES`: the request record, the prefill and decode engines, the decode
 batch, block pools, retention, links, router and driver) are plain typed Python. ``kvplan native build``
 (run by ``python3 dev.py``) compiles exactly those files with mypyc (the compiler shipped with mypy,
-``pip install 'kvplan[native]'``) into a cache directory named by a digest of *every* source file of
-the ``kvplan`` package (plus the Python and mypyc versions). At ``import kvplan``, :func:`install` serves the hot
+``pip install 'kvplan[native]'``) into a cache directory (``$KVPLAN_NATIVE_DIR``, else inside the virtual
+environment) named by a digest of *every* source file of the ``kvplan`` package (plus the Python and mypyc
+versions). The engine (``kvplan.sim.engine``, at its import) calls :func:`install`, which serves the hot
 modules from that build only when its digest equals the digest of the sources on disk now; after any
 edit to any source (or with ``KVPLAN_NATIVE=0``) the pure-Python modules are imported instead, so a
-stale build can never run. The two are the same program: ``tests/test_native.py`` requires
+stale build can never run. Compiled and pure hot modules never mix: :func:`install` serves the build only
+when no hot module has been imported yet, and then serves every one of them (compiled modules reach each
+other through their group's shared library, so a pure copy of one would split its classes and globals in two).
+The two are the same program: ``tests/test_native.py`` requires
 byte-identical outputs from both. The build is compiled with ``-ffp-contract=off`` so that the C compiler
 never fuses a multiply and an add (which would change the last bit of a float on CPUs with FMA). The
 manifest records the SHA-256 of every artefact and a build is used only when each file still has it
@@ -19,6 +23,7 @@ What it buys: about 2x on the reference workload (``benchmarks/bench_scale.py``;
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -159,14 +164,19 @@ _STATE: dict[str, object] = {"active": False, "reason": "not checked"}
 
 
 def install() -> bool:
-    """Serve the hot modules from the current build if there is one (called once, by ``kvplan/__init__.py``)."""
+    """Serve the hot modules from the current build if there is one (called once, by ``kvplan.sim.engine``).
+
+    All or nothing: when a hot module is already imported (pure Python, by whoever ran before the engine),
+    no build is served and the reason is recorded for :func:`status`."""
     if _STATE["reason"] != "not checked":
         return bool(_STATE["active"])
     if os.environ.get(ENV_SWITCH, "1") == "0":
         _STATE.update(active=False, reason=f"{ENV_SWITCH}=0")
         return False
     if any(m in sys.modules for m in HOT_MODULES):
-        _STATE.update(active=False, reason="hot modules were imported before kvplan.sim")
+        first = next(m for m in HOT_MODULES if m in sys.modules)
+        _STATE.update(active=False, reason=f"a hot module ({first}) was imported before the engine (kvplan.sim.engine): "
+                                           "import the engine first")
         return False
     try:
         d = current_build()
@@ -184,6 +194,7 @@ def install() -> bool:
 
 def status() -> dict[str, object]:
     """Whether the compiled build is in use, and why (for ``kvplan native status`` and benchmarks)."""
+    importlib.import_module("kvplan.sim.engine")  # the engine decides (install) first; a no-op once imported
     import kvplan.sim.decode as dec
 
     compiled = not str(getattr(dec, "__file__", "")).endswith(".py")

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import simpy
-
 from kvplan.models.costs import CostModel
+from kvplan.sim.clock import SimEnv
 from kvplan.sim.events import EventLog, HoldRelease, Release
 from kvplan.sim.request import Request
 from kvplan.sim.router import Router
@@ -81,7 +80,7 @@ class Wiring(Protocol):
     """
 
     @property
-    def env(self) -> simpy.Environment:
+    def env(self) -> SimEnv:
         """The run's SimPy environment."""
         ...
 

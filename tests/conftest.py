@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+import kvplan.sim.engine  # noqa: F401 - first, as the entry points: in-process tests run the compiled build if current
+
 # ../shared relative to the repository root; KVPLAN_SHARED points elsewhere (e.g. from a git worktree)
 SHARED = Path(os.environ.get("KVPLAN_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 REQUIRE_SHARED = os.environ.get("KVPLAN_REQUIRE_SHARED") == "1"

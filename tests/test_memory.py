@@ -234,12 +234,11 @@ def test_threshold_applies_to_p2d_by_default_with_bidirectional() -> None:
 
 def _nic_run(pairs: list[tuple[int, int]], nbytes: float, per_byte_s: float) -> list[float]:
     """Start one P->D read per (P, D) pair at t=0 through a fabric; their bandwidth-phase durations."""
-    import simpy
-
+    from kvplan.sim.clock import SimEnv
     from kvplan.sim.context import Ctx
     from kvplan.sim.link import Fabric, Link
 
-    env = simpy.Environment()
+    env = SimEnv()
     fabric = Fabric()
     links: dict[tuple[int, int], Link] = {}
     out: list[float] = [0.0] * len(pairs)

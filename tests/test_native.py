@@ -147,17 +147,15 @@ def test_no_build_means_pure_python(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_inlined_step_equals_simpy_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """sim/clock.py's ``run_until`` (SimPy's ``Environment.step`` inlined over its queue) gives the same run as
-    stepping with SimPy itself: every event, in the same order, at the same times."""
-    import simpy
-
+    """sim/clock.py's ``SimEnv.run_until`` (its typed copy of SimPy's ``Environment.step``) gives the same run as
+    stepping with SimPy's own ``Environment.step``: every event, in the same order, at the same times."""
     from kvplan.sim import clock, engine
     from kvplan.sim.api import run
 
-    env = simpy.Environment(initial_time=5.0)
-    assert clock.queue_access(env) and env._now == env.now == 5.0  # what the hot modules read as the clock
+    env = clock.SimEnv(initial_time=5.0)
+    assert env._now == env.now == 5.0 and isinstance(env.now, float)  # the one accessor reads SimPy's clock
     clock.call_later(env, 2.5, lambda _e: None)
-    clock.run_until(env, 10.0)
+    env.run_until(10.0)
     assert env.now == 7.5 and env.peek() == float("inf")
 
     sc = {**_pressure(), "workload": {**_pressure()["workload"], "conversations": 20}}
@@ -185,14 +183,52 @@ def test_native_cli_status_and_build_report(capsys: pytest.CaptureFixture[str], 
     assert err == ["error: mypyc is not installed"]
 
 
-def test_compiled_build_serves_whatever_is_imported_first(compiled: None) -> None:
-    """``import kvplan`` installs the build, so importing a hot module through another path first (the cost
-    formulas through kvplan.models.costs, as `kvplan cost` and the calibration do) still gets the compiled one."""
+def _child(code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != native.ENV_SWITCH}
-    code = ("import kvplan.models.costs, kvplan.models.formulas as f; from kvplan.sim import native; "
-            "print(native.status()['active'], f.__file__.endswith('.py'))")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert res.stdout.split() == ["True", "False"], res.stderr
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+_REPORT = ("import json, sys; from kvplan.sim import native; [__import__(m) for m in native.HOT_MODULES]; "
+           "print(json.dumps([native.status()['active'], native.status()['reason'], "
+           "[m for m in native.HOT_MODULES if sys.modules[m].__file__.endswith('.py')]]))")
+
+
+def test_import_kvplan_installs_nothing() -> None:
+    """``import kvplan`` imports no module of the package and hashes nothing: the engine installs the build."""
+    code = ("import sys, kvplan; print(sorted(m for m in sys.modules if m.startswith('kvplan.')), "
+            "any(type(f).__name__ == '_Finder' for f in sys.meta_path))")
+    res = _child(code)
+    assert res.returncode == 0 and res.stdout.split() == ["[]", "False"], (res.stdout, res.stderr[-500:])
+
+
+@pytest.mark.parametrize("entry", ["kvplan.sim.engine", "kvplan.app.cli", "kvplan.sim.api", "kvplan.sim.executor"])
+def test_the_engine_installs_the_build_for_every_hot_module(compiled: None, entry: str) -> None:
+    """The rule: the engine installs the build at its import, before any hot module. Every entry point that
+    simulates imports the engine first, so afterwards every hot module is compiled, also one imported
+    through another path (the cost formulas through kvplan.models.costs, as `kvplan cost` does)."""
+    res = _child(f"import {entry}, kvplan.models.costs; " + _REPORT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    active, reason, pure = json.loads(res.stdout.strip().splitlines()[-1])
+    assert active is True and pure == [], (entry, reason, pure)
+
+
+def test_a_hot_module_before_the_engine_means_pure_python_throughout(compiled: None) -> None:
+    """Mixing is impossible: a hot module imported before the engine (here the cost formulas) means the engine
+    serves no compiled module at all; every hot module is the pure one and the status names the cause."""
+    res = _child("import kvplan.models.costs, kvplan.sim.engine; " + _REPORT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    active, reason, pure = json.loads(res.stdout.strip().splitlines()[-1])
+    assert active is False and pure == list(native.HOT_MODULES)
+    assert "kvplan.models.formulas" in reason and "before the engine" in reason
+
+
+def test_compiled_simenv_keeps_simpy_semantics(compiled: None) -> None:
+    """tests/test_clock.py (SimEnv against simpy.Environment: stops, failures, ordering) with the compiled clock."""
+    code = ("import sys, kvplan.sim.engine, kvplan.sim.clock as c, pytest; from kvplan.sim import native; "
+            "assert native.status()['active'] and not c.__file__.endswith('.py'), c.__file__; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_clock.py']))")
+    res = _child(code)
+    assert res.returncode == 0 and " passed" in res.stdout, (res.stdout[-2000:], res.stderr[-1000:])
 
 
 def test_truncated_artefact_is_never_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,160 @@
+"""``SimEnv`` (sim/clock.py) is SimPy's ``Environment``: the same runs, stops and failures as SimPy 4.1.2's own.
+
+Each scenario is a small SimPy program run once on ``simpy.Environment`` and once on ``SimEnv``; the traces
+(what ran, when) and the exceptions must be equal. ``tests/test_native.py`` runs this file again in a
+child with the compiled build, so the compiled ``step`` is held to the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+import simpy
+from simpy.core import EmptySchedule
+
+from kvplan.sim.clock import SimEnv, call_first, call_later
+
+ENVS = (simpy.Environment, SimEnv)
+Trace = list[tuple[float, str]]
+
+
+def void(_x: object) -> None:
+    """A callback's result is ignored (SimPy calls callbacks for their effect)."""
+
+
+def _both(program: Callable[[simpy.Environment, Trace], object]) -> tuple[tuple[object, Trace], ...]:
+    out = []
+    for cls in ENVS:
+        trace: Trace = []
+        out.append((program(cls(), trace), trace))
+    return tuple(out)
+
+
+def _ticker(env: simpy.Environment, trace: Trace, name: str, dt: float, n: int) -> Generator[Any, Any, None]:
+    for _ in range(n):
+        yield env.timeout(dt)
+        trace.append((env.now, name))
+
+
+def test_run_until_an_event_stops_there_and_resumes_with_the_callbacks_not_run() -> None:
+    """``run(until=event)``: StopSimulation stops at the event with its value; the event's later callbacks run
+    first when the run resumes (SimPy re-schedules it at priority -1)."""
+
+    def program(env: simpy.Environment, trace: Trace) -> object:
+        env.process(_ticker(env, trace, "a", 1.0, 6))
+        stop = env.timeout(2.5, value="stopped")
+        got = env.run(until=stop)
+        trace.append((env.now, f"returned {got}"))
+        stop.callbacks.append(lambda _e: trace.append((env.now, "late callback")))  # processed: no effect
+        env.process(_ticker(env, trace, "b", 0.5, 2))
+        return env.run(until=4.0), env.now, env.run(until=stop)
+
+    simpy_run, ours = _both(program)
+    assert ours == simpy_run
+    assert ours[1][2] == (2.5, "returned stopped") and ours[0] == (None, 4.0, "stopped")
+
+
+def test_stop_inside_an_event_with_several_callbacks() -> None:
+    """The until event carries callbacks after StopSimulation's: they run when the simulation resumes, before
+    anything else of that instant, in both environments."""
+
+    def program(env: simpy.Environment, trace: Trace) -> object:
+        ev = env.event()
+        env.process(_ticker(env, trace, "t", 1.0, 3))
+        env.timeout(1.0).callbacks.append(lambda _e: void(ev.succeed("v")))
+        out = env.run(until=ev)
+        ev.callbacks.append(lambda _e: trace.append((env.now, "after stop")))
+        trace.append((env.now, "between runs"))
+        env.run()
+        return out, env.now
+
+    simpy_run, ours = _both(program)
+    assert ours == simpy_run
+    assert (1.0, "after stop") in ours[1]
+
+
+def test_an_undefused_failure_crashes_the_run_with_a_copy_of_its_exception() -> None:
+    """A failed event nobody defused raises a new exception of the same type and args, caused by the original."""
+    raised = []
+    for cls in ENVS:
+        env = cls()
+        ev = env.event()
+        original = ValueError("disk on fire", 7)
+        env.timeout(1.0).callbacks.append(lambda _e: void(ev.fail(original)))  # noqa: B023 - run in this iteration
+        with pytest.raises(ValueError) as info:
+            env.run()
+        assert info.value is not original and info.value.__cause__ is original
+        raised.append((type(info.value), info.value.args, env.now))
+    assert raised[0] == raised[1] == (ValueError, ("disk on fire", 7), 1.0)
+
+
+def test_a_defused_failure_and_a_failing_until_event() -> None:
+    """A defused failure is ignored; a failing until event raises its own exception from ``run``."""
+
+    def program(env: simpy.Environment, trace: Trace) -> object:
+        ev = env.event()
+        ev.fail(KeyError("x"))
+        ev.defused = True
+        env.process(_ticker(env, trace, "t", 1.0, 2))
+        env.run()
+        bad = env.event()
+        env.timeout(1.0).callbacks.append(lambda _e: void(bad.fail(RuntimeError("until failed"))))
+        try:
+            env.run(until=bad)
+        except RuntimeError as exc:
+            return f"{type(exc).__name__}: {exc}", env.now
+        return "no error", env.now
+
+    simpy_run, ours = _both(program)
+    assert ours == simpy_run and ours[0] == ("RuntimeError: until failed", 3.0)
+
+
+def test_step_on_an_empty_queue_and_a_process_failure() -> None:
+    """``step`` raises EmptySchedule on an empty queue; an exception inside a process ends the run with it."""
+    for cls in ENVS:
+        env = cls()
+        with pytest.raises(EmptySchedule):
+            env.step()
+
+        def boom(env: simpy.Environment = env) -> Generator[Any, Any, None]:
+            yield env.timeout(1.0)
+            raise ZeroDivisionError("in a process")
+
+        env.process(boom())
+        with pytest.raises(ZeroDivisionError, match="in a process"):
+            env.run()
+        assert env.now == 1.0
+
+
+def test_call_later_and_call_first_order_as_timeout_and_process_start() -> None:
+    """``call_later`` orders as ``env.timeout(d).callbacks.append``; ``call_first`` as a process's Initialize
+    (URGENT now); ``run_until`` as ``while peek() < stop: step()``; time is a float from the start."""
+    ours, ref = SimEnv(), simpy.Environment()
+    assert isinstance(ours.now, float) and ours.now == ref.now == 0
+    log_o: list[tuple[float, int]] = []
+    log_r: list[tuple[float, int]] = []
+    delays = [0.0, 1.0, 0.0, 2.0, 1.0, 0.0]
+    def rec(log: list[tuple[float, int]], env: simpy.Environment, i: int) -> Callable[[Any], None]:
+        return lambda _e: log.append((env.now, i))
+
+    for i, d in enumerate(delays):
+        call_later(ours, d, rec(log_o, ours, i))
+        ref.timeout(d).callbacks.append(rec(log_r, ref, i))
+    call_first(ours, lambda _e: log_o.append((ours.now, 99)))
+
+    def first() -> Generator[Any, Any, None]:
+        log_r.append((ref.now, 99))
+        yield ref.timeout(0)
+
+    ref.process(first())
+    ours.run_until(1.5)
+    while ref.peek() < 1.5:
+        ref.step()
+    assert log_o == log_r and ours.now == ref.now == 1.0
+    ours.run()
+    ref.run()
+    assert log_o == log_r and ours.now == ref.now == 2.0
+    with pytest.raises(ValueError):
+        call_later(ours, -1.0, lambda _e: None)

@@ -15,11 +15,13 @@ from kvplan.sim.engine import resolve
 from kvplan.sim.scenario import Scenario
 
 
-def _pd(transport: str | None, **costs: object) -> Scenario:
+def _pd(transport: str | None, overlap: bool | None = None, **costs: object) -> Scenario:
     """A 1P1D Llama-3.1-8B TP1 run of long single-turn prompts (the llm-d shape, scaled down)."""
     dep: dict[str, object] = {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1}
     if transport is not None:
         dep["kv_transport"] = transport
+    if overlap is not None:
+        dep["kv_post_overlaps_forward"] = overlap
     data: dict[str, object] = {
         "model": "llama-3.1-8b", "hardware": "p4de", "deployment": dep, "policy": {"bidirectional": False},
         "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 1.5},
@@ -91,6 +93,22 @@ def test_the_tcp_post_alone_stalls_decode_per_descriptor() -> None:
     desc = 64 * -(-6001 // 16)
     post = desc * TCP_POST_PER_DESCRIPTOR_S  # ~0.08 s
     assert rdma.summary["itl_p99_s"] < 0.5 * post < post * 0.9 < post_only.summary["itl_p99_s"] < post * 1.5
+
+
+def test_a_post_before_the_forward_adds_a_step_to_each_stall() -> None:
+    """``deployment.kv_post_overlaps_forward: false`` (the llm-d pods' vLLM, neuralmagic disagg_pd_dev @ 8beac5e:
+    ``execute_model`` calls ``start_load_kv`` before it launches the forward): the step that posts a read lasts the
+    posting work plus its forward, so each stall is one decode step longer than with PR #53333's overlap; the default
+    is the overlap and leaves the scenario's fingerprint alone."""
+    over, serial = run(_pd("tcp", True)), run(_pd("tcp", False))
+    step = run(_pd("rdma")).summary["itl_p50_s"]  # a decode step of this batch
+    gain = serial.summary["itl_p99_s"] - over.summary["itl_p99_s"]
+    assert 0.6 * step < gain < 1.5 * step
+    assert serial.summary["tpot_mean_s"] > over.summary["tpot_mean_s"]
+    assert run(_pd("tcp")).summary == over.summary
+    assert "kv_post_overlaps_forward" not in json.dumps(_pd("tcp", True).model_dump(exclude_defaults=True))
+    with pytest.raises(ValueError, match="not true or false"):
+        _pd("tcp", "no")  # type: ignore[arg-type]
 
 
 def test_cost_shows_the_tcp_engine_thread_time() -> None:

@@ -129,3 +129,62 @@ def test_cost_refuses_an_unknown_transport(capsys: pytest.CaptureFixture[str]) -
                "--kv-transport", "udp"])
     err = capsys.readouterr().err
     assert rc == 2 and "--kv-transport" in err and "rdma or tcp" in err and "Traceback" not in err
+
+
+def _decode_finish(serial: bool, works: list[float]) -> float:
+    """When one request of 100 decode steps of 10 ms finishes on a lone DecodeBatch whose engine thread gets
+    ``works`` posted together at 0.105 s (mid-step)."""
+    import simpy
+
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.blocks import BlockPool
+    from kvplan.sim.clock import call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    env = simpy.Environment()
+    done: list[float] = []
+
+    class _Owner:
+        pool = BlockPool(10**6, 16, True)
+        static = 0
+
+        def finish(self, r: Request) -> None:
+            done.append(env.now)
+
+        def fit(self, step: int) -> bool:
+            return False
+
+        def joined(self, r: Request) -> None:
+            pass
+
+        def grown(self, step: int) -> None:
+            pass
+
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, _Owner())
+    batch.post_serial = serial
+    batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0)
+
+    def post(_e: object) -> None:
+        for w in works:
+            batch.charge_thread(w)
+
+    call_later(env, 0.105, post)
+    env.run()
+    return done[0]
+
+
+def test_reads_posted_for_one_step_stall_it_by_their_sum() -> None:
+    """vLLM's ``start_load_kv`` loops over every read of the step's connector metadata on the engine thread
+    (neuralmagic disagg_pd_dev @ 8beac5e and later), so two reads admitted in the same step make one gap of both
+    posts: 0.3 s each -> that step lasts 0.6 s (overlapped with its 10 ms forward, PR #53333) or 0.61 s (posted
+    before the forward)."""
+    base = _decode_finish(False, [])
+    assert base == pytest.approx(1.0)
+    assert _decode_finish(False, [0.3]) - base == pytest.approx(0.29)
+    assert _decode_finish(False, [0.3, 0.3]) - base == pytest.approx(0.59)
+    assert _decode_finish(True, [0.3]) - base == pytest.approx(0.30)
+    assert _decode_finish(True, [0.3, 0.3]) - base == pytest.approx(0.60)
+    assert _decode_finish(True, [0.005]) - base == pytest.approx(0.005)  # serial: even a short post is not hidden
+    assert _decode_finish(False, [0.005]) == pytest.approx(base)  # overlapped: hidden by the forward

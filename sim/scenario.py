@@ -227,9 +227,9 @@ class Deployment(_Frozen):
     kv_transport: Literal["rdma", "tcp"] = Field(
         default="rdma",
         description="Who moves the KV bytes of a NIXL read: rdma (the NIC: EFA/LIBFABRIC, verbs) or tcp (UCX's TCP "
-                    "transport, UCX_TLS without an RDMA transport: the bytes move in progress calls on one locked UCX worker "
-                    "that the reader's post and checks share with NIXL's progress thread, so its engine thread is busy "
-                    "for the read's wire time; transfer.thread_per_byte_s = the link's per_byte_s).",
+                    "transport, UCX_TLS without an RDMA transport: the bytes move in progress calls on one locked UCX "
+                    "worker that the reader's post and checks share with NIXL's progress thread, so its engine thread is "
+                    "busy for the read's wire time; transfer.thread_per_byte_s = the link's per_byte_s).",
     )
     kv_post_overlaps_forward: bool = Field(
         default=True,

@@ -188,3 +188,30 @@ def test_reads_posted_for_one_step_stall_it_by_their_sum() -> None:
     assert _decode_finish(True, [0.3, 0.3]) - base == pytest.approx(0.60)
     assert _decode_finish(True, [0.005]) - base == pytest.approx(0.005)  # serial: even a short post is not hidden
     assert _decode_finish(False, [0.005]) == pytest.approx(base)  # overlapped: hidden by the forward
+
+
+def _pulls_on_p(overlap: bool) -> Scenario:
+    """Multi-turn conversations whose later turns P pulls from D (D->P reads posted on P's engine thread)."""
+    return Scenario.model_validate({
+        "model": "qwen3-32b", "hardware": "p5en",
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8, "prefill_prefix_caching": False,
+                       "kv_post_overlaps_forward": overlap},
+        "policy": {"bidirectional": True},
+        "costs": {"transfer": {"thread_per_descriptor_s": 1e-5}},
+        "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 3000},
+                     "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 40},
+                     "turn_gap_s": {"dist": "constant", "value": 1.0}},
+        "seed": 3,
+    })
+
+
+def test_a_post_before_the_forward_delays_ps_other_prefills_more() -> None:
+    """On P too: with the posting before the forward, a step that posts pulls lasts posting + forward instead of the
+    longer of the two, so first turns (which pull nothing) wait longer for P."""
+    over, serial = run(_pulls_on_p(True)), run(_pulls_on_p(False))
+    assert over.summary["decisions"]["pull"] > 0
+    first = [float(r.turns[r.turns["turn"] == 1]["ttft_s"].mean()) for r in (over, serial)]
+    assert first[1] > first[0] * 1.03
+    pulled = [float(r.turns[r.turns["turn"] > 1]["ttft_s"].mean()) for r in (over, serial)]
+    assert pulled[1] > pulled[0] * 1.1

@@ -223,10 +223,12 @@ def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float =
 
 
 
-#: NIXL's synchronous post per descriptor over UCX's TCP transport: vLLM issue #34054 (1P1D on one host in
-#: Kubernetes, where pods cannot use CUDA IPC/NVLink, NCCL issue #1781, so UCX falls back to TCP): "Avg post time
-#: (ms)=129.127 ... Avg number of descriptors=40064.0" (xferDuration 173.8 ms, 313 MB per transfer), i.e. 3.22 us
-#: per descriptor spent in ``postXferReq`` on the posting thread.
+#: NIXL's synchronous post per descriptor over UCX's TCP transport: vLLM issue #34054 (1P1D on one host whose KV
+#: did not go over NVLink, so UCX fell back to TCP): "Avg post time (ms)=129.127 ... Avg number of
+#: descriptors=40064.0" (xferDuration 173.8 ms, 313 MB per transfer), i.e. 3.22 us per descriptor spent in
+#: ``postXferReq`` on the posting thread. That NIXL's post ends in progress-until-idle (``nixlUcxBackendH::status``,
+#: NIXL >= 0.5), so the figure may hold part of that read's wire work (7.8 KB per descriptor there); one measurement
+#: cannot split the two, so the whole of it is taken as the per-descriptor post (an upper bound).
 TCP_POST_PER_DESCRIPTOR_S = 129.127e-3 / 40064
 
 
@@ -235,7 +237,8 @@ def with_transport(costs: CostModel, transport: str, per_byte_s: float, given: s
 
     ``rdma`` (the default) leaves them as they are. ``tcp`` puts the read's CPU work on the reader's engine
     thread (:func:`~kvplan.models.formulas.read_thread_time_s`): ``transfer.thread_per_byte_s`` = the link's
-    ``per_byte_s`` (UCX's TCP transport moves the bytes in the progress calls NIXL makes on that thread) and
+    ``per_byte_s`` (UCX's TCP transport moves the bytes in the progress calls NIXL makes on that thread and on its
+    progress thread, serialised with the post by the worker's lock) and
     ``transfer.thread_per_descriptor_s`` = :data:`TCP_POST_PER_DESCRIPTOR_S` (the measured TCP post), each unless
     ``given`` inline (the names of the inline ``costs.transfer`` fields); ``notes`` says what was set.
     """

@@ -155,11 +155,21 @@ def read_thread_time_s(cost: TransferParams, descriptors: int, nbytes_per_rank: 
 
     ``thread_per_byte_s`` is 0 over RDMA (the NIC moves the bytes; progress only polls completions). Over UCX's
     TCP transport (``UCX_TLS`` without an RDMA transport: ``deployment.kv_transport: tcp``) the bytes move inside
-    ``ucp_worker_progress``, and NIXL's UCX backend progresses the worker on the calling thread at the end of
-    every post and every ``check_xfer_state`` (``nixlUcxBackendH::status``: once per pending request through
-    ``nixlUcxWorker::test`` in NIXL <= 0.3, until idle from 0.5; ai-dynamo/nixl
-    ``src/plugins/ucx/ucx_backend.cpp``, ``src/utils/ucx/ucx_utils.cpp``), so the reader's engine thread is
-    busy for the read's wire time: ``thread_per_byte_s`` = the link's ``per_byte_s``.
+    ``ucp_worker_progress`` (each call handles up to ``UCX_TCP_MAX_POLL`` = 16 socket events of <= 64 KB
+    ``RX_SEG_SIZE``, UCX 1.18 ``src/uct/tcp/tcp_iface.c``), and NIXL's UCX backend progresses the worker on the
+    calling thread at the end of every post (NIXL 0.2.0; 0.1.1 returns at once) and every ``check_xfer_state``
+    (``nixlUcxBackendH::status``: one ``ucp_worker_progress`` per pending request through ``nixlUcxWorker::test`` in
+    NIXL <= 0.3, i.e. ~40k calls per check of a 10k-token Llama-8B read, far more than its bytes need; until idle from
+    0.5; ai-dynamo/nixl
+    ``src/plugins/ucx/ucx_backend.cpp``, ``src/utils/ucx/ucx_utils.cpp``). NIXL's own progress thread is on too
+    (``nixl_agent_config(enable_prog_thread=True)`` is the Python default in 0.1.1/0.2.0 and vLLM passes no config),
+    but both threads progress one ``UCS_THREAD_MODE_MULTI`` worker (``NIXL_UCX_MT_WORKER``) whose lock
+    (``UCP_WORKER_THREAD_CS_ENTER_CONDITIONAL`` in ``ucp_get_nbx`` and ``ucp_worker_progress``) serialises the
+    post's one GET per descriptor with the byte movement, so the reader's engine thread is busy for the post plus
+    the read's wire time: ``thread_per_byte_s`` = the link's ``per_byte_s``. The sum is an upper bound where the
+    byte movement is not CPU-bound; the measured TCP post (vLLM issue #34054, 129 of a 174 ms xferDuration) may
+    itself hold some of its wire. Checked against the llm-d runs (not fitted): the post alone, or ``max(post,
+    wire)``, leaves both cases' mean TPOT 47-70% short.
     """
     return (post_time_s(cost, descriptors) + cost.thread_per_descriptor_s * descriptors
             + cost.thread_per_byte_s * nbytes_per_rank)

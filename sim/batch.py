@@ -107,6 +107,8 @@ class DecodeBatch:
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
         self._pending_step = -1
         self.thread_free_s = 0.0  # the engine thread is busy until then
+        # deployment.kv_post_overlaps_forward false: the posting runs before the step's forward is launched
+        self.post_serial = False
 
     # ---- block growth ------------------------------------------------------------------------------------
 
@@ -196,7 +198,10 @@ class DecodeBatch:
         so that step ends when both are done. Work posted mid-stretch runs during the next step; only when it
         outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). An idle
         engine does it at once. Simplification: a read whose work alone is shorter than a step is taken as
-        hidden without adding it to other reads posted for the same step.
+        hidden without adding it to other reads posted for the same step. With ``post_serial``
+        (``deployment.kv_post_overlaps_forward: false``, vLLM before PR #53333: ``execute_model`` calls
+        ``start_load_kv`` before it launches the forward) nothing is hidden: that step lasts the work plus its
+        forward.
         """
         if work_s <= 0.0:
             return
@@ -204,7 +209,8 @@ class DecodeBatch:
             now = self.env._now
             self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
             return
-        if self._thread_pending == 0.0 and work_s <= self._plan_first:
+        serial = self.post_serial
+        if not serial and self._thread_pending == 0.0 and work_s <= self._plan_first:
             return  # hidden by the next step's forward, which lasts at least the stretch's first step
         nxt = self.in_progress_step() + 1  # the step during which this work runs
         if nxt != self._pending_step:  # what was posted for an earlier step was hidden by it
@@ -212,7 +218,7 @@ class DecodeBatch:
             self._thread_pending = 0.0
         self._thread_pending += work_s
         i = nxt - self.step  # that step's index in the current stretch
-        if 0 < i < self._plan_n and self._thread_pending > self._plan_first + self._plan_inc * i:
+        if 0 < i < self._plan_n and (serial or self._thread_pending > self._plan_first + self._plan_inc * i):
             self._cut_at_next_boundary()
 
     def ready(self, r: Request, p: int, g0: int) -> None:
@@ -337,7 +343,8 @@ class DecodeBatch:
         """How long the next stretch's first step takes beyond a decode step: ``extra`` (prompt chunks in it)
         or the wait for the engine thread, whichever is longer.
 
-        The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done.
+        The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done; with
+        ``post_serial`` the forward starts when the thread is free (the posting ran before it was launched).
         """
         free = self.thread_free_s
         if self._thread_pending > 0.0:
@@ -345,9 +352,13 @@ class DecodeBatch:
                 free = (free if free > now else now) + self._thread_pending
                 self.thread_free_s = free
             self._thread_pending = 0.0
-        delay = free - now - first
-        if delay < extra:
-            delay = extra
+        if self.post_serial:
+            delay = free - now
+            delay = (delay if delay > 0.0 else 0.0) + extra
+        else:
+            delay = free - now - first
+            if delay < extra:
+                delay = extra
         self._delay = delay if delay > 0.0 else 0.0
         return self._delay
 

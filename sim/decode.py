@@ -79,6 +79,7 @@ class DecodeNode:
         )
         self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
         self.batch.async_scheduling = cfg.async_scheduling
+        self.batch.post_serial = not cfg.kv_post_overlaps_forward
         self._admit_q: deque[Request] = deque()
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)

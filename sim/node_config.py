@@ -20,6 +20,7 @@ class PrefillConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     async_scheduling: bool  # deployment.async_scheduling (vLLM PR #19970)
+    kv_post_overlaps_forward: bool  # deployment.kv_post_overlaps_forward: False posts reads before the forward
     block_size: int
     capacity_blocks: int  # P's KV pool
     prefix_caching: bool  # deployment.prefill_prefix_caching
@@ -58,6 +59,7 @@ class DecodeConfig:
     max_num_seqs: int
     max_num_batched_tokens: int  # the chunk of a local recompute
     async_scheduling: bool
+    kv_post_overlaps_forward: bool  # deployment.kv_post_overlaps_forward: False posts reads before the forward
     exact_steps: bool  # simulation.decode_mode "exact"
     costs: CostModel  # D's own cost model (its TP)
     bidirectional: bool  # policy.bidirectional: finished requests pin their blocks

@@ -72,6 +72,7 @@ class PrefillNode:
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         self.async_scheduling = cfg.async_scheduling
+        self.post_serial = not cfg.kv_post_overlaps_forward  # sim/batch.py ``charge_thread``
         self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
@@ -179,8 +180,9 @@ class PrefillNode:
             dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
             self.busy_s += dt
             self._batch = batch
-            # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done
-            stall = self.thread_free_s - env._now - dt
+            # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
+            # before that PR (deployment.kv_post_overlaps_forward false) the forward starts once the posting is done
+            stall = self.thread_free_s - env._now - (0.0 if self.post_serial else dt)
             call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
 

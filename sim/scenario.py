@@ -172,7 +172,8 @@ class Deployment(_Frozen):
     # added with vLLM's memory accounting, max_model_len and async scheduling (sim/scenario_base.py: old
     # fingerprints stay)
     OMIT_AT_DEFAULT = frozenset(
-        {"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling", "handoff", "kv_transport"}
+        {"kv_cache_dtype", "cudagraph_memory_profiling", "max_model_len", "async_scheduling", "handoff", "kv_transport",
+         "kv_post_overlaps_forward"}
     )
 
     prefill_nodes: int = Field(default=1, gt=0, le=256, description="Prefill instances (one node each).")
@@ -226,8 +227,17 @@ class Deployment(_Frozen):
     kv_transport: Literal["rdma", "tcp"] = Field(
         default="rdma",
         description="Who moves the KV bytes of a NIXL read: rdma (the NIC: EFA/LIBFABRIC, verbs) or tcp (UCX's TCP "
-                    "transport, UCX_TLS without an RDMA transport: the bytes move in the reader's progress calls, so its "
-                    "engine thread is busy for the read's wire time; transfer.thread_per_byte_s = the link's per_byte_s).",
+                    "transport, UCX_TLS without an RDMA transport: the bytes move in progress calls on one locked UCX "
+                    "worker that the reader's post and checks share with NIXL's progress thread, so its engine thread is "
+                    "busy for the read's wire time; transfer.thread_per_byte_s = the link's per_byte_s).",
+    )
+    kv_post_overlaps_forward: bool = Field(
+        default=True,
+        description="Whether a reader engine's read posting (start_load_kv: make_prepped_xfer + transfer) runs while "
+                    "the step's forward is on the GPU (vLLM PR #53333, current vLLM: the step ends when both are done); "
+                    "false: it runs before the forward is launched, so the step lasts the posting work plus the forward "
+                    "(vLLM before that PR, e.g. neuralmagic/vllm disagg_pd_dev @ 8beac5e, gpu_model_runner.execute_model "
+                    "calls start_load_kv in maybe_setup_kv_connector before self.model).",
     )
     max_model_len: int | None = Field(
         default=None, ge=2, le=MAX_TOKENS, description="vLLM --max-model-len: context limit of this deployment (default: "
@@ -253,7 +263,7 @@ class Deployment(_Frozen):
     )
 
     _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
-    _switches = field_validator("cudagraph_memory_profiling", mode="before")(_bool_only)
+    _switches = field_validator("cudagraph_memory_profiling", "kv_post_overlaps_forward", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:

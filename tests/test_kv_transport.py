@@ -15,11 +15,13 @@ from kvplan.sim.engine import resolve
 from kvplan.sim.scenario import Scenario
 
 
-def _pd(transport: str | None, **costs: object) -> Scenario:
+def _pd(transport: str | None, overlap: bool | None = None, **costs: object) -> Scenario:
     """A 1P1D Llama-3.1-8B TP1 run of long single-turn prompts (the llm-d shape, scaled down)."""
     dep: dict[str, object] = {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1}
     if transport is not None:
         dep["kv_transport"] = transport
+    if overlap is not None:
+        dep["kv_post_overlaps_forward"] = overlap
     data: dict[str, object] = {
         "model": "llama-3.1-8b", "hardware": "p4de", "deployment": dep, "policy": {"bidirectional": False},
         "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 1.5},
@@ -93,6 +95,22 @@ def test_the_tcp_post_alone_stalls_decode_per_descriptor() -> None:
     assert rdma.summary["itl_p99_s"] < 0.5 * post < post * 0.9 < post_only.summary["itl_p99_s"] < post * 1.5
 
 
+def test_a_post_before_the_forward_adds_a_step_to_each_stall() -> None:
+    """``deployment.kv_post_overlaps_forward: false`` (the llm-d pods' vLLM, neuralmagic disagg_pd_dev @ 8beac5e:
+    ``execute_model`` calls ``start_load_kv`` before it launches the forward): the step that posts a read lasts the
+    posting work plus its forward, so each stall is one decode step longer than with PR #53333's overlap; the default
+    is the overlap and leaves the scenario's fingerprint alone."""
+    over, serial = run(_pd("tcp", True)), run(_pd("tcp", False))
+    step = run(_pd("rdma")).summary["itl_p50_s"]  # a decode step of this batch
+    gain = serial.summary["itl_p99_s"] - over.summary["itl_p99_s"]
+    assert 0.6 * step < gain < 1.5 * step
+    assert serial.summary["tpot_mean_s"] > over.summary["tpot_mean_s"]
+    assert run(_pd("tcp")).summary == over.summary
+    assert "kv_post_overlaps_forward" not in json.dumps(_pd("tcp", True).model_dump(exclude_defaults=True))
+    with pytest.raises(ValueError, match="not true or false"):
+        _pd("tcp", "no")  # type: ignore[arg-type]
+
+
 def test_cost_shows_the_tcp_engine_thread_time() -> None:
     """``kvplan cost --kv-transport tcp`` prices the read's engine-thread time; rdma keeps the post only."""
     args = ["cost", "--model", "llama-3.1-8b", "--hardware", "p4de", "--tp", "1", "--tokens", "10000", "--json"]
@@ -111,3 +129,87 @@ def test_cost_refuses_an_unknown_transport(capsys: pytest.CaptureFixture[str]) -
                "--kv-transport", "udp"])
     err = capsys.readouterr().err
     assert rc == 2 and "--kv-transport" in err and "rdma or tcp" in err and "Traceback" not in err
+
+
+def _decode_finish(serial: bool, works: list[float]) -> float:
+    """When one request of 100 decode steps of 10 ms finishes on a lone DecodeBatch whose engine thread gets
+    ``works`` posted together at 0.105 s (mid-step)."""
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.blocks import BlockPool
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    env = SimEnv()
+    done: list[float] = []
+
+    class _Owner:
+        pool = BlockPool(10**6, 16, True)
+        static = 0
+
+        def finish(self, r: Request) -> None:
+            done.append(env.now)
+
+        def fit(self, step: int) -> bool:
+            return False
+
+        def joined(self, r: Request) -> None:
+            pass
+
+        def grown(self, step: int) -> None:
+            pass
+
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, _Owner())
+    batch.post_serial = serial
+    batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0)
+
+    def post(_e: object) -> None:
+        for w in works:
+            batch.charge_thread(w)
+
+    call_later(env, 0.105, post)
+    env.run()
+    return done[0]
+
+
+def test_reads_posted_for_one_step_stall_it_by_their_sum() -> None:
+    """vLLM's ``start_load_kv`` loops over every read of the step's connector metadata on the engine thread
+    (neuralmagic disagg_pd_dev @ 8beac5e and later), so two reads admitted in the same step make one gap of both
+    posts: 0.3 s each -> that step lasts 0.6 s (overlapped with its 10 ms forward, PR #53333) or 0.61 s (posted
+    before the forward)."""
+    base = _decode_finish(False, [])
+    assert base == pytest.approx(1.0)
+    assert _decode_finish(False, [0.3]) - base == pytest.approx(0.29)
+    assert _decode_finish(False, [0.3, 0.3]) - base == pytest.approx(0.59)
+    assert _decode_finish(True, [0.3]) - base == pytest.approx(0.30)
+    assert _decode_finish(True, [0.3, 0.3]) - base == pytest.approx(0.60)
+    assert _decode_finish(True, [0.005]) - base == pytest.approx(0.005)  # serial: even a short post is not hidden
+    assert _decode_finish(False, [0.005]) == pytest.approx(base)  # overlapped: hidden by the forward
+
+
+def _pulls_on_p(overlap: bool) -> Scenario:
+    """Multi-turn conversations whose later turns P pulls from D (D->P reads posted on P's engine thread)."""
+    return Scenario.model_validate({
+        "model": "qwen3-32b", "hardware": "p5en",
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8, "prefill_prefix_caching": False,
+                       "kv_post_overlaps_forward": overlap},
+        "policy": {"bidirectional": True},
+        "costs": {"transfer": {"thread_per_descriptor_s": 1e-5}},
+        "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 3000},
+                     "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 40},
+                     "turn_gap_s": {"dist": "constant", "value": 1.0}},
+        "seed": 3,
+    })
+
+
+def test_a_post_before_the_forward_delays_ps_other_prefills_more() -> None:
+    """On P too: with the posting before the forward, a step that posts pulls lasts posting + forward instead of the
+    longer of the two, so first turns (which pull nothing) wait longer for P."""
+    over, serial = run(_pulls_on_p(True)), run(_pulls_on_p(False))
+    assert over.summary["decisions"]["pull"] > 0
+    first = [float(r.turns[r.turns["turn"] == 1]["ttft_s"].mean()) for r in (over, serial)]
+    assert first[1] > first[0] * 1.03
+    pulled = [float(r.turns[r.turns["turn"] > 1]["ttft_s"].mean()) for r in (over, serial)]
+    assert pulled[1] > pulled[0] * 1.1

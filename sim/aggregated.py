@@ -41,7 +41,6 @@ Model:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -49,7 +48,6 @@ import simpy
 
 from kvplan.errors import input_error
 from kvplan.models.costs import (
-    causal_pairs,
     decode_step_increment_s,
     decode_step_time_s,
     decode_steps_time_s,
@@ -60,33 +58,27 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.context import Ctx, Request
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
-from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats, turn_stats
 from kvplan.sim.scenario import ClosedLoopArrival
+from kvplan.sim.scheduler import Scheduler, record_preemption
 from kvplan.sim.workload import ConversationPlan
 
 
-class AggregatedNode:
-    """One aggregated vLLM engine (TP ranks act as one engine)."""
+class AggregatedNode(Scheduler):
+    """One aggregated vLLM engine (TP ranks act as one engine): the scheduler core, mixed steps, decode stretches."""
 
     def __init__(self, ctx: Ctx, idx: int) -> None:
-        self.ctx = ctx
-        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
-        self.env = ctx.env
-        self.idx = idx
         dep = ctx.scenario.deployment
-        self.max_seqs = dep.max_num_seqs
-        self.max_tokens = dep.max_num_batched_tokens
-        self.caching = dep.prefill_prefix_caching
         self.capacity_blocks = ctx.decode_capacity_blocks
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        pool = BlockPool(self.capacity_blocks, ctx.block_size, dep.prefill_prefix_caching)
+        super().__init__(ctx.log.buf, idx, dep.max_num_seqs, dep.max_num_batched_tokens, pool)
+        self.ctx = ctx
+        self.env = ctx.env
         self._left: dict[int, int] = {}  # id(request) -> output tokens still to sample (0 while prefilling)
-        self._held: dict[int, int] = {}  # id(request) -> blocks held
-        self.pool = BlockPool(self.capacity_blocks, ctx.block_size, self.caching)
         self.watermark_blocks = int(dep.kv_watermark * self.capacity_blocks)
         self.preemptions = 0
-        self._preempted_now = False  # a preemption in the step being scheduled (no waiting request joins it)
+        self._decoding: list[Request] = []  # the step being scheduled: its decode tokens
+        self._ctx_sum = 0.0  # and their KV tokens
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.steps = 0
@@ -96,15 +88,6 @@ class AggregatedNode:
         self.env.process(self._loop())
 
     # ---- router interface ---------------------------------------------------------------------------------
-
-    def cached_tokens(self, conv: int) -> int:
-        """Prefix-cached tokens of the conversation here (for ``prefix_aware`` routing)."""
-        entry = self.pool.cache.get(conv)
-        return entry[0] if entry is not None else 0
-
-    def load(self) -> int:
-        """Requests waiting or running on this engine."""
-        return len(self.waiting) + len(self.running)
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
@@ -116,40 +99,21 @@ class AggregatedNode:
                 f"{req.prompt + req.output} tokens", "raise it or shorten prompts/outputs",
             )
         req.p_node = req.d_node = self.idx
-        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
-        self.waiting.append(req)
+        self._enqueue(self.env._now, req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     # ---- blocks ----------------------------------------------------------------------------------------------
 
-    def _admit(self, r: Request) -> bool:
+    def _can_schedule(self, r: Request) -> bool:
         """Allocate the blocks of the request's current tokens after its prefix-cache hit; False when they do not fit."""
-        pool = self.pool
-        bs = self.ctx.block_size
         resume = r.d_resume
         tokens = r.prompt + r.d_generated if resume else r.prompt
-        total = -(-tokens // bs)
-        entry = pool.take(r.conv) if self.caching else None  # out of the LRU: eviction cannot take it
-        hit = min(entry[0], ((tokens - 1) // bs) * bs) if entry is not None else 0
-        if not resume and r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): full blocks
-            hit = (r.reuse // bs) * bs
-        owned = entry[1] if entry is not None and hit > 0 else 0
-        need = max(total - owned, 0)
+        # a resumed request's own KV is a hit in full; a new turn's only as far as its prompt repeats the context
         wm = self.watermark_blocks if self.running else 0  # allocate_slots: the watermark once others are scheduled
-        # a taken entry's blocks left the cached count but are still in use: they are not free
-        want = need + wm + (entry[1] if entry is not None else 0)
-        if pool.free() < want:
-            pool.evict(want)
-            if pool.free() < want:
-                if entry is not None:
-                    pool.put_back(r.conv, entry)
-                return False  # submit() refused requests larger than the pool: blocks come back at a finish
-        if entry is not None and hit == 0:
-            pool.to_cache(r.conv, entry[0])
-        pool.held += total  # taken blocks past the current tokens go back to the free pool
-        self._held[id(r)] = total
-        pool.check()
+        hit = self._allocate(r, tokens, tokens if resume else r.reuse, wm, None)
+        if hit < 0:
+            return False  # submit() refused requests larger than the pool: blocks come back at a finish
         r.p_ctx = hit
         r.p_remaining = tokens - hit
         self._left[id(r)] = 0
@@ -166,13 +130,29 @@ class AggregatedNode:
         r.p_compute_start = now
         return True
 
-    def _grow(self, r: Request, blocks: int) -> bool:
+    def _grow(self, r: Request, kv_tokens: int) -> bool:
+        """Slots for a running request's ``kv_tokens`` (a prompt chunk); False when it preempted itself."""
+        blocks = -(-kv_tokens // self.pool.block_size)
+        return blocks <= r.p_blocks or self._grow_blocks(r, blocks)
+
+    def _decode_token(self, r: Request) -> bool:
+        """One decode token of a running request, its slots allocated; False when it preempted itself."""
+        kv = r.prompt + r.output - self._left[id(r)]  # KV after this step: prompt + the tokens sampled so far
+        blocks = -(-kv // self.pool.block_size)
+        if blocks > r.p_blocks and not self._grow_blocks(r, blocks):
+            return False
+        self._decoding.append(r)
+        self._ctx_sum += kv
+        self.budget -= 1
+        return True
+
+    def _grow_blocks(self, r: Request, blocks: int) -> bool:
         """``allocate_slots`` for a running request up to ``blocks``: evict cache, then preempt the newest.
 
         False when ``r`` itself was preempted (it was the newest left).
         """
         pool = self.pool
-        need = blocks - self._held[id(r)]
+        need = blocks - r.p_blocks
         if need <= 0:
             return True
         if pool.free() < need:
@@ -184,14 +164,14 @@ class AggregatedNode:
                     return False
                 pool.evict(need)  # its freed full blocks went to the prefix cache: take them back
         pool.held += need
-        self._held[id(r)] = blocks
+        r.p_blocks = blocks
         pool.check()
         return True
 
     def _preempt(self, r: Request) -> None:
         """``_preempt_request`` of the newest running request: free its blocks, re-queue it at the front."""
         self.running.pop()
-        self._preempted_now = True
+        self.preempted_now = True
         left = self._left.pop(id(r))
         if r.p_remaining > 0:  # still prefilling (or recomputing): what it had sampled before survives
             sampled, kv_tokens = r.d_generated, r.p_ctx
@@ -205,13 +185,10 @@ class AggregatedNode:
             r.itl_spans.append((r.itl_old, self.itl.root, NO_SKIP))
             r.itl_old = None
             r.last_tok_t = now  # it sampled in the step that just ended
-        self.pool.held -= self._held.pop(id(r))
-        self.pool.to_cache(r.conv, kv_tokens)
+        self.pool.held -= r.p_blocks
+        r.p_blocks = 0
         self.preemptions += 1
-        r.d_preemptions += 1
-        r.d_generated = sampled
-        r.d_resume = True
-        self.rows.append((now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        record_preemption(self.rows, now, self.idx, self.pool, r, sampled, kv_tokens)
         self.waiting.appendleft(r)
 
     def _stretch_fit(self, decoding: list[Request], k: int) -> int:
@@ -221,10 +198,9 @@ class AggregatedNode:
         # step 1's blocks were allocated when it was scheduled: k steps need at most (k - 1) // bs + 1 more each
         if room >= len(decoding) * ((k - 1) // bs + 1):
             return k
-        held = self._held
         left = self._left
         # before the stretch a member's KV covers prompt + sampled - 1 tokens; step j computes one more
-        base = [(r.prompt + r.output - left[id(r)] - 1, held[id(r)]) for r in decoding]
+        base = [(r.prompt + r.output - left[id(r)] - 1, r.p_blocks) for r in decoding]
 
         def extra(j: int) -> int:
             return sum(max(-(-(c + j) // bs) - h, 0) for c, h in base)
@@ -243,52 +219,12 @@ class AggregatedNode:
     # ---- the engine loop -------------------------------------------------------------------------------------
 
     def _schedule_step(self) -> tuple[list[tuple[Request, int]], list[Request], float, float, float]:
-        """One ``Scheduler.schedule`` pass: running first, then waiting FCFS under the token budget."""
-        budget = self.max_tokens
-        chunks: list[tuple[Request, int]] = []
-        decoding: list[Request] = []
-        pairs = 0.0
-        ctx_pairs = 0.0  # of ``pairs``, those against KV already in the cache (priced at context_attention_s)
-        ctx_sum = 0.0
-        left = self._left
-        held = self._held
-        bs = self.ctx.block_size
-        self._preempted_now = False
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:  # preemption pops from the end: never a request already scheduled
-            r = running[i]
-            if r.p_remaining > 0:
-                n = min(r.p_remaining, budget)
-                blocks = -(-(r.p_ctx + n) // bs)
-                if blocks > held[id(r)] and not self._grow(r, blocks):
-                    break  # it preempted itself: nothing after it runs
-                chunks.append((r, n))
-                pairs += causal_pairs(n, r.p_ctx)
-                ctx_pairs += n * r.p_ctx
-                budget -= n
-            else:
-                kv = r.prompt + r.output - left[id(r)]  # KV after this step: prompt + the tokens sampled so far
-                blocks = -(-kv // bs)
-                if blocks > held[id(r)] and not self._grow(r, blocks):
-                    break
-                decoding.append(r)
-                ctx_sum += kv
-                budget -= 1
-            i += 1
-        while not self._preempted_now and self.waiting and len(self.running) < self.max_seqs and budget > 0:
-            r = self.waiting[0]
-            if not self._admit(r):
-                break  # scheduler.py: a waiting request that cannot get blocks stops the waiting loop
-            self.waiting.popleft()
-            self.running.append(r)
-            n = min(r.p_remaining, budget)
-            chunks.append((r, n))
-            pairs += causal_pairs(n, r.p_ctx)
-            ctx_pairs += n * r.p_ctx
-            budget -= n
-        self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - budget)
-        return chunks, decoding, pairs, ctx_pairs, ctx_sum
+        """One ``Scheduler.schedule`` pass (sim/scheduler.py): (prompt chunks, decode tokens, their pairs, ctx)."""
+        self._decoding = []
+        self._ctx_sum = 0.0
+        self.schedule()
+        self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - self.budget)
+        return self.chunks, self._decoding, self.pairs, self.ctx_pairs, self._ctx_sum
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
@@ -300,7 +236,7 @@ class AggregatedNode:
                 self._wake = None
             chunks, decoding, pairs, ctx_pairs, dec_ctx = self._schedule_step()
             if not chunks and not decoding:
-                if self._preempted_now:
+                if self.preempted_now:
                     continue  # the preempted request is scheduled from the waiting queue in the next pass
                 # nothing can run: blocks are held by nothing running, so the head request can never fit
                 self._wake = env.event()
@@ -310,8 +246,7 @@ class AggregatedNode:
             if not chunks:
                 yield from self._decode_stretch(decoding, dec_ctx)
                 continue
-            prefill_tokens = sum(n for _, n in chunks)
-            dt = mixed_step_time_s(costs.prefill, costs.decode, prefill_tokens, pairs, len(decoding), dec_ctx, ctx_pairs)
+            dt = mixed_step_time_s(costs.prefill, costs.decode, self.new_tokens, pairs, len(decoding), dec_ctx, ctx_pairs)
             self.busy_s += dt
             self.steps += 1
             self.mixed_steps += bool(decoding)
@@ -350,7 +285,7 @@ class AggregatedNode:
             bs = self.ctx.block_size
             for r in decoding:
                 kv = r.prompt + r.output - self._left[id(r)] + k - 1
-                grew = self._grow(r, -(-kv // bs))
+                grew = self._grow_blocks(r, -(-kv // bs))
                 assert grew  # _stretch_fit kept the stretch within the free and evictable blocks
         self._after_step([], decoding, k)
 
@@ -403,7 +338,8 @@ class AggregatedNode:
         r.itl_old = None
         self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
         del self._left[id(r)]
-        self.pool.held -= self._held.pop(id(r))
+        self.pool.held -= r.p_blocks
+        r.p_blocks = 0
         self.pool.to_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV
         self.ctx.driver.d_done(r)
 

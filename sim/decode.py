@@ -47,6 +47,7 @@ from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
+from kvplan.sim.scheduler import prefix_hit, record_preemption, reserve
 from kvplan.sim.shared import SharedPrefixes
 
 
@@ -83,6 +84,7 @@ class DecodeNode:
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False
+        self._synced = False  # admission: the pool's held count is the batch's exact blocks (not an upper bound)
         self.preemptions = 0
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
         # last is the newest, preempted first
@@ -242,11 +244,7 @@ class DecodeNode:
         r.d_blocks = 0
         r.d_state = 0
         self.preemptions += 1
-        r.d_preemptions += 1
-        r.d_generated = sampled
-        r.d_resume = True
-        self.rows.append((self.env._now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
-        self.pool.to_cache(r.conv, kv_tokens)
+        record_preemption(self.rows, self.env._now, self.idx, self.pool, r, sampled, kv_tokens)
         self._inflight -= 1
         self._admit_q.appendleft(r)
 
@@ -292,14 +290,13 @@ class DecodeNode:
         pid = ret.of_conv.get(r.conv)
         entry = pool.take(r.conv)  # out of the cache: eviction cannot take it
         cap = ((tokens - 1) // bs) * bs
-        hit = owned = 0
+        cached = owned = 0
         if pid is not None:
             pin = ret.pins[pid]
-            hit, owned = min(pin.tokens, cap), pin.blocks
+            cached, owned = pin.tokens, pin.blocks
         elif entry is not None:
-            hit, owned = min(entry[0], cap), entry[1]
-        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
-            hit = (r.reuse // bs) * bs
+            cached, owned = entry
+        hit = prefix_hit(cached, tokens, r.reuse, bs)  # as far as the prompt repeats the context (sim/history.py)
         if self.shared is not None:  # a prefix shared with other conversations, already here (sim/shared.py)
             s_hit = self.shared.hit(r.conv, cap)
             if s_hit > hit:
@@ -336,18 +333,11 @@ class DecodeNode:
             # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
             wm = self.watermark_blocks if (batch.batch or self.static) else 0
             want = need + wm + (owned if pid is None else 0)
-            if pool.capacity - pool.held - pool.pinned - pool.cached < want and not synced:
-                synced = True
-                self._sync(batch.in_progress_step())
-            if pool.capacity - pool.held - pool.pinned - pool.cached < want:
-                pool.evict(want)
-                if pool.free() < want and self.policy.evictable:
-                    self._evict_pins(want, keep=pid)  # not the pin this request is about to reuse
-                if pool.free() < want:
-                    if entry is not None:
-                        pool.put_back(r.conv, entry)
-                    self._wake_admission_at_next_expiry()
-                    break
+            self._synced = synced
+            if not reserve(pool, want, r.conv, entry, self, pid):  # not evicting the pin it is about to reuse
+                self._wake_admission_at_next_expiry()
+                break
+            synced = self._synced
             q.popleft()
             self._inflight += 1
             if pid is not None and hit > 0:
@@ -369,6 +359,17 @@ class DecodeNode:
                 self._start_p2d(r, hit)
         if admitted:
             batch.recheck()
+
+    def before_evict(self, want: int) -> None:
+        """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
+        if not self._synced:
+            self._synced = True
+            self._sync(self.batch.in_progress_step())
+
+    def after_evict(self, want: int, keep: int | None) -> None:
+        """Still short with the prefix cache gone: ``ttl_evictable`` releases pins (not ``keep``)."""
+        if self.policy.evictable:
+            self._evict_pins(want, keep)
 
     def _wake_admission_at_next_expiry(self) -> None:
         t = self.retention.next_expiry()

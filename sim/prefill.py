@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 
 from kvplan.errors import input_error
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
@@ -36,26 +35,23 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_first, call_later
 from kvplan.sim.context import D2P, HOST2P, Ctx, Request
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.shared import SharedPrefixes
 
 
-class PrefillNode:
-    """One prefill instance (TP ranks act as one engine)."""
+class PrefillNode(Scheduler):
+    """One prefill instance (TP ranks act as one engine): the scheduler core plus the connector's decision."""
 
     def __init__(self, ctx: Ctx, idx: int) -> None:
-        self.ctx = ctx
-        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
-        self.env = ctx.env
-        self.idx = idx
         dep = ctx.scenario.deployment
         pol = ctx.scenario.policy
-        self.max_seqs = dep.max_num_seqs
-        self.max_tokens = dep.max_num_batched_tokens
+        pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
+        super().__init__(ctx.log.buf, idx, dep.max_num_seqs, dep.max_num_batched_tokens, pool)
+        self.ctx = ctx
+        self.env = ctx.env
         self.threshold = pol.kv_recompute_threshold_tokens
         self.margin = pol.expiry_safety_margin_s + pol.clock_skew_s
         self.fail_on_decline = pol.kv_load_failure_policy == "fail"
-        self.pool = BlockPool(ctx.prefill_cache_tokens // ctx.block_size, ctx.block_size, dep.prefill_prefix_caching)
         self.lease_s = pol.kv_lease_duration_s
         self.bytes_per_block = kv_bytes_per_token_all_ranks(ctx.arch, ctx.p_tp) * ctx.block_size  # all P's ranks
         self.heartbeat_s = max(pol.kv_lease_duration_s // 6, 1e-9)
@@ -67,28 +63,18 @@ class PrefillNode:
         self._blocked = False
         self._wake_at = float("inf")
         self._pc = ctx.costs.prefill
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         self.async_scheduling = ctx.scenario.deployment.async_scheduling
         self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
+        self._cutoff = math.inf  # async scheduling: requests waiting since after this time join a later step
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None and self.pool.caching:
             self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, ctx.block_size)
         # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
         call_first(self.env, self._start)
-
-    def cached_tokens(self, conv: int) -> int:
-        """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
-        entry = self.pool.cache.get(conv)
-        return entry[0] if entry is not None else 0
-
-    def load(self) -> int:
-        """Requests waiting or running on this P."""
-        return len(self.waiting) + len(self.running)
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
@@ -100,9 +86,8 @@ class PrefillNode:
                 "raise it or shorten prompts",
             )
         req.p_node = self.idx
-        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         req.wait_t = self.env._now
-        self.waiting.append(req)
+        self._enqueue(req.wait_t, req)
         self._kick()
 
     def charge_thread(self, work_s: float) -> None:
@@ -128,61 +113,47 @@ class PrefillNode:
         same: the wake is one event now, the step one event at its end).
         """
         env = self.env
-        log = self.rows
         # async scheduling (vLLM PR #19970): the step after the one that just ended was planned when that one
         # started, so only requests waiting since then can join it; an engine that was idle plans at once
-        cutoff = self._sched_t if self.async_scheduling and check_idle else math.inf
+        self._cutoff = self._sched_t if self.async_scheduling and check_idle else math.inf
         while True:
             if check_idle and not self.running and (not self.waiting or self._blocked):
                 self._idle = True
                 return
             check_idle = True
             self._blocked = False
-            budget = self.max_tokens
-            batch: list[tuple[Request, int]] = []
-            new_tokens = 0
-            pairs = 0.0
-            ctx_pairs = 0.0
-            for r in self.running:
-                if budget <= 0:
-                    break
-                n = r.p_remaining if r.p_remaining < budget else budget
-                batch.append((r, n))
-                budget -= n
-                new_tokens += n
-                ctx_pairs += n * r.p_ctx
-                pairs += n * r.p_ctx + n * (n + 1) / 2
-            while self.waiting and len(self.running) < self.max_seqs and budget > 0:
-                r = self.waiting[0]
-                if r.wait_t > cutoff:
-                    break  # joins the step after the next (FCFS)
-                if not r.p_decided and not self._allocate(r):
-                    self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
-                    break
-                self.waiting.popleft()
-                if not r.p_decided:
-                    if not self._decide(r):
-                        continue  # pulling asynchronously, or failed
-                self.running.append(r)
-                r.p_compute_start = env._now
-                log.append((env._now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
-                n = r.p_remaining if r.p_remaining < budget else budget
-                batch.append((r, n))
-                budget -= n
-                new_tokens += n
-                ctx_pairs += n * r.p_ctx
-                pairs += n * r.p_ctx + n * (n + 1) / 2
-            if not batch:
-                cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
+            self.schedule()
+            if not self.chunks:
+                self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
             self._sched_t = env._now
-            dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
+            dt = prefill_step_time_s(self._pc, self.new_tokens, self.pairs, self.ctx_pairs)
             self.busy_s += dt
-            self._batch = batch
+            self._batch = self.chunks
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done
             stall = self.thread_free_s - env._now - dt
             call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
+
+    def _can_schedule(self, r: Request) -> bool:
+        """The head of WAITING: planned for this step (async scheduling) and its blocks allocated."""
+        if r.wait_t > self._cutoff:
+            return False  # joins the step after the next (FCFS)
+        if r.p_decided:
+            return True  # back from its pull: its blocks are held since its first scheduling
+        if self._allocate_prompt(r):
+            return True
+        self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
+        return False
+
+    def _scheduled(self, r: Request) -> bool:
+        """The connector decides at its first scheduling; it computes now unless it pulls (or failed)."""
+        if not r.p_decided and not self._decide(r):
+            return False  # pulling asynchronously, or failed
+        now = self.env._now
+        r.p_compute_start = now
+        self.rows.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
+        return True
 
     def _step_done(self, _e: object) -> None:
         finished = False
@@ -283,39 +254,26 @@ class PrefillNode:
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
-    def _allocate(self, r: Request) -> bool:
+    def _allocate_prompt(self, r: Request) -> bool:
         """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""
-        pool = self.pool
-        bs = pool.block_size
-        entry = pool.take(r.conv) if pool.caching else None
-        local = owned = 0
-        if entry is not None:
-            local = min(entry[0], ((r.prompt - 1) // bs) * bs)
-            if r.reuse < local:  # the prompt repeats less of the context: the hash prefix, full blocks
-                local = (r.reuse // bs) * bs
-            owned = entry[1] if local > 0 else 0
-        own_local = local
+        hit = self._allocate(r, r.prompt, r.reuse, 0, self)
+        if hit < 0:
+            self._wake_at_next_lapse()
+            return False
         if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
+            bs = self.pool.block_size
             s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
-            if s_hit > local:
-                local = s_hit
-        total = -(-r.prompt // bs)
-        want = max(total - owned, 0) + (entry[1] if entry is not None else 0)
-        if pool.free() < want:
-            self._lapse_due(self.env._now)
-            pool.evict(want)
-            if pool.free() < want:
-                if entry is not None:
-                    pool.put_back(r.conv, entry)
-                self._wake_at_next_lapse()
-                return False
-        if entry is not None and own_local == 0:
-            pool.to_cache(r.conv, entry[0])
-        pool.held += total
-        pool.check()
-        r.p_blocks = total
-        r.local_hit = local
+            if s_hit > hit:
+                hit = s_hit
+        r.local_hit = hit
         return True
+
+    def before_evict(self, want: int) -> None:
+        """The pool is short: leases past their deadline free their blocks first."""
+        self._lapse_due(self.env._now)
+
+    def after_evict(self, want: int, keep: int | None) -> None:
+        """Nothing else to free on P."""
 
     def _finish(self, r: Request) -> None:
         env = self.env

@@ -143,7 +143,6 @@ class AggregatedNode(Scheduler):
             return False
         self._decoding.append(r)
         self._ctx_sum += kv
-        self.budget -= 1
         return True
 
     def _grow_blocks(self, r: Request, blocks: int) -> bool:

@@ -296,7 +296,7 @@ class DecodeNode:
             cached, owned = pin.tokens, pin.blocks
         elif entry is not None:
             cached, owned = entry
-        hit = prefix_hit(cached, tokens, r.reuse, bs)  # as far as the prompt repeats the context (sim/history.py)
+        hit = prefix_hit(cached, tokens, r.reuse, bs) if cached > 0 else 0  # as far as the prompt repeats it
         if self.shared is not None:  # a prefix shared with other conversations, already here (sim/shared.py)
             s_hit = self.shared.hit(r.conv, cap)
             if s_hit > hit:
@@ -333,11 +333,12 @@ class DecodeNode:
             # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
             wm = self.watermark_blocks if (batch.batch or self.static) else 0
             want = need + wm + (owned if pid is None else 0)
-            self._synced = synced
-            if not reserve(pool, want, r.conv, entry, self, pid):  # not evicting the pin it is about to reuse
-                self._wake_admission_at_next_expiry()
-                break
-            synced = self._synced
+            if pool.capacity - pool.held - pool.pinned - pool.cached < want:
+                self._synced = synced
+                if not reserve(pool, want, r.conv, entry, self, pid):  # not evicting the pin it is about to reuse
+                    self._wake_admission_at_next_expiry()
+                    break
+                synced = self._synced
             q.popleft()
             self._inflight += 1
             if pid is not None and hit > 0:

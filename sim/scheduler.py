@@ -128,26 +128,28 @@ class Scheduler:
 
     def schedule(self) -> None:
         """One scheduling pass: RUNNING first, then WAITING FCFS (no waiting request after a preemption)."""
-        self.budget = self.max_tokens
-        self.chunks = []
-        self.new_tokens = 0
-        self.pairs = 0.0
-        self.ctx_pairs = 0.0
+        budget = self.max_tokens
+        chunks: list[tuple[Request, int]] = []
+        self.chunks = chunks
         self.preempted_now = False
         running = self.running
         i = 0
-        while i < len(running) and self.budget > 0:  # preemption pops from the end: never one already scheduled
+        while i < len(running) and budget > 0:  # preemption pops from the end: never one already scheduled
             r = running[i]
-            if r.p_remaining > 0:
-                n = r.p_remaining if r.p_remaining < self.budget else self.budget
+            rem = r.p_remaining
+            if rem > 0:
+                n = rem if rem < budget else budget
                 if not self._grow(r, r.p_ctx + n):
                     break  # it preempted itself: nothing after it runs
-                self._chunk(r, n)
-            elif not self._decode_token(r):
+                chunks.append((r, n))
+                budget -= n
+            elif self._decode_token(r):
+                budget -= 1
+            else:
                 break
             i += 1
         waiting = self.waiting
-        while not self.preempted_now and waiting and len(running) < self.max_seqs and self.budget > 0:
+        while not self.preempted_now and waiting and len(running) < self.max_seqs and budget > 0:
             r = waiting[0]
             if not self._can_schedule(r):
                 break  # FCFS: the head waits (for blocks, or for the next plan)
@@ -155,15 +157,22 @@ class Scheduler:
             if not self._scheduled(r):
                 continue
             running.append(r)
-            self._chunk(r, r.p_remaining if r.p_remaining < self.budget else self.budget)
-
-    def _chunk(self, r: Request, n: int) -> None:
-        """``n`` prompt tokens of ``r`` in the step (causal attention over its ``p_ctx`` computed ones)."""
-        self.chunks.append((r, n))
-        self.budget -= n
-        self.new_tokens += n
-        self.ctx_pairs += n * r.p_ctx
-        self.pairs += n * r.p_ctx + n * (n + 1) / 2  # models.costs.causal_pairs, inlined
+            n = r.p_remaining if r.p_remaining < budget else budget
+            chunks.append((r, n))
+            budget -= n
+        self.budget = budget
+        # the step's prompt tokens and causal attention pairs over each chunk's ``p_ctx`` computed tokens (of
+        # those, ``ctx_pairs`` against KV already cached), summed in scheduling order
+        new = 0
+        pairs = ctx_pairs = 0.0
+        for r, n in chunks:
+            c = r.p_ctx
+            new += n
+            ctx_pairs += n * c
+            pairs += n * c + n * (n + 1) / 2  # models.costs.causal_pairs, inlined
+        self.new_tokens = new
+        self.pairs = pairs
+        self.ctx_pairs = ctx_pairs
 
     # ---- block allocation ----------------------------------------------------------------------------------
 
@@ -185,7 +194,7 @@ class Scheduler:
         total = -(-tokens // bs)
         # a taken entry's blocks left the cached count but are still in use: they are not free
         want = max(total - owned, 0) + watermark + (entry[1] if entry is not None else 0)
-        if not reserve(pool, want, r.conv, entry, reclaim):
+        if pool.free() < want and not reserve(pool, want, r.conv, entry, reclaim):
             return -1
         if entry is not None and hit == 0:
             pool.to_cache(r.conv, entry[0])
@@ -209,5 +218,6 @@ class Scheduler:
         return True
 
     def _decode_token(self, r: Request) -> bool:
-        """Schedule one decode token of a running request; False when it was itself preempted."""
+        """Schedule one decode token of a running request (it takes one token of budget); False when it was
+        itself preempted."""
         raise NotImplementedError

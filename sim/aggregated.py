@@ -1,11 +1,8 @@
 """Aggregated serving: ``deployment.replicas`` vLLM engines, each doing prefill and decode (no P/D split).
 
-Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule``: there is no prefill or decode
-phase, every request gets ``num_tokens - num_computed_tokens`` new tokens capped by the step's token budget
-(``max_num_batched_tokens``): RUNNING requests first (a decoding request takes 1 token, a request still
-prefilling takes its next chunk), then WAITING requests FCFS while ``len(running) < max_num_seqs`` and budget
-remains, each after its local prefix-cache hit (``kv_cache_manager.get_computed_blocks``: full blocks, never
-the whole prompt); a waiting request whose blocks cannot be allocated stops the waiting loop (``break``).
+Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule``, the pass of
+:class:`kvplan.sim.scheduler.Scheduler` (RUNNING first, a decoding request taking 1 token and a prefilling one
+its next chunk, then WAITING FCFS under ``max_num_seqs`` and the token budget after each request's prefix hit).
 The step that computes a request's last prompt token samples its first token (TTFT); each later step
 samples one more. Prefix caching (``enable_prefix_caching``, on by default) keeps a finished request's full
 blocks as LRU-evictable cache (``kv_cache_manager`` free-block queue).

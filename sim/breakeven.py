@@ -14,7 +14,7 @@ import numpy as np
 
 from kvplan.models.costs import prefill_time_s
 from kvplan.sim.engine import Resolved
-from kvplan.sim.pull import follow_up_read
+from kvplan.sim.pull import read_path
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ def break_even(rs: Resolved, local_prefix_tokens: int, tail_tokens: int, max_tok
     """
     sc = rs.scenario
     chunk = sc.deployment.max_num_batched_tokens
-    read = follow_up_read(sc, rs)  # P reads D's ranks as the simulator does (rank plan, P's costs)
-    pc = read.prefill.costs.prefill  # the recompute runs on P's profile
+    read = read_path(sc, rs)  # P reads D's ranks as the simulator does (rank plan, P's costs)
+    pc = read.reader.costs.prefill  # the recompute runs on P's profile
     top = max_tokens or rs.arch.max_model_len
     tail = max(int(tail_tokens), 1)
     local = max(int(local_prefix_tokens), 0)

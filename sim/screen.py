@@ -35,7 +35,7 @@ from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.grid import Grid
-from kvplan.sim.pull import FollowUpRead, follow_up_read
+from kvplan.sim.pull import ReadPath, read_path
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
     Constant,
@@ -152,7 +152,7 @@ class ScreenPoint:
     per_byte_s: float
     bidirectional: float
     fail_on_decline: float  # 1 when kv_load_failure_policy is 'fail'
-    read: FollowUpRead  # the follow-up's D->P read as the simulator composes it (rank plan, P's costs)
+    read: ReadPath  # the follow-up's D->P read as the simulator composes it (rank plan, P's costs)
 
 
 #: Scalar fields of :class:`ScreenPoint` stacked into arrays by :class:`ScreenInputs`.
@@ -225,7 +225,7 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
         kv_bytes_per_token_all=kv_bytes_per_token_all_ranks(rs.arch, dep.tensor_parallel_size),
         regions=kv_regions_per_rank(rs.arch, dep.cross_layer_blocks), decode_capacity_tokens=rs.decode_capacity_tokens,
         costs=rs.costs, per_byte_s=rs.per_byte_s, bidirectional=float(pol.bidirectional),
-        fail_on_decline=float(pol.kv_load_failure_policy == "fail"), read=follow_up_read(sc, rs),
+        fail_on_decline=float(pol.kv_load_failure_policy == "fail"), read=read_path(sc, rs),
     )
 
 

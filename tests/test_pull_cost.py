@@ -15,7 +15,7 @@ import pytest
 from kvplan.models.arch import kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.sim.breakeven import break_even
 from kvplan.sim.engine import resolve
-from kvplan.sim.pull import follow_up_read
+from kvplan.sim.pull import read_path
 from kvplan.sim.scenario import scenario_from_dict
 from kvplan.sim.screen import _pull_s, screen_point
 
@@ -47,11 +47,11 @@ def _by_hand(sc: Any, n: int, sources: int, reader_tp: int) -> float:
 
 def test_heterogeneous_tp_pull_in_break_even_and_screen() -> None:
     homo, hetero = _scenario(None), _scenario(4)
-    read = follow_up_read(hetero, resolve(hetero))
+    read = read_path(hetero, resolve(hetero))
     assert read.plan.sources_per_reader == 2 and read.plan.reader_tp == 4 and read.plan.source_tp == 8
     n = 3000
     assert read.time_s(n) == pytest.approx(_by_hand(hetero, n, 2, 4), rel=1e-12)
-    assert follow_up_read(homo, resolve(homo)).time_s(n) == pytest.approx(_by_hand(homo, n, 1, 8), rel=1e-12)
+    assert read_path(homo, resolve(homo)).time_s(n) == pytest.approx(_by_hand(homo, n, 1, 8), rel=1e-12)
     # break-even prices the pull with the rank plan (it used TP 8's bytes and descriptors before)
     be = break_even(resolve(hetero), local_prefix_tokens=0, tail_tokens=100, max_tokens=4096)
     assert be.pull_s == pytest.approx(_by_hand(hetero, min(be.tokens, 4096), 2, 4), rel=1e-12)

@@ -27,7 +27,8 @@ def test_prefix_hit_is_full_blocks_below_the_last_token() -> None:
 
 class _Reclaim:
     def __init__(self, pool: BlockPool, frees: int) -> None:
-        self.pool, self.frees, self.calls = pool, frees, []  # type: list[str]
+        self.pool, self.frees = pool, frees
+        self.calls: list[str] = []
 
     def before_evict(self, want: int) -> None:
         self.calls.append(f"before {self.pool.cached}")

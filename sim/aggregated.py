@@ -127,22 +127,17 @@ class AggregatedNode(Scheduler):
         r.p_compute_start = now
         return True
 
-    def _grow(self, r: Request, kv_tokens: int) -> bool:
-        """Slots for a running request's ``kv_tokens`` (a prompt chunk); False when it preempted itself."""
-        blocks = -(-kv_tokens // self.pool.block_size)
-        return blocks <= r.p_blocks or self._grow_blocks(r, blocks)
-
     def _decode_token(self, r: Request) -> bool:
         """One decode token of a running request, its slots allocated; False when it preempted itself."""
         kv = r.prompt + r.output - self._left[id(r)]  # KV after this step: prompt + the tokens sampled so far
         blocks = -(-kv // self.pool.block_size)
-        if blocks > r.p_blocks and not self._grow_blocks(r, blocks):
+        if blocks > r.p_blocks and not self._grow(r, blocks):
             return False
         self._decoding.append(r)
         self._ctx_sum += kv
         return True
 
-    def _grow_blocks(self, r: Request, blocks: int) -> bool:
+    def _grow(self, r: Request, blocks: int) -> bool:
         """``allocate_slots`` for a running request up to ``blocks``: evict cache, then preempt the newest.
 
         False when ``r`` itself was preempted (it was the newest left).
@@ -281,7 +276,7 @@ class AggregatedNode(Scheduler):
             bs = self.ctx.block_size
             for r in decoding:
                 kv = r.prompt + r.output - self._left[id(r)] + k - 1
-                grew = self._grow_blocks(r, -(-kv // bs))
+                grew = self._grow(r, -(-kv // bs))
                 assert grew  # _stretch_fit kept the stretch within the free and evictable blocks
         self._after_step([], decoding, k)
 

@@ -89,8 +89,9 @@ class Scheduler:
 
     Subclasses say what differs: :meth:`_can_schedule` (blocks and anything else a waiting request needs),
     :meth:`_scheduled` (it left WAITING: does it compute in this step?), :meth:`_grow` and
-    :meth:`_decode_token` (a running request's slots). The step being scheduled is ``chunks`` (request, new
-    tokens), ``new_tokens``, the attention ``pairs`` and, of those, ``ctx_pairs`` against KV already cached.
+    :meth:`_decode_token` (a running request's slots; ``r.p_blocks`` is what it holds). The step being
+    scheduled is ``chunks`` (request, new tokens), ``new_tokens``, the attention ``pairs`` and, of those,
+    ``ctx_pairs`` against KV already cached.
     """
 
     def __init__(self, rows: RowBuffer, node: int, max_seqs: int, max_tokens: int, pool: BlockPool) -> None:
@@ -133,13 +134,15 @@ class Scheduler:
         self.chunks = chunks
         self.preempted_now = False
         running = self.running
+        bs = self.pool.block_size
         i = 0
         while i < len(running) and budget > 0:  # preemption pops from the end: never one already scheduled
             r = running[i]
             rem = r.p_remaining
             if rem > 0:
                 n = rem if rem < budget else budget
-                if not self._grow(r, r.p_ctx + n):
+                blocks = -(-(r.p_ctx + n) // bs)
+                if blocks > r.p_blocks and not self._grow(r, blocks):
                     break  # it preempted itself: nothing after it runs
                 chunks.append((r, n))
                 budget -= n
@@ -213,8 +216,9 @@ class Scheduler:
         """``r`` left WAITING: True when it computes in this step (it joins RUNNING)."""
         return True
 
-    def _grow(self, r: Request, kv_tokens: int) -> bool:
-        """Slots for a running request's ``kv_tokens``; False when it was itself preempted. Default: it has them."""
+    def _grow(self, r: Request, blocks: int) -> bool:
+        """Grow a running request's ``r.p_blocks`` to ``blocks`` (``allocate_slots`` for its next chunk); False
+        when it was itself preempted. Default (P allocates whole prompts, so it is never asked): nothing to do."""
         return True
 
     def _decode_token(self, r: Request) -> bool:

@@ -141,10 +141,19 @@ class PrefillNode(Scheduler):
             return False  # joins the step after the next (FCFS)
         if r.p_decided:
             return True  # back from its pull: its blocks are held since its first scheduling
-        if self._allocate_prompt(r):
-            return True
-        self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
-        return False
+        # blocks for the whole prompt minus the local prefix hit (allocate_slots with full_sequence_must_fit)
+        hit = self._allocate(r, r.prompt, r.reuse, 0, self)
+        if hit < 0:
+            self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
+            self._wake_at_next_lapse()
+            return False
+        if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
+            bs = self.pool.block_size
+            s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
+            if s_hit > hit:
+                hit = s_hit
+        r.local_hit = hit
+        return True
 
     def _scheduled(self, r: Request) -> bool:
         """The connector decides at its first scheduling; it computes now unless it pulls (or failed)."""
@@ -253,20 +262,6 @@ class PrefillNode(Scheduler):
 
         self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
-
-    def _allocate_prompt(self, r: Request) -> bool:
-        """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""
-        hit = self._allocate(r, r.prompt, r.reuse, 0, self)
-        if hit < 0:
-            self._wake_at_next_lapse()
-            return False
-        if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
-            bs = self.pool.block_size
-            s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
-            if s_hit > hit:
-                hit = s_hit
-        r.local_hit = hit
-        return True
 
     def before_evict(self, want: int) -> None:
         """The pool is short: leases past their deadline free their blocks first."""

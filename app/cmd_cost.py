@@ -65,21 +65,21 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         from kvplan.calibration.derive import check_tp
-        from kvplan.models.arch import descriptors_per_transfer, get_model, kv_bytes_per_token_per_rank
+        from kvplan.models.arch import get_model, kv_regions_per_rank
         from kvplan.models.costs import (
             decode_step_time_s,
             post_time_s,
             prefill_time_s,
             prep_time_s,
-            pull_visible_time_s,
             read_thread_time_s,
             with_transport,
-            xfer_time_s,
         )
         from kvplan.models.hardware import get_hardware
         from kvplan.models.profile import load_profile
         from kvplan.models.resolve import resolve_profile
+        from kvplan.sim.tp import rank_plan
         from kvplan.sim.validity import check_cost_request
+        from kvplan.sim.xfer import read_phases, read_time_s
 
         check_cost_request(tokens, cached_tokens, chunk_tokens, batch, context)
         if kv_transport not in ("rdma", "tcp"):
@@ -100,27 +100,33 @@ def register(app: typer.Typer) -> None:
         check_tp(arch, n_tp, node.gpus_per_node)
         prof, notes = resolve_profile(arch, node, n_tp, profile, allow_unreliable)
         c = with_transport(prof.costs, kv_transport, prof.costs.transfer.per_byte_s, set(), notes)
-        nbytes = tokens * kv_bytes_per_token_per_rank(arch, n_tp)
-        desc_plain = descriptors_per_transfer(arch, tokens, False)
-        desc_cross = descriptors_per_transfer(arch, tokens, True)
-        desc = desc_cross if cross_layer else desc_plain
+        tc, plan = c.transfer, rank_plan(arch, n_tp, n_tp)  # the simulator's composition of a read (sim/xfer.py)
+        reads: dict[bool, tuple[int, float, float, float]] = {}
+        for x in (False, True):
+            regions = kv_regions_per_rank(arch, x)
+            d, nbytes, _, lat_x, _ = read_phases(tc, plan, regions, arch.block_size_tokens, tokens)
+            # descriptors, xferDuration (post inside), visible pull (request creation + xferDuration + poll), bytes
+            reads[x] = (d, lat_x + nbytes * tc.per_byte_s,
+                        read_time_s(tc, tc.per_byte_s, plan, regions, arch.block_size_tokens, tokens), nbytes)
+        desc_plain, desc_cross = reads[False][0], reads[True][0]
+        desc = reads[cross_layer][0]
         ctx = context if context is not None else cached_tokens + tokens
         pool = _pool_tokens(arch, node.gpu, n_tp, chunk_tokens)
         out: dict[str, Any] = {
             "prefill_s": prefill_time_s(c.prefill, tokens, cached_tokens, chunk_tokens),
-            "kv_transfer_s": pull_visible_time_s(c.transfer, nbytes, desc),
-            "kv_xfer_s": xfer_time_s(c.transfer, nbytes, desc),
-            "kv_pull_visible_s": pull_visible_time_s(c.transfer, nbytes, desc),
-            "read_thread_s": read_thread_time_s(c.transfer, desc, nbytes),
+            "kv_transfer_s": reads[cross_layer][2],
+            "kv_xfer_s": reads[cross_layer][1],
+            "kv_pull_visible_s": reads[cross_layer][2],
+            "read_thread_s": read_thread_time_s(c.transfer, desc, reads[cross_layer][3]),
             "kv_transport": kv_transport,
             "thread_per_descriptor_s": c.transfer.thread_per_descriptor_s,
             "thread_per_byte_s": c.transfer.thread_per_byte_s,
             "cross_layer_blocks": cross_layer,
             "descriptors_per_rank": desc_plain,
             "descriptors_per_rank_cross_layer": desc_cross,
-            "kv_transfer_plain_s": pull_visible_time_s(c.transfer, nbytes, desc_plain),
-            "kv_transfer_cross_layer_s": pull_visible_time_s(c.transfer, nbytes, desc_cross),
-            "kv_xfer_cross_layer_s": xfer_time_s(c.transfer, nbytes, desc_cross),
+            "kv_transfer_plain_s": reads[False][2],
+            "kv_transfer_cross_layer_s": reads[True][2],
+            "kv_xfer_cross_layer_s": reads[True][1],
             "kv_line_rate_s": nbytes * c.transfer.per_byte_s,
             "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
             "model": arch.name,

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
-from kvplan.models.costs import TransferCost, pull_visible_time_s
 from kvplan.sim.engine import Resolved
+from kvplan.sim.pull import read_path
 
 #: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50.
 PULL_SHARE_TRIAL = 0.25
@@ -44,13 +43,12 @@ class DescriptorCost:
 
 
 def descriptor_cost(rs: Resolved, tokens: int) -> DescriptorCost:
-    """What a ``tokens``-token pull costs per rank with the scenario's transfer costs (link override applied)."""
-    tc = TransferCost.model_validate({**rs.costs.transfer.model_dump(), "per_byte_s": rs.per_byte_s})
-    nbytes = tokens * kv_bytes_per_token_per_rank(rs.arch, rs.scenario.deployment.tensor_parallel_size)
-    d0 = descriptors_per_transfer(rs.arch, tokens, False)
-    d1 = descriptors_per_transfer(rs.arch, tokens, True)
-    return DescriptorCost(tokens, d0, d1, pull_visible_time_s(tc, nbytes, d0), pull_visible_time_s(tc, nbytes, d1),
-                          nbytes * rs.per_byte_s)
+    """What a ``tokens``-token D->P pull costs per reader rank as the simulator composes it (sim/pull.py: P's
+    costs, the heterogeneous-TP rank plan, the link), without and with cross-layer blocks."""
+    plain, cross = (read_path(rs.scenario, rs, cross_layer=x) for x in (False, True))
+    d0, nbytes = plain.phases(tokens)[:2]
+    return DescriptorCost(tokens, d0, cross.phases(tokens)[0], plain.time_s(tokens), cross.time_s(tokens),
+                          nbytes * plain.per_byte_s)
 
 
 def mean_pulled_tokens(row: dict[str, Any]) -> int:

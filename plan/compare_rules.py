@@ -107,18 +107,16 @@ def cross_layer_candidate(sc: Scenario, rows: list[dict[str, Any]]) -> dict[str,
 def cross_layer_note(sc: Scenario, reps: list[dict[str, Any]], row: dict[str, Any]) -> str:
     """What the descriptors cost: NIXL descriptors per rank and the modelled idle-link pull of the mean pulled size,
     without and with cross-layer blocks, against the measured pull and TTFT."""
-    from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
-    from kvplan.models.costs import TransferCost, transfer_time_s
     from kvplan.sim.engine import resolve
+    from kvplan.sim.pull import read_path
 
     pulls = [(r.get("pulled_tokens") or 0, r.get("decisions.pull") or 0) for r in reps]
     per = [t / n for t, n in pulls if n]
     tokens = int(round(sum(per) / len(per))) if per else 0
     rs = resolve(sc)
-    tc = TransferCost.model_validate({**rs.costs.transfer.model_dump(), "per_byte_s": rs.per_byte_s})
-    nbytes = tokens * kv_bytes_per_token_per_rank(rs.arch, sc.deployment.tensor_parallel_size)
-    d0, d1 = (descriptors_per_transfer(rs.arch, tokens, x) for x in (False, True))
-    t0, t1 = (transfer_time_s(tc, nbytes, d) for d in (d0, d1))
+    paths = [read_path(sc, rs, cross_layer=x) for x in (False, True)]  # as the simulator composes a pull
+    d0, d1 = (p.phases(tokens)[0] for p in paths)
+    t0, t1 = (p.time_s(tokens) for p in paths)
     return (f"pulls take {row['kv_pull_mean_s'] * 1000:.0f} ms of a {row['ttft_mean_s'] * 1000:.0f} ms mean TTFT "
             f"under {row['policy']}: a mean pull of {tokens:,} tokens posts {d0:,} NIXL descriptors per rank "
             f"({t0 * 1000:.0f} ms modelled on an idle link), {d1:,} with cross-layer blocks ({t1 * 1000:.0f} ms)")

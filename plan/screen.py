@@ -35,6 +35,7 @@ from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.plan.grid import Grid
 from kvplan.sim.engine import Resolved, resolve
+from kvplan.sim.pull import ReadPath, read_path
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
     Constant,
@@ -151,10 +152,11 @@ class ScreenPoint:
     per_byte_s: float
     bidirectional: float
     fail_on_decline: float  # 1 when kv_load_failure_policy is 'fail'
+    read: ReadPath  # the follow-up's D->P read as the simulator composes it (rank plan, P's costs)
 
 
 #: Scalar fields of :class:`ScreenPoint` stacked into arrays by :class:`ScreenInputs`.
-_SCALARS = tuple(f.name for f in fields(ScreenPoint) if f.name not in ("turns_q", "output_q", "gap", "costs"))
+_SCALARS = tuple(f.name for f in fields(ScreenPoint) if f.name not in ("turns_q", "output_q", "gap", "costs", "read"))
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
         kv_bytes_per_token_all=kv_bytes_per_token_all_ranks(rs.arch, dep.tensor_parallel_size),
         regions=kv_regions_per_rank(rs.arch, dep.cross_layer_blocks), decode_capacity_tokens=rs.decode_capacity_tokens,
         costs=rs.costs, per_byte_s=rs.per_byte_s, bidirectional=float(pol.bidirectional),
-        fail_on_decline=float(pol.kv_load_failure_policy == "fail"),
+        fail_on_decline=float(pol.kv_load_failure_policy == "fail"), read=read_path(sc, rs),
     )
 
 
@@ -243,13 +245,9 @@ def _entry_share(turns_q: np.ndarray, e: float) -> float:
 
 
 def _pull_s(p: ScreenPoint, n: np.ndarray) -> np.ndarray:
-    """transfer_time_s (prep + xferDuration, post included, + poll) of ``n`` tokens on an idle link, vectorised."""
-    tc = p.costs.transfer
-    desc = p.regions * np.ceil(np.maximum(n, 0) / p.block_tokens)
-    return (
-        tc.prep_fixed_s + tc.prep_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
-        + p.per_byte_s * n * p.kv_bytes_per_token_rank + tc.poll_s
-    )
+    """The simulator's read time (sim/xfer.py ``read_time_s``: rank plan, prep + xferDuration + poll) of ``n``
+    tokens (rounded to whole tokens) on an idle link."""
+    return np.array([p.read.time_s(int(round(v))) for v in np.maximum(n, 0).tolist()])
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,8 @@
 """Aggregated serving: ``deployment.replicas`` vLLM engines, each doing prefill and decode (no P/D split).
 
-Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule``: there is no prefill or decode
-phase, every request gets ``num_tokens - num_computed_tokens`` new tokens capped by the step's token budget
-(``max_num_batched_tokens``): RUNNING requests first (a decoding request takes 1 token, a request still
-prefilling takes its next chunk), then WAITING requests FCFS while ``len(running) < max_num_seqs`` and budget
-remains, each after its local prefix-cache hit (``kv_cache_manager.get_computed_blocks``: full blocks, never
-the whole prompt); a waiting request whose blocks cannot be allocated stops the waiting loop (``break``).
+Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule``, the pass of
+:class:`kvplan.sim.scheduler.Scheduler` (RUNNING first, a decoding request taking 1 token and a prefilling one
+its next chunk, then WAITING FCFS under ``max_num_seqs`` and the token budget after each request's prefix hit).
 The step that computes a request's last prompt token samples its first token (TTFT); each later step
 samples one more. Prefix caching (``enable_prefix_caching``, on by default) keeps a finished request's full
 blocks as LRU-evictable cache (``kv_cache_manager`` free-block queue).
@@ -41,7 +38,6 @@ Model:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -49,7 +45,6 @@ import simpy
 
 from kvplan.errors import input_error
 from kvplan.models.costs import (
-    causal_pairs,
     decode_step_increment_s,
     decode_step_time_s,
     decode_steps_time_s,
@@ -59,35 +54,31 @@ from kvplan.models.costs import (
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.driver import Driver
 from kvplan.sim.events import Decision, Ev
-from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import AggregatedConfig, DriverConfig
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import Request
 from kvplan.sim.scenario import ClosedLoopArrival
+from kvplan.sim.scheduler import Scheduler, record_preemption
 from kvplan.sim.workload import ConversationPlan
 
 
-class AggregatedNode:
-    """One aggregated vLLM engine (TP ranks act as one engine)."""
+class AggregatedNode(Scheduler):
+    """One aggregated vLLM engine (TP ranks act as one engine): the scheduler core, mixed steps, decode stretches."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: AggregatedConfig) -> None:
-        self.ctx = ctx
-        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
-        self.env = ctx.env
-        self.idx = idx
-        self.max_seqs = cfg.max_num_seqs
-        self.max_tokens = cfg.max_num_batched_tokens
-        self.caching = cfg.prefix_caching
         self.capacity_blocks = cfg.capacity_blocks
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        pool = BlockPool(self.capacity_blocks, cfg.block_size, cfg.prefix_caching)
+        super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
+        self.ctx = ctx
+        self.env = ctx.env
+        self.bs = cfg.block_size
+        self.costs = cfg.costs  # the replica's cost model (prefill chunks, decode tokens, mixed steps)
         self._left: dict[int, int] = {}  # id(request) -> output tokens still to sample (0 while prefilling)
-        self._held: dict[int, int] = {}  # id(request) -> blocks held
-        self.pool = BlockPool(self.capacity_blocks, cfg.block_size, self.caching)
         self.watermark_blocks = cfg.watermark_blocks
         self.preemptions = 0
-        self._preempted_now = False  # a preemption in the step being scheduled (no waiting request joins it)
+        self._decoding: list[Request] = []  # the step being scheduled: its decode tokens
+        self._ctx_sum = 0.0  # and their KV tokens
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.steps = 0
@@ -98,18 +89,9 @@ class AggregatedNode:
 
     # ---- router interface ---------------------------------------------------------------------------------
 
-    def cached_tokens(self, conv: int) -> int:
-        """Prefix-cached tokens of the conversation here (for ``prefix_aware`` routing)."""
-        entry = self.pool.cache.get(conv)
-        return entry[0] if entry is not None else 0
-
-    def load(self) -> int:
-        """Requests waiting or running on this engine."""
-        return len(self.waiting) + len(self.running)
-
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
-        bs = self.ctx.block_size
+        bs = self.bs
         if -(-(req.prompt + req.output) // bs) > self.capacity_blocks:
             raise input_error(
                 "deployment.decode_kv_capacity_tokens",
@@ -117,44 +99,25 @@ class AggregatedNode:
                 f"{req.prompt + req.output} tokens", "raise it or shorten prompts/outputs",
             )
         req.p_node = req.d_node = self.idx
-        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
-        self.waiting.append(req)
+        self._enqueue(self.env.now, req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     # ---- blocks ----------------------------------------------------------------------------------------------
 
-    def _admit(self, r: Request) -> bool:
+    def _can_schedule(self, r: Request) -> bool:
         """Allocate the blocks of the request's current tokens after its prefix-cache hit; False when they do not fit."""
-        pool = self.pool
-        bs = self.ctx.block_size
         resume = r.d_resume
         tokens = r.prompt + r.d_generated if resume else r.prompt
-        total = -(-tokens // bs)
-        entry = pool.take(r.conv) if self.caching else None  # out of the LRU: eviction cannot take it
-        hit = min(entry[0], ((tokens - 1) // bs) * bs) if entry is not None else 0
-        if not resume and r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): full blocks
-            hit = (r.reuse // bs) * bs
-        owned = entry[1] if entry is not None and hit > 0 else 0
-        need = max(total - owned, 0)
+        # a resumed request's own KV is a hit in full; a new turn's only as far as its prompt repeats the context
         wm = self.watermark_blocks if self.running else 0  # allocate_slots: the watermark once others are scheduled
-        # a taken entry's blocks left the cached count but are still in use: they are not free
-        want = need + wm + (entry[1] if entry is not None else 0)
-        if pool.free() < want:
-            pool.evict(want)
-            if pool.free() < want:
-                if entry is not None:
-                    pool.put_back(r.conv, entry)
-                return False  # submit() refused requests larger than the pool: blocks come back at a finish
-        if entry is not None and hit == 0:
-            pool.to_cache(r.conv, entry[0])
-        pool.held += total  # taken blocks past the current tokens go back to the free pool
-        self._held[id(r)] = total
-        pool.check()
+        hit = self._allocate(r, tokens, tokens if resume else r.reuse, wm, None)
+        if hit < 0:
+            return False  # submit() refused requests larger than the pool: blocks come back at a finish
         r.p_ctx = hit
         r.p_remaining = tokens - hit
         self._left[id(r)] = 0
-        now = self.env._now
+        now = self.env.now
         log = self.rows
         if resume:
             r.d_resume = False
@@ -167,13 +130,23 @@ class AggregatedNode:
         r.p_compute_start = now
         return True
 
+    def _decode_token(self, r: Request) -> bool:
+        """One decode token of a running request, its slots allocated; False when it preempted itself."""
+        kv = r.prompt + r.output - self._left[id(r)]  # KV after this step: prompt + the tokens sampled so far
+        blocks = -(-kv // self.pool.block_size)
+        if blocks > r.p_blocks and not self._grow(r, blocks):
+            return False
+        self._decoding.append(r)
+        self._ctx_sum += kv
+        return True
+
     def _grow(self, r: Request, blocks: int) -> bool:
         """``allocate_slots`` for a running request up to ``blocks``: evict cache, then preempt the newest.
 
         False when ``r`` itself was preempted (it was the newest left).
         """
         pool = self.pool
-        need = blocks - self._held[id(r)]
+        need = blocks - r.p_blocks
         if need <= 0:
             return True
         if pool.free() < need:
@@ -185,47 +158,43 @@ class AggregatedNode:
                     return False
                 pool.evict(need)  # its freed full blocks went to the prefix cache: take them back
         pool.held += need
-        self._held[id(r)] = blocks
+        r.p_blocks = blocks
         pool.check()
         return True
 
     def _preempt(self, r: Request) -> None:
         """``_preempt_request`` of the newest running request: free its blocks, re-queue it at the front."""
         self.running.pop()
-        self._preempted_now = True
+        self.preempted_now = True
         left = self._left.pop(id(r))
         if r.p_remaining > 0:  # still prefilling (or recomputing): what it had sampled before survives
             sampled, kv_tokens = r.d_generated, r.p_ctx
         else:
             sampled = r.output - left
             kv_tokens = r.prompt + sampled - 1  # the last sampled token has no KV yet
-        now = self.env._now
+        now = self.env.now
         if r.itl_old is not None:  # its stay in the batch ends: keep the step histogram of it (sim/itl.py)
             if r.itl_spans is None:
                 r.itl_spans = []
             r.itl_spans.append((r.itl_old, self.itl.root, NO_SKIP))
             r.itl_old = None
             r.last_tok_t = now  # it sampled in the step that just ended
-        self.pool.held -= self._held.pop(id(r))
-        self.pool.to_cache(r.conv, kv_tokens)
+        self.pool.held -= r.p_blocks
+        r.p_blocks = 0
         self.preemptions += 1
-        r.d_preemptions += 1
-        r.d_generated = sampled
-        r.d_resume = True
-        self.rows.append((now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
+        record_preemption(self.rows, now, self.idx, self.pool, r, sampled, kv_tokens)
         self.waiting.appendleft(r)
 
     def _stretch_fit(self, decoding: list[Request], k: int) -> int:
         """The most decode-only steps (<= ``k``, >= 1) whose blocks fit in the free and evictable blocks."""
-        bs = self.ctx.block_size
+        bs = self.bs
         room = self.pool.free() + self.pool.cached
         # step 1's blocks were allocated when it was scheduled: k steps need at most (k - 1) // bs + 1 more each
         if room >= len(decoding) * ((k - 1) // bs + 1):
             return k
-        held = self._held
         left = self._left
         # before the stretch a member's KV covers prompt + sampled - 1 tokens; step j computes one more
-        base = [(r.prompt + r.output - left[id(r)] - 1, held[id(r)]) for r in decoding]
+        base = [(r.prompt + r.output - left[id(r)] - 1, r.p_blocks) for r in decoding]
 
         def extra(j: int) -> int:
             return sum(max(-(-(c + j) // bs) - h, 0) for c, h in base)
@@ -244,56 +213,16 @@ class AggregatedNode:
     # ---- the engine loop -------------------------------------------------------------------------------------
 
     def _schedule_step(self) -> tuple[list[tuple[Request, int]], list[Request], float, float, float]:
-        """One ``Scheduler.schedule`` pass: running first, then waiting FCFS under the token budget."""
-        budget = self.max_tokens
-        chunks: list[tuple[Request, int]] = []
-        decoding: list[Request] = []
-        pairs = 0.0
-        ctx_pairs = 0.0  # of ``pairs``, those against KV already in the cache (priced at context_attention_s)
-        ctx_sum = 0.0
-        left = self._left
-        held = self._held
-        bs = self.ctx.block_size
-        self._preempted_now = False
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:  # preemption pops from the end: never a request already scheduled
-            r = running[i]
-            if r.p_remaining > 0:
-                n = min(r.p_remaining, budget)
-                blocks = -(-(r.p_ctx + n) // bs)
-                if blocks > held[id(r)] and not self._grow(r, blocks):
-                    break  # it preempted itself: nothing after it runs
-                chunks.append((r, n))
-                pairs += causal_pairs(n, r.p_ctx)
-                ctx_pairs += n * r.p_ctx
-                budget -= n
-            else:
-                kv = r.prompt + r.output - left[id(r)]  # KV after this step: prompt + the tokens sampled so far
-                blocks = -(-kv // bs)
-                if blocks > held[id(r)] and not self._grow(r, blocks):
-                    break
-                decoding.append(r)
-                ctx_sum += kv
-                budget -= 1
-            i += 1
-        while not self._preempted_now and self.waiting and len(self.running) < self.max_seqs and budget > 0:
-            r = self.waiting[0]
-            if not self._admit(r):
-                break  # scheduler.py: a waiting request that cannot get blocks stops the waiting loop
-            self.waiting.popleft()
-            self.running.append(r)
-            n = min(r.p_remaining, budget)
-            chunks.append((r, n))
-            pairs += causal_pairs(n, r.p_ctx)
-            ctx_pairs += n * r.p_ctx
-            budget -= n
-        self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - budget)
-        return chunks, decoding, pairs, ctx_pairs, ctx_sum
+        """One ``Scheduler.schedule`` pass (sim/scheduler.py): (prompt chunks, decode tokens, their pairs, ctx)."""
+        self._decoding = []
+        self._ctx_sum = 0.0
+        self.schedule()
+        self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - self.budget)
+        return self.chunks, self._decoding, self.pairs, self.ctx_pairs, self._ctx_sum
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
-        costs = self.ctx.costs
+        costs = self.costs
         while True:
             if not self.running and not self.waiting:
                 self._wake = env.event()
@@ -301,7 +230,7 @@ class AggregatedNode:
                 self._wake = None
             chunks, decoding, pairs, ctx_pairs, dec_ctx = self._schedule_step()
             if not chunks and not decoding:
-                if self._preempted_now:
+                if self.preempted_now:
                     continue  # the preempted request is scheduled from the waiting queue in the next pass
                 # nothing can run: blocks are held by nothing running, so the head request can never fit
                 self._wake = env.event()
@@ -311,8 +240,7 @@ class AggregatedNode:
             if not chunks:
                 yield from self._decode_stretch(decoding, dec_ctx)
                 continue
-            prefill_tokens = sum(n for _, n in chunks)
-            dt = mixed_step_time_s(costs.prefill, costs.decode, prefill_tokens, pairs, len(decoding), dec_ctx, ctx_pairs)
+            dt = mixed_step_time_s(costs.prefill, costs.decode, self.new_tokens, pairs, len(decoding), dec_ctx, ctx_pairs)
             self.busy_s += dt
             self.steps += 1
             self.mixed_steps += bool(decoding)
@@ -323,24 +251,24 @@ class AggregatedNode:
     def _decode_stretch(self, decoding: list[Request], ctx_sum: float) -> Generator[simpy.Event, Any, None]:
         """Decode-only steps until the next finish, or until an arrival (cut at the step in progress)."""
         env = self.env
-        dc = self.ctx.costs.decode
+        dc = self.costs.decode
         b = len(decoding)
         # a waiting request that could not be scheduled now can only be once blocks or slots free up, at a
         # finish: the stretch runs to the next finish unless an arrival cuts it
         k = self._stretch_fit(decoding, min(self._left[id(r)] for r in decoding))
-        t0 = env._now
+        t0 = env.now
         total = decode_steps_time_s(dc, b, ctx_sum, k)
         if k > 1:
             self._wake = env.event()
             yield env.any_of([env.timeout(total), self._wake])
             self._wake = None
-            e = env._now - t0
+            e = env.now - t0
             if e < total:
                 done = steps_within(e, decode_step_time_s(dc, b, ctx_sum), decode_step_increment_s(dc, b))
                 k = min(done + 1, k)  # the step in progress ends at boundary done + 1
                 total = decode_steps_time_s(dc, b, ctx_sum, k)
-                if t0 + total > env._now:
-                    yield env.timeout(t0 + total - env._now)
+                if t0 + total > env.now:
+                    yield env.timeout(t0 + total - env.now)
         else:
             yield env.timeout(total)
         self.busy_s += total
@@ -348,7 +276,7 @@ class AggregatedNode:
         first = decode_step_time_s(dc, b, ctx_sum)
         self.itl.add(first, decode_step_increment_s(dc, b), k, b, bucket_key(first))
         if k > 1:  # the blocks of steps 2..k (step 1's were allocated when it was scheduled); they fit
-            bs = self.ctx.block_size
+            bs = self.bs
             for r in decoding:
                 kv = r.prompt + r.output - self._left[id(r)] + k - 1
                 grew = self._grow(r, -(-kv // bs))
@@ -356,7 +284,7 @@ class AggregatedNode:
         self._after_step([], decoding, k)
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:
-        now = self.env._now
+        now = self.env.now
         log = self.rows
         left = self._left
         done: list[Request] = []
@@ -389,10 +317,10 @@ class AggregatedNode:
 
     def log_itl_hist(self) -> None:
         """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``)."""
-        log_pooled(self.rows, self.env._now, self.idx, self.itl)
+        log_pooled(self.rows, self.env.now, self.idx, self.itl)
 
     def _finish(self, r: Request) -> None:
-        now = self.env._now
+        now = self.env.now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         if r.itl_spans is None and r.itl_extra is None:  # one stay, no preemption
             p50, top = stay_stats(r.itl_old, self.itl.root, NO_SKIP)
@@ -404,7 +332,8 @@ class AggregatedNode:
         r.itl_old = None
         self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
         del self._left[id(r)]
-        self.pool.held -= self._held.pop(id(r))
+        self.pool.held -= r.p_blocks
+        r.p_blocks = 0
         self.pool.to_cache(r.conv, r.prompt + r.output - 1)  # the last sampled token never gets KV
         self.ctx.driver.d_done(r)
 

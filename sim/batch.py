@@ -123,7 +123,7 @@ class DecodeBatch:
         """Index of the step running now (its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        key = (self.env._now, self._gen)
+        key = (self.env.now, self._gen)
         if key == self._ips_key:
             return self._ips
         self._ips_key = key
@@ -173,7 +173,7 @@ class DecodeBatch:
         done = self._remove(r)
         self.close_stay(r)
         if done > 0:
-            r.last_tok_t = self.env._now  # its last step ended now
+            r.last_tok_t = self.env.now  # its last step ended now
         return r.d_g0 + done
 
     def close_stay(self, r: Request) -> None:
@@ -206,7 +206,7 @@ class DecodeBatch:
         if work_s <= 0.0:
             return
         if not self._active:
-            now = self.env._now
+            now = self.env.now
             self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
             return
         serial = self.post_serial
@@ -226,7 +226,7 @@ class DecodeBatch:
         async scheduling (vLLM PR #19970) at the one after when a step is running (that step's successor was
         planned when it started)."""
         r.d_p, r.d_g0 = p, g0
-        r.wait_t = self.env._now if self._active else -math.inf
+        r.wait_t = self.env.now if self._active else -math.inf
         self._join_q.append(r)
         if not self._active:
             self._active = True
@@ -272,7 +272,7 @@ class DecodeBatch:
         return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
 
     def _completed_in_stretch(self) -> int:
-        e = self.env._now - self._plan_t0
+        e = self.env.now - self._plan_t0
         return steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0
 
     def _cut_at_next_boundary(self) -> None:
@@ -288,7 +288,7 @@ class DecodeBatch:
         self._plan_n = n
         self._base = self.step
         self._last_n = n
-        dt = self._plan_t0 + self._steps_time(n) - self.env._now
+        dt = self._plan_t0 + self._steps_time(n) - self.env.now
         call_later(self.env, max(dt, 0.0), lambda _e: self._on_boundary(gen, n))
 
     def _on_boundary(self, gen: int, n: int) -> None:
@@ -385,7 +385,7 @@ class DecodeBatch:
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
         env = self.env
-        now = env._now
+        now = env.now
         owner = self.owner
         preempted = owner.fit(self.step) if self.batch else False
         joined: list[Request] = []

@@ -50,6 +50,7 @@ from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
 from kvplan.sim.router import KVParams
+from kvplan.sim.scheduler import prefix_hit, record_preemption, reserve
 from kvplan.sim.shared import SharedPrefixes
 
 
@@ -84,6 +85,7 @@ class DecodeNode:
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False
+        self._synced = False  # admission: the pool's held count is the batch's exact blocks (not an upper bound)
         self.preemptions = 0
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
         # last is the newest, preempted first
@@ -108,7 +110,7 @@ class DecodeNode:
 
     def release_pin(self, pin_id: int, why: Release) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
-        if self._unpin(pin_id, why, self.env._now):
+        if self._unpin(pin_id, why, self.env.now):
             self._try_admit()
 
     def _unpin(self, pin_id: int, why: Release, t: float) -> bool:
@@ -150,7 +152,7 @@ class DecodeNode:
             if self.pool.free() >= want:
                 break
             if pid != keep:
-                self._unpin(pid, Release.EVICTED, self.env._now)
+                self._unpin(pid, Release.EVICTED, self.env.now)
 
     def host_tokens(self, conv: int, now: float) -> int:
         """Tokens of the conversation in this node's host offload tier (expired pins are moved there first)."""
@@ -203,8 +205,8 @@ class DecodeNode:
 
     def fit(self, step: int) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if self.retention.next_expiry_due(self.env._now):
-            self._expire(self.env._now)
+        if self.retention.next_expiry_due(self.env.now):
+            self._expire(self.env.now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
         if free_at_end >= 0:
@@ -248,11 +250,7 @@ class DecodeNode:
         r.d_blocks = 0
         r.d_state = 0
         self.preemptions += 1
-        r.d_preemptions += 1
-        r.d_generated = sampled
-        r.d_resume = True
-        self.rows.append((self.env._now, Ev.D_PREEMPT, r.conv, r.turn, self.idx, sampled, kv_tokens))
-        self.pool.to_cache(r.conv, kv_tokens)
+        record_preemption(self.rows, self.env.now, self.idx, self.pool, r, sampled, kv_tokens)
         self._inflight -= 1
         self._admit_q.appendleft(r)
 
@@ -281,7 +279,7 @@ class DecodeNode:
                 "raise it or shorten prompts/outputs",
             )
         req.d_node = self.idx
-        self.rows.append((self.env._now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
@@ -298,14 +296,13 @@ class DecodeNode:
         pid = ret.of_conv.get(r.conv)
         entry = pool.take(r.conv)  # out of the cache: eviction cannot take it
         cap = ((tokens - 1) // bs) * bs
-        hit = owned = 0
+        cached = owned = 0
         if pid is not None:
             pin = ret.pins[pid]
-            hit, owned = min(pin.tokens, cap), pin.blocks
+            cached, owned = pin.tokens, pin.blocks
         elif entry is not None:
-            hit, owned = min(entry[0], cap), entry[1]
-        if r.reuse < hit:  # the prompt repeats less of the context (sim/history.py): the hash prefix, full blocks
-            hit = (r.reuse // bs) * bs
+            cached, owned = entry
+        hit = prefix_hit(cached, tokens, r.reuse, bs) if cached > 0 else 0  # as far as the prompt repeats it
         if self.shared is not None:  # a prefix shared with other conversations, already here (sim/shared.py)
             s_hit = self.shared.hit(r.conv, cap)
             if s_hit > hit:
@@ -319,7 +316,7 @@ class DecodeNode:
         q = self._admit_q
         if not q:
             return
-        now = self.env._now
+        now = self.env.now
         if self.retention.next_expiry_due(now):
             self._expire(now)
         batch = self.batch
@@ -342,18 +339,12 @@ class DecodeNode:
             # the watermark applies once other requests are scheduled (allocate_slots ``has_scheduled_reqs``)
             wm = self.watermark_blocks if (batch.batch or self.static) else 0
             want = need + wm + (owned if pid is None else 0)
-            if pool.capacity - pool.held - pool.pinned - pool.cached < want and not synced:
-                synced = True
-                self._sync(batch.in_progress_step())
             if pool.capacity - pool.held - pool.pinned - pool.cached < want:
-                pool.evict(want)
-                if pool.free() < want and self.policy.evictable:
-                    self._evict_pins(want, keep=pid)  # not the pin this request is about to reuse
-                if pool.free() < want:
-                    if entry is not None:
-                        pool.put_back(r.conv, entry)
+                self._synced = synced
+                if not reserve(pool, want, r.conv, entry, self, pid):  # not evicting the pin it is about to reuse
                     self._wake_admission_at_next_expiry()
                     break
+                synced = self._synced
             q.popleft()
             self._inflight += 1
             if pid is not None and hit > 0:
@@ -376,14 +367,25 @@ class DecodeNode:
         if admitted:
             batch.recheck()
 
+    def before_evict(self, want: int) -> None:
+        """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
+        if not self._synced:
+            self._synced = True
+            self._sync(self.batch.in_progress_step())
+
+    def after_evict(self, want: int, keep: int | None) -> None:
+        """Still short with the prefix cache gone: ``ttl_evictable`` releases pins (not ``keep``)."""
+        if self.policy.evictable:
+            self._evict_pins(want, keep)
+
     def _wake_admission_at_next_expiry(self) -> None:
         t = self.retention.next_expiry()
         if t is None:
             return  # blocks will come back when a running request finishes
-        if t >= self._admit_wake_at and self._admit_wake_at > self.env._now:
+        if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
             return
         self._admit_wake_at = t
-        call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._try_admit())
+        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._try_admit())
 
     def _start_p2d(self, r: Request, hit: int) -> None:
         ctx = self.ctx
@@ -392,7 +394,7 @@ class DecodeNode:
         pnode = ctx.prefill[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            self.rows.append((env._now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
@@ -405,17 +407,17 @@ class DecodeNode:
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
-            self.rows.append((env._now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            self.rows.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
             pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env._now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
+        self.rows.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
         self.batch.charge_thread(ctx.reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
         env = self.env
-        self.rows.append((env._now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+        self.rows.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
         r.d_resume = False
         r.d_state = 1
         r.d_hit = hit
@@ -428,7 +430,7 @@ class DecodeNode:
         if epoch != r.d_epoch:
             return  # preempted while recomputing
         sampled = r.d_generated + 1  # the recompute's last chunk samples the next token
-        now = self.env._now
+        now = self.env.now
         if not r.d_first_done:
             r.d_first_done = True
             self.rows.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
@@ -459,13 +461,13 @@ class DecodeNode:
 
     def log_itl_hist(self) -> None:
         """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
-        log_pooled(self.rows, self.env._now, self.idx, self.batch.itl)
+        log_pooled(self.rows, self.env.now, self.idx, self.batch.itl)
 
     def finish(self, r: Request) -> None:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
         ctx = self.ctx
-        now = env._now
+        now = env.now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self._log_itl(r, now)
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some

@@ -100,7 +100,7 @@ class Driver:
     def arrive_at(self, c: int, i: int, t_arrival: float) -> None:
         """Request ``i`` of conversation ``c`` arrives at ``t_arrival`` (now or later)."""
         env = self.env
-        delay = t_arrival - env._now + self.p_leg
+        delay = t_arrival - env.now + self.p_leg
         if delay > 0:
             call_later(env, delay, lambda _e: self._at_p(c, i, t_arrival))
         else:
@@ -144,7 +144,7 @@ class Driver:
     def _handoff(self, r: Request, d: int) -> None:
         """The handoff stage of D ``d`` (FCFS, one at a time when serialised), then D."""
         env = self.env
-        now = env._now
+        now = env.now
         start = now
         cost = self.handoff_fixed_s + r.prompt * self.handoff_per_token_s
         if self.handoff_serialised:
@@ -194,7 +194,7 @@ class OpenLoop:
         """Send the conversation's next turn one gap later, if it has one."""
         d = self.d
         if i + 1 < d.offsets[c + 1]:
-            d.arrive_at(c, i + 1, d.env._now + d.gap[i])
+            d.arrive_at(c, i + 1, d.env.now + d.gap[i])
 
 
 class TraceReplay:
@@ -266,4 +266,4 @@ class ClosedLoop:
         self.client_of[c] = active
         i = self.next_turn.get(c, self.d.offsets[c])
         self.next_turn[c] = i + 1
-        self.d.arrive_at(c, i, self.d.env._now + think_s)
+        self.d.arrive_at(c, i, self.d.env.now + think_s)

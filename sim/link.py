@@ -61,13 +61,13 @@ class Link:
             on_done(0.0)
             return
         self._advance()
-        heapq.heappush(self._heap, (self._v + nbytes, key, self.env._now, on_done))
+        heapq.heappush(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
             self.frac = 1.0 / len(self._heap)
             self._reschedule()
 
     def _advance(self) -> None:
-        now = self.env._now
+        now = self.env.now
         if self._heap:
             self._v += (now - self._last_t) * self.frac / self.per_byte_s
         self._last_t = now
@@ -92,7 +92,7 @@ class Link:
         self._advance()
         heap = self._heap
         slack = EPS_S * self.frac / self.per_byte_s
-        now = self.env._now
+        now = self.env.now
         finished = []
         while heap and heap[0][0] - self._v <= slack:
             finished.append(heapq.heappop(heap))

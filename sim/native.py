@@ -51,6 +51,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.link",
     "kvplan.sim.xfer",
     "kvplan.sim.router",
+    "kvplan.sim.scheduler",
     "kvplan.sim.decode",
     "kvplan.sim.prefill",
     "kvplan.sim.driver",

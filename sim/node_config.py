@@ -78,6 +78,7 @@ class AggregatedConfig:
     capacity_blocks: int
     prefix_caching: bool  # deployment.prefill_prefix_caching (the engine's enable_prefix_caching)
     watermark_blocks: int
+    costs: CostModel  # the replica's cost model (one TP for both phases)
 
 
 @dataclass(frozen=True, slots=True)

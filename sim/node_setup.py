@@ -129,6 +129,7 @@ def aggregated_config(scenario: Scenario, ctx: Ctx) -> AggregatedConfig:
         capacity_blocks=ctx.decode_capacity_blocks,
         prefix_caching=dep.prefill_prefix_caching,
         watermark_blocks=int(dep.kv_watermark * ctx.decode_capacity_blocks),
+        costs=ctx.costs,
     )
 
 

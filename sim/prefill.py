@@ -27,35 +27,31 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_first, call_later
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
-from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.node_config import PrefillConfig
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import D2P, HOST2P, Request
 from kvplan.sim.retention import read_declined
+from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.shared import SharedPrefixes
 
 
-class PrefillNode:
-    """One prefill instance (TP ranks act as one engine)."""
+class PrefillNode(Scheduler):
+    """One prefill instance (TP ranks act as one engine): the scheduler core plus the connector's decision."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: PrefillConfig) -> None:
+        pool = BlockPool(cfg.capacity_blocks, cfg.block_size, cfg.prefix_caching)
+        super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
         self.ctx = ctx
-        self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
-        self.idx = idx
-        self.max_seqs = cfg.max_num_seqs
-        self.max_tokens = cfg.max_num_batched_tokens
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s
         self.fail_on_decline = cfg.fail_on_decline
-        self.pool = BlockPool(cfg.capacity_blocks, cfg.block_size, cfg.prefix_caching)
         self.lease_s = cfg.kv_lease_duration_s
         self.bytes_per_block = cfg.bytes_per_block  # all P's ranks
         self.heartbeat_s = max(cfg.kv_lease_duration_s // 6, 1e-9)
@@ -67,29 +63,19 @@ class PrefillNode:
         self._blocked = False
         self._wake_at = float("inf")
         self._pc = cfg.costs
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         self.async_scheduling = cfg.async_scheduling
         self.post_serial = not cfg.kv_post_overlaps_forward  # sim/batch.py ``charge_thread``
         self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
         self._idle = False  # the scheduler loop waits for work (a submit or freed blocks kick it)
+        self._cutoff = math.inf  # async scheduling: requests waiting since after this time join a later step
         self._batch: list[tuple[Request, int]] = []  # the step in progress: (request, new tokens)
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None and self.pool.caching:
             self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, cfg.block_size)
         # the loop starts as SimPy starts a process: an URGENT event now (simpy.events.Initialize)
         call_first(self.env, self._start)
-
-    def cached_tokens(self, conv: int) -> int:
-        """Prefix-cached tokens of the conversation on this P (for ``prefix_aware`` routing)."""
-        entry = self.pool.cache.get(conv)
-        return entry[0] if entry is not None else 0
-
-    def load(self) -> int:
-        """Requests waiting or running on this P."""
-        return len(self.waiting) + len(self.running)
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine (after the proxy/HTTP leg)."""
@@ -101,14 +87,13 @@ class PrefillNode:
                 "raise it or shorten prompts",
             )
         req.p_node = self.idx
-        self.rows.append((self.env._now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
-        req.wait_t = self.env._now
-        self.waiting.append(req)
+        req.wait_t = self.env.now
+        self._enqueue(req.wait_t, req)
         self._kick()
 
     def charge_thread(self, work_s: float) -> None:
         """CPU work on this engine's thread (posting a read): queued after what it already has to do."""
-        now = self.env._now
+        now = self.env.now
         self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
 
     def _kick(self) -> None:
@@ -129,62 +114,57 @@ class PrefillNode:
         same: the wake is one event now, the step one event at its end).
         """
         env = self.env
-        log = self.rows
         # async scheduling (vLLM PR #19970): the step after the one that just ended was planned when that one
         # started, so only requests waiting since then can join it; an engine that was idle plans at once
-        cutoff = self._sched_t if self.async_scheduling and check_idle else math.inf
+        self._cutoff = self._sched_t if self.async_scheduling and check_idle else math.inf
         while True:
             if check_idle and not self.running and (not self.waiting or self._blocked):
                 self._idle = True
                 return
             check_idle = True
             self._blocked = False
-            budget = self.max_tokens
-            batch: list[tuple[Request, int]] = []
-            new_tokens = 0
-            pairs = 0.0
-            ctx_pairs = 0.0
-            for r in self.running:
-                if budget <= 0:
-                    break
-                n = r.p_remaining if r.p_remaining < budget else budget
-                batch.append((r, n))
-                budget -= n
-                new_tokens += n
-                ctx_pairs += n * r.p_ctx
-                pairs += n * r.p_ctx + n * (n + 1) / 2
-            while self.waiting and len(self.running) < self.max_seqs and budget > 0:
-                r = self.waiting[0]
-                if r.wait_t > cutoff:
-                    break  # joins the step after the next (FCFS)
-                if not r.p_decided and not self._allocate(r):
-                    self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
-                    break
-                self.waiting.popleft()
-                if not r.p_decided:
-                    if not self._decide(r):
-                        continue  # pulling asynchronously, or failed
-                self.running.append(r)
-                r.p_compute_start = env._now
-                log.append((env._now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
-                n = r.p_remaining if r.p_remaining < budget else budget
-                batch.append((r, n))
-                budget -= n
-                new_tokens += n
-                ctx_pairs += n * r.p_ctx
-                pairs += n * r.p_ctx + n * (n + 1) / 2
-            if not batch:
-                cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
+            self.schedule()
+            if not self.chunks:
+                self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
-            self._sched_t = env._now
-            dt = prefill_step_time_s(self._pc, new_tokens, pairs, ctx_pairs)
+            self._sched_t = env.now
+            dt = prefill_step_time_s(self._pc, self.new_tokens, self.pairs, self.ctx_pairs)
             self.busy_s += dt
-            self._batch = batch
+            self._batch = self.chunks
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
             # before that PR (deployment.kv_post_overlaps_forward false) the forward starts once the posting is done
-            stall = self.thread_free_s - env._now - (0.0 if self.post_serial else dt)
+            stall = self.thread_free_s - env.now - (0.0 if self.post_serial else dt)
             call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
+
+    def _can_schedule(self, r: Request) -> bool:
+        """The head of WAITING: planned for this step (async scheduling) and its blocks allocated."""
+        if r.wait_t > self._cutoff:
+            return False  # joins the step after the next (FCFS)
+        if r.p_decided:
+            return True  # back from its pull: its blocks are held since its first scheduling
+        # blocks for the whole prompt minus the local prefix hit (allocate_slots with full_sequence_must_fit)
+        hit = self._allocate(r, r.prompt, r.reuse, 0, self)
+        if hit < 0:
+            self._blocked = True  # FCFS: the head waits for blocks (held prompts, running requests)
+            self._wake_at_next_lapse()
+            return False
+        if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
+            bs = self.pool.block_size
+            s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
+            if s_hit > hit:
+                hit = s_hit
+        r.local_hit = hit
+        return True
+
+    def _scheduled(self, r: Request) -> bool:
+        """The connector decides at its first scheduling; it computes now unless it pulls (or failed)."""
+        if not r.p_decided and not self._decide(r):
+            return False  # pulling asynchronously, or failed
+        now = self.env.now
+        r.p_compute_start = now
+        self.rows.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
+        return True
 
     def _step_done(self, _e: object) -> None:
         finished = False
@@ -219,19 +199,19 @@ class PrefillNode:
             elif n < self.threshold:
                 decision = Decision.RECOMPUTE_BELOW_THRESHOLD
                 dnode.release_pin(params.pin_id, Release.NOTIFIED)
-            elif read_declined(env._now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, env._now):
+            elif read_declined(env.now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, env.now):
                 # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
                 # tier holds the context (sim/retention_policy.py)
-                n_host = min(dnode.host_tokens(r.conv, env._now), prompt) - local
+                n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
                 if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
                     pulled = min(n_host, prompt - local - 1)
-                    self.rows.append((env._now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
+                    self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
                     r.p_ctx = local + pulled
                     r.p_remaining = prompt - local - pulled
                     self._start_host_pull(r, params.decode_node, pulled)
                     return False
                 if self.fail_on_decline:
-                    log_t = env._now
+                    log_t = env.now
                     self.rows.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
                     self.rows.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
                     r.error = True
@@ -245,7 +225,7 @@ class PrefillNode:
                 decision = Decision.PULL
                 # at least one token is computed: the scheduler backs off a full-prompt hit by one
                 pulled = min(n, prompt - local - 1)
-        self.rows.append((env._now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
+        self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
         r.p_ctx = local + pulled
         r.p_remaining = prompt - local - pulled
         if decision == Decision.PULL:
@@ -261,13 +241,13 @@ class PrefillNode:
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             dnode.release_pin(pin_id, Release.READ)
-            r.wait_t = env._now
+            r.wait_t = env.now
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
+        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -276,52 +256,25 @@ class PrefillNode:
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env._now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             ctx.decode[d].host_read(r.conv)
-            r.wait_t = env._now
+            r.wait_t = env.now
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env._now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
+        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
-    def _allocate(self, r: Request) -> bool:
-        """Blocks for the whole prompt minus the local prefix hit, else False (the request keeps waiting)."""
-        pool = self.pool
-        bs = pool.block_size
-        entry = pool.take(r.conv) if pool.caching else None
-        local = owned = 0
-        if entry is not None:
-            local = min(entry[0], ((r.prompt - 1) // bs) * bs)
-            if r.reuse < local:  # the prompt repeats less of the context: the hash prefix, full blocks
-                local = (r.reuse // bs) * bs
-            owned = entry[1] if local > 0 else 0
-        own_local = local
-        if self.shared is not None:  # another conversation computed the shared prefix here: a local hit
-            s_hit = self.shared.hit(r.conv, ((r.prompt - 1) // bs) * bs)
-            if s_hit > local:
-                local = s_hit
-        total = -(-r.prompt // bs)
-        want = max(total - owned, 0) + (entry[1] if entry is not None else 0)
-        if pool.free() < want:
-            self._lapse_due(self.env._now)
-            pool.evict(want)
-            if pool.free() < want:
-                if entry is not None:
-                    pool.put_back(r.conv, entry)
-                self._wake_at_next_lapse()
-                return False
-        if entry is not None and own_local == 0:
-            pool.to_cache(r.conv, entry[0])
-        pool.held += total
-        pool.check()
-        r.p_blocks = total
-        r.local_hit = local
-        return True
+    def before_evict(self, want: int) -> None:
+        """The pool is short: leases past their deadline free their blocks first."""
+        self._lapse_due(self.env.now)
+
+    def after_evict(self, want: int, keep: int | None) -> None:
+        """Nothing else to free on P."""
 
     def _finish(self, r: Request) -> None:
         env = self.env
-        now = env._now
+        now = env.now
         # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
         self.rows.append(
@@ -351,7 +304,7 @@ class PrefillNode:
         if not r.p_hold:
             return
         hb = self.heartbeat_s
-        first_hb = -(-self.env._now // hb) * hb
+        first_hb = -(-self.env.now // hb) * hb
         if first_hb > r.p_lease_expiry:
             self.release_hold(r, HoldRelease.LAPSED, r.p_lease_expiry)
             r.p_lapsed = True
@@ -374,13 +327,13 @@ class PrefillNode:
         if not leases:
             return  # blocks come back when D reads a held prompt or a running prefill finishes
         t = leases[0][0]
-        if self._wake_at <= t and self._wake_at > self.env._now:
+        if self._wake_at <= t and self._wake_at > self.env.now:
             return
         self._wake_at = t
-        call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._on_lapse_timer())
+        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._on_lapse_timer())
 
     def _on_lapse_timer(self) -> None:
-        self._lapse_due(self.env._now)
+        self._lapse_due(self.env.now)
         self._blocked = False
         self._kick()
 
@@ -391,7 +344,7 @@ class PrefillNode:
         r.p_hold = False
         pool = self.pool
         pool.pinned -= r.p_blocks
-        t = self.env._now if at is None else at
+        t = self.env.now if at is None else at
         self.rows.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
         r.p_blocks = 0
         pool.to_cache(r.conv, r.prompt)

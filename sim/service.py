@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvplan.models.arch import descriptors_per_transfer, kv_bytes_per_token_per_rank
-from kvplan.models.costs import decode_steps_time_s, prefill_time_s, transfer_time_s
+from kvplan.models.costs import decode_steps_time_s, prefill_time_s
 from kvplan.sim.engine import resolve
+from kvplan.sim.pull import read_path
+from kvplan.sim.request import P2D
 from kvplan.sim.scenario import Scenario
 
 
@@ -23,16 +24,14 @@ def unloaded_service_time_fn(scenario: Scenario) -> Callable[[np.ndarray, np.nda
     """``f(input_tokens, output_tokens) -> seconds`` for the scenario's model, hardware and profile."""
     rs = resolve(scenario)
     c = rs.costs
-    tp = scenario.deployment.tensor_parallel_size
     chunk = scenario.deployment.max_num_batched_tokens
-    per_rank = kv_bytes_per_token_per_rank(rs.arch, tp)
-    cross = scenario.deployment.cross_layer_blocks
+    p2d = read_path(scenario, rs, P2D)  # D reads the prompt's KV from P as the simulator composes it
 
     def one(n_in: int, n_out: int) -> float:
         n_in = max(int(n_in), 1)
         t = c.overhead.p_leg_s + c.overhead.d_leg_s
         t += prefill_time_s(c.prefill, n_in, 0, chunk)
-        t += transfer_time_s(c.transfer, n_in * per_rank, descriptors_per_transfer(rs.arch, n_in, cross))
+        t += p2d.time_s(n_in)
         t += decode_steps_time_s(c.decode, 1, n_in, max(int(n_out), 1))
         return t
 

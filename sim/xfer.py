@@ -16,9 +16,37 @@ from collections.abc import Callable
 from typing import Any
 
 from kvplan.models.costs import post_time_s, prep_time_s, xfer_time_s
+from kvplan.models.formulas import TransferParams
 from kvplan.sim.clock import call_later
 from kvplan.sim.link import Link
 from kvplan.sim.request import D2P, HOST2P, P2D
+
+
+def read_phases(
+    tc: TransferParams, plan: Any, regions: int, block_size: int, tokens: int
+) -> tuple[int, float, float, float, float]:
+    """The one composition of a NIXL READ of ``tokens`` tokens (simulator, screen and break-even use it).
+
+    ``plan`` is the direction's :class:`~kvplan.sim.tp.RankPlan` (heterogeneous TP, vLLM PR #27274): each reader
+    rank posts ``regions x blocks`` descriptors per source rank it reads from, and the bytes go through the
+    read's busiest NIC. Returns (descriptors per reader rank, bytes through the busiest NIC, the post (inside
+    xferDuration, reported only), xferDuration without the shared-bandwidth phase, that latency plus the
+    request creation before NIXL's timer: the unshared part of the read, handshake and poll excluded).
+    """
+    desc = regions * (-(-tokens // block_size)) * plan.sources_per_reader
+    nbytes = float(tokens * plan.bottleneck_bytes_per_token)
+    lat_x = xfer_time_s(tc, 0.0, desc)
+    return desc, nbytes, post_time_s(tc, desc), lat_x, prep_time_s(tc, desc) + lat_x
+
+
+def read_time_s(tc: TransferParams, per_byte_s: float, plan: Any, regions: int, block_size: int, tokens: int,
+                first_use: bool = False) -> float:
+    """Request-visible time of one READ on an idle link (:func:`read_phases` as :meth:`Reads.start` runs it):
+    the bytes at the line rate, then the unshared latency, the handshake on first use and the step-boundary poll."""
+    _, nbytes, _, _, pre = read_phases(tc, plan, regions, block_size, tokens)
+    if first_use:
+        pre += tc.handshake_s
+    return nbytes * per_byte_s + (pre + tc.poll_s)
 
 
 class Reads:
@@ -45,14 +73,8 @@ class Reads:
         Returns the reader's engine-thread time of creating and posting it
         (:func:`kvplan.models.costs.read_thread_time_s`), which the reading engine charges to its thread (its
         steps cannot end before that work is done)."""
-        plan = self.plans[direction]
         tc = self.cost[direction]
-        # descriptors per reader rank = regions x blocks for each source rank it reads from
-        desc = self.regions * (-(-tokens // self.block_size)) * plan.sources_per_reader
-        nbytes_rank = float(tokens * plan.bottleneck_bytes_per_token)  # through the busiest NIC of the read
-        post = post_time_s(tc, desc)  # reported only: the post is inside xferDuration (models/costs.py)
-        lat_x = xfer_time_s(tc, 0.0, desc)  # xferDuration without the shared-bandwidth phase
-        pre = prep_time_s(tc, desc) + lat_x  # request creation (before NIXL's timer) + unshared xfer latency
+        desc, nbytes_rank, post, lat_x, pre = read_phases(tc, self.plans[direction], self.regions, self.block_size, tokens)
         self.seq += 1
         link = self.links.get((p, d, direction))
         if link is None:  # the reader's first read from that engine: it pays the handshake

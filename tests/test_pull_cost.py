@@ -1,0 +1,61 @@
+"""One composition of a pull's cost (sim/xfer.py ``read_phases``) for the simulator, the screen and break-even.
+
+Heterogeneous TP (vLLM PR #27274): P at TP 4 reads D's blocks at TP 8; with Qwen3-32B's 8 KV heads each P rank
+reads from two D ranks, so it posts twice the descriptors and receives twice the bytes of one TP-8 rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvplan.models.arch import kv_bytes_per_token_per_rank, kv_regions_per_rank
+from kvplan.plan.breakeven import break_even
+from kvplan.plan.screen import _pull_s, screen_point
+from kvplan.sim.engine import resolve
+from kvplan.sim.pull import read_path
+from kvplan.sim.scenario import scenario_from_dict
+
+
+def _scenario(prefill_tp: int | None) -> Any:
+    dep: dict[str, Any] = {"max_num_seqs": 64, "prefill_prefix_caching": False, "tensor_parallel_size": 8}
+    if prefill_tp is not None:
+        dep["prefill_tensor_parallel_size"] = prefill_tp
+    return scenario_from_dict({
+        "model": "qwen3-32b", "hardware": "p5en", "deployment": dep,
+        "workload": {"conversations": 4, "turns": {"dist": "constant", "value": 2},
+                     "prefix_tokens": {"dist": "constant", "value": 3000},
+                     "user_tokens": {"dist": "constant", "value": 100},
+                     "output_tokens": {"dist": "constant", "value": 50},
+                     "turn_gap_s": {"dist": "constant", "value": 5.0}},
+        "seed": 1,
+    })
+
+
+def _by_hand(sc: Any, n: int, sources: int, reader_tp: int) -> float:
+    """prep + xferDuration (fixed, per descriptor, per byte at the link's rate) + poll, from the profile."""
+    rs = resolve(sc)
+    tc = rs.costs.transfer
+    desc = kv_regions_per_rank(rs.arch, False) * math.ceil(n / rs.arch.block_size_tokens) * sources
+    nbytes = n * kv_bytes_per_token_per_rank(rs.arch, reader_tp)
+    return (tc.prep_fixed_s + tc.prep_per_descriptor_s * desc + tc.fixed_s + tc.per_descriptor_s * desc
+            + rs.per_byte_s * nbytes + tc.poll_s)
+
+
+def test_heterogeneous_tp_pull_in_break_even_and_screen() -> None:
+    homo, hetero = _scenario(None), _scenario(4)
+    read = read_path(hetero, resolve(hetero))
+    assert read.plan.sources_per_reader == 2 and read.plan.reader_tp == 4 and read.plan.source_tp == 8
+    n = 3000
+    assert read.time_s(n) == pytest.approx(_by_hand(hetero, n, 2, 4), rel=1e-12)
+    assert read_path(homo, resolve(homo)).time_s(n) == pytest.approx(_by_hand(homo, n, 1, 8), rel=1e-12)
+    # break-even prices the pull with the rank plan (it used TP 8's bytes and descriptors before)
+    be = break_even(resolve(hetero), local_prefix_tokens=0, tail_tokens=100, max_tokens=4096)
+    assert be.pull_s == pytest.approx(_by_hand(hetero, min(be.tokens, 4096), 2, 4), rel=1e-12)
+    # the screen too
+    p = screen_point(hetero, {})
+    assert float(_pull_s(p, np.array([float(n)]))[0]) == pytest.approx(_by_hand(hetero, n, 2, 4), rel=1e-12)
+    assert _by_hand(hetero, n, 2, 4) > 1.5 * _by_hand(homo, n, 1, 8) - 1e-3  # the plan matters here

@@ -67,6 +67,7 @@ class DecodeNode:
         self.p2d_threshold = cfg.p2d_threshold_tokens
         self.chunk = cfg.max_num_batched_tokens
         self.costs = cfg.costs  # D's own cost model (its TP)
+        self.bs = cfg.block_size
         self.pool = BlockPool(cfg.capacity_blocks, cfg.block_size, self.caching)
         self.watermark_blocks = cfg.watermark_blocks
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
@@ -136,14 +137,14 @@ class DecodeNode:
         """A pin of the conversation's shared-prefix group is gone: tokens the group unpins with it."""
         assert self.shared is not None
         tokens = self.shared.unpin(conv)
-        self.pool.pinned -= tokens // self.ctx.block_size
+        self.pool.pinned -= tokens // self.bs
         return tokens
 
     def _pin_shared(self, r: Request, kv_tokens: int) -> tuple[int, int]:
         """(tokens the pin leaves to its group, tokens the group pins now) for a finished request."""
         assert self.shared is not None
         left, new = self.shared.pin(r.conv, kv_tokens)
-        self.pool.pinned += new // self.ctx.block_size
+        self.pool.pinned += new // self.bs
         return left, new
 
     def _evict_pins(self, want: int, keep: int | None = None) -> None:
@@ -270,7 +271,7 @@ class DecodeNode:
 
     def submit(self, req: Request) -> None:
         """The D leg reaches this engine: wait for KV blocks, pull from P, then join the batch."""
-        bs = self.ctx.block_size
+        bs = self.bs
         if req.prompt + req.output - 1 > self._max_tokens:
             raise input_error(
                 "deployment.decode_kv_capacity_tokens",
@@ -292,7 +293,7 @@ class DecodeNode:
         """
         if not self.caching:
             return None, None, 0, 0
-        ret, pool, bs = self.retention, self.pool, self.ctx.block_size
+        ret, pool, bs = self.retention, self.pool, self.bs
         pid = ret.of_conv.get(r.conv)
         entry = pool.take(r.conv)  # out of the cache: eviction cannot take it
         cap = ((tokens - 1) // bs) * bs
@@ -327,7 +328,7 @@ class DecodeNode:
             self._sync(batch.in_progress_step())
         else:
             pool.held = self.static + batch.fin_sum
-        bs = self.ctx.block_size
+        bs = self.bs
         admitted = False
         while q:
             r = q[0]
@@ -482,7 +483,7 @@ class DecodeNode:
             left = new = 0
             if self.shared is not None:  # shared blocks are pinned once per group, not in this pin's blocks
                 left, new = self._pin_shared(r, kv_tokens)
-            blocks = -(-(kv_tokens - left) // ctx.block_size)
+            blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
             self.retention.pins[pid].shared = left

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kvplan.models.costs import CostModel
 from kvplan.sim.clock import SimEnv
 from kvplan.sim.events import EventLog, HoldRelease, Release
 from kvplan.sim.request import Request
@@ -73,11 +72,8 @@ class DriverPort(Protocol):
 
 
 class Wiring(Protocol):
-    """The shared run a node is placed in: clock, event log, router, reads and its peers (read-only views).
-
-    ``block_size`` and ``costs`` (P's cost model; the aggregated replicas' too) are the run-wide constants
-    the engines' step code reads; everything else a node needs comes in its config.
-    """
+    """The shared run a node is placed in: clock, event log, router, reads and its peers (read-only views);
+    every constant a node needs (block size, cost model, limits) comes in its config (sim/node_config.py)."""
 
     @property
     def env(self) -> SimEnv:
@@ -117,16 +113,6 @@ class Wiring(Protocol):
     @property
     def driver(self) -> DriverPort:
         """The driver that sends the turns."""
-        ...
-
-    @property
-    def block_size(self) -> int:
-        """KV block size in tokens."""
-        ...
-
-    @property
-    def costs(self) -> CostModel:
-        """P's cost model (the aggregated replicas' too)."""
         ...
 
     # prefixes shared by conversations (sim/shared.py)

@@ -12,47 +12,13 @@ is in :data:`SCHEMA` (one :class:`EventSpec` per kind, named fields); readers na
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from enum import IntEnum
-from itertools import starmap
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvplan.sim import evlog
-from kvplan.sim.evlog import ROW_BYTES, ROW_FORMAT, Row, RowBuffer
-
-# Whether sim/evlog.py runs compiled (sim/native.py): then its RowBuffer packs each row as it is emitted with no
-# tuple object; interpreted, a list's own append (no Python frame per event) and one packing pass per flush
-# cost less (_TupleRows).
-_PACKED_AS_EMITTED = not str(getattr(evlog, "__file__", "")).endswith(".py")
-_PACK = struct.Struct(ROW_FORMAT).pack
-
-
-class _TupleRows(list[Row]):
-    """The interpreted build's row buffer: rows kept as tuples until :meth:`take` packs them all at once.
-
-    Same interface and bytes as :class:`kvplan.sim.evlog.RowBuffer` (``append``, ``len``, ``take``, ``rows``):
-    ``list.append`` is C code, where ``RowBuffer.append`` is a Python call per event; the tuples of one slice
-    of simulated time (the engine flushes every ``SLICE_EVENTS`` rows or sooner) live until the flush.
-    """
-
-    def take(self) -> bytes:
-        """The rows so far packed (``ROW_FORMAT`` each, the values converted as ``RowBuffer`` converts
-        them), and start over."""
-        data = b"".join(starmap(_PACK, self))
-        self.clear()
-        return data
-
-    def rows(self) -> list[Row]:
-        """The rows not yet taken, converted as packing converts them (floats, then integers)."""
-        return [cast(Row, r) for r in struct.iter_unpack(ROW_FORMAT, b"".join(starmap(_PACK, self)))]
-
-
-def new_row_buffer() -> RowBuffer:
-    """The event log's row buffer: :class:`RowBuffer` when compiled, :class:`_TupleRows` when interpreted."""
-    return RowBuffer() if _PACKED_AS_EMITTED else cast(RowBuffer, _TupleRows())
+from kvplan.sim.evlog import ROW_BYTES, RowBuffer
 
 
 class Ev(IntEnum):
@@ -256,7 +222,7 @@ class EventLog:
     """
 
     def __init__(self, keep: bool = True) -> None:
-        self.buf = new_row_buffer()
+        self.buf = RowBuffer()
         self.keep = keep
         self.kept: list[EventChunk] = []
         self.flushed = 0

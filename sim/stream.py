@@ -185,7 +185,8 @@ class RunStream:
         self.t_max = float("-inf")
         self.t_max_active = float("-inf")  # over every event but retention releases
         # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
-        self.agg = TurnAggregates(exact=int(self.remaining.sum()) <= exact_max_turns)
+        planned = int(self.remaining.sum())
+        self.agg = TurnAggregates(exact=planned <= exact_max_turns, capacity=planned)
         # a streamed run above that size keeps only the held series' statistics, folded in as the run goes
         self.held_stats = StepStats(divisor=GIB) if not keep_turns and not self.agg.exact else None
         self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
@@ -364,13 +365,14 @@ class TurnAggregates:
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
     n_ok: int = 0
+    capacity: int = 0  # turns expected (the plan's): an exact column's buffer is sized for them once
 
     SUM_COLS = ("pulled_tokens", "recomputed_tokens", "local_hit_tokens", "failed_tokens", "prompt_tokens",
                 "d2p_bytes", "p2d_bytes")
 
     def __post_init__(self) -> None:
         """One statistic per column of :data:`STAT_COLUMNS`."""
-        self.cols = {name: ColumnStat(self.exact, q) for name, q in STAT_COLUMNS.items()}
+        self.cols = {name: ColumnStat(self.exact, q, self.capacity) for name, q in STAT_COLUMNS.items()}
 
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.cols[name].add(np.asarray(values, dtype=np.float64))

@@ -4,6 +4,8 @@ Runs the reference workload (benchmarks/reference.yaml) scaled to N conversation
 process each (one core), streaming turns.parquet into a temporary result directory like
 ``kvplan simulate --out DIR`` does, and reports wall time, peak resident memory (ru_maxrss of the child)
 and the output sizes; the machine's load average is recorded with each figure (the machine is shared).
+Each size is followed by raw SimPy processing as many events as that run put on SimPy's queue
+(benchmarks/simpy_yardstick.py, its own process), and the ratio of the two CPU times.
 Writes benchmarks/results/scale.json. Each row says whether the compiled build ran (``kvplan native build``,
 sim/native.py; ``KVPLAN_NATIVE=0`` measures pure Python).
 
@@ -27,22 +29,25 @@ OUT = HERE / "results" / "scale.json"
 CHILD = r"""
 import json, os, resource, sys, tempfile, time
 from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from simpy_yardstick import count_events
 from kvplan.sim import native
 from kvplan.sim.api import run
 from kvplan.sim.results import ResultDirWriter
 from kvplan.sim.scenario import load_scenario, with_overrides
 sc = with_overrides(load_scenario(sys.argv[1]), {"workload.conversations": int(sys.argv[2])})
 out = Path(tempfile.mkdtemp(prefix="kvplan-scale-")) / "out"
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 w = ResultDirWriter(out, "parquet")
-r = run(sc, keep=False, sink=w.write_turns)
+n_events, r = count_events(sc, keep=False, sink=w.write_turns)
 w.commit(r)
-dt = time.perf_counter() - t
+dt, dc = time.perf_counter() - t, time.process_time() - c
 sizes = {p.name: p.stat().st_size for p in out.iterdir()}
 for p in out.iterdir():
     p.unlink()
 out.rmdir(); out.parent.rmdir()
 print(json.dumps({"conversations": int(sys.argv[2]), "turns": r.summary["turns"], "wall_s": dt,
+                  "cpu_s": dc, "simpy_events": n_events,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "ttft_mean_s": r.summary["ttft_mean_s"], "prefill_utilization": r.summary["prefill_utilization"],
                   "output_bytes": sizes, "load_avg_after": os.getloadavg(),
@@ -50,21 +55,38 @@ print(json.dumps({"conversations": int(sys.argv[2]), "turns": r.summary["turns"]
 """
 
 
+RAW = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[2])
+from simpy_yardstick import raw_simpy_cpu_s
+dt = raw_simpy_cpu_s(int(sys.argv[1]))
+print(json.dumps({"cpu_s": dt, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _child(code: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{args} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(sizes: list[int]) -> None:
-    """Run each size in a fresh process and write the results file."""
+    """Run each size in a fresh process, then raw SimPy for the same event count, and write the results file."""
     rows = []
     for n in sizes:
         load = os.getloadavg()
-        out = subprocess.run([sys.executable, "-c", CHILD, str(REF), str(n)], capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"{n} conversations failed:\n{out.stderr}")
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = _child(CHILD, str(REF), str(n), str(HERE))
         row["load_avg_before"] = load
+        raw = _child(RAW, str(row["simpy_events"]), str(HERE))  # benchmarks/simpy_yardstick.py, right after
+        row["raw_simpy"] = {**raw, "events": row["simpy_events"], "ratio_cpu": row["cpu_s"] / raw["cpu_s"]}
         rows.append(row)
         print(f"{row['turns']:>10,} turns: {row['wall_s']:.1f} s wall, peak RSS {row['peak_rss_mib']:,.0f} MiB, "
               f"turns.parquet {row['output_bytes'].get('turns.parquet', 0) / 2**20:.0f} MiB, "
               f"{'compiled build' if row['compiled_build'] else 'pure Python'} "
               f"(load average before {load[0]:.1f}, after {row['load_avg_after'][0]:.1f} on {os.cpu_count()} cores)")
+        print(f"{'':>10}  raw SimPy, same {row['simpy_events']:,} events: {raw['cpu_s']:.1f} CPU s against "
+              f"{row['cpu_s']:.1f} -> ratio {row['raw_simpy']['ratio_cpu']:.2f}x")
     old = json.loads(OUT.read_text()).get("runs", []) if OUT.exists() else []
     sizes_run = {r["conversations"] for r in rows}
     rows = sorted([r for r in old if r["conversations"] not in sizes_run] + rows, key=lambda r: r["conversations"])
@@ -72,7 +94,8 @@ def main(sizes: list[int]) -> None:
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count()},
         "runs": rows,  # earlier runs of other sizes are kept
-        "targets": {"1M_turns_wall_s": 30, "1M_turns_peak_rss_mib": 1024, "10M_turns_peak_rss_mib": 4096},
+        "targets": {"1M_turns_wall_s": 30, "1M_turns_peak_rss_mib": 1024, "10M_turns_peak_rss_mib": 4096,
+                    "issue23_1M_turns_wall_s": 15, "issue23_1M_turns_peak_rss_mb": 400},
     }
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")

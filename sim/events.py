@@ -193,7 +193,9 @@ class EventChunk(NamedTuple):
 
     def take(self, idx: np.ndarray) -> EventChunk:
         """The events at ``idx`` (an index or boolean mask), in that order."""
-        return EventChunk(*(c[idx] for c in self))
+        if idx.dtype == np.bool_:  # positions once, not a mask scan per column
+            idx = np.flatnonzero(idx)
+        return EventChunk(*(c.take(idx) for c in self))
 
     @staticmethod
     def concat(chunks: list[EventChunk]) -> EventChunk:

@@ -166,9 +166,13 @@ class ColumnStat:
     Otherwise an exact count and sum are kept (and, with ``quantiles``, a :class:`LogSketch`): O(1) memory.
     """
 
-    def __init__(self, exact: bool, quantiles: bool = True) -> None:
+    def __init__(self, exact: bool, quantiles: bool = True, capacity: int = 0) -> None:
         self.exact = exact
-        self.parts: list[np.ndarray] = []
+        # an exact column is one growing buffer (``capacity``: the values expected, e.g. the planned turns), not
+        # a list of batches joined at the end: joining a million values left the batches' freed memory resident
+        # beside the joined copy (the 1M-turn run's peak)
+        self._buf = np.empty(max(capacity, 0) if exact else 0)
+        self._len = 0
         self.sketch = LogSketch() if quantiles and not exact else None
         self.quantiles = quantiles
         self.n = 0
@@ -177,9 +181,14 @@ class ColumnStat:
     def add(self, values: np.ndarray) -> None:
         """Fold a batch in (NaN values count for nothing but are kept in an exact column)."""
         v = np.asarray(values, dtype=np.float64)
-        if self.exact:
-            # a copy: ``values`` may be a view of a whole frame's 2-D block, which it would keep alive
-            self.parts.append(v.copy())
+        if self.exact:  # copied in: ``values`` may be a view of a whole frame's 2-D block
+            end = self._len + len(v)
+            if end > len(self._buf):
+                grown = np.empty(max(end, 2 * len(self._buf), 1024))
+                grown[: self._len] = self._buf[: self._len]
+                self._buf = grown
+            self._buf[self._len:end] = v
+            self._len = end
             return
         ok = v[~np.isnan(v)]
         self.n += len(ok)
@@ -192,9 +201,7 @@ class ColumnStat:
         """The kept column (exact mode only)."""
         if not self.exact:
             raise ValueError("the column was not kept (sketch mode)")
-        if len(self.parts) > 1:
-            self.parts = [np.concatenate(self.parts)]
-        return self.parts[0] if self.parts else np.zeros(0)
+        return self._buf[: self._len]
 
     def count(self) -> int:
         """Non-NaN values."""
@@ -221,4 +228,5 @@ class ColumnStat:
 
     def free(self) -> None:
         """Drop the kept column (its statistics are no longer needed)."""
-        self.parts = []
+        self._buf = np.empty(0)
+        self._len = 0

@@ -38,10 +38,11 @@ from kvplan.sim.summary import Summary
 
 def events_frame(ev: EventChunk) -> pd.DataFrame:
     """The event log as a frame with columns ``t_s, kind, conv, turn, node, a, b`` (integer columns as int64)."""
-    df = pd.DataFrame({c: np.asarray(v) for c, v in zip(COLUMNS, ev, strict=True)})
-    for c in ("kind", "conv", "turn", "node"):
-        df[c] = df[c].astype(np.int64)
-    return df
+    ints = ("kind", "conv", "turn", "node")
+    # the columns converted before the frame is built (one array each, no block consolidation and re-cast),
+    # and the float columns taken over from the chunk rather than copied (the run's log is not used again)
+    return pd.DataFrame({c: np.asarray(v, dtype=np.int64) if c in ints else np.asarray(v)
+                         for c, v in zip(COLUMNS, ev, strict=True)}, copy=False)
 
 
 def pinned_frame(t: np.ndarray, tokens: np.ndarray, bytes_per_token: int) -> pd.DataFrame:

@@ -50,29 +50,59 @@ def _is_turn_event(kind: np.ndarray) -> np.ndarray:
     return np.isin(kind, TURN_KINDS)
 
 
-@dataclass
 class SeriesBuffer:
-    """Change points ``(t, delta, order)`` of a step function, kept compactly until the run ends."""
+    """Change points ``(t, delta, order)`` of a step function, kept compactly until the run ends.
 
-    t: list[np.ndarray] = field(default_factory=list)
-    delta: list[np.ndarray] = field(default_factory=list)
-    order: list[np.ndarray] = field(default_factory=list)
+    Three growing NumPy buffers (``capacity``: the points expected, e.g. two per planned turn; a buffer's
+    unused tail costs no memory until written), not lists of per-chunk arrays: a million points joined at the
+    end left the freed parts resident beside the joined copies.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        cap = max(capacity, 0)
+        self._t = np.empty(cap)
+        self._d = np.empty(cap)
+        self._o = np.empty(cap, dtype=np.int8)
+        self._n = 0
 
     def add(self, t: np.ndarray, delta: np.ndarray, order: int) -> None:
         """Append changes (``order`` 0 = releases, sorted before the additions of order 1 at equal times)."""
-        if len(t):
-            self.t.append(t.astype(np.float64))
-            self.delta.append(delta.astype(np.float64))
-            self.order.append(np.full(len(t), order, dtype=np.int8))
+        m = len(t)
+        if not m:
+            return
+        n, end = self._n, self._n + m
+        if end > len(self._t):
+            size = max(end, 2 * len(self._t), 4096)
+            for name in ("_t", "_d", "_o"):
+                old = getattr(self, name)
+                grown = np.empty(size, dtype=old.dtype)
+                grown[:n] = old[:n]
+                setattr(self, name, grown)
+        self._t[n:end] = t
+        self._d[n:end] = delta
+        self._o[n:end] = order
+        self._n = end
 
     def __len__(self) -> int:
         """Change points buffered."""
-        return sum(len(x) for x in self.t)
+        return self._n
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Views of the buffered ``(t, delta, order)``, in the order added."""
+        n = self._n
+        return self._t[:n], self._d[:n], self._o[:n]
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the buffered changes where ``mask`` is false (the rest keep their order)."""
+        t, d, o = (x[mask] for x in self.arrays())
+        m = len(t)
+        self._t[:m], self._d[:m], self._o[:m] = t, d, o
+        self._n = m
 
     def steps(self, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(t, level)`` after each change, time-ordered (releases first at equal times, then log order).
 
-        Consumes the buffer (empty afterwards), freeing each part as soon as it is sorted, so that a long run's
+        Consumes the buffer (empty afterwards), freeing each buffer as soon as it is sorted, so that a long run's
         change points never exist twice. ``out``, an ``(n, k >= 2)`` float64 array in Fortran order, receives
         ``t`` in column 0 and the level in column 1 (the returned arrays are those columns).
         """
@@ -82,18 +112,17 @@ class SeriesBuffer:
         t_out, level = out[:, 0], out[:, 1]
         if not n:
             return t_out, level
-        t = np.concatenate(self.t)
-        self.t = []
-        o = np.concatenate(self.order)
-        self.order = []
+        t, d, o = self.arrays()
         idx = np.lexsort((o, t))  # stable: log order within equal (t, order)
         del o
+        self._o = np.empty(0, dtype=np.int8)
         np.take(t, idx, out=t_out)
         del t
-        d = np.concatenate(self.delta)
-        self.delta = []
+        self._t = np.empty(0)
         np.take(d, idx, out=level)
         del d, idx
+        self._d = np.empty(0)
+        self._n = 0
         np.cumsum(level, out=level)
         return t_out, level
 
@@ -110,7 +139,7 @@ class StepStats:
 
     def __init__(self, divisor: float) -> None:
         self.divisor = divisor
-        self.buf = SeriesBuffer()
+        self.buf = SeriesBuffer()  # the changes still in flight: small, no capacity hint
         self.level = 0.0  # exact running level (sum of changes)
         self.last_t = float("nan")  # time and scaled level of the last change folded in
         self.last_v = 0.0
@@ -122,16 +151,12 @@ class StepStats:
         """Fold in every buffered change before ``w`` (no change still to come may precede ``w``)."""
         if not len(self.buf):
             return
-        t = np.concatenate(self.buf.t)
-        d = np.concatenate(self.buf.delta)
-        o = np.concatenate(self.buf.order)
+        t, d, o = self.buf.arrays()
         now = t < w
         if not now.any():
-            self.buf.t, self.buf.delta, self.buf.order = [t], [d], [o]
             return
-        later = ~now
-        self.buf.t, self.buf.delta, self.buf.order = [t[later]], [d[later]], [o[later]]
-        t, d, o = t[now], d[now], o[now]
+        t, d, o = t[now], d[now], o[now]  # copies: the buffer keeps the later ones
+        self.buf.keep(~now)
         idx = np.lexsort((o, t))
         t, d = t[idx], d[idx]
         level = np.cumsum(d)
@@ -172,8 +197,9 @@ class RunStream:
         self.pending = EventChunk.empty()
         self.buffer: list[pd.DataFrame] = []  # finished turns not yet released (a later conversation's)
         self.watermark = 0  # every conversation below this one is over
-        self.pinned = SeriesBuffer()
-        self.held = SeriesBuffer()
+        planned = int(self.remaining.sum())
+        self.pinned = SeriesBuffer(2 * planned)  # a pin and its release per turn (an estimate: buffers grow)
+        self.held = SeriesBuffer(2 * planned)  # P's hold and its release per turn
         self._holding: dict[int, float] = {}  # turn key -> bytes P holds for D (turns between P_DONE and P_UNHOLD)
         self.counts: dict[str, int] = {"pins": 0, "unpins": 0, "d_preemptions": 0, "p_lease_expiries": 0,
                                        "p2d_failed_reads": 0, "turns": 0, "conversations": 0}
@@ -185,7 +211,7 @@ class RunStream:
         self.t_max = float("-inf")
         self.t_max_active = float("-inf")  # over every event but retention releases
         # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
-        self.agg = TurnAggregates(exact=int(self.remaining.sum()) <= exact_max_turns)
+        self.agg = TurnAggregates(exact=planned <= exact_max_turns, capacity=planned)
         # a streamed run above that size keeps only the held series' statistics, folded in as the run goes
         self.held_stats = StepStats(divisor=GIB) if not keep_turns and not self.agg.exact else None
         self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
@@ -362,13 +388,14 @@ class TurnAggregates:
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
     n_ok: int = 0
+    capacity: int = 0  # turns expected (the plan's): an exact column's buffer is sized for them once
 
     SUM_COLS = ("pulled_tokens", "recomputed_tokens", "local_hit_tokens", "failed_tokens", "prompt_tokens",
                 "d2p_bytes", "p2d_bytes")
 
     def __post_init__(self) -> None:
         """One statistic per column of :data:`STAT_COLUMNS`."""
-        self.cols = {name: ColumnStat(self.exact, q) for name, q in STAT_COLUMNS.items()}
+        self.cols = {name: ColumnStat(self.exact, q, self.capacity) for name, q in STAT_COLUMNS.items()}
 
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.cols[name].add(np.asarray(values, dtype=np.float64))

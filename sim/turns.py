@@ -8,6 +8,8 @@ token identities; :class:`kvplan.sim.stream.RunStream` calls it on every finishe
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -63,37 +65,60 @@ def _gather(ev: EventChunk, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """One row per arrived turn (sorted by conversation, turn) with the raw columns of :data:`_GATHER`."""
     key = np.asarray(offsets, dtype=np.int64)[ev.conv] + ev.turn.astype(np.int64) - 1
     arrive = ev.kind == int(Ev.ARRIVE)
-    rows = np.unique(key[arrive])
+    key_arr = key[arrive]
+    by_key = np.argsort(key_arr, kind="stable")
+    rows = key_arr[by_key]
+    if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():
+        rows = np.unique(rows)  # a turn arrived twice (never in a model run): its rows as np.unique gives them
     n = len(rows)
-    pos = np.searchsorted(rows, key)
-    inside = pos < n
-    inside[inside] = rows[pos[inside]] == key[inside]
-    out: dict[str, np.ndarray] = {"conversation_id": ev.conv[arrive][np.argsort(key[arrive], kind="stable")]}
-    out["turn"] = ev.turn[arrive][np.argsort(key[arrive], kind="stable")].astype(np.int64)
+    pos, inside = _rows_of(rows, key)
+    out: dict[str, np.ndarray] = {"conversation_id": ev.conv[arrive][by_key]}
+    out["turn"] = ev.turn[arrive][by_key].astype(np.int64)
     columns = {"t_s": ev.t_s, "node": ev.node.astype(np.float64), "a": ev.a, "b": ev.b}
     # the events of each kind, in log order: one stable sort by kind instead of a full-length mask per kind
     # (the same values land in the same rows, later events of a kind overwriting earlier ones as before)
     order = np.argsort(ev.kind, kind="stable")
     order = order[inside[order]]
     sorted_kind = ev.kind[order]
-    of_kind: dict[Ev, np.ndarray] = {}
+    of_kind: dict[Ev, tuple[np.ndarray, np.ndarray]] = {}
 
-    def events_of(kind: Ev) -> np.ndarray:
-        idx = of_kind.get(kind)
-        if idx is None:
+    def events_of(kind: Ev) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in the log, rows) of the events of ``kind``."""
+        got = of_kind.get(kind)
+        if got is None:
             lo, hi = np.searchsorted(sorted_kind, [int(kind), int(kind) + 1])
-            idx = of_kind[kind] = order[lo:hi]
-        return idx
+            idx = order[lo:hi]
+            got = of_kind[kind] = (idx, pos[idx])
+        return got
 
     for name, (kind, fname) in _GATHER.items():
-        idx = events_of(kind)
+        idx, at = events_of(kind)
         raw = fname if fname in ("t_s", "node") else col(kind, fname)
         v = np.full(n, np.nan)
-        v[pos[idx]] = columns[raw][idx]
+        v[at] = columns[raw][idx]
         out[name] = v
-    pre = events_of(Ev.D_PREEMPT)
-    out["d_preemptions"] = np.bincount(pos[pre], minlength=n).astype(np.float64) if n else np.zeros(0)
+    _, at = events_of(Ev.D_PREEMPT)
+    out["d_preemptions"] = np.bincount(at, minlength=n).astype(np.float64) if n else np.zeros(0)
     return out
+
+
+def _rows_of(rows: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each ``key`` in the sorted unique ``rows``, whether it is one of them); the row is meaningless
+    where it is not. A lookup table over the keys' span when that is small (turn keys of one chunk are a
+    window of the run's), else binary search."""
+    n = len(rows)
+    if n and len(key):
+        lo, hi = int(min(rows[0], key.min())), int(max(rows[-1], key.max()))
+        if hi - lo <= 4 * len(key) + 4096:
+            lut = np.full(hi - lo + 1, -1, dtype=np.int64)
+            lut[rows - lo] = np.arange(n)
+            pos = lut[key - lo]
+            inside = pos >= 0
+            return pos, inside
+    pos = np.searchsorted(rows, key)
+    inside = pos < n
+    inside[inside] = rows[pos[inside]] == key[inside]
+    return pos, inside
 
 
 def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
@@ -147,7 +172,19 @@ def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     g["p_node"] = np.where(np.isnan(g["p_node"]), -1.0, g["p_node"]).astype(np.int64)
     g["conversation_id"] = g["conversation_id"].astype(np.int64)
     names = {int(k): v for k, v in DECISION_NAMES.items()}
-    df = pd.DataFrame({c: g[c] for c in TURN_COLUMNS if c not in ("decision", "router")})
-    df["decision"] = pd.Series(g["decision_code"]).map(names)
-    df["router"] = pd.Series(g["router_code"]).map(ROUTER_NAMES)
-    return df[TURN_COLUMNS]
+    if not len(g["turn"]):  # no turn: the frame (and its dtypes) as pandas maps an empty column
+        df = pd.DataFrame({c: g[c] for c in TURN_COLUMNS if c not in ("decision", "router")})
+        df["decision"] = pd.Series(g["decision_code"]).map(names)
+        df["router"] = pd.Series(g["router_code"]).map(ROUTER_NAMES)
+        return df[TURN_COLUMNS]
+    cols: dict[str, Any] = {**g, "decision": _names(g["decision_code"], names),
+                            "router": _names(g["router_code"], ROUTER_NAMES)}
+    return pd.DataFrame({c: cols[c] for c in TURN_COLUMNS})  # built in column order: no reindexing copy
+
+
+def _names(codes: np.ndarray, names: dict[int, str]) -> pd.Series:
+    """``pd.Series(codes).map(names)`` (NaN where a code has no name) by one comparison per name."""
+    out = np.full(len(codes), np.nan, dtype=object)
+    for code, name in names.items():
+        out[codes == code] = name
+    return pd.Series(out)

@@ -264,3 +264,23 @@ def test_aggregated_and_policy_runs_stream_like_kept_runs(monkeypatch: pytest.Mo
         pd.testing.assert_frame_equal(pd.concat(rows, ignore_index=True), kept.turns, check_exact=True)
         assert summary_json_bytes(streamed.summary) == summary_json_bytes(kept.summary)
         pd.testing.assert_frame_equal(kept.turns, oracle_turns(kept.events), check_exact=True)
+
+
+def test_series_buffer_grows_sorts_and_keeps_in_order() -> None:
+    """The change-point buffer (sim/stream.py): growing past its capacity keeps every point; ``steps`` orders by
+    time, releases before additions at equal times, then log order; ``keep`` drops points and keeps the order."""
+    from kvplan.sim.stream import SeriesBuffer
+
+    buf = SeriesBuffer(capacity=1)
+    buf.add(np.array([2.0, 1.0]), np.array([5.0, 3.0]), 1)
+    buf.add(np.array([], dtype=np.float64), np.array([], dtype=np.float64), 0)
+    buf.add(np.array([2.0, 3.0]), np.array([-3.0, -5.0]), 0)
+    buf.add(np.arange(5000.0) + 10.0, np.ones(5000), 1)  # past any initial size
+    assert len(buf) == 5004
+    t, d, o = buf.arrays()
+    assert t[:4].tolist() == [2.0, 1.0, 2.0, 3.0] and o[:4].tolist() == [1, 1, 0, 0] and d[3] == -5.0
+    buf.keep(np.arange(len(buf)) < 4)
+    assert len(buf) == 4 and buf.arrays()[1].tolist() == [5.0, 3.0, -3.0, -5.0]
+    t, level = buf.steps()
+    assert t.tolist() == [1.0, 2.0, 2.0, 3.0] and level.tolist() == [3.0, 0.0, 5.0, 0.0]  # release first at t=2
+    assert len(buf) == 0 and len(buf.steps()[0]) == 0

@@ -64,3 +64,17 @@ def test_handoff_absent_by_default_and_left_out_of_the_dump() -> None:
     sc = scenario_from_dict(small())
     assert sc.deployment.handoff is None
     assert "handoff" not in sc.model_dump()["deployment"]  # old scenario fingerprints stay
+
+
+def test_serialised_handoff_is_per_decode_instance() -> None:
+    """Each decode instance has its own stage: two requests routed to two D instances do not wait for each other."""
+
+    def ttft(handoff: dict[str, Any]) -> np.ndarray:
+        sc = _burst(handoff, clients=2)
+        sc["deployment"]["decode_nodes"] = 2  # round-robin: one request per D
+        return np.sort(run(sc).turns["ttft_s"].to_numpy())
+
+    serial = ttft({"fixed_s": 2.0})
+    parallel = ttft({"fixed_s": 2.0, "serialised": False})
+    # one stage for both D instances would make the second request wait ~2 s more
+    assert serial == pytest.approx(parallel, abs=1e-9)

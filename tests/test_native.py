@@ -201,7 +201,7 @@ def test_import_kvplan_installs_nothing() -> None:
     assert res.returncode == 0 and res.stdout.split() == ["[]", "False"], (res.stdout, res.stderr[-500:])
 
 
-@pytest.mark.parametrize("entry", ["kvplan.sim.engine", "kvplan.app.cli", "kvplan.sim.api", "kvplan.sim.executor"])
+@pytest.mark.parametrize("entry", ["kvplan.sim.engine", "kvplan.app.cli", "kvplan.sim.api", "kvplan.plan.executor"])
 def test_the_engine_installs_the_build_for_every_hot_module(compiled: None, entry: str) -> None:
     """The rule: the engine installs the build at its import, before any hot module. Every entry point that
     simulates imports the engine first, so afterwards every hot module is compiled, also one imported

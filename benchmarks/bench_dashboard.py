@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
+
 HERE = Path(__file__).resolve().parent
 TARGET_S = 2.0
 # TTL values, each new to the caches; 480 s (the default) comes back in between like a user toggling

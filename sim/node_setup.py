@@ -52,7 +52,9 @@ def prefill_config(scenario: Scenario, ctx: Ctx) -> PrefillConfig:
         read_margin_s=read_margin_s(pol.expiry_safety_margin_s, pol.clock_skew_s),
         fail_on_decline=pol.kv_load_failure_policy == "fail",
         kv_lease_duration_s=pol.kv_lease_duration_s,
-        d_leg_s=ctx.costs.overhead.d_leg_s,
+        # D's first heartbeat comes at most the D leg plus one interval after P's finish; a handoff stage (a queue,
+        # prompt-sized) between the legs bounds it no longer, so P keeps the lease deadlines (it can lapse)
+        d_leg_s=ctx.costs.overhead.d_leg_s if dep.handoff is None else math.inf,
     )
 
 

@@ -289,6 +289,8 @@ class PrefillNode(Scheduler):
         if self.can_lapse:
             self._lease_seq += 1
             heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
+            if self._blocked:  # the head already waits for blocks: it may get these ones when the lease lapses
+                self._wake_at_next_lapse()
         self.ctx.driver.p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------

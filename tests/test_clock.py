@@ -75,6 +75,28 @@ def test_stop_inside_an_event_with_several_callbacks() -> None:
     assert (1.0, "after stop") in ours[1]
 
 
+def test_callbacks_queued_behind_the_stop_survive_it() -> None:
+    """A callback added to the until event during the run sits behind StopSimulation's: SimPy re-attaches it,
+    so it still runs (first) when the simulation resumes."""
+
+    def program(env: simpy.Environment, trace: Trace) -> object:
+        ev = env.event()
+
+        def fire(_e: object) -> None:
+            ev.callbacks.append(lambda _x: trace.append((env.now, "queued behind the stop")))
+            ev.succeed("v")
+
+        env.timeout(1.0).callbacks.append(fire)
+        out = env.run(until=ev)
+        trace.append((env.now, "between runs"))
+        env.run()
+        return out, env.now
+
+    simpy_run, ours = _both(program)
+    assert ours == simpy_run
+    assert ours[1] == [(1.0, "between runs"), (1.0, "queued behind the stop")]
+
+
 def test_an_undefused_failure_crashes_the_run_with_a_copy_of_its_exception() -> None:
     """A failed event nobody defused raises a new exception of the same type and args, caused by the original."""
     raised = []

@@ -64,3 +64,31 @@ def test_handoff_absent_by_default_and_left_out_of_the_dump() -> None:
     sc = scenario_from_dict(small())
     assert sc.deployment.handoff is None
     assert "handoff" not in sc.model_dump()["deployment"]  # old scenario fingerprints stay
+
+
+def test_serialised_handoff_is_per_decode_instance() -> None:
+    """Each decode instance has its own stage: two requests routed to two D instances do not wait for each other."""
+
+    def ttft(handoff: dict[str, Any]) -> np.ndarray:
+        sc = _burst(handoff, clients=2)
+        sc["deployment"]["decode_nodes"] = 2  # round-robin: one request per D
+        return np.sort(run(sc).turns["ttft_s"].to_numpy())
+
+    serial = ttft({"fixed_s": 2.0})
+    parallel = ttft({"fixed_s": 2.0, "serialised": False})
+    # one stage for both D instances would make the second request wait ~2 s more
+    assert serial == pytest.approx(parallel, abs=1e-9)
+
+
+def test_lease_lapsing_during_the_handoff_frees_p_at_its_deadline() -> None:
+    """A handoff longer than P's kv_lease_duration: D's first heartbeat comes too late, so the lease lapses and P's
+    blocks are free at its deadline (P finish + 30 s), not when D finally gets the request (~40 s); the second
+    request, waiting for those blocks in a P pool that holds one prompt, starts then."""
+    sc = _burst({"fixed_s": 40.0, "serialised": False}, clients=2)
+    sc["deployment"]["prefill_kv_capacity_tokens"] = 2100
+    sc["policy"]["kv_lease_duration_s"] = 30.0
+    t = run(sc).turns.sort_values("prefill_queue_s")
+    first, second = t["prefill_queue_s"].to_numpy()
+    assert t["p_hold_s"].to_numpy() == pytest.approx([30.0, 30.0])  # both leases lapsed
+    p_done = first + t["prefill_s"].to_numpy()[0]  # the first prompt's P finish after its arrival at P
+    assert second == pytest.approx(p_done + 30.0, abs=0.02)

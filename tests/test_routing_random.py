@@ -51,3 +51,16 @@ def test_random_routing_reproducible_uniform_and_its_own_stream() -> None:
     assert not np.all(np.diff(picks[:50]) % 4 == 1)  # not a cycle
     assert all(0 <= r.pick_decode(c) < 2 for c in range(100))
     assert router_seed(0) != router_seed(1) and router_seed(7) != 7
+
+
+def test_random_routing_draws_follow_the_run_seed() -> None:
+    """The router's stream is derived from the run's seed: another seed gives other picks (the workload here has no
+    random draws, so only the routing differs), the same seed the same picks."""
+
+    def nodes(seed: int) -> list[int]:
+        sc = _replicas("random", n=60, seed=seed)
+        sc["workload"]["arrival"] = {"kind": "closed_loop", "clients": 60, "max_active_conversations": 60}
+        return run(sc).turns.sort_values("conversation_id")["p_node"].tolist()
+
+    assert nodes(1) == nodes(1)
+    assert nodes(1) != nodes(2)

@@ -25,7 +25,7 @@ def test_aggregated_replica_and_its_one_leg() -> None:
         costs={"overhead": {"p_leg_s": 0.011, "d_leg_s": 0.023}}, workload=_TINY))
     rs, _, ctx = simulate(sc, keep=False)
     node = ctx.replicas[0]
-    assert node.caching is False and node.pool.caching is False  # the engine's enable_prefix_caching: P's knob
+    assert node.pool.caching is False  # the engine's enable_prefix_caching: P's knob
     assert node.watermark_blocks == int(0.05 * ctx.decode_capacity_blocks)
     # one leg: proxy -> engine and the first streamed chunk back (the D leg's cost), no second leg
     assert ctx.driver.p_leg == 0.023 and ctx.driver.d_leg == 0.0

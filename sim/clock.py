@@ -112,6 +112,15 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), Wake(fn)))
 
 
+def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
+    """Call ``fn(event)`` at the absolute time ``when`` (now if it has passed), in SimPy's event order.
+
+    A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
+    ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
+    can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
+    heappush(env._queue, (when if when > env._now else env._now, NORMAL, next(env._eid), Wake(fn)))
+
+
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""

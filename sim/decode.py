@@ -40,7 +40,7 @@ from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_later
+from kvplan.sim.clock import call_at, call_later
 from kvplan.sim.events import Ev, HoldRelease, Release
 from kvplan.sim.evlog import RowBuffer
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
@@ -380,13 +380,21 @@ class DecodeNode:
             self._evict_pins(want, keep)
 
     def _wake_admission_at_next_expiry(self) -> None:
+        """The head waits for blocks only an expiry frees: retry admission at the next deadline, exactly.
+
+        vLLM's engine keeps stepping while requests wait (``vllm/v1/engine/core.py``: ``has_requests()``), each
+        step's ``schedule`` retries the waiting queue (``vllm/v1/core/sched/scheduler.py``), and an expired pin's
+        blocks, reported in ``finished_sending``, are freed by ``_update_from_kv_xfer_finished`` before the next
+        one. The wake must land on the deadline itself (``call_at``): one ulp early, nothing is due yet, and as
+        a wake is already set for that deadline no other comes; the request would be lost when the run drains.
+        """
         t = self.retention.next_expiry()
         if t is None:
             return  # blocks will come back when a running request finishes
         if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
             return
         self._admit_wake_at = t
-        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._try_admit())
+        call_at(self.env, t, lambda _e: self._try_admit())  # exactly at the deadline: it is due there
 
     def _start_p2d(self, r: Request, hit: int) -> None:
         ctx = self.ctx

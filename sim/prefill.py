@@ -31,7 +31,7 @@ import math
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_first, call_later
+from kvplan.sim.clock import call_at, call_first, call_later
 from kvplan.sim.events import Decision, Ev, HoldRelease, Release
 from kvplan.sim.node_config import PrefillConfig
 from kvplan.sim.ports import Wiring
@@ -332,7 +332,7 @@ class PrefillNode(Scheduler):
         if self._wake_at <= t and self._wake_at > self.env.now:
             return
         self._wake_at = t
-        call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._on_lapse_timer())
+        call_at(self.env, t, lambda _e: self._on_lapse_timer())  # exactly at the deadline: it is due there
 
     def _on_lapse_timer(self) -> None:
         self._lapse_due(self.env.now)

@@ -14,7 +14,7 @@ import pytest
 import simpy
 from simpy.core import EmptySchedule
 
-from kvplan.sim.clock import SimEnv, call_first, call_later
+from kvplan.sim.clock import SimEnv, call_at, call_first, call_later
 
 ENVS = (simpy.Environment, SimEnv)
 Trace = list[tuple[float, str]]
@@ -180,3 +180,17 @@ def test_call_later_and_call_first_order_as_timeout_and_process_start() -> None:
     assert log_o == log_r and ours.now == ref.now == 2.0
     with pytest.raises(ValueError):
         call_later(ours, -1.0, lambda _e: None)
+
+
+def test_call_at_fires_at_the_deadline_itself_not_an_ulp_before() -> None:
+    """A wake-up for a deadline lands on the deadline: ``now + (when - now)`` can round below ``when`` (these two
+    times are the lost D admission of the Hypothesis scenario seed 193), so a ``deadline <= now`` check at the
+    wake found nothing due; ``call_at`` orders as ``call_later`` with that delay, and a past time means now."""
+    now, when = 30.859908838002447, 122.3371469181
+    assert now + (when - now) < when  # the rounding the wake-up must not depend on
+    env = SimEnv()
+    seen: list[tuple[str, float]] = []
+    call_later(env, now, lambda _e: call_at(env, when, lambda _e: seen.append(("at", env.now))))
+    call_later(env, now, lambda _e: call_at(env, 1.0, lambda _e: seen.append(("past", env.now))))
+    env.run()
+    assert seen == [("past", now), ("at", when)]

@@ -145,3 +145,31 @@ def test_non_vllm_policies_say_so_in_every_result() -> None:
     assert not any("proposal" in n for n in run(small).notes)
     assert any("proposal" in n for n in run({**small, "policy": {"retention": {"kind": "ttl_evictable"}}}).notes)
     assert any("host-to-NIC" in n for n in run({**small, "policy": {"offload": {}}}).notes)
+
+
+def test_request_waiting_for_a_pin_expiry_is_admitted_at_the_deadline() -> None:
+    """vLLM's scheduler retries its waiting queue every engine step (``vllm/v1/core/sched/scheduler.py``
+    ``schedule``; the engine steps while ``has_requests()``), so blocks freed by an expired pin admit the head
+    of the queue at once. Three one-turn conversations, D's pool holds two: the third waits for the first pin's
+    deadline. Its wake-up used to land one ulp before the deadline (``now + (deadline - now)`` rounds down
+    here), found nothing due, and never came again: the turn was lost (NaN TTFT) when the run drained."""
+    data = {
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "max_num_seqs": 64, "prefill_prefix_caching": False,
+                       "decode_prefix_caching": False, "decode_kv_capacity_tokens": 8000, "routing": "sticky"},
+        "policy": {"bidirectional": True, "decoder_kv_blocks_ttl_s": 7.0, "router_ttl_s": 6.0,
+                   "kv_recompute_threshold_tokens": 0},
+        "workload": {"conversations": 3, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 3000},
+                     "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 50}},
+        "seed": 18,
+    }
+    r = run(scenario_from_dict(data))
+    t, ev = r.turns, r.events
+    assert np.isfinite(t["ttft_s"]).all() and np.isfinite(t["finish_s"]).all()  # no turn lost
+    enq = ev[(ev["kind"] == int(Ev.D_ENQUEUE)) & (ev["conv"] == 2)]["t_s"].iloc[0]
+    admit = ev[(ev["kind"] == int(Ev.D_ADMIT)) & (ev["conv"] == 2)]["t_s"].iloc[0]
+    deadline = ev[(ev["kind"] == int(Ev.PIN)) & (ev["conv"] == 0)]["b"].iloc[0]
+    assert enq + (deadline - enq) < deadline, "the scenario no longer exercises the rounding: pick another seed"
+    assert admit == deadline  # admitted at the first pin's deadline, exactly
+    unpin = ev[(ev["kind"] == int(Ev.UNPIN)) & (ev["conv"] == 0)]
+    assert unpin["t_s"].iloc[0] == deadline and int(unpin["b"].iloc[0]) == int(Release.EXPIRED)

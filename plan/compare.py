@@ -24,7 +24,8 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; the cost per million turns ``node-hours x $/node-hour / served turns
+modelled); prefill (engine) utilisation; ``saturated``: the health resources (:mod:`kvplan.sim.health`) that at
+least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost per million turns ``node-hours x $/node-hour / served turns
 x 10^6`` on the steady-state basis (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the
 steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
@@ -60,6 +61,7 @@ from kvplan.plan.advice import (
     recommendation_inputs,
 )
 from kvplan.plan.advice_rules import mean_ci
+from kvplan.plan.advice_runs import saturation
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
@@ -440,6 +442,7 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     row["cost_basis"] = COST_BASIS
+    row["saturated"] = list(saturation(reps).resources)  # health resources saturated in >= half the replications
     row["notes"] = list(r.notes)
     return row
 

@@ -72,7 +72,7 @@ from kvplan.plan.compare_rules import (
     cross_layer_candidate,
     cross_layer_note,
 )
-from kvplan.plan.executor import run_tasks
+from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
@@ -246,13 +246,16 @@ def recommend_with_best_policy(
     :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
     serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
     ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
+    The alternatives the advisor already simulated (bidirectional off; the recommended configuration) are
+    reused from its runs (:class:`kvplan.plan.executor.RunCache`: same scenario and seeds), not rerun.
     """
+    cache = RunCache()
     rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
-                                  workers, backend, ray_address)
+                                  workers, backend, ray_address, cache)
     if sc.deployment.mode == "aggregated":
         return rec
     rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
-                   recommended=recommendation_overrides(rec))
+                   recommended=recommendation_overrides(rec), cache=cache)
     return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
@@ -281,8 +284,9 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class _Batch:
     """Runs (name, overrides) x replications through the executor and keeps the rows in order."""
 
-    def __init__(self, base: Scenario, reps: int, workers: int, progress: Callable[[int, int], None] | None) -> None:
-        self.base, self.reps, self.workers, self.progress = base, reps, workers, progress
+    def __init__(self, base: Scenario, reps: int, workers: int, progress: Callable[[int, int], None] | None,
+                 cache: RunCache | None = None) -> None:
+        self.base, self.reps, self.workers, self.progress, self.cache = base, reps, workers, progress, cache
         self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
         self.done = 0
         self.total = 0
@@ -299,7 +303,7 @@ class _Batch:
             if self.progress:
                 self.progress(self.done, self.total)
 
-        run_tasks(self.base, self.key, tasks, on_result, "local", self.workers)
+        run_tasks(self.base, self.key, tasks, on_result, "local", self.workers, cache=self.cache)
         return rows
 
 
@@ -373,13 +377,15 @@ def compare(
     progress: Callable[[int, int], None] | None = None,
     recommended: tuple[dict[str, Any], str] | None = None,
     recommendation: Any = None,
+    cache: RunCache | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy (in the order given): the metrics above, ``policy``, ``gpus``, ``description``, settings.
 
     ``ttl_recommended`` runs the advisor (:func:`recommended_overrides`) unless the caller already has its
     values: ``recommended`` (overrides and description, as ``recommend --policies`` passes its own), or
     ``recommendation`` (a Recommendation or its JSON object), checked by :func:`reusable_recommendation` to be
-    the one the advisor would compute here, so the rows are identical either way.
+    the one the advisor would compute here, so the rows are identical either way. ``cache``
+    (:class:`kvplan.plan.executor.RunCache`): runs already in it (same scenario and seed) are reused, not rerun.
     """
     names = parse_policies(policies)
     _check_inputs(sc, replications, slo_ttft_p90_ms)
@@ -409,7 +415,7 @@ def compare(
         if progress:
             progress(done_before[0] + done, done_before[0] + total)
 
-    batch = _Batch(sc, replications, workers, batch_progress)
+    batch = _Batch(sc, replications, workers, batch_progress, cache)
     rows_by = batch.run({r.name: r.overrides for r in runs})
     out = [_policy_row(r, rows_by[r.name], sc, replications, usd, rec_what) for r in runs]
     xl = cross_layer_candidate(sc, out)

@@ -11,8 +11,9 @@ from typing import Any
 import typer
 
 COMPARE_HELP = """Simulate SCENARIO.yaml under each policy on the same GPU count, workload and seeds, and print one
-column per policy: health (ok, or SATURATED and the resources the runs' health sections name), TTFT p50/p90/p99 and mean (± 95% CI over replications), TPOT, hit rate, pinned and held
-decode KV (mean, peak) (times in ms, s, min or h), errors, preemptions, prefill (engine) utilisation, the maximum load meeting
+column per policy: health (ok, or SATURATED and the resources the runs' health sections name), TTFT
+p50/p90/p99 and mean (± 95% CI over replications), TPOT (times in ms, s, min or h), hit rate, pinned and held
+decode KV (mean, peak), errors, preemptions, prefill (engine) utilisation, the maximum load meeting
 --slo-ttft-p90-ms (when given) and the cost per million turns. Policies: off, ttl (vLLM defaults),
 ttl_recommended (kvplan recommend's values), lease, ttl_evictable, offload, aggregated[:routing] (the same
 GPUs as aggregated replicas). A policy the simulator does not model is refused. --json prints one object per

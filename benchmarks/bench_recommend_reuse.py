@@ -40,7 +40,13 @@ def main() -> None:
     """Time both paths and write the figures."""
     import kvplan.plan.executor as executor
     from kvplan.plan.advice import recommend_simulated
-    from kvplan.plan.compare import BEST_CANDIDATES, best_policy, compare, recommend_with_best_policy, recommendation_overrides
+    from kvplan.plan.compare import (
+        BEST_CANDIDATES,
+        best_policy,
+        compare,
+        recommend_with_best_policy,
+        recommendation_overrides,
+    )
     from kvplan.sim.scenario import scenario_from_dict
 
     ap = argparse.ArgumentParser()

@@ -37,8 +37,8 @@ Search (the screen prunes, the simulator decides):
    least decode HBM (the decode batch headroom a smaller deployment needs), and the benefit rule would need a
    retention-off and an unlimited-TTL run at every size tried (2 more x replications per size, with the
    unlimited TTL on an unbounded decode pool) to pick a TTL that is never shorter. On the answer the two can
-   differ: ``recommend`` may keep a longer TTL for a lower TTFT. The threshold is the analytic pull-vs-recompute break-even (:mod:`kvplan.plan.breakeven`) of the
-   workload's mean follow-up.
+   differ: ``recommend`` may keep a longer TTL for a lower TTFT. The threshold is the analytic
+   pull-vs-recompute break-even (:mod:`kvplan.plan.breakeven`) of the workload's mean follow-up.
 4. The maximum sustainable load of the answer (its policy held): the rate is doubled until the SLO breaks,
    then bisected (:data:`BISECTION_STEPS` steps); not on a trace (the trace brings its own clock).
 5. Cost per million turns on the steady-state basis (:mod:`kvplan.plan.pricing`), as ``compare`` prices it.

@@ -25,9 +25,10 @@ with bidirectional off); pinned decode KV mean (time-weighted over the run) and 
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
 modelled); prefill (engine) utilisation; ``saturated``: the health resources (:mod:`kvplan.sim.health`) that at
-least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost per million turns ``node-hours x $/node-hour / served turns
-x 10^6`` on the steady-state basis (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the
-steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
+least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost
+per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+(:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
+When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
 policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer``, vLLM's
 ``enable_cross_layers_blocks``: one region per block instead of one per layer, so a pull posts

@@ -250,13 +250,13 @@ def test_recommend_policies_reuses_the_advisors_runs(tmp_path: Path, monkeypatch
     """``recommend --policies`` does not rerun what the advisor simulated (bidirectional off, the recommended
     configuration, same scenario and seeds): fewer runs, the same best policy as rerunning them."""
     import kvplan.plan.executor as executor
+    from kvplan.plan.advice import recommend_simulated
     from kvplan.plan.compare import (
         BEST_CANDIDATES,
         best_policy,
         recommend_with_best_policy,
         recommendation_overrides,
     )
-    from kvplan.plan.advice import recommend_simulated
     from kvplan.sim.scenario import load_scenario
 
     runs = [0]

@@ -82,6 +82,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "decode_profile": rs_d.profile.name,
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
+        **_window_utilization(ctx, len(engines)),
         "truncated_conversations": plan.truncated_conversations,
         "nic_utilization": ctx.nic_utilization(end),
     }
@@ -98,6 +99,17 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
     health = compute_health(result.summary, stream.agg.waits(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})
+
+
+def _window_utilization(ctx: Any, engines: int) -> dict[str, Any]:
+    """Prefill (engine) busy share over the arrival window (:func:`kvplan.sim.engine.arrival_window`), the drain
+    after it left out; the health section reads it. A step in flight at the window's end counts whole (engines
+    add a step's time when it starts: at most one step per engine too much). Closed loop: no window (null)."""
+    w, busy = ctx.arrival_window, ctx.window_busy_s
+    if w is None or busy is None or engines == 0:
+        return {"arrival_window_s": None, "prefill_utilization_arrival_window": None}
+    span = w[1] - w[0]
+    return {"arrival_window_s": span, "prefill_utilization_arrival_window": busy / (span * engines)}
 
 
 #: Prefix of a note about a setting the run ignores (``kvplan simulate`` prints these as warnings).

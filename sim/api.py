@@ -102,14 +102,15 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
 
 
 def _window_utilization(ctx: Any, engines: int) -> dict[str, Any]:
-    """Prefill (engine) busy share over the arrival window (:func:`kvplan.sim.engine.arrival_window`), the drain
-    after it left out; the health section reads it. A step in flight at the window's end counts whole (engines
-    add a step's time when it starts: at most one step per engine too much). Closed loop: no window (null)."""
-    w, busy = ctx.arrival_window, ctx.window_busy_s
+    """Prefill (engine) busy share over the steady window (:func:`kvplan.sim.engine.steady_window`: the second
+    half of the arrival window, ramp-up and drain left out); the health section reads it. Engines add a step's
+    time when it starts, so a step in flight at either end counts to the side it started in. Closed loop: no
+    window (null)."""
+    w, busy = ctx.steady_window, ctx.window_busy_s
     if w is None or busy is None or engines == 0:
-        return {"arrival_window_s": None, "prefill_utilization_arrival_window": None}
-    span = w[1] - w[0]
-    return {"arrival_window_s": span, "prefill_utilization_arrival_window": busy / (span * engines)}
+        return {"steady_window_start_s": None, "steady_window_end_s": None, "prefill_utilization_steady": None}
+    return {"steady_window_start_s": w[0], "steady_window_end_s": w[1],
+            "prefill_utilization_steady": busy / ((w[1] - w[0]) * engines)}
 
 
 #: Prefix of a note about a setting the run ignores (``kvplan simulate`` prints these as warnings).

@@ -10,10 +10,11 @@ turn records and summary as the rest of the result (no extra state).
 Definitions (ASSUMPTIONS of this report, not of the model):
 
 * A resource is **saturated** when requests waited on it for more than :data:`WAIT_S` at p90 *and* it
-  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the arrival window, from the first
-  arrival to the last new conversation's first arrival, or a trace's last request, so the drain after it does not
-  dilute it; ``utilization_window`` says which; a closed loop, which has no such window, over the active span
-  up to the last response; decode: peak
+  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the steady window, the second half
+  of the arrivals, ``t_b / 2`` to ``t_b`` with ``t_b`` the last new conversation's first arrival or a trace's
+  last request, so neither the ramp-up nor the drain after the last arrival dilutes it, nor does the backlog
+  served after it inflate it; ``utilization_window`` says which; a closed loop, which has no such window, over
+  the run up to the last response; decode: peak
   of pinned + running KV over the pool, approximated by the pinned peak when that alone reaches it;
   link: bytes x seconds per byte over (links x span), a lower bound of the busiest link).
 * The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
@@ -118,12 +119,13 @@ def compute_health(
     if span > 0 and per_byte_s > 0:
         per_rank = max(summary.get("d2p_bytes", 0), summary.get("p2d_bytes", 0)) / tp
         link_util = per_rank * per_byte_s / (links * span)
-    windowed = summary.get("prefill_utilization_arrival_window")
+    windowed = summary.get("prefill_utilization_steady")
     resources: dict[str, dict[str, Any]] = {
         "prefill_compute": {
             "utilization": float(windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
-            "utilization_window": (f"arrival window ({float(summary['arrival_window_s']):.6g} s: first arrival to the "
-                                   "last new conversation's first arrival, or a trace's last request; drain excluded)"
+            "utilization_window": (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
+                                   f"{float(summary['steady_window_end_s']):.6g} s: the second half of the arrivals of "
+                                   "new conversations, or of a trace's requests; ramp-up and drain excluded)"
                                    if windowed is not None else
                                    "active span (first arrival to last response; a closed loop has no arrival window)"),
             "wait_p90_s": waits.prefill[0],

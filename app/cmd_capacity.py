@@ -172,6 +172,8 @@ def render_text(plan: Any, what: str) -> list[str]:
             + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
             + (f", ${at_max:,.0f} at max load" if at_max is not None else "")
             + (f"; one fewer: {checks}" if checks else ""))
+    if plan.with_bidirectional.get("ttl_rule"):
+        out.append(f"bidirectional on: TTL chosen by {plan.with_bidirectional['ttl_rule']}")
     out.append(plan.cost_basis)
     out.append(f"{plan.simulations} simulations")
     out.extend(f"note: {n}" for n in plan.notes)

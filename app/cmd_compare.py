@@ -11,7 +11,8 @@ from typing import Any
 import typer
 
 COMPARE_HELP = """Simulate SCENARIO.yaml under each policy on the same GPU count, workload and seeds, and print one
-column per policy: TTFT p50/p90/p99 and mean (± 95% CI over replications), TPOT, hit rate, pinned and held
+column per policy: health (ok, or SATURATED and the resources the runs' health sections name), TTFT
+p50/p90/p99 and mean (± 95% CI over replications), TPOT (times in ms, s, min or h), hit rate, pinned and held
 decode KV (mean, peak), errors, preemptions, prefill (engine) utilisation, the maximum load meeting
 --slo-ttft-p90-ms (when given) and the cost per million turns. Policies: off, ttl (vLLM defaults),
 ttl_recommended (kvplan recommend's values), lease, ttl_evictable, offload, aggregated[:routing] (the same
@@ -153,12 +154,29 @@ def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -
     return text
 
 
+def _time_cell(row: dict[str, Any], key: str) -> str:
+    """A time and its CI in human units (ms, s, min, h: :func:`kvplan.units.human_s`), whatever its size."""
+    from kvplan.units import human_s
+
+    v = row.get(key)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    ci = row.get(f"{key}_ci95")
+    text = human_s(v)
+    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
+        text += f" ±{human_s(ci)}"
+    return text
+
+
+#: Time rows: label, row key (seconds; printed by :func:`_time_cell`).
+TIME_LINES = (
+    ("TTFT p50", "ttft_p50_s"),
+    ("TTFT p90", "ttft_p90_s"),
+    ("TTFT p99", "ttft_p99_s"),
+    ("TTFT mean", "ttft_mean_s"),
+    ("TPOT mean", "tpot_mean_s"),
+)
 LINES = (
-    ("TTFT p50 ms", "ttft_p50_s", 1000.0, ".0f"),
-    ("TTFT p90 ms", "ttft_p90_s", 1000.0, ".0f"),
-    ("TTFT p99 ms", "ttft_p99_s", 1000.0, ".0f"),
-    ("TTFT mean ms", "ttft_mean_s", 1000.0, ".0f"),
-    ("TPOT mean ms", "tpot_mean_s", 1000.0, ".1f"),
     ("hit rate %", "hit_rate", 100.0, ".1f"),
     ("reuse rate %", "reuse_rate", 100.0, ".1f"),
     ("pinned KV mean GiB", "pinned_kv_gib_mean", 1.0, ".1f"),
@@ -173,11 +191,28 @@ LINES = (
 )
 
 
+#: health resource -> the short name the health row prints.
+SHORT_RESOURCE = {"decode_kv": "D HBM", "prefill_held_kv": "P KV pool", "prefill_compute": "P compute",
+                  "link": "links"}
+
+
+def health_cell(row: dict[str, Any]) -> str:
+    """'ok', or 'SATURATED: <resources>' from the row's ``saturated`` list (the runs' health sections)."""
+    sat = row.get("saturated")
+    if sat is None:
+        return "-"
+    return "SATURATED: " + ", ".join(SHORT_RESOURCE.get(s, s) for s in sat) if sat else "ok"
+
+
 def render_text(rows: list[dict[str, Any]]) -> list[str]:
     """Metrics as lines, one column per policy (the CLI prints them)."""
-    width = max(16, *(len(r["policy"]) + 2 for r in rows))
+    width = max(16, *(len(c) + 2 for r in rows for c in (r["policy"], health_cell(r),
+                                                          *(_time_cell(r, k) for _, k in TIME_LINES))))
     head = f"{'':24}" + "".join(f"{r['policy']:>{width}}" for r in rows)
-    out = [head, f"{'GPUs':24}" + "".join(f"{r['gpus']:>{width}}" for r in rows)]
+    out = [head, f"{'GPUs':24}" + "".join(f"{r['gpus']:>{width}}" for r in rows),
+           f"{'health':24}" + "".join(f"{health_cell(r):>{width}}" for r in rows)]
+    for label, key in TIME_LINES:
+        out.append(f"{label:24}" + "".join(f"{_time_cell(r, key):>{width}}" for r in rows))
     for label, key, scale, fmt in LINES:
         if key == "max_rate_per_s_meeting_slo" and rows[0].get("slo_ttft_p90_ms") is None:
             continue
@@ -185,6 +220,9 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     reps = rows[0]["replications"]
     seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
     out.append(f"(± 95% CI over {reps} replication(s), {seeds}; '-' = not modelled or not applicable)")
+    if any(r.get("saturated") for r in rows):
+        out.append("SATURATED: the health section of at least half the replications found requests waiting > 1 s at p90 "
+                   "on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")
     if rows[0].get("cost_basis"):
         out.append(rows[0]["cost_basis"])
     if rows[0].get("slo_ttft_p90_ms") is not None:

@@ -158,6 +158,10 @@ def register(app: typer.Typer) -> None:
                                overwrite=overwrite, inputs=[*inputs, *g.input_files()])
             c.print(f"wrote {csv_out}")
         scr = pd.read_parquet(screen_path(out))
+        if scr["screen_feasible"].isna().any():
+            from kvplan.plan.screen import CLOSED_LOOP_DECLINED
+
+            c.print(f"analytic screen: {int(scr['screen_feasible'].isna().sum())} {CLOSED_LOOP_DECLINED}")
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
             c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "

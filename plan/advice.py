@@ -88,7 +88,7 @@ from kvplan.plan.advice_runs import (
 )
 from kvplan.plan.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
 from kvplan.plan.breakeven import BreakEven, break_even
-from kvplan.plan.executor import run_tasks
+from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.screen import quantile_sample, screen_scenarios
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.history import follow_up_tail_tokens, history_assumption
@@ -262,8 +262,9 @@ class _Runner:
     """Runs keyed variants (overrides) x replications in parallel and counts progress."""
 
     def __init__(self, base: Scenario, reps: int, total: int, progress: Callable[[int, int], None] | None,
-                 backend: str, workers: int, ray_address: str | None) -> None:
+                 backend: str, workers: int, ray_address: str | None, cache: RunCache | None = None) -> None:
         self.base, self.reps, self.total, self.progress = base, reps, total, progress
+        self.cache = cache
         self.backend, self.workers, self.ray_address = backend, workers, ray_address
         self.done = 0
         self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
@@ -282,7 +283,7 @@ class _Runner:
             if self.progress:
                 self.progress(self.done, self.total)
 
-        run_tasks(self.base, self.key, tasks, on_result, self.backend, self.workers, self.ray_address)
+        run_tasks(self.base, self.key, tasks, on_result, self.backend, self.workers, self.ray_address, self.cache)
         return results
 
 
@@ -350,12 +351,15 @@ def recommend_simulated(
     workers: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
+    cache: RunCache | None = None,
 ) -> tuple[Recommendation, Scenario]:
-    """:func:`recommend` and the scenario its runs simulated (the user's, lengthened for steady state when needed)."""
+    """:func:`recommend` and the scenario its runs simulated (the user's, lengthened for steady state when needed);
+    with ``cache`` (:class:`kvplan.plan.executor.RunCache`) every run is stored in it and a run already in it is
+    not repeated."""
     user_sc = as_scenario(scenario)
     setup = _setup(user_sc, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
     total = replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
-    runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address)
+    runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address, cache)
     from dataclasses import replace
 
     rec = replace(_decide(setup, _simulate_stages(setup, runner), runner),

@@ -30,8 +30,15 @@ Search (the screen prunes, the simulator decides):
    declines a read within the margin of D's expiry (``nixl/pull_scheduler.py``, PR #47021), so the proxy must
    forget a D earlier by the time its requests wait before P decides. A TTL whose router TTL would be below
    1 s is skipped. The shortest TTL meeting the SLO is chosen (the least pinned HBM), else the lowest p90 is
-   reported. The threshold is the analytic pull-vs-recompute break-even (:mod:`kvplan.plan.breakeven`) of the
-   workload's mean follow-up.
+   reported (:data:`TTL_RULE`, in every plan). This is deliberately not ``recommend``'s TTL rule
+   (:func:`kvplan.plan.advice_rules.choose_ttl`: the shortest TTL reaching 95% of the unlimited-TTL benefit over
+   bidirectional off, moved up by ``apply_slo`` to meet an SLO). Capacity's objective is the SLO at the fewest
+   nodes, not the TTFT gain at a fixed size: any TTL meeting the SLO serves the load, the shortest pins the
+   least decode HBM (the decode batch headroom a smaller deployment needs), and the benefit rule would need a
+   retention-off and an unlimited-TTL run at every size tried (2 more x replications per size, with the
+   unlimited TTL on an unbounded decode pool) to pick a TTL that is never shorter. On the answer the two can
+   differ: ``recommend`` may keep a longer TTL for a lower TTFT. The threshold is the analytic
+   pull-vs-recompute break-even (:mod:`kvplan.plan.breakeven`) of the workload's mean follow-up.
 4. The maximum sustainable load of the answer (its policy held): the rate is doubled until the SLO breaks,
    then bisected (:data:`BISECTION_STEPS` steps); not on a trace (the trace brings its own clock).
 5. Cost per million turns on the steady-state basis (:mod:`kvplan.plan.pricing`), as ``compare`` prices it.
@@ -67,6 +74,11 @@ MAX_CONVERSATIONS = 200_000  # bound on one run when the rate grows (the horizon
 DEFAULT_TTL_GRID_S = (60.0, 120.0, 240.0, 480.0)
 MIN_ROUTER_TTL_S = 1.0
 KV_AWARE_ROUTING = ("session_affinity", "prefix_aware", "sticky")
+#: How the bidirectional column's TTL is chosen at a size (every plan's JSON ``ttl_rule`` and text say it).
+TTL_RULE = ("capacity's TTL rule: the shortest TTL of the grid meeting the SLO at this size (the least pinned decode "
+            "HBM that serves the load), each at its own router TTL; not recommend's benefit rule (the shortest TTL "
+            "reaching 95% of the unlimited-TTL gain over retention off): run `kvplan recommend` on this deployment "
+            "for that one")
 
 
 @dataclass(frozen=True)
@@ -471,8 +483,8 @@ def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> 
     at = pl.bidir_at if bidir else pl.off_at
     found, closest, checks = pl.smallest(at, pl.slack(bidir), label)
     if found is None:
-        return _not_meeting((f"{closest[0]}P{closest[1]}D", closest[2]) if closest else None,
-                            f"{inp.max_nodes} nodes", inp.slo_s)
+        return {**_not_meeting((f"{closest[0]}P{closest[1]}D", closest[2]) if closest else None,
+                               f"{inp.max_nodes} nodes", inp.slo_s), **({"ttl_rule": TTL_RULE} if bidir else {})}
     x, y, pick = found
     mr = _max_rate(pl.ev, pick.overrides, inp.rate, inp.slo_s) if with_max_rate and inp.rate is not None else None
     out = {"xpyd": f"{x}P{y}D", "prefill_nodes": x, "decode_nodes": y, "bidirectional": bidir,
@@ -480,6 +492,7 @@ def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> 
            "smallest_verified": all(not c["meets_slo"] for c in checks)}
     if bidir:
         out["ttl_candidates"] = pick.candidates
+        out["ttl_rule"] = TTL_RULE
     return out
 
 
@@ -543,7 +556,7 @@ def _notes(sc: Scenario, inp: _Inputs, replications: int, threshold: int, routin
     pol = sc.policy
     notes = [
         f"bidirectional on: TTL searched over {', '.join(f'{t:g}' for t in inp.ttl_grid)} s at each size (the "
-        f"shortest meeting the SLO), router TTL = TTL - {pol.expiry_safety_margin_s:g} s margin - "
+        f"shortest meeting the SLO: ttl_rule), router TTL = TTL - {pol.expiry_safety_margin_s:g} s margin - "
         f"{pol.clock_skew_s:g} s skew - that run's p99 arrival-to-decision, threshold {threshold} tokens "
         "(pull-vs-recompute break-even); other policy fields as in the scenario",
         f"SLO met when the mean TTFT p90 over {replications} replications is <= the SLO with <= 1% of turns errored",

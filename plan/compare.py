@@ -24,9 +24,11 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; the cost per million turns ``node-hours x $/node-hour / served turns
-x 10^6`` on the steady-state basis (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the
-steady window, not over the drain). When the pulls of the fastest bidirectional policy take at least
+modelled); prefill (engine) utilisation; ``saturated``: the health resources (:mod:`kvplan.sim.health`) that at
+least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost
+per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+(:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
+When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
 policy is also run with ``cross_layer_blocks: true`` (row ``<policy>+cross_layer``, vLLM's
 ``enable_cross_layers_blocks``: one region per block instead of one per layer, so a pull posts
@@ -60,6 +62,7 @@ from kvplan.plan.advice import (
     recommendation_inputs,
 )
 from kvplan.plan.advice_rules import mean_ci
+from kvplan.plan.advice_runs import saturation
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
@@ -70,7 +73,7 @@ from kvplan.plan.compare_rules import (
     cross_layer_candidate,
     cross_layer_note,
 )
-from kvplan.plan.executor import run_tasks
+from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
@@ -244,13 +247,16 @@ def recommend_with_best_policy(
     :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
     serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
     ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
+    The alternatives the advisor already simulated (bidirectional off; the recommended configuration) are
+    reused from its runs (:class:`kvplan.plan.executor.RunCache`: same scenario and seeds), not rerun.
     """
+    cache = RunCache()
     rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
-                                  workers, backend, ray_address)
+                                  workers, backend, ray_address, cache)
     if sc.deployment.mode == "aggregated":
         return rec
     rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
-                   recommended=recommendation_overrides(rec))
+                   recommended=recommendation_overrides(rec), cache=cache)
     return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
 
 
@@ -279,8 +285,9 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class _Batch:
     """Runs (name, overrides) x replications through the executor and keeps the rows in order."""
 
-    def __init__(self, base: Scenario, reps: int, workers: int, progress: Callable[[int, int], None] | None) -> None:
-        self.base, self.reps, self.workers, self.progress = base, reps, workers, progress
+    def __init__(self, base: Scenario, reps: int, workers: int, progress: Callable[[int, int], None] | None,
+                 cache: RunCache | None = None) -> None:
+        self.base, self.reps, self.workers, self.progress, self.cache = base, reps, workers, progress, cache
         self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
         self.done = 0
         self.total = 0
@@ -297,7 +304,7 @@ class _Batch:
             if self.progress:
                 self.progress(self.done, self.total)
 
-        run_tasks(self.base, self.key, tasks, on_result, "local", self.workers)
+        run_tasks(self.base, self.key, tasks, on_result, "local", self.workers, cache=self.cache)
         return rows
 
 
@@ -371,13 +378,15 @@ def compare(
     progress: Callable[[int, int], None] | None = None,
     recommended: tuple[dict[str, Any], str] | None = None,
     recommendation: Any = None,
+    cache: RunCache | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy (in the order given): the metrics above, ``policy``, ``gpus``, ``description``, settings.
 
     ``ttl_recommended`` runs the advisor (:func:`recommended_overrides`) unless the caller already has its
     values: ``recommended`` (overrides and description, as ``recommend --policies`` passes its own), or
     ``recommendation`` (a Recommendation or its JSON object), checked by :func:`reusable_recommendation` to be
-    the one the advisor would compute here, so the rows are identical either way.
+    the one the advisor would compute here, so the rows are identical either way. ``cache``
+    (:class:`kvplan.plan.executor.RunCache`): runs already in it (same scenario and seed) are reused, not rerun.
     """
     names = parse_policies(policies)
     _check_inputs(sc, replications, slo_ttft_p90_ms)
@@ -407,7 +416,7 @@ def compare(
         if progress:
             progress(done_before[0] + done, done_before[0] + total)
 
-    batch = _Batch(sc, replications, workers, batch_progress)
+    batch = _Batch(sc, replications, workers, batch_progress, cache)
     rows_by = batch.run({r.name: r.overrides for r in runs})
     out = [_policy_row(r, rows_by[r.name], sc, replications, usd, rec_what) for r in runs]
     xl = cross_layer_candidate(sc, out)
@@ -440,6 +449,7 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     row["cost_basis"] = COST_BASIS
+    row["saturated"] = list(saturation(reps).resources)  # health resources saturated in >= half the replications
     row["notes"] = list(r.notes)
     return row
 

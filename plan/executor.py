@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import math
 import multiprocessing
@@ -192,6 +193,46 @@ def require_ray() -> Any:
     return ray
 
 
+class RunCache:
+    """Rows of finished runs keyed by (the simulated scenario's canonical JSON, seed), for callers that simulate
+    the same variant twice (``recommend --policies``: the advisor's bidirectional-off and recommended runs are
+    ``compare``'s ``off`` and ``ttl_recommended`` rows). A run is a pure function of (scenario, seed), so a
+    cached row is the row a rerun would give."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(base: Scenario, overrides: dict[str, Any], seed: int) -> tuple[str, int]:
+        """The scenario ``overrides`` make of ``base`` (canonical JSON) and the seed."""
+        sc = with_overrides(base, overrides) if overrides else base
+        return json.dumps(sc.model_dump(mode="json"), sort_keys=True), int(seed)
+
+    def split(self, base: Scenario, tasks: Iterable[Task], on_result: OnResult) -> tuple[list[Task], OnResult]:
+        """The tasks still to run, after answering the cached ones through ``on_result``; and an ``on_result``
+        that stores each new row (and filters the follow-up tasks it returns the same way)."""
+        keys: dict[Hashable, tuple[str, int]] = {}
+
+        def filtered(ts: Iterable[Task]) -> list[Task]:
+            todo: list[Task] = []
+            for t in ts:
+                k = self.key(base, t[1], t[2])
+                if k in self.rows:
+                    self.hits += 1
+                    todo.extend(filtered(on_result(t[0], dict(self.rows[k])) or ()))
+                else:
+                    keys[t[0]] = k
+                    todo.append(t)
+            return todo
+
+        def store(key: Hashable, row: dict[str, Any]) -> Iterable[Task] | None:
+            self.rows[keys.pop(key)] = dict(row)
+            return filtered(on_result(key, row) or ())
+
+        return filtered(tasks), store
+
+
 def run_tasks(
     base: Scenario,
     base_key: str,
@@ -200,15 +241,19 @@ def run_tasks(
     backend: str = "local",
     workers: int = 1,
     ray_address: str | None = None,
+    cache: RunCache | None = None,
 ) -> None:
     """Run every task (and the follow-up tasks ``on_result`` returns), calling ``on_result(key, row)`` as each ends.
 
-    ``on_result`` runs in this process, one call at a time, in completion order.
+    ``on_result`` runs in this process, one call at a time, in completion order. With ``cache``, a task whose
+    (scenario, seed) is in it is answered from it at once, and every row run is stored in it.
     """
     if backend not in BACKENDS:
         raise input_error("--backend", f"unknown backend '{backend}'", f"use one of {', '.join(BACKENDS)}")
     if not isinstance(workers, int) or workers < 1:
         raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+    if cache is not None:
+        tasks, on_result = cache.split(base, tasks, on_result)
     queue: deque[Task] = deque(tasks)
     dump = base.model_dump(mode="python")
     if backend == "ray":

@@ -1,6 +1,6 @@
 """A fast analytic screen of a sweep grid: no queueing, vectorised numpy over every point.
 
-Per point (open-loop workloads; closed-loop points get NaN where a rate is needed):
+Per point (open-loop workloads; closed loops are declined, see :data:`CLOSED_LOOP_DECLINED`):
 
 * **hit rate** of follow-up turns: ``P(pull case) F(w_pull) + P(recompute/local case) F(w_router)`` with
   ``F`` the turn-gap CDF, ``w_pull = min(router TTL, D TTL - safety margin - clock skew - P-leg overhead)``
@@ -64,6 +64,12 @@ SCREEN_COLUMNS = [
 ]
 # How far the simulator may be from the screen before the point is listed as a disagreement.
 TOLERANCES = {"hit_rate": 0.05, "steady_pinned_kv_gib_mean": 0.20, "prefill_utilization": 0.15}
+#: Why a closed loop is not screened (the sweep prints it when it has such points).
+CLOSED_LOOP_DECLINED = (
+    "closed-loop points are not screened (NaN): the arrival rate is not an input there, throughput = clients / "
+    "(response time + think time) by Little's law and the response time is the queueing the screen leaves out; "
+    "and a conversation's turn gap includes its client's other active conversations, so the turn-gap CDF does not "
+    "give the hit rate (only with one conversation per client, when the gap is the think time, is it screened)")
 SATURATED_UTILIZATION = 0.95  # simulator: P busy this share of its active time = saturated
 SATURATED_QUEUE_S = 1.0  # simulator: mean wait in P's queue or for D's KV blocks above this = saturated
 
@@ -126,6 +132,7 @@ class ScreenPoint:
 
     turns_q: np.ndarray  # quantile sample of turns per conversation (>= 1)
     rate_per_s: float  # new conversations per second (NaN: closed loop, not screened for load)
+    client_slots: float  # closed loop: active conversations per client (0: open loop)
     conversations: int
     mean_turns: float  # E[T]
     mean_turns_sq: float  # E[T^2]
@@ -166,6 +173,7 @@ class ScreenInputs:
 
     points: list[ScreenPoint]
     rate_per_s: np.ndarray
+    client_slots: np.ndarray
     conversations: np.ndarray
     mean_turns: np.ndarray
     mean_turns_sq: np.ndarray
@@ -212,6 +220,8 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
     out_q = np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))
     return ScreenPoint(
         turns_q=t, rate_per_s=wl.arrival.rate_per_s if isinstance(wl.arrival, PoissonArrival) else np.nan,
+        client_slots=0.0 if isinstance(wl.arrival, PoissonArrival) else float(
+            max(1, wl.arrival.max_active_conversations // wl.arrival.clients)),  # sim/driver.py ClosedLoop.slots
         conversations=wl.conversations, mean_turns=float(t.mean()), mean_turns_sq=float((t * t).mean()),
         prefix_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean()),
         user_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean()),
@@ -386,16 +396,20 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
     util = _prefill_utilisation(x, pulls, hits)
     demand = (pinned_tok + _running_tokens(x, pulls)) / (x.decode_capacity_tokens * x.decode_nodes)
     feasible = (util < 1) & (demand < 1)
+    # a closed loop: no rate (NaN above); its hit rate only with one conversation per client (CLOSED_LOOP_DECLINED)
+    hit = np.where(x.client_slots > 1, np.nan, hits.hit)
     return pd.DataFrame(
         {
-            "screen_hit_rate": hits.hit,
+            "screen_hit_rate": hit,
             "screen_pinned_kv_gib_mean": pinned_tok * x.kv_bytes_per_token_all / GIB,
             "screen_prefill_utilization": util,
             "screen_decode_kv_demand": demand,
             "screen_pull_s": pulls.pull_s,
             "screen_recompute_s": pulls.recompute_s,
             "screen_pull_beats_recompute": (pulls.pull_s < pulls.recompute_s).astype(int),
-            "screen_feasible": np.where(np.isnan(x.rate_per_s), 1, feasible.astype(int)),
+            # int unless a closed loop is among the points (NaN there: not screened)
+            "screen_feasible": (np.where(np.isnan(x.rate_per_s), np.nan, feasible.astype(float))
+                                if np.isnan(x.rate_per_s).any() else feasible.astype(int)),
             "screen_cost": x.conversations * x.mean_turns,
         }
     )
@@ -456,7 +470,7 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             if bad:
                 rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
         sat = simulator_saturated({str(k): v for k, v in m.items()})
-        if bool(s["screen_feasible"]) == sat:
+        if pd.notna(s["screen_feasible"]) and bool(s["screen_feasible"]) == sat:
             rows.append(
                 {"point": p, "metric": "feasible", "screen": float(s["screen_feasible"]), "simulator": float(not sat),
                  "tolerance": 0.0}

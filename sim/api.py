@@ -83,6 +83,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "decode_profile": rs_d.profile.name,
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
+        **_window_utilization(ctx, len(engines)),
         "truncated_conversations": plan.truncated_conversations,
         "nic_utilization": ctx.nic_utilization(end),
     }
@@ -99,6 +100,18 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
     health = compute_health(result.summary, stream.agg.waits(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})
+
+
+def _window_utilization(ctx: Any, engines: int) -> dict[str, Any]:
+    """Prefill (engine) busy share over the steady window (:func:`kvplan.sim.engine.steady_window`: the second
+    half of the arrival window, ramp-up and drain left out); the health section reads it. Engines add a step's
+    time when it starts, so a step in flight at either end counts to the side it started in. Closed loop: no
+    window (null)."""
+    w, busy = ctx.steady_window, ctx.window_busy_s
+    if w is None or busy is None or engines == 0:
+        return {"steady_window_start_s": None, "steady_window_end_s": None, "prefill_utilization_steady": None}
+    return {"steady_window_start_s": w[0], "steady_window_end_s": w[1],
+            "prefill_utilization_steady": busy / ((w[1] - w[0]) * engines)}
 
 
 #: Prefix of a note about a setting the run ignores (``kvplan simulate`` prints these as warnings).

@@ -57,6 +57,10 @@ class Ctx:
     # shared prefixes (sim/shared.py): per conversation its group (-1: none) and its shared tokens; None: none
     shared_group: Any = None
     shared_tokens: Any = None
+    # the steady window (engine.steady_window: the second half of the arrival window) and the prefill engines'
+    # busy seconds inside it (read as the clock passed its ends, engine._run_sliced); None: closed loop
+    steady_window: tuple[float, float] | None = None
+    window_busy_s: float | None = None
 
     def __post_init__(self) -> None:
         self.p_tp = self.p_tp or self.tp

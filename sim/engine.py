@@ -310,7 +310,17 @@ def simulate(
         router.bind(ctx.prefill, ctx.decode)
         ctx.driver = Driver(ctx, driver_cfg, plan, closed)
     ctx.driver.start()
-    _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan))
+    ctx.steady_window = steady_window(plan)
+    engines = ctx.replicas if aggregated else ctx.prefill
+    busy_at: list[float] = []
+
+    def read_busy() -> None:
+        busy_at.append(float(sum(p.busy_s for p in engines)))
+        if len(busy_at) == 2:
+            ctx.window_busy_s = busy_at[1] - busy_at[0]
+
+    marks = [(t, read_busy) for t in ctx.steady_window] if ctx.steady_window is not None else []
+    _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan), marks)
     for dn in ctx.decode:
         dn.expire_all()
     for rep in ctx.replicas:
@@ -321,6 +331,21 @@ def simulate(
     if on_chunk is not None:
         on_chunk(chunk)
     return rs, plan, ctx
+
+
+def steady_window(plan: ConversationPlan) -> tuple[float, float] | None:
+    """The second half of the arrival window, ``(max(first arrival, t_b / 2), t_b)``: ``t_b`` the last new
+    conversation's first arrival (open loop) or the trace's last request. The ramp-up before it and the drain
+    after it are left out; pricing's steady window (:func:`kvplan.plan.executor.run_extras`) starts at
+    ``min(t_b / 2, TTL + p90 conversation span)``, so this is the same window or its tail. None for a closed
+    loop (its arrivals follow its responses) or an empty window."""
+    t = plan.arrival_s if plan.arrival_s is not None and len(plan.arrival_s) else plan.start_s
+    t = t[np.isfinite(t)] if t is not None else t
+    if t is None or not len(t):
+        return None
+    t0, t_b = float(t.min()), float(t.max())
+    t_a = max(t0, t_b / 2)
+    return (t_a, t_b) if t_b > t_a else None
 
 
 def _horizon_s(plan: ConversationPlan) -> float:
@@ -335,24 +360,30 @@ def _horizon_s(plan: ConversationPlan) -> float:
 
 
 def _run_sliced(
-    env: SimEnv, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float
+    env: SimEnv, log: EventLog, on_chunk: ChunkSink | None, progress: ProgressHook | None, horizon: float,
+    marks: list[tuple[float, Callable[[], None]]] | None = None,
 ) -> None:
     """``env.run()`` in slices of simulated time, flushing the log between them (deterministic slice lengths).
 
     Steps events itself (what ``env.run`` does) so that no stop event enters the queue; the clock limit's
-    sentinel (:data:`CLOCK_LIMIT_S`) is checked before each slice.
+    sentinel (:data:`CLOCK_LIMIT_S`) is checked before each slice. ``marks``: ``(t, fn)`` in time order; a slice
+    ends at each ``t`` and ``fn()`` is called once every event before ``t`` has run (none at ``t``): a reading of
+    the state at ``t`` without an event of its own, so the run is unchanged.
     """
     peek = env.peek
     fast = USE_QUEUE_LOOP
     dt = max(horizon / 1000.0, 1.0)
+    pending = list(marks or ())
     while True:
         nxt = peek()
+        while pending and pending[0][0] <= nxt:
+            pending.pop(0)[1]()
         if nxt == float("inf"):
             break
         if nxt >= CLOCK_LIMIT_S:
             _refuse_if_unfinished(env)
         before = log.total
-        stop = min(nxt + dt, CLOCK_LIMIT_S)
+        stop = min(nxt + dt, CLOCK_LIMIT_S, pending[0][0] if pending else float("inf"))
         if fast:
             env.run_until(stop)  # SimEnv.step's loop, compiled with the hot path (sim/clock.py)
         else:

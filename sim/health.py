@@ -10,7 +10,11 @@ turn records and summary as the rest of the result (no extra state).
 Definitions (ASSUMPTIONS of this report, not of the model):
 
 * A resource is **saturated** when requests waited on it for more than :data:`WAIT_S` at p90 *and* it
-  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the active span; decode: peak
+  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the steady window, the second half
+  of the arrivals, ``t_b / 2`` to ``t_b`` with ``t_b`` the last new conversation's first arrival or a trace's
+  last request, so neither the ramp-up nor the drain after the last arrival dilutes it, nor does the backlog
+  served after it inflate it; ``utilization_window`` says which; a closed loop, which has no such window, over
+  the run up to the last response; decode: peak
   of pinned + running KV over the pool, approximated by the pinned peak when that alone reaches it;
   link: bytes x seconds per byte over (links x span), a lower bound of the busiest link).
 * The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
@@ -115,9 +119,15 @@ def compute_health(
     if span > 0 and per_byte_s > 0:
         per_rank = max(summary.get("d2p_bytes", 0), summary.get("p2d_bytes", 0)) / tp
         link_util = per_rank * per_byte_s / (links * span)
+    windowed = summary.get("prefill_utilization_steady")
     resources: dict[str, dict[str, Any]] = {
         "prefill_compute": {
-            "utilization": float(summary.get("prefill_utilization", 0.0)),
+            "utilization": float(windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
+            "utilization_window": (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
+                                   f"{float(summary['steady_window_end_s']):.6g} s: the second half of the arrivals of "
+                                   "new conversations, or of a trace's requests; ramp-up and drain excluded)"
+                                   if windowed is not None else
+                                   "active span (first arrival to last response; a closed loop has no arrival window)"),
             "wait_p90_s": waits.prefill[0],
             "wait_mean_s": waits.prefill[1],
         },
@@ -213,13 +223,15 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                          f"{r['capacity_gib']:.0f} GiB at peak{why}; P's queue waited {fmt_s(r['wait_p90_s'])} at p90 "
                          f"({r['lease_expiries']} leases lapsed)")
         elif name == "prefill_compute":
-            lines.append(f"SATURATED prefill compute{bind}: {r['utilization']:.0%} busy; P queue "
+            lines.append(f"SATURATED prefill compute{bind}: {r['utilization']:.0%} busy over the "
+                         f"{r.get('utilization_window', 'run').split(' (')[0]}; P queue "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
         else:
             lines.append(f"SATURATED P<->D link{bind}: {r['utilization']:.0%} busy on average; transfers took "
                          f"{fmt_s(r['wait_p90_s'])} at p90")
     if not health["saturated"]:
-        lines.append(f"health: nothing saturated (prefill {res['prefill_compute']['utilization']:.0%} busy, decode KV "
+        lines.append(f"health: nothing saturated (prefill {res['prefill_compute']['utilization']:.0%} busy over the "
+                     f"{res['prefill_compute'].get('utilization_window', 'run').split(' (')[0]}, decode KV "
                      f"pinned peak {res['decode_kv']['pinned_peak_fraction']:.0%} of the pool, links "
                      f"{res['link']['utilization']:.0%} busy)")
     b = health.get("binding_resource")

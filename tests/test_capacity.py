@@ -231,3 +231,21 @@ def test_a_hopeless_load_ends_after_a_few_runs() -> None:
                     "router_ttl_s", "kv_recompute_threshold_tokens"):
             assert key in data[name], (name, key)
         assert data[name]["prefill_nodes"] is None and data[name]["ttft_p90_ms"] is None
+
+
+def test_capacity_says_which_rule_chose_the_ttl(planned: tuple[Path, dict[str, Any]]) -> None:
+    """The TTL rule is stated (JSON ``ttl_rule``, text) and is what the candidates show: the shortest meeting the SLO."""
+    from kvplan.app.cmd_capacity import render_text
+    from kvplan.plan.capacity import TTL_RULE, CapacityPlan
+
+    path, plan = planned
+    on = plan["with_bidirectional"]
+    assert on["ttl_rule"] == TTL_RULE and "shortest TTL of the grid meeting the SLO" in TTL_RULE
+    assert "not recommend's benefit rule" in TTL_RULE
+    tried = [c for c in on["ttl_candidates"] if "meets_slo" in c]
+    assert tried[-1]["meets_slo"] and not any(c["meets_slo"] for c in tried[:-1])
+    assert on["decoder_kv_blocks_ttl_s"] == tried[-1]["decoder_kv_blocks_ttl_s"]
+    fields = {k: plan[k] for k in CapacityPlan.__dataclass_fields__ if k in plan}
+    text = render_text(CapacityPlan(**{**fields, "notes": tuple(plan["notes"]),
+                                       "disagreements": tuple(plan["disagreements"])}), str(path))
+    assert f"bidirectional on: TTL chosen by {TTL_RULE}" in text

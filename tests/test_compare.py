@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,56 @@ def test_compare_tries_cross_layer_blocks_when_the_pull_dominates() -> None:
     short["workload"]["prefix_tokens"] = {"dist": "constant", "value": 100}
     rows = compare(scenario_from_dict(short), ["ttl"], replications=1)
     assert [r["policy"] for r in rows] == ["ttl"] and rows[0]["kv_pull_mean_s"] < 0.3 * rows[0]["ttft_mean_s"]
+
+
+def test_compare_text_prints_times_in_human_units_and_marks_saturation() -> None:
+    """A saturated run's TTFT prints in the units human_s picks (not '431000' ms) and its health row says SATURATED
+    with the resource its health section names."""
+    from kvplan.app.cmd_compare import render_text
+    from kvplan.units import human_s
+
+    wl = {**small()["workload"], "conversations": 40, "turns": {"dist": "constant", "value": 1}}
+    sc = scenario_from_dict(small(workload=wl, deployment={"max_num_seqs": 64, "decode_kv_capacity_tokens": 12_000}))
+    rows = compare(sc, ["off", "ttl"], replications=1)
+    off, ttl = rows
+    assert ttl["saturated"] == ["decode_kv"] and off["saturated"] == []
+    text = render_text(rows)
+    health = next(ln for ln in text if ln.startswith("health"))
+    assert "SATURATED: D HBM" in health and health.split()[1] == "ok"
+    p50 = next(ln for ln in text if ln.startswith("TTFT p50"))
+    assert human_s(ttl["ttft_p50_s"]) in p50 and human_s(off["ttft_p50_s"]) in p50
+    assert ttl["ttft_p50_s"] > 1.0 and f"{ttl['ttft_p50_s'] * 1000:.0f}" not in p50  # not raw milliseconds
+    assert any(ln.startswith("SATURATED:") for ln in text)
+
+
+def test_recommend_policies_reuses_the_advisors_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``recommend --policies`` does not rerun what the advisor simulated (bidirectional off, the recommended
+    configuration, same scenario and seeds): fewer runs, the same best policy as rerunning them."""
+    import kvplan.plan.executor as executor
+    from kvplan.plan.advice import recommend_simulated
+    from kvplan.plan.compare import (
+        BEST_CANDIDATES,
+        best_policy,
+        recommend_with_best_policy,
+        recommendation_overrides,
+    )
+    from kvplan.sim.scenario import load_scenario
+
+    runs = [0]
+    real = executor.run_task
+
+    def counting(*a: object) -> dict:
+        runs[0] += 1
+        return real(*a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor, "run_task", counting)
+    sc = load_scenario(_scenario(tmp_path))
+    rec = recommend_with_best_policy(sc, replications=2, ttl_grid=(30, 60))
+    reused = runs[0]
+    runs[0] = 0
+    plain, simulated = recommend_simulated(sc, replications=2, ttl_grid=(30, 60))
+    rows = compare(simulated, list(BEST_CANDIDATES), replications=2, recommended=recommendation_overrides(plain))
+    assert rec.bidirectional  # so that both the off and the recommended runs are reusable
+    assert runs[0] - reused == 2 * 2  # off and ttl_recommended, 2 replications each
+    assert rec.best_policy == best_policy(rows)
+    assert rec.to_json() == replace(plain, best_policy=best_policy(rows)).to_json()

@@ -108,3 +108,51 @@ def test_prefill_held_kv_is_reported_when_caching() -> None:
     assert 0 < pk["held_tokens_end"] <= pk["capacity_tokens"] and pk["evictable"]
     off = run(small()).summary["health"]["prefill_kv"]  # small() turns P's cache off
     assert not off["caching"] and off["held_tokens_end"] == 0 and math.isnan(off["held_fraction_end"])
+
+
+def _busy_union_share(r: object, t0: float, t1: float) -> float:
+    """Share of [t0, t1] in which P had a prompt in prefill (P_COMPUTE .. P_DONE intervals, one P node)."""
+    from kvplan.sim.events import Ev
+
+    ev = r.events  # type: ignore[attr-defined]
+    c = ev[ev["kind"] == int(Ev.P_COMPUTE)].set_index(["conv", "turn"])["t_s"]
+    d = ev[ev["kind"] == int(Ev.P_DONE)].set_index(["conv", "turn"])["t_s"].reindex(c.index)
+    busy, lo, hi = 0.0, t0, t0
+    for a, b in sorted(zip(c.to_numpy(), d.to_numpy(), strict=True)):
+        a, b = max(a, t0), min(b, t1)
+        if b <= a:
+            continue
+        if a > hi:
+            busy += max(hi - lo, 0.0)
+            lo, hi = a, b
+        else:
+            hi = max(hi, b)
+    return (busy + max(hi - lo, 0.0)) / (t1 - t0)
+
+
+def test_prefill_utilisation_is_measured_over_the_steady_window() -> None:
+    """P nearly always busy while 40 long prompts arrive, then D decodes 3,000 tokens each after the last arrival:
+    the health section's utilisation is over the steady window (the second half of the arrivals, as the prefill
+    intervals of the event log give it), not diluted by the drain (the whole-run figure, kept as
+    summary.prefill_utilization, is under half)."""
+    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+          "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 16000},
+          "output_tokens": {"dist": "constant", "value": 3000}}
+    r = run(small(workload=wl, policy={"bidirectional": False}))
+    s, h = r.summary, r.summary["health"]["resources"]["prefill_compute"]
+    t_b = float(r.turns["arrival_s"].max())
+    assert (s["steady_window_start_s"], s["steady_window_end_s"]) == (t_b / 2, t_b)
+    assert h["utilization"] == s["prefill_utilization_steady"]
+    assert h["utilization"] == pytest.approx(_busy_union_share(r, t_b / 2, t_b), abs=0.03)
+    assert h["utilization"] > 0.8 and s["prefill_utilization"] < 0.5  # the drain diluted the whole-run figure
+    assert h["utilization_window"].startswith("steady window")
+    assert "busy over the steady window" in health_lines(r.summary["health"])[0]
+
+
+def test_closed_loop_utilisation_says_it_is_over_the_whole_run() -> None:
+    d = small()
+    d["workload"]["arrival"] = {"kind": "closed_loop", "clients": 2, "max_active_conversations": 4}
+    s = run(d).summary
+    h = s["health"]["resources"]["prefill_compute"]
+    assert s["prefill_utilization_steady"] is None and h["utilization"] == s["prefill_utilization"]
+    assert h["utilization_window"].startswith("active span")

@@ -360,3 +360,40 @@ def test_fingerprint_covers_the_bytes_of_every_file_a_point_reads(tmp_path: Path
     fp = tg.fingerprint()
     trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,10\na,6,150,10\n")
     assert tg.fingerprint() != fp
+
+
+def test_screen_declines_closed_loops_it_cannot_model() -> None:
+    """A closed loop of 2 clients x 10 active conversations: the simulator's hit rate is far below the turn-gap
+    CDF (a conversation waits for its client's 9 other conversations), and its throughput is clients / (response
+    + think time) by Little's law, not a rate: the screen says NaN (and the sweep's pruning and disagreement
+    list leave the point alone) instead of 90% hits and 'feasible'. One conversation per client: the gap is the
+    think time, and the screened hit rate matches the simulator."""
+    import math
+
+    from conftest import small
+
+    from kvplan.plan.screen import CLOSED_LOOP_DECLINED, compare_screen, screen_scenarios
+    from kvplan.sim.api import run
+    from kvplan.sim.scenario import scenario_from_dict
+
+    def closed(clients: int, active: int) -> Any:
+        d = small(policy={"bidirectional": True, "decoder_kv_blocks_ttl_s": 30, "router_ttl_s": 24})
+        d["workload"]["arrival"] = {"kind": "closed_loop", "clients": clients, "max_active_conversations": active}
+        d["workload"]["turn_gap_s"] = {"dist": "exponential", "mean": 10}
+        return scenario_from_dict(d)
+
+    many, one = closed(2, 20), closed(4, 4)
+    scr = screen_scenarios([many, one])
+    sim_many, sim_one = run(many), run(one)
+    assert sim_many.summary["hit_rate"] < 0.1  # the turn-gap CDF alone would say ~0.9
+    assert math.isnan(scr["screen_hit_rate"][0]) and scr["screen_feasible"].isna().all()
+    assert scr[["screen_pinned_kv_gib_mean", "screen_prefill_utilization"]].isna().all().all()
+    assert abs(scr["screen_hit_rate"][1] - sim_one.summary["hit_rate"]) < 0.05
+    # Little's law on the simulated loop: turns/s = clients / (mean response + mean think time)
+    t = sim_many.turns
+    resp = float((t["finish_s"] - t["arrival_s"]).mean())
+    rate = len(t) / float(t["finish_s"].max() - t["arrival_s"].min())
+    assert rate == pytest.approx(2 / (resp + 10.0), rel=0.15)
+    summary = pd.DataFrame([{"point": 0, "hit_rate_mean": sim_many.summary["hit_rate"], "prefill_utilization_mean": 0.0}])
+    assert compare_screen(scr.assign(point=[0, 1]).iloc[:1], summary).empty  # nothing claimed, nothing contradicted
+    assert "Little's law" in CLOSED_LOOP_DECLINED

@@ -58,6 +58,7 @@ class Request:
         "d_tail",
         "d_tail_ctx",
         "wait_t",
+        "last",
     )
 
     def __init__(
@@ -108,6 +109,8 @@ class Request:
         self.itl_spans: list[Span] | None = None
         self.itl_extra: list[int] | None = None
         self.last_tok_t = 0.0
+        # no later request of this conversation reaches the router (sim/driver.py): D keeps no router entry
+        self.last = False
         self.d_tail = 0  # prompt tokens D computes in the request's first step (PR #55801 short tail), on d_tail_ctx
         self.d_tail_ctx = 0
         self.wait_t = 0.0  # when it last became schedulable (async scheduling: it joins the step after the next)

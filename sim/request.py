@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from kvplan.sim.itl import Node, Span
 from kvplan.sim.router import KVParams
 
-D2P = 0  # bidirectional read-back: P reads D's retained blocks
-P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
-HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
+D2P: Final = 0  # bidirectional read-back: P reads D's retained blocks
+P2D: Final = 1  # the ordinary direction: D reads P's freshly computed blocks
+HOST2P: Final = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
 #: ``Request.reuse`` when the prompt repeats the conversation's whole previous context (verbatim history)
-REUSE_ALL = 1 << 62
+REUSE_ALL: Final = 1 << 62
 
 
 class Request:

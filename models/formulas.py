@@ -10,8 +10,10 @@ parameter objects are typed by the protocols below (the pydantic models satisfy 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from typing import Protocol
+from bisect import bisect_left as _bisect_left
+from typing import Final, Protocol
+
+_bisect: Final = _bisect_left  # a C static in the compiled build (a module global is a dict lookup per call)
 
 
 class PrefillParams(Protocol):
@@ -58,7 +60,7 @@ def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float
     """``values`` interpolated linearly at ``x`` over ``knots``: flat below the first, ``slope_after`` past the last."""
     if x <= knots[0]:
         return values[0]
-    j = bisect_left(knots, x)
+    j = _bisect(knots, x)
     if j >= len(knots):
         return values[-1] + slope_after * (x - knots[-1])
     k0, k1 = knots[j - 1], knots[j]

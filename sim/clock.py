@@ -28,13 +28,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heappop, heappush
 from itertools import count
-from typing import Any
+from typing import Any, Final
 
 import simpy
 from simpy.core import EmptySchedule, StopSimulation
 from simpy.events import NORMAL, URGENT, EventPriority
 
-_RESCHEDULED = EventPriority(-1)  # SimPy's EventPriority(-1): an event interrupted by StopSimulation runs first on resume
+_RESCHEDULED: Final = EventPriority(-1)  # SimPy's: an event interrupted by StopSimulation runs first on resume
+
+
+# C statics in the compiled build: a module global (an imported name included) is a dictionary lookup per use
+_NORMAL: Final = NORMAL
+_URGENT: Final = URGENT
+_push: Final = heappush
+_pop: Final = heappop
 
 
 class Wake:
@@ -73,7 +80,7 @@ class SimEnv(simpy.Environment):
         q = self._queue
         if not q:
             raise EmptySchedule()
-        t, _prio, _eid, event = heappop(q)
+        t, _prio, _eid, event = _pop(q)
         self._now = t
         _fire(self, event)
 
@@ -81,7 +88,7 @@ class SimEnv(simpy.Environment):
         """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``)."""
         q = self._queue
         while q and q[0][0] < stop:
-            t, _prio, _eid, event = heappop(q)
+            t, _prio, _eid, event = _pop(q)
             self._now = t
             _fire(self, event)
 
@@ -109,7 +116,7 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), Wake(fn)))
+    _push(env._queue, (env._now + delay, _NORMAL, next(env._eid), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
@@ -124,4 +131,4 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    heappush(env._queue, (env._now, URGENT, next(env._eid), Wake(fn)))
+    _push(env._queue, (env._now, _URGENT, next(env._eid), Wake(fn)))

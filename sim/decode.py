@@ -499,7 +499,8 @@ class DecodeNode:
                 self._unpin(old, Release.EXPIRED, now)
             self.pool.pinned += blocks
             self.rows.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
-            ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
+            if not r.last:  # the conversation's last lookup is behind it: an entry would never be read
+                ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
         ctx.driver.d_done(r)

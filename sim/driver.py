@@ -86,8 +86,13 @@ class Driver:
         # per turn: tokens of the previous context the prompt repeats (None: all of it, verbatim history)
         self.reuse: Sequence[int] | None = None if plan.reuse_tokens is None else _view(plan.reuse_tokens, np.int64)
         self.source: ArrivalSource
+        # per conversation: its request whose router lookup comes last (None: its last planned turn, as the
+        # open and closed loops send a conversation's turns one after the other)
+        self.last_request: Sequence[int] | None = None
         if plan.arrival_s is not None:  # a trace brings its own clock
-            self.source = TraceReplay(self, plan.arrival_s)
+            trace = TraceReplay(self, plan.arrival_s)
+            self.source = trace
+            self.last_request = trace.last_request(len(plan.turns))
         elif closed_loop is not None:
             self.source = ClosedLoop(self, closed_loop)
         else:
@@ -118,6 +123,8 @@ class Driver:
         r = Request(c, turn, i, prompt, self.output[i], params)
         if self.reuse is not None:
             r.reuse = self.reuse[i]
+        last = self.last_request
+        r.last = i + 1 == self.offsets[c + 1] if last is None else i == last[c]
         self._submit(r)
 
     def _submit(self, r: Request) -> None:
@@ -207,6 +214,15 @@ class TraceReplay:
         self.order: Sequence[int] = _view(np.argsort(arrival_s, kind="stable"), np.int64)
         self.conv_of: Sequence[int] = _view(np.repeat(np.arange(len(plan.turns)), plan.turns), np.int64)
         self.next_request = 0
+
+    def last_request(self, conversations: int) -> Sequence[int]:
+        """Per conversation, its request sent last (the trace's arrival order; -1: none): no lookup follows it."""
+        order = np.asarray(self.order, dtype=np.int64)
+        if not len(order):
+            return _view(np.full(conversations, -1, dtype=np.int64), np.int64)
+        pos = np.full(conversations, -1, dtype=np.int64)  # per conversation: the position of its last request
+        np.maximum.at(pos, np.asarray(self.conv_of, dtype=np.int64)[order], np.arange(len(order), dtype=np.int64))
+        return _view(np.where(pos >= 0, order[np.maximum(pos, 0)], -1), np.int64)
 
     def start(self) -> None:
         """Schedule the first request."""

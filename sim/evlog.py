@@ -11,10 +11,11 @@ them (floats to IEEE doubles, integers and IntEnum members to int64).
 from __future__ import annotations
 
 import struct
+from typing import Final
 
-ROW_FORMAT = "<dqqqqdd"  # t_s, kind, conv, turn, node, a, b
-ROW_BYTES = struct.calcsize(ROW_FORMAT)
-_PACK = struct.Struct(ROW_FORMAT).pack_into
+ROW_FORMAT: Final = "<dqqqqdd"  # t_s, kind, conv, turn, node, a, b
+ROW_BYTES: Final = struct.calcsize(ROW_FORMAT)
+_PACK: Final = struct.Struct(ROW_FORMAT).pack_into
 
 Row = tuple[float, int, int, int, int, float, float]
 

@@ -27,18 +27,18 @@ within a relative 0.5 % of the simulated gaps (the summary sketch's bound).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 from kvplan.sim.events import Ev
 from kvplan.sim.evlog import RowBuffer
 
-ALPHA = 0.005  # = kvplan.sim.quantiles.ALPHA (the same buckets: pooled counts feed a LogSketch)
-GAMMA = (1.0 + ALPHA) / (1.0 - ALPHA)
-LOG_GAMMA = math.log(GAMMA)
-DEPTH = 11
-KEY_MIN = -1152  # bucket of ~1e-5 s: shorter gaps are counted here
-KEY_SPAN = 1 << DEPTH  # keys KEY_MIN .. KEY_MIN + 2047 (up to ~7,700 s; longer gaps are counted there)
-NO_SKIP = KEY_MIN - 1  # a span whose first step is a gap too (its start version is after the first token)
+ALPHA: Final = 0.005  # = kvplan.sim.quantiles.ALPHA (the same buckets: pooled counts feed a LogSketch)
+GAMMA: Final = (1.0 + ALPHA) / (1.0 - ALPHA)
+LOG_GAMMA: Final = math.log(GAMMA)
+DEPTH: Final = 11
+KEY_MIN: Final = -1152  # bucket of ~1e-5 s: shorter gaps are counted here
+KEY_SPAN: Final = 1 << DEPTH  # keys KEY_MIN .. KEY_MIN + 2047 (up to ~7,700 s; longer gaps are counted there)
+NO_SKIP: Final = KEY_MIN - 1  # a span whose first step is a gap too (its start version is after the first token)
 
 
 def bucket_key(x: float) -> int:
@@ -61,7 +61,7 @@ def bucket_value(key: int) -> float:
 # and never changed afterwards, so every older version stays valid. Empty subtrees are the one node EMPTY,
 # its own children, so that walks need no test for a missing child.
 Node = list[Any]
-EMPTY: Node = [0, None, None]
+EMPTY: Final[Node] = [0, None, None]
 EMPTY[1] = EMPTY
 EMPTY[2] = EMPTY
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from kvplan.sim.itl import Node, Span
 from kvplan.sim.router import KVParams
 
-D2P = 0  # bidirectional read-back: P reads D's retained blocks
-P2D = 1  # the ordinary direction: D reads P's freshly computed blocks
-HOST2P = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
+D2P: Final = 0  # bidirectional read-back: P reads D's retained blocks
+P2D: Final = 1  # the ordinary direction: D reads P's freshly computed blocks
+HOST2P: Final = 2  # offload tier: P reads D's host-memory copy (host-to-NIC bandwidth)
 #: ``Request.reuse`` when the prompt repeats the conversation's whole previous context (verbatim history)
-REUSE_ALL = 1 << 62
+REUSE_ALL: Final = 1 << 62
 
 
 class Request:
@@ -58,6 +60,7 @@ class Request:
         "d_tail",
         "d_tail_ctx",
         "wait_t",
+        "last",
     )
 
     def __init__(
@@ -108,6 +111,8 @@ class Request:
         self.itl_spans: list[Span] | None = None
         self.itl_extra: list[int] | None = None
         self.last_tok_t = 0.0
+        # no later request of this conversation reaches the router (sim/driver.py): D keeps no router entry
+        self.last = False
         self.d_tail = 0  # prompt tokens D computes in the request's first step (PR #55801 short tail), on d_tail_ctx
         self.d_tail_ctx = 0
         self.wait_t = 0.0  # when it last became schedulable (async scheduling: it joins the step after the next)

@@ -29,8 +29,12 @@ is a router miss (``sim/router.py`` :: ``Router.lookup``), the pin itself is unt
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
+from heapq import heappop, heappush
+from typing import Final
+
+_heappush: Final = heappush  # C statics in the compiled build (a module attribute is a lookup per call)
+_heappop: Final = heappop
 
 
 def pin_deadline_s(finish_s: float, hold_s: float) -> float:
@@ -92,7 +96,7 @@ class Retention:
         self.pins[pid] = Pin(conv, tokens, blocks, expiry_s)
         old = self.of_conv.get(conv)
         self.of_conv[conv] = pid
-        heapq.heappush(self._heap, (expiry_s, pid))
+        _heappush(self._heap, (expiry_s, pid))
         return pid, old
 
     def alive(self, pid: int, now: float) -> bool:
@@ -105,7 +109,7 @@ class Retention:
         pin = self.pins.get(pid)
         if pin is not None:
             pin.expiry_s = expiry_s
-            heapq.heappush(self._heap, (expiry_s, pid))
+            _heappush(self._heap, (expiry_s, pid))
 
     def lru_evictable(self) -> Iterator[int]:
         """Pin ids no read holds, oldest first (pins are created in finish order)."""
@@ -128,7 +132,7 @@ class Retention:
         """(deadline, pin id) of every pin whose deadline has passed and that no read holds."""
         heap = self._heap
         while heap and is_due(now, heap[0][0]):
-            expiry, pid = heapq.heappop(heap)
+            expiry, pid = _heappop(heap)
             pin = self.pins.get(pid)
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
                 yield expiry, pid

@@ -30,14 +30,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 
 from kvplan.sim.events import RouterResult
 from kvplan.sim.node_config import RouterConfig
 
-ROUTER_STREAM = 0x524F5554  # "ROUT": the router's own SeedSequence stream of the run's seed
+ROUTER_STREAM: Final = 0x524F5554  # "ROUT": the router's own SeedSequence stream of the run's seed
 
 
 @dataclass(slots=True)
@@ -87,8 +87,8 @@ def router_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, ROUTER_STREAM]).generate_state(1)[0])
 
 
-STICKY = ("sticky", "session_affinity")
-KV_AWARE_ROUTING = ("sticky", "session_affinity", "prefix_aware")  # the next turn tends to meet its own cache
+STICKY: Final = ("sticky", "session_affinity")
+KV_AWARE_ROUTING: Final = ("sticky", "session_affinity", "prefix_aware")  # the next turn tends to meet its own cache
 
 
 class Router:

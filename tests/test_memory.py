@@ -407,3 +407,13 @@ def test_watermark_keeps_blocks_free_at_admission() -> None:
     # blocks free after taking its 64: 640 - 64 k >= 64 + 160 for k = 1..6, so 7 at once
     assert _max_concurrent(wm.events, Ev.D_ADMIT, Ev.D_FINISH) == 7
     assert wm.summary["d_preemptions"] < base.summary["d_preemptions"]
+
+
+def test_router_keeps_no_entry_after_a_conversations_last_lookup() -> None:
+    """D stores no router entry for a turn after which its conversation sends no lookup (open loop: its last
+    planned turn; a trace: its request sent last), so the router's map empties as conversations end."""
+    _rs, plan, ctx = simulate(scenario_from_dict(small()))
+    assert int(plan.turns.sum()) > len(plan.turns) > 0 and ctx.router.entries() == 0
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_small.jsonl"
+    _rs, plan, ctx = simulate(scenario_from_dict(small(workload={"trace": {"path": str(trace)}})))
+    assert ctx.router.entries() < len(plan.turns)

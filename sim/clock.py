@@ -125,7 +125,7 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
     A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
     ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
     can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
-    heappush(env._queue, (when if when > env._now else env._now, NORMAL, next(env._eid), Wake(fn)))
+    _push(env._queue, (when if when > env._now else env._now, _NORMAL, next(env._eid), Wake(fn)))
 
 
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:

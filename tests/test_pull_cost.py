@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvplan.models.arch import kv_bytes_per_token_per_rank, kv_regions_per_rank
+from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.plan.breakeven import break_even
 from kvplan.plan.screen import _pull_s, screen_point
 from kvplan.sim.engine import resolve
@@ -59,3 +59,25 @@ def test_heterogeneous_tp_pull_in_break_even_and_screen() -> None:
     p = screen_point(hetero, {})
     assert float(_pull_s(p, np.array([float(n)]))[0]) == pytest.approx(_by_hand(hetero, n, 2, 4), rel=1e-12)
     assert _by_hand(hetero, n, 2, 4) > 1.5 * _by_hand(homo, n, 1, 8) - 1e-3  # the plan matters here
+
+
+def test_screen_prices_each_role_at_its_own_tp() -> None:
+    """P's prefill (recompute) at P's TP, D's decode, pool and pinned KV at D's, as the simulator (sim/engine.py
+    ``_resolve_roles``); the screen took all of them from ``deployment.tensor_parallel_size`` before."""
+    hetero = _scenario(4)  # P at TP 4 reading D at TP 8
+    p4 = resolve(scenario_from_dict({**hetero.model_dump(mode="json"),
+                                     "deployment": {**hetero.deployment.model_dump(mode="json"),
+                                                    "tensor_parallel_size": 4, "prefill_tensor_parallel_size": None}}))
+    r8 = resolve(hetero)
+    assert p4.costs.prefill != r8.costs.prefill  # TP matters for this profile
+    p = screen_point(hetero, {})
+    assert p.costs.prefill == p4.costs.prefill and p.costs.overhead == p4.costs.overhead
+    assert p.costs.decode == r8.costs.decode and p.decode_capacity_tokens == r8.decode_capacity_tokens
+    # D at TP 4 under a shared TP 8: D's pool and KV bytes are TP 4's, P's prefill TP 8's
+    sc = scenario_from_dict({**hetero.model_dump(mode="json"),
+                             "deployment": {**hetero.deployment.model_dump(mode="json"),
+                                            "prefill_tensor_parallel_size": None, "decode_tensor_parallel_size": 4}})
+    q = screen_point(sc, {})
+    assert q.decode_capacity_tokens == p4.decode_capacity_tokens != r8.decode_capacity_tokens
+    assert q.costs.decode == p4.costs.decode and q.costs.prefill == r8.costs.prefill
+    assert q.kv_bytes_per_token_all == kv_bytes_per_token_all_ranks(r8.arch, 4)

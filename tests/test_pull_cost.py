@@ -81,3 +81,21 @@ def test_screen_prices_each_role_at_its_own_tp() -> None:
     assert q.decode_capacity_tokens == p4.decode_capacity_tokens != r8.decode_capacity_tokens
     assert q.costs.decode == p4.costs.decode and q.costs.prefill == r8.costs.prefill
     assert q.kv_bytes_per_token_all == kv_bytes_per_token_all_ranks(r8.arch, 4)
+
+
+def test_read_path_directions_match_the_simulators_plans_and_readers() -> None:
+    """P2D: D's ranks read P's with D's costs; D2P: P's read D's with P's (sim/context.py ``plans``, sim/xfer.py
+    ``Reads.cost``); ``cross_layer`` overrides the deployment's layout."""
+    from kvplan.sim.request import D2P, P2D
+    from kvplan.sim.tp import rank_plan
+
+    hetero = _scenario(4)
+    rs = resolve(hetero)
+    p4 = resolve(scenario_from_dict({**hetero.model_dump(mode="json"),
+                                     "deployment": {**hetero.deployment.model_dump(mode="json"),
+                                                    "tensor_parallel_size": 4, "prefill_tensor_parallel_size": None}}))
+    p2d, d2p = read_path(hetero, rs, P2D), read_path(hetero, rs, D2P)
+    assert p2d.plan == rank_plan(rs.arch, 8, 4) and d2p.plan == rank_plan(rs.arch, 4, 8) and p2d.plan != d2p.plan
+    assert p2d.reader.costs == rs.costs and p2d.cost == rs.costs.transfer
+    assert d2p.reader.costs.prefill == p4.costs.prefill and d2p.cost == p4.costs.transfer
+    assert read_path(hetero, rs, cross_layer=True).regions == kv_regions_per_rank(rs.arch, True) < d2p.regions

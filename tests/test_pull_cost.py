@@ -99,3 +99,23 @@ def test_read_path_directions_match_the_simulators_plans_and_readers() -> None:
     assert p2d.reader.costs == rs.costs and p2d.cost == rs.costs.transfer
     assert d2p.reader.costs.prefill == p4.costs.prefill and d2p.cost == p4.costs.transfer
     assert read_path(hetero, rs, cross_layer=True).regions == kv_regions_per_rank(rs.arch, True) < d2p.regions
+
+
+def test_unloaded_service_time_prices_each_role_at_its_own_tp() -> None:
+    """``kvplan workload``'s service time (sim/service.py): P's prefill at P's TP, D's decode at D's."""
+    from kvplan.models.costs import decode_steps_time_s, prefill_time_s
+    from kvplan.sim.request import P2D
+    from kvplan.sim.service import unloaded_service_time_fn
+
+    hetero = _scenario(4)
+    rs = resolve(hetero)
+    p4 = resolve(scenario_from_dict({**hetero.model_dump(mode="json"),
+                                     "deployment": {**hetero.deployment.model_dump(mode="json"),
+                                                    "tensor_parallel_size": 4, "prefill_tensor_parallel_size": None}}))
+    chunk = hetero.deployment.max_num_batched_tokens
+    want = (p4.costs.overhead.p_leg_s + p4.costs.overhead.d_leg_s + prefill_time_s(p4.costs.prefill, 3000, 0, chunk)
+            + read_path(hetero, rs, P2D).time_s(3000) + decode_steps_time_s(rs.costs.decode, 1, 3000, 50))
+    got = float(unloaded_service_time_fn(hetero)(np.array([3000]), np.array([50]))[0])
+    assert got == pytest.approx(want, rel=1e-12)
+    p_tp4, p_tp8 = (prefill_time_s(r.costs.prefill, 3000, 0, chunk) for r in (p4, rs))
+    assert p_tp4 != pytest.approx(p_tp8)  # the roles' TP matter here

@@ -119,3 +119,17 @@ def test_unloaded_service_time_prices_each_role_at_its_own_tp() -> None:
     assert got == pytest.approx(want, rel=1e-12)
     p_tp4, p_tp8 = (prefill_time_s(r.costs.prefill, 3000, 0, chunk) for r in (p4, rs))
     assert p_tp4 != pytest.approx(p_tp8)  # the roles' TP matter here
+
+
+def test_conversation_span_estimate_decodes_at_ds_tp() -> None:
+    """recommend's steady-state span estimate (plan/advice_runs.py) decodes on D's profile (its own TP)."""
+    from kvplan.plan.advice_runs import conversation_span_estimate_s
+
+    homo = _scenario(None)
+    d4 = scenario_from_dict({**homo.model_dump(mode="json"),
+                             "deployment": {**homo.deployment.model_dump(mode="json"), "decode_tensor_parallel_size": 4}})
+    tp4 = scenario_from_dict({**homo.model_dump(mode="json"),
+                              "deployment": {**homo.deployment.model_dump(mode="json"), "tensor_parallel_size": 4}})
+    span = conversation_span_estimate_s
+    assert span(resolve(d4)) == pytest.approx(span(resolve(tp4)), rel=1e-12)
+    assert span(resolve(d4)) != pytest.approx(span(resolve(homo)), rel=1e-6)

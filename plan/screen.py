@@ -34,7 +34,7 @@ from scipy import special
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.plan.grid import Grid
-from kvplan.sim.engine import Resolved, resolve
+from kvplan.sim.engine import Resolved, _resolve_roles, resolve
 from kvplan.sim.pull import ReadPath, read_path
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
@@ -216,6 +216,10 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
         cache[key] = resolve(sc)
     rs = cache[key]
     wl, pol, dep = sc.workload, sc.policy, sc.deployment
+    # each role at its own TP, as the simulator (sim/engine.py): P's prefill and overhead, D's decode, pool and KV
+    rs_p, rs_d = _resolve_roles(sc, rs)
+    d_tp = dep.decode_tensor_parallel_size or dep.tensor_parallel_size
+    costs = rs_p.costs if rs_d is rs_p else rs_p.costs.model_copy(update={"decode": rs_d.costs.decode})
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     out_q = np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))
     return ScreenPoint(
@@ -231,10 +235,10 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
         same_p_share=1.0 if (dep.prefill_nodes == 1 or dep.routing in KV_AWARE_ROUTING) else 1.0 / dep.prefill_nodes,
         p_prefix_caching=float(dep.prefill_prefix_caching), prefill_nodes=dep.prefill_nodes,
         decode_nodes=dep.decode_nodes, block_tokens=rs.arch.block_size_tokens,
-        kv_bytes_per_token_rank=kv_bytes_per_token_per_rank(rs.arch, dep.tensor_parallel_size),
-        kv_bytes_per_token_all=kv_bytes_per_token_all_ranks(rs.arch, dep.tensor_parallel_size),
-        regions=kv_regions_per_rank(rs.arch, dep.cross_layer_blocks), decode_capacity_tokens=rs.decode_capacity_tokens,
-        costs=rs.costs, per_byte_s=rs.per_byte_s, bidirectional=float(pol.bidirectional),
+        kv_bytes_per_token_rank=kv_bytes_per_token_per_rank(rs.arch, d_tp),
+        kv_bytes_per_token_all=kv_bytes_per_token_all_ranks(rs.arch, d_tp),
+        regions=kv_regions_per_rank(rs.arch, dep.cross_layer_blocks), decode_capacity_tokens=rs_d.decode_capacity_tokens,
+        costs=costs, per_byte_s=rs_d.per_byte_s, bidirectional=float(pol.bidirectional),
         fail_on_decline=float(pol.kv_load_failure_policy == "fail"), read=read_path(sc, rs),
     )
 

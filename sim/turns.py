@@ -69,7 +69,9 @@ def _gather(ev: EventChunk, offsets: np.ndarray) -> dict[str, np.ndarray]:
     by_key = np.argsort(key_arr, kind="stable")
     rows = key_arr[by_key]
     if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():
-        rows = np.unique(rows)  # a turn arrived twice (never in a model run): its rows as np.unique gives them
+        # a turn arrived twice (never in a model run, possible in a replayed log): one row per turn
+        first = np.concatenate(([True], rows[1:] != rows[:-1]))
+        rows, by_key = rows[first], by_key[first]
     n = len(rows)
     pos, inside = _rows_of(rows, key)
     out: dict[str, np.ndarray] = {"conversation_id": ev.conv[arrive][by_key]}

@@ -68,6 +68,7 @@ class DecodeNode:
         self.chunk = cfg.max_num_batched_tokens
         self.costs = cfg.costs  # D's own cost model (its TP)
         self.bs = cfg.block_size
+        self.max_seqs = cfg.max_num_seqs
         self.pool = BlockPool(cfg.capacity_blocks, cfg.block_size, self.caching)
         self.watermark_blocks = cfg.watermark_blocks
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
@@ -331,6 +332,11 @@ class DecodeNode:
         bs = self.bs
         admitted = False
         while q:
+            if batch.batch >= self.max_seqs:
+                # vLLM's waiting loop stops once ``len(self.running) == self.max_num_running_reqs`` (checked before a
+                # request's remote-KV load is started, vllm/v1/core/sched/scheduler.py): a full batch starts no
+                # allocation and no P->D read; a finish leaves the batch and retries (``finish``)
+                break
             r = q[0]
             tokens = r.prompt + r.d_generated if r.d_resume else r.prompt
             total = -(-tokens // bs)

@@ -164,8 +164,9 @@ def render_text(plan: Any, what: str) -> list[str]:
         mx = m.get("max_sustainable_rate_per_s")
         at_max = m.get("usd_per_million_turns_at_max_rate")
         usd_rate = m.get("usd_per_million_turns_at_rate")
+        billed = f"{m['billed_nodes']:g} node{'' if m['billed_nodes'] == 1 else 's'}"
         out.append(
-            f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {m['billed_nodes']:g} nodes, ${m['usd_per_hour']:.1f}/h):{pol} "
+            f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {billed}, ${m['usd_per_hour']:.1f}/h):{pol} "
             f"TTFT p90 "
             f"{_human(m['ttft_p90_ms'])}, hit rate {m['hit_rate']:.1%}"
             + (f"; max load {'>= ' if m['max_rate_capped'] else ''}{mx:.3g}/s" if mx is not None else "")

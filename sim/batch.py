@@ -431,8 +431,10 @@ class DecodeBatch:
         while heap[0][2].d_seq != heap[0][1]:
             _heappop(heap)
         end = heap[0][0]
-        if self.exact or late:
-            n = 1  # a late joiner joins at the next boundary
+        if self.exact or late or (preempted and self._join_q):
+            # a late joiner joins at the next boundary; so does one a preempting step kept out (vLLM schedules no
+            # waiting request in a step that preempted, and takes it in the next: vllm/v1/core/sched/scheduler.py)
+            n = 1
         else:
             n = self._horizon(self.step + 1, end) - self.step
         self._schedule(n)

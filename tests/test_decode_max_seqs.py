@@ -5,6 +5,7 @@ reaches the cap, so dropping it from sim/batch.py's join loop passed every sim t
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvplan.sim.api import run
 from kvplan.sim.scenario import scenario_from_dict
@@ -49,3 +50,53 @@ def test_a_full_decode_batch_starts_no_allocation_or_p2d_read() -> None:
     in_batch = [int(((first <= a + 1e-9) & (fin > a + 1e-9)).sum()) for a in admit]
     assert max(in_batch) <= 1  # never admitted beside a full batch of two
     assert (t["d_queue_s"] > 0.1).sum() >= 2  # and some did wait for a finish (the check decided something)
+
+
+def _join_after_preemption(preempt_once_after_s: float | None) -> dict[int, float]:
+    """Finish times of two one-step-cost requests on a lone DecodeBatch: A from t=0, B ready at 0.105 s; the
+    owner reports a preemption at the first step boundary after ``preempt_once_after_s`` (None: never)."""
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.blocks import BlockPool
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    env = SimEnv()
+    done: dict[int, float] = {}
+    state = {"preempted": False}
+
+    class _Owner:
+        pool = BlockPool(10**6, 16, True)
+        static = 0
+
+        def finish(self, r: Request) -> None:
+            done[r.conv] = env.now
+
+        def fit(self, step: int) -> bool:
+            if preempt_once_after_s is not None and not state["preempted"] and env.now > preempt_once_after_s:
+                state["preempted"] = True
+                return True
+            return False
+
+        def joined(self, r: Request) -> None:
+            pass
+
+        def grown(self, step: int) -> None:
+            pass
+
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, _Owner())
+    batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0)
+    call_later(env, 0.105, lambda _e: batch.ready(Request(1, 0, 0, 100, 100, None), 100, 0))
+    env.run()
+    return done
+
+
+def test_no_request_joins_d_batch_in_a_step_that_preempted() -> None:
+    """vLLM's scheduler admits no waiting request in a step in which it preempted (``if preempted_reqs`` ... the
+    waiting loop is skipped, vllm/v1/core/sched/scheduler.py): B, ready at 0.105 s, joins at the 0.11 s boundary
+    normally, and one step later (0.12 s) when that boundary preempted."""
+    plain = _join_after_preemption(None)
+    assert plain[1] - plain[0] == pytest.approx(0.11 - 0.0, abs=1e-9)  # B joined at 0.11: finishes 0.11 after A
+    late = _join_after_preemption(0.105)
+    assert late[1] - plain[1] == pytest.approx(0.01, abs=1e-9)  # joined one step later

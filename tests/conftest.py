@@ -124,3 +124,27 @@ def full_costs(**components: dict) -> dict:
         blank = {k: (() if isinstance(v, tuple) else (None if v is None else 0.0)) for k, v in blank.items()}
         out[comp] = {**blank, **given}
     return out
+
+
+def lone_decode_owner(on_finish: Any, fit: Any = None) -> Any:
+    """The owner a lone ``sim.batch.DecodeBatch`` talks to in unit tests: an unbounded block pool,
+    ``on_finish(request)`` at each finish, ``fit(step) -> preempted`` (never, by default)."""
+    from kvplan.sim.blocks import BlockPool
+
+    class _Owner:
+        pool = BlockPool(10**6, 16, True)
+        static = 0
+
+        def finish(self, r: Any) -> None:
+            on_finish(r)
+
+        def fit(self, step: int) -> bool:
+            return bool(fit(step)) if fit is not None else False
+
+        def joined(self, r: Any) -> None:
+            pass
+
+        def grown(self, step: int) -> None:
+            pass
+
+    return _Owner()

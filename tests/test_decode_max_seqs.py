@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import lone_decode_owner
 
 from kvplan.sim.api import run
 from kvplan.sim.scenario import scenario_from_dict
 
 
-def test_decode_batch_never_exceeds_max_num_seqs() -> None:
-    data = {
+def _one_turn_requests(n: int, rate_per_s: float) -> dict:
+    """``n`` one-turn requests of 510 prompt / 200 output tokens at ``rate_per_s`` on 1P1D with max_num_seqs 2."""
+    return {
         "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "max_num_seqs": 2},
         "policy": {"bidirectional": False},
-        "workload": {"conversations": 6, "arrival": {"kind": "poisson", "rate_per_s": 100.0},
+        "workload": {"conversations": n, "arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 500},
                      "user_tokens": {"dist": "constant", "value": 10}, "output_tokens": {"dist": "constant", "value": 200}},
         "seed": 3,
     }
-    t = run(scenario_from_dict(data)).turns
+
+
+def test_decode_batch_never_exceeds_max_num_seqs() -> None:
+    t = run(scenario_from_dict(_one_turn_requests(6, 100.0))).turns
     first, fin = t["ttft_s"].to_numpy() + t["arrival_s"].to_numpy(), t["finish_s"].to_numpy()
     assert np.isfinite(fin).all()
     # sequences decoding at each first-token instant (a turn is in the batch from its first token to its last)
@@ -33,15 +38,7 @@ def test_a_full_decode_batch_starts_no_allocation_or_p2d_read() -> None:
     """vLLM stops its waiting loop at a full running batch *before* a request's remote-KV load is started (a request
     still loading is not running), so D admits (allocates blocks, starts the P->D read of) a request only while
     fewer than ``max_num_seqs`` sequences decode: arrivals 0.2 s apart meet a batch of two ~1 s decodes."""
-    data = {
-        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "max_num_seqs": 2},
-        "policy": {"bidirectional": False},
-        "workload": {"conversations": 8, "arrival": {"kind": "poisson", "rate_per_s": 5.0},
-                     "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 500},
-                     "user_tokens": {"dist": "constant", "value": 10}, "output_tokens": {"dist": "constant", "value": 200}},
-        "seed": 3,
-    }
-    t = run(scenario_from_dict(data)).turns
+    t = run(scenario_from_dict(_one_turn_requests(8, 5.0))).turns
     admit = (t["arrival_s"] + t["overhead_s"] + t["prefill_queue_s"] + t["kv_pull_s"] + t["prefill_s"]
              + t["d_queue_s"]).to_numpy()
     first, fin = t["ttft_s"].to_numpy() + t["arrival_s"].to_numpy(), t["finish_s"].to_numpy()
@@ -57,7 +54,6 @@ def _join_after_preemption(preempt_once_after_s: float | None) -> dict[int, floa
     owner reports a preemption at the first step boundary after ``preempt_once_after_s`` (None: never)."""
     from kvplan.models.costs import DecodeCost
     from kvplan.sim.batch import DecodeBatch
-    from kvplan.sim.blocks import BlockPool
     from kvplan.sim.clock import SimEnv, call_later
     from kvplan.sim.evlog import RowBuffer
     from kvplan.sim.request import Request
@@ -66,26 +62,14 @@ def _join_after_preemption(preempt_once_after_s: float | None) -> dict[int, floa
     done: dict[int, float] = {}
     state = {"preempted": False}
 
-    class _Owner:
-        pool = BlockPool(10**6, 16, True)
-        static = 0
+    def fit(step: int) -> bool:
+        if preempt_once_after_s is not None and not state["preempted"] and env.now > preempt_once_after_s:
+            state["preempted"] = True
+            return True
+        return False
 
-        def finish(self, r: Request) -> None:
-            done[r.conv] = env.now
-
-        def fit(self, step: int) -> bool:
-            if preempt_once_after_s is not None and not state["preempted"] and env.now > preempt_once_after_s:
-                state["preempted"] = True
-                return True
-            return False
-
-        def joined(self, r: Request) -> None:
-            pass
-
-        def grown(self, step: int) -> None:
-            pass
-
-    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, _Owner())
+    owner = lone_decode_owner(lambda r: done.__setitem__(r.conv, env.now), fit)
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, owner)
     batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0)
     call_later(env, 0.105, lambda _e: batch.ready(Request(1, 0, 0, 100, 100, None), 100, 0))
     env.run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import lone_decode_owner
 from typer.testing import CliRunner
 
 from kvplan.app.cli import app, main
@@ -136,31 +137,14 @@ def _decode_finish(serial: bool, works: list[float]) -> float:
     ``works`` posted together at 0.105 s (mid-step)."""
     from kvplan.models.costs import DecodeCost
     from kvplan.sim.batch import DecodeBatch
-    from kvplan.sim.blocks import BlockPool
     from kvplan.sim.clock import SimEnv, call_later
     from kvplan.sim.evlog import RowBuffer
     from kvplan.sim.request import Request
 
     env = SimEnv()
     done: list[float] = []
-
-    class _Owner:
-        pool = BlockPool(10**6, 16, True)
-        static = 0
-
-        def finish(self, r: Request) -> None:
-            done.append(env.now)
-
-        def fit(self, step: int) -> bool:
-            return False
-
-        def joined(self, r: Request) -> None:
-            pass
-
-        def grown(self, step: int) -> None:
-            pass
-
-    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, _Owner())
+    owner = lone_decode_owner(lambda r: done.append(env.now))
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, False, 16, owner)
     batch.post_serial = serial
     batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0)
 

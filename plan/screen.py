@@ -34,7 +34,7 @@ from scipy import special
 from kvplan.models.arch import kv_bytes_per_token_all_ranks, kv_bytes_per_token_per_rank, kv_regions_per_rank
 from kvplan.models.costs import CostModel, decode_step_coefficients, prefill_step_time_s
 from kvplan.plan.grid import Grid
-from kvplan.sim.engine import Resolved, _resolve_roles, resolve
+from kvplan.sim.engine import Resolved, resolve, resolve_roles
 from kvplan.sim.pull import ReadPath, read_path
 from kvplan.sim.router import KV_AWARE_ROUTING
 from kvplan.sim.scenario import (
@@ -217,7 +217,7 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
     rs = cache[key]
     wl, pol, dep = sc.workload, sc.policy, sc.deployment
     # each role at its own TP, as the simulator (sim/engine.py): P's prefill and overhead, D's decode, pool and KV
-    rs_p, rs_d = _resolve_roles(sc, rs)
+    rs_p, rs_d = resolve_roles(sc, rs)
     d_tp = dep.decode_tensor_parallel_size or dep.tensor_parallel_size
     costs = rs_p.costs if rs_d is rs_p else rs_p.costs.model_copy(update={"decode": rs_d.costs.decode})
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))

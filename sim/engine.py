@@ -193,7 +193,7 @@ def resolve(scenario: Scenario) -> Resolved:
     return Resolved(scenario, arch, node, profile, costs, per_byte_s, d_cap, p_cap, tuple(notes), mem)
 
 
-def _resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]:
+def resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]:
     """P's and D's resolution, each for its own TP (``deployment.prefill/decode_tensor_parallel_size``).
 
     vLLM's NIXL connector reads between different TP sizes when one divides the other (heterogeneous
@@ -256,7 +256,7 @@ def simulate(
     priority, id) order and the stop event of a slice only interleaves with them.
     """
     rs = resolve(scenario)
-    rs_p, rs_d = _resolve_roles(scenario, rs)
+    rs_p, rs_d = resolve_roles(scenario, rs)
     seed = scenario.seed if seed is None else seed
     check_tensor_parallel(rs.arch, scenario.deployment.tensor_parallel_size)
     plan = make_plan(scenario.workload, seed, rs.arch.max_model_len)

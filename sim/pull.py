@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvplan.models.arch import kv_regions_per_rank
 from kvplan.models.costs import TransferCost
-from kvplan.sim.engine import Resolved, _resolve_roles
+from kvplan.sim.engine import Resolved, resolve_roles
 from kvplan.sim.request import D2P, P2D
 from kvplan.sim.scenario import Scenario
 from kvplan.sim.tp import RankPlan, rank_plan
@@ -45,7 +45,7 @@ def read_path(sc: Scenario, rs: Resolved, direction: int = D2P, cross_layer: boo
     """The :class:`ReadPath` of ``sc`` in ``direction`` (``D2P``: the follow-up pull, ``P2D``: the D leg's read);
     ``rs`` is ``sc`` resolved at ``deployment.tensor_parallel_size``; ``cross_layer`` overrides
     ``deployment.cross_layer_blocks``."""
-    rs_p, rs_d = _resolve_roles(sc, rs)
+    rs_p, rs_d = resolve_roles(sc, rs)
     dep = sc.deployment
     p_tp = dep.prefill_tensor_parallel_size or dep.tensor_parallel_size
     d_tp = dep.decode_tensor_parallel_size or dep.tensor_parallel_size

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvplan.models.costs import decode_steps_time_s, prefill_time_s
-from kvplan.sim.engine import _resolve_roles, resolve
+from kvplan.sim.engine import resolve, resolve_roles
 from kvplan.sim.pull import read_path
 from kvplan.sim.request import P2D
 from kvplan.sim.scenario import Scenario
@@ -23,7 +23,7 @@ from kvplan.sim.scenario import Scenario
 def unloaded_service_time_fn(scenario: Scenario) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """``f(input_tokens, output_tokens) -> seconds`` for the scenario's model, hardware and profile."""
     rs = resolve(scenario)
-    rs_p, rs_d = _resolve_roles(scenario, rs)  # each role at its own TP, as the simulator (sim/engine.py)
+    rs_p, rs_d = resolve_roles(scenario, rs)  # each role at its own TP, as the simulator (sim/engine.py)
     c = rs_p.costs  # P's prefill; the proxy overheads as the simulator takes them (sim/node_setup.py)
     chunk = scenario.deployment.max_num_batched_tokens
     p2d = read_path(scenario, rs, P2D)  # D reads the prompt's KV from P as the simulator composes it

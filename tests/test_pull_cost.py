@@ -63,7 +63,7 @@ def test_heterogeneous_tp_pull_in_break_even_and_screen() -> None:
 
 def test_screen_prices_each_role_at_its_own_tp() -> None:
     """P's prefill (recompute) at P's TP, D's decode, pool and pinned KV at D's, as the simulator (sim/engine.py
-    ``_resolve_roles``); the screen took all of them from ``deployment.tensor_parallel_size`` before."""
+    ``resolve_roles``); the screen took all of them from ``deployment.tensor_parallel_size`` before."""
     hetero = _scenario(4)  # P at TP 4 reading D at TP 8
     p4 = resolve(scenario_from_dict({**hetero.model_dump(mode="json"),
                                      "deployment": {**hetero.deployment.model_dump(mode="json"),

@@ -122,8 +122,9 @@ def _policy_notes(scenario: Scenario) -> list[str]:
     """Assumption notes of the modes and policies that are not vLLM behaviour (printed with every result)."""
     notes = []
     if scenario.deployment.mode == "aggregated":
-        notes.append("aggregated mode: blocks reserved for prompt + output when scheduled (no preemption); the "
-                     "mixed prefill/decode step cost is an assumption, not calibrated on mixed batches")
+        notes.append("aggregated mode: blocks allocated per step, the newest running request preempted and "
+                     "recomputed when blocks run out (vLLM V1); the mixed prefill/decode step cost is an "
+                     "assumption, not calibrated on mixed batches")
     wl = scenario.workload
     if scenario.deployment.mode == "aggregated" and (
             wl.shared_prefix_tokens is not None or (wl.trace is not None and wl.trace.shared_prefix)):

@@ -4,7 +4,8 @@ Sources (vLLM): ``vllm/v1/core/sched/scheduler.py`` ``schedule`` (running reques
 per step, each calling ``kv_cache_manager.allocate_slots`` for ``num_computed_tokens + 1`` slots, so a
 request takes a new block every ``block_size`` steps; when a running request cannot get its block the
 newest running request is preempted, ``self.running.pop()``, until it fits; waiting requests are only
-scheduled in a step without preemption and join while ``len(running) < max_num_seqs``;
+scheduled in a step without preemption (a preempting step ends its stretch: joiners and the owner's
+admission, held meanwhile, get the next boundary) and join while ``len(running) < max_num_seqs``;
 ``_update_waiting_for_remote_kv`` backs a full-prompt hit off by one token, so the first token costs one
 forward step).
 
@@ -52,6 +53,7 @@ class BatchOwner(Protocol):
 
     pool: BlockPool
     static: int  # blocks of admitted requests outside the batch
+    admission_held: bool  # the step in progress preempted: the owner admits nothing until it ends
 
     def finish(self, r: Request) -> None:
         """The request sampled its last token."""
@@ -64,6 +66,9 @@ class BatchOwner(Protocol):
 
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: apply the evictions that growth caused."""
+
+    def resume_admission(self) -> None:
+        """The step that held admission is over (and the one starting preempted nothing): admit now."""
 
 
 class DecodeBatch:
@@ -397,6 +402,8 @@ class DecodeBatch:
         cutoff = self._last_step_start if self.async_scheduling and self.batch else math.inf
         late = False
         if not preempted or self.batch == 0:  # an empty step after a preemption costs nothing: join now
+            if owner.admission_held:  # the waiting loop a preempting step skipped runs in this step
+                owner.resume_admission()
             jq = self._join_q
             while jq and self.batch < self.max_seqs:
                 if jq[0].wait_t > cutoff:
@@ -414,7 +421,7 @@ class DecodeBatch:
             self._active = False
             self._last_n = 0
             self._base = self.step
-            if self._join_q:  # every joiner was preempted but others still wait: the next (empty) step takes them
+            if self._join_q or owner.admission_held:  # all preempted, others wait: the next (empty) step takes them
                 self._active = True
                 self._boundary()
             return
@@ -431,9 +438,10 @@ class DecodeBatch:
         while heap[0][2].d_seq != heap[0][1]:
             _heappop(heap)
         end = heap[0][0]
-        if self.exact or late or (preempted and self._join_q):
-            # a late joiner joins at the next boundary; so does one a preempting step kept out (vLLM schedules no
-            # waiting request in a step that preempted, and takes it in the next: vllm/v1/core/sched/scheduler.py)
+        if self.exact or late or (preempted and self._join_q) or owner.admission_held:
+            # a late joiner joins at the next boundary; so does one a preempting step kept out, and the owner admits
+            # there (vLLM schedules no waiting request in a step that preempted, and takes it in the next:
+            # vllm/v1/core/sched/scheduler.py)
             n = 1
         else:
             n = self._horizon(self.step + 1, end) - self.step

@@ -25,9 +25,10 @@ token (``sim/batch.py``: that step costs ``mixed_step_time_s`` of the tail and t
 as vLLM schedules it: a prompt chunk in D's next step.
 
 Simplifications (stated): admission is tried when a request arrives or blocks come back, not only at
-step boundaries; a preempted request's local recompute (and a failed read's) is one prefill-cost delay
-beside the batch (vLLM mixes its chunks into D's steps, lengthening them), and it is retried right after
-the step that preempted it.
+step boundaries, except during a step that preempted: vLLM skips that step's waiting loop, so admission is
+held until the step ends (the batch's next boundary; at once with async scheduling, ``_skip_waiting``); a
+preempted request's local recompute (and a failed read's) is one prefill-cost delay beside the batch (vLLM
+mixes its chunks into D's steps, lengthening them).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class DecodeNode:
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False
+        self.admission_held = False  # the step in progress preempted: admission waits for its end (sim/batch.py)
         self._synced = False  # admission: the pool's held count is the batch's exact blocks (not an upper bound)
         self.preemptions = 0
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
@@ -225,11 +227,32 @@ class DecodeNode:
             preempted = True
             self._sync(step)
         pool.check()
-        if preempted and not self._retry_pending:
-            # vLLM schedules no waiting request in a step that preempted: retry after it
+        if preempted:
+            self._skip_waiting()
+        return preempted
+
+    def _skip_waiting(self) -> None:
+        """The step starting now preempted: vLLM skips its waiting loop, the next ``schedule()`` admits.
+
+        ``Scheduler.schedule`` runs the waiting queue only ``if not preempted_reqs``
+        (``vllm/v1/core/sched/scheduler.py``), so nothing is admitted (no allocation, no P->D read) before the
+        next call. Without async scheduling that is the next step boundary, after this step: admission is held
+        until the batch ends the step (``sim/batch.py`` ``_boundary`` calls :meth:`resume_admission`; an empty
+        step costs nothing, it resumes at once). With async scheduling (``step_with_batch_queue``,
+        ``vllm/v1/engine/core.py``) each ``schedule()`` runs one step ahead, as the previous step starts; the
+        batch models that (its async cutoff: this ``fit`` stands for a ``schedule()`` made a step earlier), so
+        the next ``schedule()`` is now: retry at once.
+        """
+        if not self.batch.async_scheduling:
+            self.admission_held = True
+        elif not self._retry_pending:
             self._retry_pending = True
             call_later(self.env, 0.0, self._retry)
-        return preempted
+
+    def resume_admission(self) -> None:
+        """The step that preempted is over and the next one preempted nothing: its waiting loop runs now."""
+        self.admission_held = False
+        self._try_admit()
 
     def _retry(self, _e: object) -> None:
         self._retry_pending = False
@@ -316,8 +339,8 @@ class DecodeNode:
     def _try_admit(self) -> None:
         """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first)."""
         q = self._admit_q
-        if not q:
-            return
+        if not q or self.admission_held:
+            return  # held: a preempting step is running, the batch resumes admission at its end
         now = self.env.now
         if self.retention.next_expiry_due(now):
             self._expire(now)

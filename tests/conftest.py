@@ -134,6 +134,7 @@ def lone_decode_owner(on_finish: Any, fit: Any = None) -> Any:
     class _Owner:
         pool = BlockPool(10**6, 16, True)
         static = 0
+        admission_held = False
 
         def finish(self, r: Any) -> None:
             on_finish(r)
@@ -145,6 +146,9 @@ def lone_decode_owner(on_finish: Any, fit: Any = None) -> Any:
             pass
 
         def grown(self, step: int) -> None:
+            pass
+
+        def resume_admission(self) -> None:
             pass
 
     return _Owner()

@@ -45,7 +45,6 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from kvplan.errors import input_error
@@ -56,10 +55,13 @@ from kvplan.plan.advice import (
     UNLIMITED_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
+    AdviceOptions,
     Recommendation,
+    ScenarioLike,
+    advise,
     recommend,
-    recommend_simulated,
     recommendation_inputs,
+    takes_advice_options,
 )
 from kvplan.plan.advice_rules import mean_ci
 from kvplan.plan.advice_runs import saturation
@@ -232,32 +234,23 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
     return rec
 
 
-def recommend_with_best_policy(
-    scenario: Scenario | dict[str, Any] | str | Path,
-    slo_ttft_p90_ms: float | None = None,
-    decode_hbm_budget_gib: float | None = None,
-    replications: int = 3,
-    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
-    progress: Callable[[int, int], None] | None = None,
-    workers: int = 1,
-    backend: str = "local",
-    ray_address: str | None = None,
-) -> Recommendation:
+@takes_advice_options
+def recommend_with_best_policy(scenario: ScenarioLike, options: AdviceOptions) -> Recommendation:
     """``kvplan recommend --policies``: :func:`kvplan.plan.advice.recommend`, then the alternatives of
     :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
     serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
     ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
     The alternatives the advisor already simulated (bidirectional off; the recommended configuration) are
     reused from its runs (:class:`kvplan.plan.executor.RunCache`: same scenario and seeds), not rerun.
+    The parameters after ``scenario`` are the fields of :class:`kvplan.plan.advice.AdviceOptions`.
     """
-    cache = RunCache()
-    rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
-                                  workers, backend, ray_address, cache)
+    cache = options.cache if options.cache is not None else RunCache()
+    rec, sc = advise(scenario, replace(options, cache=cache))
     if sc.deployment.mode == "aggregated":
         return rec
-    rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+    rows = compare(sc, list(BEST_CANDIDATES), replications=options.replications, workers=options.workers,
                    recommended=recommendation_overrides(rec), cache=cache)
-    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    return replace(rec, best_policy=best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib))
 
 
 def _value(row: dict[str, Any], key: str) -> float:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -277,3 +279,35 @@ def test_recommend_policies_reuses_the_advisors_runs(tmp_path: Path, monkeypatch
     assert runs[0] - reused == 2 * 2  # off and ttl_recommended, 2 replications each
     assert rec.best_policy == best_policy(rows)
     assert rec.to_json() == replace(plain, best_policy=best_policy(rows)).to_json()
+
+
+def _text_row(policy: str, replications: int, ci: float) -> dict[str, Any]:
+    """A compare row of fixed values for the text table: every metric ``ci`` wide (exactly 0: all replications
+    agree), or NaN as with one replication."""
+    from kvplan.plan.compare import METRICS
+
+    row: dict[str, Any] = {"policy": policy, "gpus": 16, "saturated": [], "replications": replications, "seed": 0,
+                           "description": policy, "notes": [], "slo_ttft_p90_ms": None}
+    for k in METRICS:
+        row[k], row[f"{k}_ci95"] = 0.5, ci
+    return row
+
+
+def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> None:
+    """With more than one replication every cell prints its CI, a CI of exactly 0 too (not '92.3 ±2.8' next to a
+    bare '0.0'); with one replication no cell does, and the footnote says so."""
+    from kvplan.app.cmd_compare import render_text
+    from kvplan.app.dash_compare import compare_display_frame
+
+    text = render_text([_text_row("off", 3, 0.0), _text_row("ttl", 3, 0.01)])
+    for label in ("TTFT p50", "TPOT mean", "hit rate %", "pinned KV mean GiB", "errors", "prefill/engine util %"):
+        line = next(ln for ln in text if ln.startswith(label))
+        assert line.count("±") == 2, line
+    assert "500.0 ms ±0.0 ms" in next(ln for ln in text if ln.startswith("TTFT p50"))
+    assert "50.0 ±0.0" in next(ln for ln in text if ln.startswith("hit rate %"))
+    assert any(ln.startswith("(± 95% CI over 3 replications") for ln in text)
+    single = render_text([_text_row("off", 1, math.nan), _text_row("ttl", 1, 0.0)])
+    assert not any("±" in ln for ln in single if not ln.startswith("(")), single
+    assert any(ln.startswith("(no ±: one replication has no CI") for ln in single)
+    frame = compare_display_frame([_text_row("off", 3, 0.0), _text_row("ttl", 1, 0.0)])
+    assert "±" in frame["TTFT p50"].iloc[0] and "±" not in frame["TTFT p50"].iloc[1]

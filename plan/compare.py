@@ -24,9 +24,10 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; ``saturated``: the health resources (:mod:`kvplan.sim.health`) that at
-least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost
-per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+modelled); prefill (engine) utilisation over the steady window (the health section's figure,
+:data:`kvplan.plan.advice_rules.PREFILL_UTILIZATION_COLUMN`); ``saturated``: the health resources
+(:mod:`kvplan.sim.health`) that at least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`;
+empty: none); the cost per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
 (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
 When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
@@ -63,7 +64,7 @@ from kvplan.plan.advice import (
     recommendation_inputs,
     takes_advice_options,
 )
-from kvplan.plan.advice_rules import mean_ci
+from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
 from kvplan.plan.advice_runs import saturation
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
@@ -99,8 +100,8 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s
            "preemptions", "prefill_utilization", "served_turns_per_s", "steady_served_turns_per_s", "turns",
            "kv_pull_mean_s", "pull_rate")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
-SOURCE = {"preemptions": "d_preemptions", "held_kv_gib_mean": "p_held_kv_gib_mean",
-          "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
+SOURCE = {"prefill_utilization": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
+          "held_kv_gib_mean": "p_held_kv_gib_mean", "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5

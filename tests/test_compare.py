@@ -311,3 +311,24 @@ def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> No
     assert any(ln.startswith("(no ±: one replication has no CI") for ln in single)
     frame = compare_display_frame([_text_row("off", 3, 0.0), _text_row("ttl", 1, 0.0)])
     assert "±" in frame["TTFT p50"].iloc[0] and "±" not in frame["TTFT p50"].iloc[1]
+
+
+def test_advice_and_compare_report_the_steady_window_utilisation() -> None:
+    """P nearly always busy while 40 long prompts arrive, then idle while D decodes 3,000 tokens each: the advisor's
+    metrics and compare's util row take the health section's steady-window figure (> 80%, so prefill compute
+    binds), not the whole-run one the drain dilutes to under half (tests/test_health.py, same scenario)."""
+    from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, TURN_GAPS, binding_constraint, metrics
+    from kvplan.plan.executor import run_row
+    from kvplan.sim.seeds import replication_seeds
+
+    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+          "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 16000},
+          "output_tokens": {"dist": "constant", "value": 3000}}
+    sc = scenario_from_dict(small(workload=wl, policy={"bidirectional": False}))
+    row = run_row(sc, replication_seeds(sc.seed, 1)[0])
+    assert row[PREFILL_UTILIZATION_COLUMN] > 0.8 and row["prefill_utilization"] < 0.5
+    m = metrics([row], sc.deployment.max_num_seqs, sc.deployment.decode_nodes)
+    assert m["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert binding_constraint(TURN_GAPS, m, {}, False) == "prefill compute"
+    (off,) = compare(sc, ["off"], replications=1)
+    assert off["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]

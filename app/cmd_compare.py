@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +144,21 @@ def load_recommendation(path: Path) -> dict[str, Any]:
     return value
 
 
+def shown_ci(row: Mapping[str, Any], key: str) -> float | None:
+    """The 95% CI of ``key`` to print: every finite one when the row has more than one replication (a CI of
+    exactly 0 too, so that every cell of a row reads alike), none with a single replication (no CI exists)."""
+    ci, reps = row.get(f"{key}_ci95"), row.get("replications")
+    if isinstance(reps, int) and reps <= 1:
+        return None
+    return float(ci) if isinstance(ci, float) and math.isfinite(ci) else None
+
+
 def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -> str:
     v = row.get(key)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    ci = row.get(f"{key}_ci95")
-    text = f"{v * scale:{fmt}}"
-    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
-        text += f" ±{ci * scale:{fmt}}"
-    return text
+    ci = shown_ci(row, key)
+    return f"{v * scale:{fmt}}" + (f" ±{ci * scale:{fmt}}" if ci is not None else "")
 
 
 def _time_cell(row: dict[str, Any], key: str) -> str:
@@ -161,11 +168,8 @@ def _time_cell(row: dict[str, Any], key: str) -> str:
     v = row.get(key)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    ci = row.get(f"{key}_ci95")
-    text = human_s(v)
-    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
-        text += f" ±{human_s(ci)}"
-    return text
+    ci = shown_ci(row, key)
+    return human_s(v) + (f" ±{human_s(ci)}" if ci is not None else "")
 
 
 #: Time rows: label, row key (seconds; printed by :func:`_time_cell`).
@@ -219,7 +223,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
     reps = rows[0]["replications"]
     seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
-    out.append(f"(± 95% CI over {reps} replication(s), {seeds}; '-' = not modelled or not applicable)")
+    ci = f"± 95% CI over {reps} replications" if reps > 1 else "no ±: one replication has no CI"
+    out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least half the replications found requests waiting > 1 s at p90 "
                    "on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")

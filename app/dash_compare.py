@@ -52,11 +52,10 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def _time(r: Mapping[str, Any], key: str) -> str:
-    text = human_s(r.get(key))
-    ci = r.get(f"{key}_ci95")
-    if isinstance(ci, float) and math.isfinite(ci) and ci > 0:
-        text += f" ± {human_s(ci)}"
-    return text
+    from kvplan.app.cmd_compare import shown_ci  # the CLI table's rule: every CI with > 1 replication, none with 1
+
+    ci = shown_ci(r, key)
+    return human_s(r.get(key)) + (f" ± {human_s(ci)}" if ci is not None else "")
 
 
 def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

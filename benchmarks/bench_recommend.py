@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,23 +30,13 @@ from typing import Any
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from shape_16p56d import HAND_SWEEP, shape_16p56d  # noqa: E402 - the scenario tests/test_advice_saturation.py scales down
+
 REF = HERE / "reference.yaml"
 OUT = HERE / "results" / "recommend.json"
 TARGET_REFERENCE_S = 180.0
 WORKERS = 2
-
-
-def scenario_16p56d(conversations: int) -> dict[str, Any]:
-    """The issue-18 scenario."""
-    return {"model": "llama-3.3-70b", "hardware": "p5",
-            "deployment": {"prefill_nodes": 16, "decode_nodes": 56, "tensor_parallel_size": 8},
-            "workload": {"conversations": conversations, "arrival": {"kind": "poisson", "rate_per_s": 3.0},
-                         "turns": {"dist": "constant", "value": 10},
-                         "prefix_tokens": {"dist": "constant", "value": 30000},
-                         "user_tokens": {"dist": "constant", "value": 1500},
-                         "output_tokens": {"dist": "constant", "value": 500},
-                         "turn_gap_s": {"dist": "uniform", "low": 20, "high": 60}},
-            "seed": 1}
 
 
 def _summary(rec: Any) -> dict[str, Any]:
@@ -94,18 +85,14 @@ def part_16p56d(conversations: int, replications: int) -> dict[str, Any]:
     from kvplan.sim.scenario import scenario_from_dict, with_overrides
     from kvplan.sim.seeds import replication_seeds
 
-    sc = scenario_from_dict(scenario_16p56d(conversations))
+    sc = scenario_from_dict(shape_16p56d(conversations))
     t0 = time.perf_counter()
     rec = recommend(sc, replications=replications, workers=WORKERS)
     wall = time.perf_counter() - t0
     sim = with_overrides(sc, {"workload.conversations": rec.steady_state["conversations_simulated"]})
     seeds = replication_seeds(sc.seed, replications)
     hand: dict[str, dict[str, float]] = {}
-    variants: list[tuple[str, dict[str, Any]]] = [
-        (f"ttl_{t}_router_{t - 10}", {"policy.decoder_kv_blocks_ttl_s": t, "policy.router_ttl_s": t - 10,
-                                      "policy.kv_load_failure_policy": "recompute"}) for t in (60, 90, 120, 180)]
-    variants.append(("retention_off", {"policy.bidirectional": False}))
-    for name, ov in variants:
+    for name, ov in HAND_SWEEP:
         rows = [run_row(with_overrides(sim, ov), s) for s in seeds]
         hand[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("ttft_p50_s", "ttft_p90_s", "hit_rate")}
     best = min(v["ttft_p90_s"] for v in hand.values())

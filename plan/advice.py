@@ -34,6 +34,8 @@ prefill instead of failing the request), except the vLLM-defaults baseline (``fa
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import math
@@ -41,7 +43,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -100,7 +102,7 @@ from kvplan.units import human_s
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BreakEven", "Recommendation", "break_even", "kv_transfer_config", "recommend"]
+__all__ = ["AdviceOptions", "BreakEven", "Recommendation", "break_even", "kv_transfer_config", "recommend"]
 
 DEFAULT_TTL_GRID_S: tuple[float, ...] = (5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800)
 UNLIMITED_TTL_S = 1e7
@@ -315,17 +317,63 @@ class _Stages:
     unlimited: Rows
 
 
-def recommend(
-    scenario: Scenario | dict[str, Any] | str | Path,
-    slo_ttft_p90_ms: float | None = None,
-    decode_hbm_budget_gib: float | None = None,
-    replications: int = 3,
-    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
-    progress: Callable[[int, int], None] | None = None,
-    workers: int = 1,
-    backend: str = "local",
-    ray_address: str | None = None,
-) -> Recommendation:
+ScenarioLike = Scenario | dict[str, Any] | str | Path
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class AdviceOptions:
+    """The knobs of :func:`recommend`, :func:`recommend_simulated` and
+    :func:`kvplan.plan.compare.recommend_with_best_policy`, declared once: each of those takes the scenario and
+    then exactly these parameters (positionally in this order, or by name), through :data:`takes_advice_options`.
+
+    What is advised depends on ``slo_ttft_p90_ms``, ``decode_hbm_budget_gib``, ``replications`` and ``ttl_grid``
+    (:func:`recommendation_inputs`); ``progress(done, total)`` is called per finished run; ``workers``,
+    ``backend`` and ``ray_address`` say where the runs go (:func:`kvplan.plan.executor.run_tasks`); with
+    ``cache`` (:class:`kvplan.plan.executor.RunCache`) every run is stored in it and a run already in it is not
+    repeated. None of the last five changes the advice.
+    """
+
+    slo_ttft_p90_ms: float | None = None
+    decode_hbm_budget_gib: float | None = None
+    replications: int = 3
+    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S
+    progress: Callable[[int, int], None] | None = None
+    workers: int = 1
+    backend: str = "local"
+    ray_address: str | None = None
+    cache: RunCache | None = None
+
+    def inputs(self, sc: Scenario) -> dict[str, Any]:
+        """:func:`recommendation_inputs` of ``sc`` under these options."""
+        return recommendation_inputs(sc, self.replications, self.ttl_grid, self.slo_ttft_p90_ms,
+                                     self.decode_hbm_budget_gib)
+
+
+def _options_call(
+    cls: Callable[P, AdviceOptions],
+) -> Callable[[Callable[[ScenarioLike, AdviceOptions], R]], Callable[Concatenate[ScenarioLike, P], R]]:
+    def wrap(f: Callable[[ScenarioLike, AdviceOptions], R]) -> Callable[Concatenate[ScenarioLike, P], R]:
+        @functools.wraps(f)
+        def call(scenario: ScenarioLike, *args: P.args, **kwargs: P.kwargs) -> R:
+            return f(scenario, cls(*args, **kwargs))
+
+        sig = inspect.signature(f)
+        call.__signature__ = sig.replace(  # type: ignore[attr-defined]  # help() shows the knobs
+            parameters=[next(iter(sig.parameters.values())), *inspect.signature(cls).parameters.values()])
+        return call
+
+    return wrap
+
+
+#: ``f(scenario, options)`` as ``f(scenario, <the fields of AdviceOptions>)``: the public signature of the recommend
+#: family; mypy checks every call against :class:`AdviceOptions`'s fields.
+takes_advice_options = _options_call(AdviceOptions)
+
+
+@takes_advice_options
+def recommend(scenario: ScenarioLike, options: AdviceOptions) -> Recommendation:
     """Recommend ``decoder_kv_blocks_ttl``, ``kv_recompute_threshold`` and the router TTL for ``scenario``.
 
     Simulates (``replications`` seeds each, common random numbers): bidirectional off, vLLM's defaults, every
@@ -334,36 +382,31 @@ def recommend(
     :data:`RULES`; ``slo_ttft_p90_ms`` (optional) moves the TTL up when a longer one meets it;
     ``decode_hbm_budget_gib`` (optional) caps the peak pinned decode KV. ``progress(done, total)`` is called per
     finished run. A scenario too short for steady state is lengthened (:func:`steady_conversations`).
+    The parameters after ``scenario`` are the fields of :class:`AdviceOptions`.
     The best of the policy alternatives (``kvplan recommend --policies``) is added on top of this by
     :func:`kvplan.plan.compare.recommend_with_best_policy`.
     """
-    return recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
-                               workers, backend, ray_address)[0]
+    return advise(scenario, options)[0]
 
 
-def recommend_simulated(
-    scenario: Scenario | dict[str, Any] | str | Path,
-    slo_ttft_p90_ms: float | None = None,
-    decode_hbm_budget_gib: float | None = None,
-    replications: int = 3,
-    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
-    progress: Callable[[int, int], None] | None = None,
-    workers: int = 1,
-    backend: str = "local",
-    ray_address: str | None = None,
-    cache: RunCache | None = None,
-) -> tuple[Recommendation, Scenario]:
+@takes_advice_options
+def recommend_simulated(scenario: ScenarioLike, options: AdviceOptions) -> tuple[Recommendation, Scenario]:
     """:func:`recommend` and the scenario its runs simulated (the user's, lengthened for steady state when needed);
     with ``cache`` (:class:`kvplan.plan.executor.RunCache`) every run is stored in it and a run already in it is
     not repeated."""
+    return advise(scenario, options)
+
+
+def advise(scenario: ScenarioLike, options: AdviceOptions) -> tuple[Recommendation, Scenario]:
+    """:func:`recommend_simulated` with its knobs as one :class:`AdviceOptions`."""
+    o = options
     user_sc = as_scenario(scenario)
-    setup = _setup(user_sc, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid)
-    total = replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
-    runner = _Runner(setup.sc, replications, total, progress, backend, workers, ray_address, cache)
+    setup = _setup(user_sc, o.slo_ttft_p90_ms, o.decode_hbm_budget_gib, o.replications, o.ttl_grid)
+    total = o.replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
+    runner = _Runner(setup.sc, o.replications, total, o.progress, o.backend, o.workers, o.ray_address, o.cache)
     from dataclasses import replace
 
-    rec = replace(_decide(setup, _simulate_stages(setup, runner), runner),
-                  inputs=recommendation_inputs(user_sc, replications, ttl_grid, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    rec = replace(_decide(setup, _simulate_stages(setup, runner), runner), inputs=o.inputs(user_sc))
     return replace(rec, assumptions=(*rec.assumptions, history_assumption(setup.sc.workload))), setup.sc
 
 

@@ -43,12 +43,17 @@ P_KV_POOL = "P's KV pool"
 SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), ("prefill_compute", PREFILL_COMPUTE),
                      ("link", LINK))
 
+#: The per-run row column of P's busy share that the advice and ``compare`` report and :data:`PREFILL_SATURATED_UTILISATION`
+#: is held against: the health section's (:mod:`kvplan.sim.health`), engine busy time over the steady window (the
+#: second half of the arrivals; a closed loop: the active span), the window health judges saturation over, so that
+#: neither the ramp-up nor the drain after the last arrival dilutes it (the whole-run ``prefill_utilization`` does).
+PREFILL_UTILIZATION_COLUMN = "health.resources.prefill_compute.utilization"
 #: Metric name -> column of the per-run rows (:func:`kvplan.plan.executor.summarise` output).
 METRIC_COLUMNS = (
     ("ttft_mean_s", "ttft_mean_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p90_s", "ttft_p90_s"),
     ("ttft_p99_s", "ttft_p99_s"), ("hit_rate", "hit_rate"), ("errors", "errors"),
     ("pinned_kv_gib_mean", "steady_pinned_kv_gib_mean"), ("pinned_kv_gib_peak", "pinned_kv_gib_peak"),
-    ("prefill_utilization", "prefill_utilization"), ("kv_pull_mean_s", "kv_pull_mean_s"),
+    ("prefill_utilization", PREFILL_UTILIZATION_COLUMN), ("kv_pull_mean_s", "kv_pull_mean_s"),
     ("d_queue_mean_s", "d_queue_mean_s"),
 )
 

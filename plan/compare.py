@@ -24,9 +24,10 @@ prefix-cache hit); reuse rate (follow-ups that reused any cached or pulled KV, e
 with bidirectional off); pinned decode KV mean (time-weighted over the run) and peak; held KV (P's
 prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; null when the simulator does
 not model it); errors; preemptions (null when not
-modelled); prefill (engine) utilisation; ``saturated``: the health resources (:mod:`kvplan.sim.health`) that at
-least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`; empty: none); the cost
-per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+modelled); prefill (engine) utilisation over the steady window (the health section's figure,
+:data:`kvplan.plan.advice_rules.PREFILL_UTILIZATION_COLUMN`); ``saturated``: the health resources
+(:mod:`kvplan.sim.health`) that at least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`;
+empty: none); the cost per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
 (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
 When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
@@ -45,7 +46,6 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from kvplan.errors import input_error
@@ -56,12 +56,15 @@ from kvplan.plan.advice import (
     UNLIMITED_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
+    AdviceOptions,
     Recommendation,
+    ScenarioLike,
+    advise,
     recommend,
-    recommend_simulated,
     recommendation_inputs,
+    takes_advice_options,
 )
-from kvplan.plan.advice_rules import mean_ci
+from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
 from kvplan.plan.advice_runs import saturation
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
@@ -97,8 +100,8 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s
            "preemptions", "prefill_utilization", "served_turns_per_s", "steady_served_turns_per_s", "turns",
            "kv_pull_mean_s", "pull_rate")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
-SOURCE = {"preemptions": "d_preemptions", "held_kv_gib_mean": "p_held_kv_gib_mean",
-          "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
+SOURCE = {"prefill_utilization": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
+          "held_kv_gib_mean": "p_held_kv_gib_mean", "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the issue's 30 s; idle timeout = vLLM's TTL
 RATE_STEPS = 5
@@ -232,32 +235,23 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
     return rec
 
 
-def recommend_with_best_policy(
-    scenario: Scenario | dict[str, Any] | str | Path,
-    slo_ttft_p90_ms: float | None = None,
-    decode_hbm_budget_gib: float | None = None,
-    replications: int = 3,
-    ttl_grid: Sequence[float] = DEFAULT_TTL_GRID_S,
-    progress: Callable[[int, int], None] | None = None,
-    workers: int = 1,
-    backend: str = "local",
-    ray_address: str | None = None,
-) -> Recommendation:
+@takes_advice_options
+def recommend_with_best_policy(scenario: ScenarioLike, options: AdviceOptions) -> Recommendation:
     """``kvplan recommend --policies``: :func:`kvplan.plan.advice.recommend`, then the alternatives of
     :data:`BEST_CANDIDATES` (retention off, the recommended TTL, lease, evictable pins, offload, aggregated
     serving) simulated on the scenario the advisor simulated, at the same seeds, and the best named in
     ``best_policy`` (:data:`BEST_RULE`). An aggregated scenario has no alternatives: the advice alone.
     The alternatives the advisor already simulated (bidirectional off; the recommended configuration) are
     reused from its runs (:class:`kvplan.plan.executor.RunCache`: same scenario and seeds), not rerun.
+    The parameters after ``scenario`` are the fields of :class:`kvplan.plan.advice.AdviceOptions`.
     """
-    cache = RunCache()
-    rec, sc = recommend_simulated(scenario, slo_ttft_p90_ms, decode_hbm_budget_gib, replications, ttl_grid, progress,
-                                  workers, backend, ray_address, cache)
+    cache = options.cache if options.cache is not None else RunCache()
+    rec, sc = advise(scenario, replace(options, cache=cache))
     if sc.deployment.mode == "aggregated":
         return rec
-    rows = compare(sc, list(BEST_CANDIDATES), replications=replications, workers=workers,
+    rows = compare(sc, list(BEST_CANDIDATES), replications=options.replications, workers=options.workers,
                    recommended=recommendation_overrides(rec), cache=cache)
-    return replace(rec, best_policy=best_policy(rows, slo_ttft_p90_ms, decode_hbm_budget_gib))
+    return replace(rec, best_policy=best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib))
 
 
 def _value(row: dict[str, Any], key: str) -> float:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shape_16p56d import HAND_SWEEP, shape_16p56d
 
 from kvplan.app.cli import main
 from kvplan.plan.advice import recommend
@@ -52,20 +53,8 @@ def _why(rec: Any) -> str:
 # --- acceptance: the 16P56D Llama-3.3-70B p5 shape, scaled down 8x (2P7D, 0.375 conversations/s) ---------------------
 
 
-def _shape_16p56d(scale: int = 8, conversations: int = 450) -> dict[str, Any]:
-    return {"model": "llama-3.3-70b", "hardware": "p5",
-            "deployment": {"prefill_nodes": 16 // scale, "decode_nodes": 56 // scale, "tensor_parallel_size": 8},
-            "workload": {"conversations": conversations, "arrival": {"kind": "poisson", "rate_per_s": 3 / scale},
-                         "turns": {"dist": "constant", "value": 10},
-                         "prefix_tokens": {"dist": "constant", "value": 30000},
-                         "user_tokens": {"dist": "constant", "value": 1500},
-                         "output_tokens": {"dist": "constant", "value": 500},
-                         "turn_gap_s": {"dist": "uniform", "low": 20, "high": 60}},
-            "seed": 1}
-
-
 def test_saturated_defaults_keep_bidirectional_with_a_short_ttl() -> None:
-    sc = scenario_from_dict(_shape_16p56d())
+    sc = scenario_from_dict(shape_16p56d(450, scale=8))
     rec = recommend(sc, replications=1, workers=2)
     # the arrival span (1,200 s) covers TTL + p90 conversation span at every TTL that does not saturate
     assert not rec.steady_state["unsteady_ttls_s"], rec.steady_state
@@ -78,10 +67,7 @@ def test_saturated_defaults_keep_bidirectional_with_a_short_ttl() -> None:
     # the hand sweep of the issue: TTL 60/90/120/180 s with router TTL = TTL - 10 s, and retention off, same seeds
     seed = replication_seeds(sc.seed, 1)[0]
     sim = with_overrides(sc, {"workload.conversations": rec.steady_state["conversations_simulated"]})
-    p90 = [run_row(with_overrides(sim, {"policy.decoder_kv_blocks_ttl_s": t, "policy.router_ttl_s": t - 10,
-                                        "policy.kv_load_failure_policy": "recompute"}), seed)["ttft_p90_s"]
-           for t in (60, 90, 120, 180)]
-    p90.append(run_row(with_overrides(sim, {"policy.bidirectional": False}), seed)["ttft_p90_s"])
+    p90 = [run_row(with_overrides(sim, ov), seed)["ttft_p90_s"] for _, ov in HAND_SWEEP]
     assert rec.expected["ttft_p90_s"] <= 1.25 * min(p90), (rec.expected["ttft_p90_s"], p90)
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -277,3 +279,56 @@ def test_recommend_policies_reuses_the_advisors_runs(tmp_path: Path, monkeypatch
     assert runs[0] - reused == 2 * 2  # off and ttl_recommended, 2 replications each
     assert rec.best_policy == best_policy(rows)
     assert rec.to_json() == replace(plain, best_policy=best_policy(rows)).to_json()
+
+
+def _text_row(policy: str, replications: int, ci: float) -> dict[str, Any]:
+    """A compare row of fixed values for the text table: every metric ``ci`` wide (exactly 0: all replications
+    agree), or NaN as with one replication."""
+    from kvplan.plan.compare import METRICS
+
+    row: dict[str, Any] = {"policy": policy, "gpus": 16, "saturated": [], "replications": replications, "seed": 0,
+                           "description": policy, "notes": [], "slo_ttft_p90_ms": None}
+    for k in METRICS:
+        row[k], row[f"{k}_ci95"] = 0.5, ci
+    return row
+
+
+def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> None:
+    """With more than one replication every cell prints its CI, a CI of exactly 0 too (not '92.3 ±2.8' next to a
+    bare '0.0'); with one replication no cell does, and the footnote says so."""
+    from kvplan.app.cmd_compare import render_text
+    from kvplan.app.dash_compare import compare_display_frame
+
+    text = render_text([_text_row("off", 3, 0.0), _text_row("ttl", 3, 0.01)])
+    for label in ("TTFT p50", "TPOT mean", "hit rate %", "pinned KV mean GiB", "errors", "prefill/engine util %"):
+        line = next(ln for ln in text if ln.startswith(label))
+        assert line.count("±") == 2, line
+    assert "500.0 ms ±0.0 ms" in next(ln for ln in text if ln.startswith("TTFT p50"))
+    assert "50.0 ±0.0" in next(ln for ln in text if ln.startswith("hit rate %"))
+    assert any(ln.startswith("(± 95% CI over 3 replications") for ln in text)
+    single = render_text([_text_row("off", 1, math.nan), _text_row("ttl", 1, 0.0)])
+    assert not any("±" in ln for ln in single if not ln.startswith("(")), single
+    assert any(ln.startswith("(no ±: one replication has no CI") for ln in single)
+    frame = compare_display_frame([_text_row("off", 3, 0.0), _text_row("ttl", 1, 0.0)])
+    assert "±" in frame["TTFT p50"].iloc[0] and "±" not in frame["TTFT p50"].iloc[1]
+
+
+def test_advice_and_compare_report_the_steady_window_utilisation() -> None:
+    """P nearly always busy while 40 long prompts arrive, then idle while D decodes 3,000 tokens each: the advisor's
+    metrics and compare's util row take the health section's steady-window figure (> 80%, so prefill compute
+    binds), not the whole-run one the drain dilutes to under half (tests/test_health.py, same scenario)."""
+    from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, TURN_GAPS, binding_constraint, metrics
+    from kvplan.plan.executor import run_row
+    from kvplan.sim.seeds import replication_seeds
+
+    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+          "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 16000},
+          "output_tokens": {"dist": "constant", "value": 3000}}
+    sc = scenario_from_dict(small(workload=wl, policy={"bidirectional": False}))
+    row = run_row(sc, replication_seeds(sc.seed, 1)[0])
+    assert row[PREFILL_UTILIZATION_COLUMN] > 0.8 and row["prefill_utilization"] < 0.5
+    m = metrics([row], sc.deployment.max_num_seqs, sc.deployment.decode_nodes)
+    assert m["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert binding_constraint(TURN_GAPS, m, {}, False) == "prefill compute"
+    (off,) = compare(sc, ["off"], replications=1)
+    assert off["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]

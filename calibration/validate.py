@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.safe_yaml import load_yaml_text
 
 Kind = Literal["prefill_curve", "decode_curve", "serving", "published"]
 MAX_CASE_BYTES = 256 * 1024
+#: Most engine-side prompt lengths a run may list (the inline bound of an empirical distribution).
+MAX_ENGINE_INPUT_VALUES = 10_000
 SEED = 0
 #: Measured serving metric -> (``summary.json`` key or ``latency``, unit label). Every key is a contract of the case files.
 SERVING_METRICS: dict[str, str] = {
@@ -70,6 +72,36 @@ class Run(_Frozen):
     deployment: dict[str, Any] = Field(
         default_factory=dict, description="Deployment fields of this run over the case's (e.g. its replica count)."
     )
+    engine_input_tokens: list[StrictInt] | None = Field(
+        default=None,
+        description="Prompt lengths the engine saw (tokens it prefilled), when they differ from the nominal "
+        "input_tokens the client reported: each simulated request draws its prompt length from these values "
+        "(an empirical distribution, seeded). input_tokens stays the nominal length of the source.",
+    )
+    engine_input_tokens_source: str | None = Field(
+        default=None, description="How engine_input_tokens were derived (required with them)."
+    )
+
+    @field_validator("engine_input_tokens")
+    @classmethod
+    def _engine_lengths(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is empty: list the engine-side prompt lengths, or drop the field")
+        if len(v) > MAX_ENGINE_INPUT_VALUES:
+            raise ValueError(f"{len(v):,} values (at most {MAX_ENGINE_INPUT_VALUES:,}): give quantiles of them")
+        if min(v) <= 0:
+            raise ValueError(f"holds {min(v)}: every prompt length must be a positive token count")
+        return v
+
+    @model_validator(mode="after")
+    def _engine_source(self) -> Run:
+        if (self.engine_input_tokens is None) != (self.engine_input_tokens_source is None):
+            raise ValueError("engine_input_tokens and engine_input_tokens_source go together: give both or neither")
+        if self.engine_input_tokens_source is not None and not self.engine_input_tokens_source.strip():
+            raise ValueError("engine_input_tokens_source is empty: say how the lengths were derived")
+        return self
 
 
 class Case(_Frozen):
@@ -173,7 +205,8 @@ def _decode_curve(case: Case, rs: Any) -> list[dict[str, Any]]:
 
 def run_scenario(case: Case, run: Run) -> Any:
     """The scenario a serving run stands for: the case's deployment (the run's own fields over it), single-turn
-    requests as measured."""
+    requests as measured: the nominal prompt length, or one drawn per request from the run's
+    ``engine_input_tokens`` (what the engine prefilled, when the client reported another length)."""
     from kvplan.sim.scenario import scenario_from_dict
 
     arrival = dict(run.arrival)
@@ -186,7 +219,11 @@ def run_scenario(case: Case, run: Run) -> Any:
         "conversations": run.requests,
         "arrival": arrival,
         "turns": {"dist": "constant", "value": 1},
-        "prefix_tokens": {"dist": "constant", "value": run.input_tokens},
+        "prefix_tokens": (
+            {"dist": "constant", "value": run.input_tokens}
+            if run.engine_input_tokens is None
+            else {"dist": "empirical", "values": [float(v) for v in run.engine_input_tokens]}
+        ),
         "user_tokens": {"dist": "constant", "value": 0},
         "output_tokens": {"dist": "constant", "value": run.output_tokens},
         "turn_gap_s": {"dist": "constant", "value": 0},

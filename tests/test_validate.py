@@ -106,7 +106,9 @@ def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
     assert [sc.deployment.replicas for sc in scs] == [2, 3]  # the run's own replica count over the case's
     # the ClusterIP Service: kube-proxy picks a backend at random per connection (the case file says why)
     assert all(sc.deployment.tensor_parallel_size == 1 and sc.deployment.routing == "random" for sc in scs)
-    assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5] and scs[1].workload.prefix_tokens.value == 10000
+    assert [sc.workload.arrival.rate_per_s for sc in scs] == [1.8, 2.5]
+    # the engine-side prompt lengths of the re-tokenised random-dataset text, not the nominal 10000 (the case says why)
+    assert scs[1].workload.prefix_tokens.values == tuple(float(v) for v in case.runs[1].engine_input_tokens or [])
     assert (case.scenario or {})["deployment"]["replicas"] == 2  # the override does not leak into the case
     r = validate_case(case)
     assert r["status"] == "predicted, not fitted" and r["summary"]["predicted"] == 12 and r["profile"]  # ITL: 4 more
@@ -259,3 +261,71 @@ def test_case_with_a_key_given_twice_is_refused(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(v, "_cases_dir", lambda: tmp_path)
     with pytest.raises(KvplanInputError, match="kind"):
         load_case("p5en-published")
+
+
+# --- engine-side prompt lengths (a run's engine_input_tokens) -------------------------------------------------
+
+LLMD = ("llmd-1p1d-a100-llama-3.1-8b", "llmd-2p1d-a100-llama-3.1-8b", "llmd-vllm-replicas-a100-llama-3.1-8b")
+
+
+def test_llmd_runs_carry_engine_side_prompt_lengths() -> None:
+    for name in LLMD:
+        case = load_case(name)
+        assert any("engine_input_tokens" in m for m in case.modelled), name  # the case says what and why
+        for r in case.runs:
+            vals = r.engine_input_tokens or []
+            assert len(vals) == 100 and r.engine_input_tokens_source, (name, r.label)
+            # the re-tokenised text is longer than the nominal length the client reported (which input_tokens keeps)
+            assert r.input_tokens in (8000, 10000) and min(vals) > r.input_tokens
+            assert 1.03 < sum(vals) / len(vals) / r.input_tokens < 1.06
+
+
+def test_run_scenario_draws_the_prompt_from_engine_input_tokens() -> None:
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    x = case.runs[0]
+    sc = run_scenario(case, x)
+    assert sc.workload.prefix_tokens.dist == "empirical"
+    assert sc.workload.prefix_tokens.values == tuple(float(v) for v in x.engine_input_tokens or [])
+    res = run(sc)
+    drawn = res.turns["prompt_tokens"]
+    assert len(drawn) == x.requests and set(drawn) <= set(x.engine_input_tokens or []) and drawn.nunique() > 20
+    assert run(run_scenario(case, x)).turns["prompt_tokens"].tolist() == drawn.tolist()  # seeded
+    nominal = run_scenario(case, x.model_copy(update={"engine_input_tokens": None, "engine_input_tokens_source": None}))
+    assert nominal.workload.prefix_tokens.dist == "constant" and nominal.workload.prefix_tokens.value == x.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ("    engine_input_tokens: []\n    engine_input_tokens_source: x\n", "engine_input_tokens"),
+        ("    engine_input_tokens: [8300, 0]\n    engine_input_tokens_source: x\n", "engine_input_tokens"),
+        ("    engine_input_tokens: [8300, '8400']\n    engine_input_tokens_source: x\n", "engine_input_tokens"),
+        ("    engine_input_tokens: [8300, 8400.5]\n    engine_input_tokens_source: x\n", "engine_input_tokens"),
+        ("    engine_input_tokens: [8300, 8400]\n", "engine_input_tokens_source"),
+        ("    engine_input_tokens_source: derived\n", "engine_input_tokens_source"),
+        ("    engine_input_tokens: [8300]\n    engine_input_tokens_source: ' '\n", "engine_input_tokens_source"),
+    ],
+)
+def test_malformed_engine_input_tokens_is_one_line_exit_2(
+    edit: str, needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvplan.calibration.validate as v
+
+    name = "llmd-1p1d-a100-llama-3.1-8b"
+    lines = (v._cases_dir() / f"{name}.yaml").read_text(encoding="utf-8").splitlines(keepends=True)
+    kept, skip = [], False
+    for ln in lines:  # the shipped case without its engine lengths, then the edit under its first run
+        if ln.startswith("    engine_input_tokens"):
+            skip = True
+            continue
+        if skip and ln.startswith("      "):
+            continue
+        skip = False
+        kept.append(ln)
+    at = next(i for i, ln in enumerate(kept) if ln.startswith("    output_tokens:")) + 1
+    (tmp_path / f"{name}.yaml").write_text("".join(kept[:at]) + edit + "".join(kept[at:]), encoding="utf-8")
+    monkeypatch.setattr(v, "_cases_dir", lambda: tmp_path)
+    assert main(["validate", "--case", name]) == 2
+    cap = capsys.readouterr()
+    err = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in cap.err and cap.out == "", err

@@ -204,9 +204,11 @@ class DecodeBatch:
 
         vLLM runs it in ``start_load_kv`` at the start of the next step, overlapped with its forward (PR #53333),
         so that step ends when both are done. Work posted mid-stretch runs during the next step; only when it
-        outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). An idle
-        engine does it at once. Simplification: a read whose work alone is shorter than a step is taken as
-        hidden without adding it to other reads posted for the same step. With ``post_serial``
+        outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). Work
+        posted at a step boundary (a read admitted by a finish there: ``schedule()`` admits it into the step
+        starting there) runs during that step, priced in ``_thread_delay``. An idle engine does it at once.
+        Simplification: a read posted mid-stretch whose work alone is shorter than a step is taken as hidden
+        without adding it to other reads posted for the same step. With ``post_serial``
         (``deployment.kv_post_overlaps_forward: false``, vLLM before PR #53333: ``execute_model`` calls
         ``start_load_kv`` before it launches the forward) nothing is hidden: that step lasts the work plus its
         forward.
@@ -216,6 +218,12 @@ class DecodeBatch:
         if not self._active:
             now = self.env.now
             self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
+            return
+        if self._plan_n == 0:  # at a step boundary, between stretches: it runs during the step starting now
+            if self._pending_step != self.step:
+                self._pending_step = self.step
+                self._thread_pending = 0.0
+            self._thread_pending += work_s  # ``_thread_delay`` prices it against that step's forward
             return
         serial = self.post_serial
         if not serial and self._thread_pending == 0.0 and work_s <= self._plan_first:

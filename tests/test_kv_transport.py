@@ -172,6 +172,49 @@ def test_reads_posted_for_one_step_stall_it_by_their_sum() -> None:
     assert _decode_finish(False, [0.005]) == pytest.approx(base)  # overlapped: hidden by the forward
 
 
+def _b_finish(serial: bool, exact: bool, post: str) -> float:
+    """When B (100 decode steps of 10 ms) finishes on a lone DecodeBatch that also runs A (10 steps), with 0.05 s
+    of engine-thread work posted at A's finish (``post="boundary"``: the step boundary at 0.1 s, as a read the
+    finish admits), mid-step just before it (``"mid"``: 0.095 s), or not at all (``"none"``)."""
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    env = SimEnv()
+    done: dict[int, float] = {}
+
+    def finished(r: Request) -> None:
+        done[r.conv] = env.now
+        if r.conv == 0 and post == "boundary":
+            batch.charge_thread(0.05)
+
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, exact, 16, lone_decode_owner(finished))
+    batch.post_serial = serial
+    batch.ready(Request(0, 0, 0, 100, 10, None), 100, 0)
+    batch.ready(Request(1, 0, 0, 100, 100, None), 100, 0)
+    if post == "mid":
+        call_later(env, 0.095, lambda _e: batch.charge_thread(0.05))
+    env.run()
+    assert done[0] == pytest.approx(0.1)
+    return done[1]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_work_posted_at_a_step_boundary_stalls_the_step_starting_there(exact: bool) -> None:
+    """A read admitted by a finish at a step boundary is posted in the ``start_load_kv`` of the step that
+    ``schedule()`` starts there: that step ends when its forward and the 0.05 s posting are both done (PR #53333:
+    0.05 s instead of 0.01 s) or lasts both (posted before the forward: 0.06 s), as the same work posted
+    mid-step before that boundary does. (It used to be charged to the step after and then dropped: no stall.)"""
+    base = _b_finish(False, exact, "none")
+    assert _b_finish(True, exact, "none") == base
+    assert _b_finish(False, exact, "boundary") - base == pytest.approx(0.04)
+    assert _b_finish(True, exact, "boundary") - base == pytest.approx(0.05)
+    assert _b_finish(False, exact, "boundary") == pytest.approx(_b_finish(False, exact, "mid"))
+    assert _b_finish(True, exact, "boundary") == pytest.approx(_b_finish(True, exact, "mid"))
+
+
 def _pulls_on_p(overlap: bool) -> Scenario:
     """Multi-turn conversations whose later turns P pulls from D (D->P reads posted on P's engine thread)."""
     return Scenario.model_validate({

@@ -206,9 +206,10 @@ class DecodeBatch:
         so that step ends when both are done. Work posted mid-stretch runs during the next step; only when it
         outlasts that step is the stretch cut there (otherwise it is hidden and the timing unchanged). Work
         posted at a step boundary (a read admitted by a finish there: ``schedule()`` admits it into the step
-        starting there) runs during that step, priced in ``_thread_delay``. An idle engine does it at once.
-        Simplification: a read posted mid-stretch whose work alone is shorter than a step is taken as hidden
-        without adding it to other reads posted for the same step. With ``post_serial``
+        starting there) runs during that step, priced in ``_thread_delay``. An idle engine does it at once, in
+        an empty step: the next step starts after it. Simplification: a read posted mid-stretch whose work
+        alone is shorter than a step is taken as hidden without adding it to other reads posted for the same
+        step. With ``post_serial``
         (``deployment.kv_post_overlaps_forward: false``, vLLM before PR #53333: ``execute_model`` calls
         ``start_load_kv`` before it launches the forward) nothing is hidden: that step lasts the work plus its
         forward.
@@ -361,8 +362,14 @@ class DecodeBatch:
 
         The step's forward overlaps the thread work posted for it (PR #53333): it ends when both are done; with
         ``post_serial`` the forward starts when the thread is free (the posting ran before it was launched).
+        Work posted while the engine was idle ran in an empty step before this one (a step with no tokens still
+        posts its loads: ``execute_model`` -> ``kv_connector_no_forward``,
+        ``vllm/v1/worker/kv_connector_model_runner_mixin.py``), so this step starts only when the thread is
+        free, whatever ``post_serial``. After a stretch the thread is never
+        busy past its end (a step ends no earlier than the work posted for it): only an idle engine waits.
         """
         free = self.thread_free_s
+        wait = free - now if self._last_n == 0 else 0.0  # the engine was idle: its empty steps did that work
         if self._thread_pending > 0.0:
             if self._pending_step == self.step:  # posted for this step: it runs beside its forward
                 free = (free if free > now else now) + self._thread_pending
@@ -373,8 +380,9 @@ class DecodeBatch:
             delay = (delay if delay > 0.0 else 0.0) + extra
         else:
             delay = free - now - first
-            if delay < extra:
-                delay = extra
+            wait = (wait if wait > 0.0 else 0.0) + extra  # the forward starts once the empty step's work is done
+            if delay < wait:
+                delay = wait
         self._delay = delay if delay > 0.0 else 0.0
         return self._delay
 

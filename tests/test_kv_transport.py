@@ -215,6 +215,29 @@ def test_work_posted_at_a_step_boundary_stalls_the_step_starting_there(exact: bo
     assert _b_finish(True, exact, "boundary") == pytest.approx(_b_finish(True, exact, "mid"))
 
 
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("serial", [False, True])
+def test_work_posted_on_an_idle_engine_delays_the_next_steps_start(serial: bool, exact: bool) -> None:
+    """An idle D posts a read in a zero-token step (vLLM's ``kv_connector_no_forward`` still calls
+    ``start_load_kv``); a request ready while that 0.05 s of work runs starts its first step when the thread is
+    free, whether or not a forward could overlap a posting: 100 steps of 10 ms from 0.05 s, not from 0.04 s."""
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    env = SimEnv()
+    done: list[float] = []
+    batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, exact, 16,
+                        lone_decode_owner(lambda r: done.append(env.now)))
+    batch.post_serial = serial
+    batch.charge_thread(0.05)
+    call_later(env, 0.01, lambda _e: batch.ready(Request(0, 0, 0, 100, 100, None), 100, 0))
+    env.run()
+    assert done == [pytest.approx(1.05)]
+
+
 def _pulls_on_p(overlap: bool) -> Scenario:
     """Multi-turn conversations whose later turns P pulls from D (D->P reads posted on P's engine thread)."""
     return Scenario.model_validate({

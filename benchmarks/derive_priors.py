@@ -41,6 +41,11 @@ REF_GPUS = ("h100-sxm", "h200")
 REF_PROMPTS = (2048, 8192, 24576)
 REF_CACHED_SHARES = (0.0, 0.75)
 REF_DECODE = ((1, 2048), (1, 8192), (32, 2048), (32, 8192))
+#: Decode steps between the grid's knots where one context slope for every batch was off aiconfigurator by 4-9 %
+#: (batch 12-24 at 10-16k tokens), on the llm-d validation runs' deployment (Llama-3.1-8B, A100, TP1) and the
+#: replica-sized batches (5-8 at 8-10k): the per-batch context slopes (calibration/derive.py) must follow them.
+REF_INTERACTION = (("llama-3.1-8b", "a100-sxm-80gb", 1),)
+REF_INTERACTION_DECODE = ((6, 9000), (8, 8000), (12, 12000), (18, 10000), (19, 10000), (24, 16000), (32, 8000))
 
 
 def text_of(profile: Profile) -> str:
@@ -105,18 +110,24 @@ def reference_table() -> dict[str, object]:
                 for batch, ctx in REF_DECODE:
                     rows.append({"model": model, "gpu": gpu, "tp": tp, "kind": "decode", "batch": batch,
                                  "context": ctx, "aic_ms": sess.decode_ms(batch, ctx)})
+    interaction = []
+    for model, gpu, tp in REF_INTERACTION:
+        sess = AicSession(GPU_PRESETS[gpu].aic_system, AIC_MODEL_PATHS[model], tp, moe=False)
+        interaction += [{"model": model, "gpu": gpu, "tp": tp, "kind": "decode", "batch": batch, "context": ctx,
+                         "aic_ms": sess.decode_ms(batch, ctx)} for batch, ctx in REF_INTERACTION_DECODE]
     return {
         "provenance": {
             "generated_by": "benchmarks/derive_priors.py",
             "package": f"aiconfigurator-core=={version}",
             "databases": {GPU_PRESETS[g].aic_system: f"vllm {AIC_VLLM_VERSION[GPU_PRESETS[g].aic_system]}"
-                          for g in REF_GPUS},
-            "model_paths": {m: AIC_MODEL_PATHS[m] for m in REF_MODELS},
+                          for g in (*REF_GPUS, *(x[1] for x in REF_INTERACTION))},
+            "model_paths": {m: AIC_MODEL_PATHS[m] for m in (*REF_MODELS, *(x[0] for x in REF_INTERACTION))},
             "queries": "prefill: run_static_latency_only(static_ctx, batch 1, isl=prompt, prefix=cached); "
                        "decode: run_static_latency_only(static_gen, isl=context, osl=2) = one step",
             "licence": "numbers computed from aiconfigurator-core's bundled data (Apache-2.0)",
         },
         "rows": rows,
+        "interaction_rows": interaction,
     }
 
 

@@ -349,7 +349,8 @@ def physical_lower_bounds(arch: ModelArch, node: Node, tp: int) -> dict[str, flo
 
 def _simple_where_fitted(costs: CostModel, fitted: list[str], weight_read_s: float) -> CostModel:
     """Drop the base's measured knot tables where these traces fitted the simple form instead (the fitted
-    ``per_token_s`` / ``per_seq_s`` then mean what the simple formula says); the linear layers keep the
+    ``per_token_s`` / ``per_seq_s`` / ``per_context_token_s`` then mean what the simple formula says; the
+    context knots are per batch knot, so they go with the batch knots); the linear layers keep the
     physical weight-read floor ``weight_read_s``."""
     pf = {"prefill.fixed_s", "prefill.per_token_s", "prefill.attention_s"}
     df = {"decode.fixed_s", "decode.per_seq_s"}
@@ -359,7 +360,9 @@ def _simple_where_fitted(costs: CostModel, fitted: list[str], weight_read_s: flo
                                                           "context_attention_s": None,
                                                           "weight_read_s": weight_read_s})
     if df & set(fitted):
-        upd["decode"] = costs.decode.model_copy(update={"batch_knots": (), "batch_knots_s": ()})
+        upd["decode"] = costs.decode.model_copy(update={"batch_knots": (), "batch_knots_s": (), "context_knots_s": ()})
+    elif "decode.per_context_token_s" in fitted and costs.decode.context_knots_s:
+        upd["decode"] = costs.decode.model_copy(update={"context_knots_s": ()})
     return costs.model_copy(update=upd) if upd else costs
 
 

@@ -16,7 +16,7 @@ longer steps extrapolate with the last knot's per-token slope). The fit (``scipy
 relative residuals, every parameter bounded below by :mod:`kvplan.models.bounds`) targets the knotted forms
 of :func:`kvplan.models.costs.prefill_gpu_step_s` (linear-layer time at :data:`PREFILL_KNOTS` step sizes,
 causal and cached attention per pair) and of the GPU part of :func:`kvplan.models.costs.decode_step_time_s`
-(context-free step time at :data:`DECODE_KNOTS` batch sizes, KV read per context token); linear
+(context-free step time and KV read time per context token, each at :data:`DECODE_KNOTS` batch sizes); linear
 interpolation between knots is exactly what the cost functions evaluate, so the fit is linear. The
 engine's CPU overhead is not in kernel data and stays 0 in a prior (calibrated as a residual on real
 measurements). MoE models are queried with the experts sharded by TP (``moe_tp_size = tp``,
@@ -64,7 +64,9 @@ AIC_VLLM_VERSION = {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.2
 PREFILL_BATCHES = (1, 2, 4)
 PREFILL_PROMPTS = (128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
 CACHED_SHARES = (0.0, 0.5, 0.75)
-DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Batch sizes of the decode grid (and the knots of the fit): powers of two with their midpoints from 8 on, where
+#: the step's KV read dominates and aiconfigurator's attention slope changes most between table rows.
+DECODE_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DECODE_CONTEXTS = (512, 2048, 4096, 8192, 16384, 32768)
 #: Largest tokens one prefill pass of the grid may hold (vLLM's step budget is at most this in practice).
 MAX_STEP_TOKENS = 32768
@@ -326,22 +328,52 @@ def fit_prefill(points: list[PrefillPoint], arch: ModelArch, gpu: GPU, tp: int) 
                        linear_knots_tokens=PREFILL_KNOTS, linear_knots_s=tuple(t))
 
 
-def fit_decode(points: list[DecodePoint], arch: ModelArch, gpu: GPU, tp: int) -> DecodeCost:
-    """Fit the knotted :class:`DecodeCost` (context-free step time at :data:`DECODE_KNOTS` batch sizes, KV read
-    per context token) to the points, like :func:`fit_prefill`."""
+def _fit_decode_columns(points: list[DecodePoint], arch: ModelArch, gpu: GPU, tp: int,
+                        per_knot_context: bool) -> tuple[list[float], list[float]]:
+    """``(batch knots' step times, context slopes)`` of the bounded relative least-squares fit: one context slope
+    per batch knot (interpolated like the step times) or one for every batch."""
     lb = _bounds(arch, gpu, tp)
     b = np.array([p.batch for p in points], dtype=float)
     s = b * np.array([p.context for p in points], dtype=float)
     y = np.array([p.ms for p in points]) / 1e3
-    a = np.column_stack([interpolation_matrix(DECODE_KNOTS, b), s]) / y[:, None]
+    w = interpolation_matrix(DECODE_KNOTS, b)
+    ctx = w * s[:, None] if per_knot_context else s[:, None]
+    a = np.column_stack([w, ctx]) / y[:, None]
     knots = np.array(DECODE_KNOTS, dtype=float)
     lower = np.concatenate([np.maximum(lb["decode.batch_s(1)"], knots * lb["decode.per_seq_s"]),
-                            [lb["decode.per_context_token_s"]]])
+                            np.full(ctx.shape[1], lb["decode.per_context_token_s"])])
     sol = lsq_linear(a, np.ones(len(y)), bounds=(lower, np.full(len(lower), np.inf)), method="bvls")
     x = [float(v) for v in sol.x]
-    t = x[: len(knots)]
+    return x[: len(knots)], x[len(knots):]
+
+
+def fit_decode(points: list[DecodePoint], arch: ModelArch, gpu: GPU, tp: int) -> DecodeCost:
+    """Fit the knotted :class:`DecodeCost` to the points, like :func:`fit_prefill`: the context-free step time
+    and the time per context token, each at the :data:`DECODE_KNOTS` batch sizes.
+
+    The context slope is per batch knot because aiconfigurator's decode attention (its ``generation_attention``
+    table, vLLM's flash-attention decode kernel measured per batch size) reads KV at an efficiency that depends
+    on the batch; one slope for every batch, fitted over the whole grid, was up to 9 % off aiconfigurator's own
+    step time for Llama-3.1-8B on A100 at batch 16-24 and 8-16k contexts (+5.3 % at batch 18 x 10k tokens).
+    ``per_context_token_s`` keeps the one-slope fit's value: the simple form's slope, read only where the knots
+    are dropped (a calibration that fits ``decode.fixed_s`` or ``decode.per_seq_s`` on traces)."""
+    lb = _bounds(arch, gpu, tp)
+    t, ctx = _fit_decode_columns(points, arch, gpu, tp, per_knot_context=True)
+    _, one = _fit_decode_columns(points, arch, gpu, tp, per_knot_context=False)
+    knots = DECODE_KNOTS
     slope = max((t[-1] - t[-2]) / (knots[-1] - knots[-2]), lb["decode.per_seq_s"])
-    return DecodeCost(per_seq_s=slope, per_context_token_s=x[-1], batch_knots=DECODE_KNOTS, batch_knots_s=tuple(t))
+    return DecodeCost(per_seq_s=slope, per_context_token_s=one[0], batch_knots=knots, batch_knots_s=tuple(t),
+                      context_knots_s=tuple(ctx))
+
+
+def _hbm_shares(dc: DecodeCost, arch: ModelArch, gpu: GPU, tp: int) -> dict[str, float]:
+    """The HBM bandwidth each fitted context slope implies (KV bytes per token per rank / slope / bandwidth): a
+    physically possible fit stays at or below 1 (:mod:`kvplan.models.bounds` enforces it)."""
+    from kvplan.models.bounds import context_bytes_per_token_per_rank
+
+    kv = context_bytes_per_token_per_rank(arch, tp) / gpu.hbm_bandwidth_bytes_per_s
+    out = {f"batch {b}": round(kv / c, 4) for b, c in zip(dc.batch_knots, dc.context_knots_s, strict=True)}
+    return out | {"one slope": round(kv / dc.per_context_token_s, 4)}
 
 
 def _errors(pred: Iterable[float], obs: Iterable[float]) -> list[float]:
@@ -387,6 +419,7 @@ def derive_prior(arch: ModelArch, gpu: GPU, tp: int, model_path: str | None = No
         "prefill_rms_rel_error": round(math.sqrt(float(np.mean(np.square(pe)))), 5),
         "decode_max_abs_rel_error": round(max(abs(e) for e in de), 5),
         "decode_rms_rel_error": round(math.sqrt(float(np.mean(np.square(de)))), 5),
+        "decode_context_hbm_share": _hbm_shares(dc, arch, gpu, tp),
         "prefill_points": [{"batch": p.batch, "prompt": p.prompt, "cached": p.cached, "aic_ms": round(p.ms, 5),
                             "rel_error": e} for p, e in zip(pre, pe, strict=True)],
         "decode_points": [{"batch": p.batch, "context": p.context, "aic_ms": round(p.ms, 5), "rel_error": e}

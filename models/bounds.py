@@ -11,8 +11,9 @@ Each bound is a lower limit on a time parameter, from work that the step must do
   HBM bandwidth (every step reads them at least once); with measured knots, every knot ``>=`` the larger
   of that and its tokens' linear FLOPs at peak (the bound is convex, so the interpolation between knots
   respects it too); ``decode.per_seq_s >=`` the linear FLOPs per token at peak;
-* ``decode.per_context_token_s >=`` the KV bytes read per context token per rank / HBM bandwidth (MLA
-  with a DSA indexer: the indexer keys, the part that grows with context);
+* ``decode.per_context_token_s`` (or, with measured knots, every ``decode.context_knots_s``) ``>=`` the KV
+  bytes read per context token per rank / HBM bandwidth (MLA with a DSA indexer: the indexer keys, the part
+  that grows with context);
 * ``transfer.per_byte_s >= 1 / line rate per rank``.
 
 Engine CPU overheads and proxy overheads have no physical floor beyond 0. A profile that breaks a bound
@@ -120,8 +121,12 @@ def _checks(costs: CostModel, bounds: dict[str, Bound]) -> list[tuple[str, float
         out.append(("decode.per_seq_s", dc.per_seq_s, per_tok, b["decode.per_seq_s"].why))
     else:
         out.append(("decode.fixed_s", dc.batch_s(1), d1.lower, d1.why))
-    out.append(("decode.per_context_token_s", dc.per_context_token_s, b["decode.per_context_token_s"].lower,
-                b["decode.per_context_token_s"].why))
+    ctx = b["decode.per_context_token_s"]
+    if dc.context_knots_s:
+        for i, (n, t) in enumerate(zip(dc.batch_knots, dc.context_knots_s, strict=True)):
+            out.append((f"decode.context_knots_s[{i}] (batch {n})", t, ctx.lower, ctx.why))
+    else:
+        out.append(("decode.per_context_token_s", dc.per_context_token_s, ctx.lower, ctx.why))
     tb = b["transfer.per_byte_s"]
     if costs.transfer != TransferCost():  # a compute-only prior has no transfer term to bound
         out.append(("transfer.per_byte_s", costs.transfer.per_byte_s, tb.lower, tb.why))

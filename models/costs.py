@@ -34,6 +34,7 @@ from kvplan.models.formulas import (
     decode_step_time_s,
     decode_steps_time_s,
     linear_s,
+    per_context_s,
     piecewise_linear,
     post_time_s,
     prefill_gpu_step_s,
@@ -50,7 +51,8 @@ from kvplan.models.formulas import (
 __all__ = [
     "CostModel", "DecodeCost", "OverheadCost", "PrefillCost", "TransferCost", "batch_s", "causal_pairs",
     "ctx_attention_s", "decode_step_coefficients", "decode_step_increment_s", "decode_step_time_s",
-    "decode_steps_time_s", "linear_s", "mixed_step_time_s", "piecewise_linear", "post_time_s", "prefill_gpu_step_s",
+    "decode_steps_time_s", "linear_s", "mixed_step_time_s", "per_context_s", "piecewise_linear", "post_time_s",
+    "prefill_gpu_step_s",
     "prefill_step_time_array", "prefill_step_time_s", "prefill_time_s", "prep_time_s", "pull_visible_time_s",
     "read_thread_time_s", "scale_prefill_gpu", "steps_within", "transfer_time_s", "xfer_time_s",
 ]
@@ -172,23 +174,40 @@ class TransferCost(_Cost):
 class DecodeCost(_Cost):
     """One decode step of ``B`` sequences holding ``S`` KV tokens in total:
 
-    ``overhead_s + batch_s(B) + per_context_token_s x S`` with ``batch_s(B) = fixed_s + per_seq_s x B``, or,
+    ``overhead_s + batch_s(B) + per_context(B) x S`` with ``batch_s(B) = fixed_s + per_seq_s x B``, or,
     when ``batch_knots`` is given (kernel-derived priors), the measured context-free step time at those batch
     sizes interpolated linearly (weight-read bound at small batches, GEMM-bound at large ones), flat below the
-    first knot and ``per_seq_s`` per sequence past the last.
+    first knot and ``per_seq_s`` per sequence past the last. ``per_context(B)`` is ``per_context_token_s``, or,
+    when ``context_knots_s`` is given (kernel-derived priors), the time per context token at each batch knot
+    interpolated linearly, flat outside the knots: the decode attention kernel reads KV at an efficiency that
+    depends on the batch (aiconfigurator's ``generation_attention`` table of vLLM's flash-attention decode
+    kernel, measured per batch size: for Llama-3.1-8B on A100 the model's slope is 85-88 ns per context token,
+    73-75 % of HBM bandwidth, at batch 1-4, 72-76 ns (84-89 %) at batch 8-24 and 91-104 ns at batch 32-64), so
+    one slope for every batch misstates long contexts (:mod:`kvplan.calibration.derive`).
     """
 
     fixed_s: float = Field(default=0.0, ge=0, description="GPU time per step (weight read, all-reduce latency).")
     overhead_s: float = Field(default=0.0, ge=0, description="Engine CPU overhead per step (not scaled by TP or GPU).")
     per_seq_s: float = Field(default=0.0, ge=0, description="Per running sequence.")
-    per_context_token_s: float = Field(default=0.0, ge=0, description="Per KV token read (attention).")
+    per_context_token_s: float = Field(
+        default=0.0, ge=0, description="Per KV token read (attention); context_knots_s replaces it."
+    )
     batch_knots: tuple[int, ...] = Field(default=(), description="Batch sizes of the measured step time.")
     batch_knots_s: tuple[float, ...] = Field(default=(), description="Context-free GPU step time at each knot, s.")
+    context_knots_s: tuple[float, ...] = Field(
+        default=(), description="GPU time per KV token read at each batch knot, s (replaces per_context_token_s)."
+    )
 
     @model_validator(mode="after")
     def _knots(self) -> DecodeCost:
         _check_knots(self.batch_knots, self.batch_knots_s, "decode batch knots")
+        if self.context_knots_s:
+            _check_knots(self.batch_knots, self.context_knots_s, "decode context knots (one per batch knot)")
         return self
+
+    def per_context_s(self, batch: float) -> float:
+        """GPU time per context token of a step of ``batch`` sequences (:func:`formulas.per_context_s`)."""
+        return per_context_s(self, batch)
 
     def batch_s(self, batch: float) -> float:
         """GPU time of a step of ``batch`` sequences without the context term (:func:`formulas.batch_s`)."""
@@ -262,6 +281,7 @@ def scale_decode_gpu(cost: DecodeCost, scale: float) -> DecodeCost:
     (the engine's CPU overhead unchanged)."""
     upd: dict[str, Any] = {k: getattr(cost, k) * scale for k in ("fixed_s", "per_seq_s", "per_context_token_s")}
     upd["batch_knots_s"] = tuple(v * scale for v in cost.batch_knots_s)
+    upd["context_knots_s"] = tuple(v * scale for v in cost.context_knots_s)
     return cost.model_copy(update=upd)
 
 def prefill_step_time_array(cost: PrefillCost, new_tokens: Any, pairs: Any, ctx_pairs: Any = 0.0) -> np.ndarray:
@@ -275,10 +295,12 @@ def prefill_step_time_array(cost: PrefillCost, new_tokens: Any, pairs: Any, ctx_
 def decode_step_coefficients(cost: DecodeCost) -> tuple[float, float, float]:
     """``(a, b, c)`` with step time ``~ a + b x batch + c x context tokens``, for the analytic screen.
 
-    Exact without batch knots; with knots the chord between batch 1 and 32.
+    Exact without batch knots; with knots the chord between batch 1 and 32, and with context knots ``c`` the
+    mean time per context token over batch 1 to 32.
     """
     b = (cost.batch_s(32) - cost.batch_s(1)) / 31
-    return cost.overhead_s + cost.batch_s(1) - b, b, cost.per_context_token_s
+    c = sum(cost.per_context_s(n) for n in range(1, 33)) / 32
+    return cost.overhead_s + cost.batch_s(1) - b, b, c
 
 
 def mixed_step_time_s(
@@ -288,7 +310,7 @@ def mixed_step_time_s(
     """One step of an aggregated engine mixing prefill chunks and decode tokens (vLLM V1 chunked prefill).
 
     With prefill tokens in the step: ``prefill_step_time_s(prefill, prefill_tokens, pairs, ctx_pairs) +
-    decode.per_seq_s x B + decode.per_context_token_s x S`` (``B`` decoding sequences holding ``S`` KV tokens;
+    decode.per_seq_s x B + decode.per_context(B) x S`` (``B`` decoding sequences holding ``S`` KV tokens;
     ``ctx_pairs`` of the pairs against cached KV, priced as on a prefill node): the prefill step's
     fixed cost (launch, sampling, weight reads) is paid once and each decode token adds its marginal decode
     cost. A step without prefill tokens is a decode step, ``decode_step_time_s(decode, B, S)``.
@@ -300,5 +322,5 @@ def mixed_step_time_s(
     return (
         prefill_step_time_s(prefill, prefill_tokens, pairs, ctx_pairs)
         + decode.per_seq_s * decode_seqs
-        + decode.per_context_token_s * decode_context_tokens
+        + per_context_s(decode, decode_seqs) * decode_context_tokens
     )

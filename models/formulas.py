@@ -54,6 +54,7 @@ class DecodeParams(Protocol):
     per_context_token_s: float
     batch_knots: tuple[int, ...]
     batch_knots_s: tuple[float, ...]
+    context_knots_s: tuple[float, ...]
 
 
 def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:
@@ -87,6 +88,14 @@ def batch_s(cost: DecodeParams, batch: float) -> float:
     if cost.batch_knots:
         return piecewise_linear(cost.batch_knots, cost.batch_knots_s, batch, cost.per_seq_s)
     return cost.fixed_s + cost.per_seq_s * batch
+
+
+def per_context_s(cost: DecodeParams, batch: float) -> float:
+    """Decode time per context token of a step of ``batch`` sequences: ``context_knots_s`` interpolated linearly
+    over ``batch_knots`` (flat outside them) when given, else ``per_context_token_s``."""
+    if cost.context_knots_s:
+        return piecewise_linear(cost.batch_knots, cost.context_knots_s, batch, 0.0)
+    return cost.per_context_token_s
 
 
 def causal_pairs(new_tokens: float, context_tokens: float) -> float:
@@ -193,13 +202,13 @@ def transfer_time_s(cost: TransferParams, nbytes_per_rank: float, descriptors: i
 
 def decode_step_time_s(cost: DecodeParams, batch: float, context_tokens: float, *, gpu_only: bool = False) -> float:
     """One decode step with ``batch`` sequences holding ``context_tokens`` KV tokens in total."""
-    t = batch_s(cost, batch) + cost.per_context_token_s * context_tokens
+    t = batch_s(cost, batch) + per_context_s(cost, batch) * context_tokens
     return t if gpu_only else t + cost.overhead_s
 
 
 def decode_step_increment_s(cost: DecodeParams, batch: int) -> float:
     """How much each step of an unchanged batch is slower than the previous one (each sequence adds a token)."""
-    return cost.per_context_token_s * batch
+    return per_context_s(cost, batch) * batch
 
 
 def decode_steps_time_s(cost: DecodeParams, batch: int, context_tokens: float, steps: int) -> float:

@@ -63,7 +63,9 @@ class Resolved:
 
 def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
     """``costs`` with the parameters an inline ``costs:`` block names replaced (the rest unchanged), validated
-    again as a whole (knot lists of equal length, increasing)."""
+    again as a whole (knot lists of equal length, increasing). Inline ``decode.batch_knots`` without
+    ``decode.context_knots_s`` drops the base's context knots (they belong to its batch knots): the step then
+    reads the base's one ``per_context_token_s`` (or the inline one)."""
     parts = {}
     for comp in ("prefill", "transfer", "decode", "overhead"):
         base = getattr(costs, comp)
@@ -71,8 +73,11 @@ def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
         if not named:
             parts[comp] = base
             continue
+        old = base.model_dump()
+        if comp == "decode" and "batch_knots" in named and "context_knots_s" not in named:
+            old["context_knots_s"] = ()
         try:
-            parts[comp] = type(base).model_validate({**base.model_dump(), **dict(named)})
+            parts[comp] = type(base).model_validate({**old, **dict(named)})
         except ValidationError as exc:
             first = exc.errors()[0]
             raise input_error(f"costs.{comp}", str(first.get("msg", exc)).removeprefix("Value error, "),
@@ -83,8 +88,9 @@ def apply_overrides(costs: CostModel, overrides: CostOverrides) -> CostModel:
 def unused_overrides(costs: CostModel, overrides: CostOverrides, scenario: Scenario) -> list[tuple[str, str]]:
     """``(costs.<comp>.<param>, why)`` for every inline parameter that the resolved cost model never reads.
 
-    With measured knots the interpolation replaces ``prefill.weight_read_s`` and ``decode.fixed_s``
-    (``formulas.linear_s``, ``formulas.batch_s``); the per-unit slope past the last knot
+    With measured knots the interpolation replaces ``prefill.weight_read_s``, ``decode.fixed_s`` and (with
+    context knots) ``decode.per_context_token_s`` (``formulas.linear_s``, ``formulas.batch_s``,
+    ``formulas.per_context_s``); the per-unit slope past the last knot
     (``prefill.per_token_s``, ``decode.per_seq_s``) is read only when a step can go past it
     (``max_num_batched_tokens``, and ``max_num_seqs`` on a disaggregated D; an aggregated engine's mixed step
     reads ``decode.per_seq_s`` directly, ``models.costs.mixed_step_time_s``). Components given in full are
@@ -111,6 +117,8 @@ def unused_overrides(costs: CostModel, overrides: CostOverrides, scenario: Scena
         if ("decode", "per_seq_s") in named and dep.mode != "aggregated" and dep.max_num_seqs <= last:
             out.append(("costs.decode.per_seq_s", f"no decode batch exceeds the last batch knot ({last}) at "
                         f"max_num_seqs {dep.max_num_seqs}"))
+        if ("decode", "per_context_token_s") in named and dc.context_knots_s:
+            out.append(("costs.decode.per_context_token_s", "the decode context knots replace it"))
     return out
 
 

@@ -76,6 +76,8 @@ COST_CASES: list[Case] = [
         costs=_costs("prefill", per_token_s=1e-4)),
     sim("costs decode per_seq_s unused at max_num_seqs 128", "costs.decode.per_seq_s",
         deployment__max_num_seqs=128, costs=_costs("decode", per_seq_s=0.5)),
+    sim("costs decode.per_context_token_s unused with context knots", "costs.decode.per_context_token_s",
+        costs=_costs("decode", per_context_token_s=1e-8)),
     # physical bounds
     sim("costs attention_s 1e-15", "costs.prefill.attention_s", costs=_costs("prefill", attention_s=1e-15)),
     sim("costs per_token_s 1e-12 past the knots", "costs.prefill.per_token_s", deployment__max_num_batched_tokens=65536,
@@ -87,6 +89,9 @@ COST_CASES: list[Case] = [
     sim("costs per_byte_s 1e-15", "costs.transfer.per_byte_s", costs=_costs("transfer", per_byte_s=1e-15)),
     # knots
     sim("costs knots length mismatch", "costs.decode", costs=_costs("decode", batch_knots=[1, 64], batch_knots_s=[0.01])),
+    sim("costs context knots length mismatch", "costs.decode", costs=_costs("decode", context_knots_s=[1e-8])),
+    sim("costs context knots too fast", "costs.decode.context_knots_s",
+        costs=_costs("decode", batch_knots=[1, 64], batch_knots_s=[0.01, 0.02], context_knots_s=[1e-8, 1e-12])),
     sim("costs knots decreasing", "costs.prefill",
         costs=_costs("prefill", linear_knots_tokens=[64, 32], linear_knots_s=[0.02, 0.01])),
     sim("costs knots 300 long", "costs.decode.batch_knots",

@@ -256,10 +256,16 @@ def _pulls_on_p(overlap: bool) -> Scenario:
 
 def test_a_post_before_the_forward_delays_ps_other_prefills_more() -> None:
     """On P too: with the posting before the forward, a step that posts pulls lasts posting + forward instead of the
-    longer of the two, so first turns (which pull nothing) wait longer for P."""
-    over, serial = run(_pulls_on_p(True)), run(_pulls_on_p(False))
-    assert over.summary["decisions"]["pull"] > 0
-    first = [float(r.turns[r.turns["turn"] == 1]["ttft_s"].mean()) for r in (over, serial)]
-    assert first[1] > first[0] * 1.03
-    pulled = [float(r.turns[r.turns["turn"] > 1]["ttft_s"].mean()) for r in (over, serial)]
-    assert pulled[1] > pulled[0] * 1.1
+    longer of the two, so first turns (which pull nothing) wait longer for P. P runs near saturation here, so one
+    seed's mean TTFT swings by +-40% with any cost change (seeds 0-15: serial/overlapped from 0.6 to 1.9): the turns
+    of eight seeds are pooled, so the test checks the mechanism, not one draw."""
+    first: list[list[float]] = [[], []]
+    pulled: list[list[float]] = [[], []]
+    for seed in range(8):
+        for i, overlap in enumerate((True, False)):
+            res = run(_pulls_on_p(overlap).model_copy(update={"seed": seed}))
+            assert res.summary["decisions"]["pull"] > 0
+            first[i] += list(res.turns[res.turns["turn"] == 1]["ttft_s"])
+            pulled[i] += list(res.turns[res.turns["turn"] > 1]["ttft_s"])
+    assert sum(first[1]) / len(first[1]) > sum(first[0]) / len(first[0]) * 1.03
+    assert sum(pulled[1]) / len(pulled[1]) > sum(pulled[0]) / len(pulled[0]) * 1.1

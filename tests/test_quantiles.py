@@ -142,9 +142,13 @@ def test_simulated_run_sketch_percentiles_within_the_bound_of_the_exact_ones(cap
             e["health"]["resources"][name]["wait_mean_s"], rel=1e-12, abs=1e-15)
     for key in ("ttft_mean_s", "tpot_mean_s", "p_leg_mean_s", "prefill_queue_mean_s", "kv_pull_mean_s"):
         assert s[key] == pytest.approx(e[key], rel=1e-12)  # means stay exact (streamed sums)
+    # a series' time-weighted mean is folded as the run goes when the stream is not exact (StepStats, sim/stream.py),
+    # summed in another order than numpy's over the kept series: equal to the last bits, not bit for bit
+    for key in ("pinned_kv_gib_mean", "p_held_kv_gib_mean"):
+        assert s[key] == pytest.approx(e[key], rel=1e-12)
     rest = {k: v for k, v in e.items() if "_p50_" not in k and "_p90_" not in k and "_p99_" not in k
-            and "mean_s" not in k and not k.startswith("percentile_") and k != "health"}
-    assert {k: s[k] for k in rest} == rest  # counts, sums and series metrics unchanged
+            and "mean_s" not in k and not k.endswith("_gib_mean") and not k.startswith("percentile_") and k != "health"}
+    assert {k: s[k] for k in rest} == rest  # counts, sums, peaks and the other series metrics unchanged
     from kvplan.app.output import print_summary
 
     print_summary(sk, None)

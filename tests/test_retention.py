@@ -161,7 +161,9 @@ def test_request_waiting_for_a_pin_expiry_is_admitted_at_the_deadline() -> None:
         "workload": {"conversations": 3, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
                      "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 3000},
                      "user_tokens": {"dist": "constant", "value": 100}, "output_tokens": {"dist": "constant", "value": 50}},
-        "seed": 18,
+        # a seed whose wake-up rounds below the deadline with the shipped costs (18 did before the decode priors'
+        # per-batch context slopes)
+        "seed": 16,
     }
     r = run(scenario_from_dict(data))
     t, ev = r.turns, r.events

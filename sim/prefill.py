@@ -92,7 +92,10 @@ class PrefillNode(Scheduler):
         self._kick()
 
     def charge_thread(self, work_s: float) -> None:
-        """CPU work on this engine's thread (posting a read): queued after what it already has to do."""
+        """CPU work on this engine's thread (posting a read): queued after what it already has to do.
+
+        Reads are posted only in ``schedule()`` (``_decide``), i.e. at the start of a step (``_next_step`` prices
+        them against its forward) or of an empty step (no tokens scheduled: the next step starts after it)."""
         now = self.env.now
         self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
 
@@ -123,6 +126,7 @@ class PrefillNode(Scheduler):
                 return
             check_idle = True
             self._blocked = False
+            free0 = self.thread_free_s  # the work posted before this step (in empty steps, or while idle)
             self.schedule()
             if not self.chunks:
                 self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
@@ -134,6 +138,12 @@ class PrefillNode(Scheduler):
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
             # before that PR (deployment.kv_post_overlaps_forward false) the forward starts once the posting is done
             stall = self.thread_free_s - env.now - (0.0 if self.post_serial else dt)
+            # work posted in an empty step (a step with no tokens still posts its loads: execute_model ->
+            # kv_connector_no_forward, vllm/v1/worker/kv_connector_model_runner_mixin.py) or while idle ran before
+            # this step: its forward starts once that is done, whatever post_serial
+            wait = free0 - env.now
+            if wait > stall:
+                stall = wait
             call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
 

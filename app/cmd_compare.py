@@ -197,7 +197,7 @@ LINES = (
 
 #: health resource -> the short name the health row prints.
 SHORT_RESOURCE = {"decode_kv": "D HBM", "prefill_held_kv": "P KV pool", "prefill_compute": "P compute",
-                  "link": "links"}
+                  "link": "links", "decode_engine_thread": "D thread", "prefill_engine_thread": "P thread"}
 
 
 def health_cell(row: dict[str, Any]) -> str:

@@ -63,7 +63,8 @@ SATURATED_SHARE = 0.5
 
 #: health resource -> what the advice calls it.
 RESOURCE_NAMES = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
-                  "link": "the P<->D links"}
+                  "link": "the P<->D links", "decode_engine_thread": "D's engine thread",
+                  "prefill_engine_thread": "P's engine thread"}
 
 
 # --- saturation ------------------------------------------------------------------------------------------------

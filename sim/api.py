@@ -84,8 +84,12 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
         **_window_utilization(ctx, len(engines)),
+        **_thread_utilization(ctx, end),
         "truncated_conversations": plan.truncated_conversations,
         "nic_utilization": ctx.nic_utilization(end),
+        # the highest share of one D's pool held by admitted and running requests and pins (what admission waits
+        # on); None in aggregated mode (its replicas' pools are not tracked)
+        "decode_kv_used_peak_fraction": max(dn.used_peak / dn.pool.capacity for dn in ctx.decode) if ctx.decode else None,
     }
     if plan.trace_report is not None:
         extra["trace"] = plan.trace_report
@@ -112,6 +116,38 @@ def _window_utilization(ctx: Any, engines: int) -> dict[str, Any]:
         return {"steady_window_start_s": None, "steady_window_end_s": None, "prefill_utilization_steady": None}
     return {"steady_window_start_s": w[0], "steady_window_end_s": w[1],
             "prefill_utilization_steady": busy / ((w[1] - w[0]) * engines)}
+
+
+def _thread_utilization(ctx: Any, end: float) -> dict[str, Any]:
+    """P's and D's engine threads (the health section's ``*_engine_thread``) over the steady window, or with none
+    (a closed loop) over the run up to the last response, per role, of the busiest engine: ``busy_fraction`` its
+    busy share, ``post_fraction`` its share of posting work alone, ``utilization`` the busy share its arrivals
+    demanded (``busy_fraction`` x requests that reached it / requests it took in, D: admitted, P: scheduled; the
+    busy share itself when it keeps up, above it when its queue grows); ``busy_fraction_mean`` over engines.
+    Busy = the read creation, post and, over TCP, wire work charged to the thread (``sim/xfer.py``), plus with
+    ``kv_post_overlaps_forward: false`` the forward of each step that posted (it runs after the posting, on the
+    same thread); work counts when it is posted, a forward when its step starts. None in aggregated mode."""
+    roles = (("prefill", [(p.thread_busy_s, p.thread_post_s, p.submitted, p.decided) for p in ctx.prefill]),
+             ("decode", [(d.batch.thread_busy_s, d.batch.thread_post_s, d.submitted, d.admitted) for d in ctx.decode]))
+    out: dict[str, Any] = {}
+    w, win = ctx.steady_window, ctx.window_thread_s
+    for i, (role, totals) in enumerate(roles):
+        keys = [f"{role}_thread_{k}" for k in ("utilization", "busy_fraction", "busy_fraction_mean", "post_fraction")]
+        if not totals:
+            out.update(dict.fromkeys(keys))
+            continue
+        if w is not None and win is not None:
+            cols, span = [[float(x) for x in c] for c in win[4 * i:4 * i + 4]], w[1] - w[0]
+        else:
+            cols, span = [[float(t[k]) for t in totals] for k in range(4)], end
+        if span <= 0:
+            out.update(dict.fromkeys(keys, 0.0))
+            continue
+        busy, post, came, took = cols
+        demand = [b * (c / t if t > 0 else 1.0) if c > t else b for b, c, t in zip(busy, came, took, strict=True)]
+        out.update(zip(keys, (max(demand) / span, max(busy) / span, sum(busy) / (span * len(busy)), max(post) / span),
+                       strict=True))
+    return out
 
 
 #: Prefix of a note about a setting the run ignores (``kvplan simulate`` prints these as warnings).

@@ -115,6 +115,10 @@ class DecodeBatch:
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
         self._pending_step = -1
         self.thread_free_s = 0.0  # the engine thread is busy until then
+        # the health section's decode_engine_thread: thread_post_s the posting work charged (hidden or not);
+        # thread_busy_s that plus, with post_serial, the forward of each step the posting ran before
+        self.thread_post_s = 0.0
+        self.thread_busy_s = 0.0
         # deployment.kv_post_overlaps_forward false: the posting runs before the step's forward is launched
         self.post_serial = False
 
@@ -216,6 +220,8 @@ class DecodeBatch:
         """
         if work_s <= 0.0:
             return
+        self.thread_post_s += work_s
+        self.thread_busy_s += work_s
         if not self._active:
             now = self.env.now
             self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
@@ -374,6 +380,8 @@ class DecodeBatch:
             if self._pending_step == self.step:  # posted for this step: it runs beside its forward
                 free = (free if free > now else now) + self._thread_pending
                 self.thread_free_s = free
+                if self.post_serial:
+                    self.thread_busy_s += first + extra  # its forward runs after that posting, on the thread
             self._thread_pending = 0.0
         if self.post_serial:
             delay = free - now

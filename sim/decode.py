@@ -91,6 +91,13 @@ class DecodeNode:
         self.admission_held = False  # the step in progress preempted: admission waits for its end (sim/batch.py)
         self._synced = False  # admission: the pool's held count is the batch's exact blocks (not an upper bound)
         self.preemptions = 0
+        # the most blocks admitted and running requests and pins held at once (what admission waits on: the pool
+        # less prefix cache, which it evicts), noted where it can rise: an admission, the last step of a stretch
+        # before its finishes, a step whose growth does not fit (then the pool is full); the health section's
+        # decode_kv utilization (summary decode_kv_used_peak_fraction)
+        self.used_peak = 0
+        self.submitted = 0  # requests that reached this D, and those admitted (first admissions): the health
+        self.admitted = 0  # section's demand on D's engine thread (sim/api.py _thread_utilization)
         # vLLM's ``self.running`` order: batch members and requests recomputing after a preemption; the
         # last is the newest, preempted first
         self.running: dict[Request, None] = {}
@@ -121,6 +128,7 @@ class DecodeNode:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
+        self._note_used(self.batch.step_at(t))  # the level before this release may be a peak
         pool = self.pool
         if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
             # the growth before ``t`` took its blocks (evicting cache) before this release frees any
@@ -193,8 +201,16 @@ class DecodeNode:
         if pool.capacity - held - pool.pinned - pool.cached < 0:
             pool.evict(0)
 
+    def _note_used(self, step: int) -> None:
+        """The blocks held now (the batch's at ``step``, admitted requests outside it, pins): keep the peak."""
+        if self.static + self.batch.fin_sum + self.pool.pinned > self.used_peak:  # fin_sum bounds the batch's blocks
+            used = self.static + self.batch.alloc(step) + self.pool.pinned
+            if used > self.used_peak:
+                self.used_peak = used
+
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: evict what that growth took from the cache."""
+        self._note_used(step)  # the stretch's last step, its finishes not yet out: its peak
         pool = self.pool
         if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
             self._sync(step)
@@ -216,6 +232,9 @@ class DecodeNode:
         if free_at_end >= 0:
             return False  # even at their last step the members fit without evicting anything
         held = pool.held = self.static + self.batch.alloc(step)
+        used = held + pool.pinned
+        if used > self.used_peak:  # beyond the pool: it is full, and preempts below
+            self.used_peak = used if used < pool.capacity else pool.capacity
         if pool.capacity - held - pool.pinned - pool.cached >= 0:
             return False
         pool.evict(0)
@@ -304,6 +323,7 @@ class DecodeNode:
                 "raise it or shorten prompts/outputs",
             )
         req.d_node = self.idx
+        self.submitted += 1
         self.rows.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
@@ -392,9 +412,11 @@ class DecodeNode:
             if r.d_resume:
                 self._recompute(r, tokens, hit)
             else:
+                self.admitted += 1
                 self.rows.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
                 self._start_p2d(r, hit)
         if admitted:
+            self._note_used(batch.in_progress_step())
             batch.recheck()
 
     def before_evict(self, want: int) -> None:

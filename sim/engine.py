@@ -321,11 +321,17 @@ def simulate(
     ctx.steady_window = steady_window(plan)
     engines = ctx.replicas if aggregated else ctx.prefill
     busy_at: list[float] = []
+    threads_at: list[list[list[float]]] = []  # per mark: the Ctx.window_thread_s columns, cumulative
 
     def read_busy() -> None:
         busy_at.append(float(sum(p.busy_s for p in engines)))
+        threads_at.append([[p.thread_busy_s for p in ctx.prefill], [p.thread_post_s for p in ctx.prefill],
+                           [float(p.submitted) for p in ctx.prefill], [float(p.decided) for p in ctx.prefill],
+                           [d.batch.thread_busy_s for d in ctx.decode], [d.batch.thread_post_s for d in ctx.decode],
+                           [float(d.submitted) for d in ctx.decode], [float(d.admitted) for d in ctx.decode]])
         if len(busy_at) == 2:
             ctx.window_busy_s = busy_at[1] - busy_at[0]
+            ctx.window_thread_s = [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(*threads_at, strict=True)]
 
     marks = [(t, read_busy) for t in ctx.steady_window] if ctx.steady_window is not None else []
     _run_sliced(env, ctx.log, on_chunk, progress, _horizon_s(plan), marks)

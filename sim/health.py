@@ -3,9 +3,9 @@
 A run can be "correct" and still useless to read: the Mooncake replay on 1P1D at vLLM's defaults reports
 a TTFT p50 of over an hour because every finished request pins its KV on D for 480 s and new requests
 wait for expiries. The health section names that: per resource (prefill compute, decode KV pool, the
-P<->D links, P's prefix cache) its utilisation and the waits it caused, the *binding* resource (the one
-requests waited on longest), and every failed turn with its cause. All of it is derived from the same
-turn records and summary as the rest of the result (no extra state).
+P<->D links, P's prefix cache, P's and D's engine threads) its utilisation and the waits it caused, the
+*binding* resource (the one requests waited on longest), and every failed turn with its cause. All of it is
+derived from the same turn records and summary as the rest of the result (no extra state).
 
 Definitions (ASSUMPTIONS of this report, not of the model):
 
@@ -14,9 +14,24 @@ Definitions (ASSUMPTIONS of this report, not of the model):
   of the arrivals, ``t_b / 2`` to ``t_b`` with ``t_b`` the last new conversation's first arrival or a trace's
   last request, so neither the ramp-up nor the drain after the last arrival dilutes it, nor does the backlog
   served after it inflate it; ``utilization_window`` says which; a closed loop, which has no such window, over
-  the run up to the last response; decode: peak
-  of pinned + running KV over the pool, approximated by the pinned peak when that alone reaches it;
-  link: bytes x seconds per byte over (links x span), a lower bound of the busiest link).
+  the run up to the last response; decode: the highest share of one D's pool held at once by admitted and
+  running requests and pins, ``used_peak_fraction`` (what admission waits on: the pool less the prefix cache it
+  evicts; ``summary["decode_kv_used_peak_fraction"]``; aggregated mode, which does not track it: the pinned
+  peak); link: bytes x seconds per byte over (links x span), a lower bound of the busiest link; engine
+  threads: below).
+* **Engine threads** (``decode_engine_thread``, ``prefill_engine_thread``): an engine's thread is **busy**
+  with the KV reads it posts (request creation, post and, over ``kv_transport: tcp``, the wire: the work
+  ``sim/xfer.py`` returns and ``charge_thread`` charges, counted when posted, hidden behind a forward or not), and
+  with ``kv_post_overlaps_forward: false`` also with the forward of each step that posted reads (that forward is
+  launched only after the posting, on the same thread; counted when the step starts; an empty step's posting has
+  no forward). Over the same window as prefill compute, for the busiest engine of the role: ``busy_fraction`` is
+  that busy share, ``post_fraction`` the posting work's alone, ``busy_fraction_mean`` the mean over engines, and
+  ``utilization`` (the figure judged) the share its arrivals **demanded**: ``busy_fraction`` x requests that
+  reached it in the window / requests it took in (D: admitted, P: scheduled), equal to ``busy_fraction`` while
+  it keeps up and above it when its queue grows (a D whose posts stretch its steps while its pool is full
+  admits, and so posts, only as fast as finishes free blocks: its achieved share stays below 1 however far
+  behind it falls). The wait is that engine's queue: D's admission (``d_queue_s``), P's queue
+  (``prefill_queue_s``); of resources with the same wait, a saturated one binds first.
 * The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
   to D, waiting for KV blocks or a batch slot), ``kv_pull_s`` + ``p2d_transfer_s`` (links).
 * A resource at least :data:`NEAR_FRACTION` busy that requests did not (yet) wait on is a warning.
@@ -97,6 +112,25 @@ def _prefill_held(summary: dict[str, Any], waits: Waits) -> dict[str, Any]:
     }
 
 
+def _thread(summary: dict[str, Any], role: str, wait: tuple[float, float], window: str, overlaps: bool) -> dict[str, Any]:
+    """One role's engine threads (``summary`` ``{role}_thread_*``, :func:`kvplan.sim.api._thread_utilization`) and
+    the wait of that role's queue (D: admission, P: its prefill queue)."""
+    def num(key: str) -> float:
+        v = summary.get(f"{role}_thread_{key}")
+        return float(v) if v is not None else 0.0
+
+    return {
+        "utilization": num("utilization"),
+        "busy_fraction": num("busy_fraction"),
+        "busy_fraction_mean": num("busy_fraction_mean"),
+        "post_fraction": num("post_fraction"),
+        "post_overlaps_forward": bool(overlaps),
+        "utilization_window": window,
+        "wait_p90_s": wait[0],
+        "wait_mean_s": wait[1],
+    }
+
+
 def compute_health(
     summary: dict[str, Any], turns: pd.DataFrame | Waits, scenario: Scenario, per_byte_s: float,
     prefill_held: tuple[int, int] | None = None,
@@ -119,20 +153,23 @@ def compute_health(
     if span > 0 and per_byte_s > 0:
         per_rank = max(summary.get("d2p_bytes", 0), summary.get("p2d_bytes", 0)) / tp
         link_util = per_rank * per_byte_s / (links * span)
+    used = summary.get("decode_kv_used_peak_fraction")
     windowed = summary.get("prefill_utilization_steady")
+    window = (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
+              f"{float(summary['steady_window_end_s']):.6g} s: the second half of the arrivals of "
+              "new conversations, or of a trace's requests; ramp-up and drain excluded)"
+              if summary.get("steady_window_start_s") is not None else
+              "active span (first arrival to last response; a closed loop has no arrival window)")
     resources: dict[str, dict[str, Any]] = {
         "prefill_compute": {
             "utilization": float(windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
-            "utilization_window": (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
-                                   f"{float(summary['steady_window_end_s']):.6g} s: the second half of the arrivals of "
-                                   "new conversations, or of a trace's requests; ramp-up and drain excluded)"
-                                   if windowed is not None else
-                                   "active span (first arrival to last response; a closed loop has no arrival window)"),
+            "utilization_window": window,
             "wait_p90_s": waits.prefill[0],
             "wait_mean_s": waits.prefill[1],
         },
         "decode_kv": {
-            "utilization": pinned_peak / cap if cap > 0 else 0.0,
+            "utilization": max(float(used or 0.0), pinned_peak / cap if cap > 0 else 0.0),
+            "used_peak_fraction": float(used) if used is not None else None,
             "pinned_peak_fraction": pinned_peak / cap if cap > 0 else 0.0,
             "pinned_mean_fraction": pinned_mean / cap if cap > 0 else 0.0,
             "capacity_gib": cap,
@@ -145,6 +182,8 @@ def compute_health(
             "wait_p90_s": waits.link[0],
             "wait_mean_s": waits.link[1],
         },
+        "decode_engine_thread": _thread(summary, "decode", waits.decode, window, dep.kv_post_overlaps_forward),
+        "prefill_engine_thread": _thread(summary, "prefill", waits.prefill, window, dep.kv_post_overlaps_forward),
     }
     # always the same keys (sweep rows need the same columns whether P caches or not)
     held, capacity = prefill_held if prefill_held is not None else (0, 0)
@@ -161,7 +200,8 @@ def compute_health(
     waited = {k: v["wait_mean_s"] for k, v in resources.items() if v["wait_p90_s"] > WAIT_S}
     if resources["prefill_held_kv"]["saturated"] and resources["prefill_compute"]["utilization"] < BUSY_FRACTION:
         waited.pop("prefill_compute", None)
-    binding = max(waited, key=lambda k: waited[k]) if waited else None
+    # equal waits (an engine thread shares its engine's queue): a saturated resource binds before one that is not
+    binding = max(waited, key=lambda k: (waited[k], resources[k]["saturated"])) if waited else None
     if binding == "prefill_held_kv" and resources["decode_kv"]["saturated"]:
         binding = "decode_kv"  # P holds the prompts D cannot admit yet: backpressure from D's pool
         resources["prefill_held_kv"]["backpressure_from_decode"] = True
@@ -180,8 +220,9 @@ def compute_health(
             "the router hands out entries whose KV D has already released (misses, or declined reads)"
         )
     saturated = [k for k, v in resources.items() if v["saturated"]]
-    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool pinned at peak",
-              "prefill_held_kv": "P's KV pool held for D's reads at peak", "link": "P<->D links busy"}
+    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool used at peak",
+              "prefill_held_kv": "P's KV pool held for D's reads at peak", "link": "P<->D links busy",
+              "decode_engine_thread": "D's engine thread busy", "prefill_engine_thread": "P's engine thread busy"}
     for k, v in resources.items():
         if not v["saturated"] and v["utilization"] >= NEAR_FRACTION:
             warnings.append(f"{labels[k]} {v['utilization']:.1%}: close to saturation (a little more load and "
@@ -213,7 +254,8 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
         if name == "decode_kv":
             why = ("by retention: pinned KV of finished conversations holds "
                    f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak"
-                   if r.get("by_retention") else f"running requests fill it (pinned peak {r['pinned_peak_fraction']:.0%})")
+                   if r.get("by_retention") else f"running requests fill it (held peak {r['utilization']:.0%}, pinned peak "
+                   f"{r['pinned_peak_fraction']:.0%})")
             lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB; admission to D waited "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (lower decoder_kv_blocks_ttl_s, see `kvplan recommend`, "
                          "or add D)")
@@ -226,13 +268,22 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
             lines.append(f"SATURATED prefill compute{bind}: {r['utilization']:.0%} busy over the "
                          f"{r.get('utilization_window', 'run').split(' (')[0]}; P queue "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
+        elif name in ("decode_engine_thread", "prefill_engine_thread"):
+            role, queue = ("D", "admission to D") if name == "decode_engine_thread" else ("P", "P queue")
+            fwd, fix = ("", "") if r["post_overlaps_forward"] else (
+                " and the forwards those posts run before", ", a vLLM that posts beside the forward (PR #53333)")
+            lines.append(f"SATURATED {role}'s engine thread{bind}: its arrivals demand {r['utilization']:.0%} of it "
+                         f"over the {r.get('utilization_window', 'run').split(' (')[0]} ({r['busy_fraction']:.0%} busy: "
+                         f"KV read posting {r['post_fraction']:.0%}{fwd}), so its steps stretch; {queue} waited "
+                         f"{fmt_s(r['wait_p90_s'])} at p90 (an RDMA transport if kv_transport is tcp{fix}, or add {role})")
         else:
             lines.append(f"SATURATED P<->D link{bind}: {r['utilization']:.0%} busy on average; transfers took "
                          f"{fmt_s(r['wait_p90_s'])} at p90")
     if not health["saturated"]:
         lines.append(f"health: nothing saturated (prefill {res['prefill_compute']['utilization']:.0%} busy over the "
                      f"{res['prefill_compute'].get('utilization_window', 'run').split(' (')[0]}, decode KV "
-                     f"pinned peak {res['decode_kv']['pinned_peak_fraction']:.0%} of the pool, links "
+                     f"peak {res['decode_kv']['utilization']:.0%} of the pool (pinned "
+                     f"{res['decode_kv']['pinned_peak_fraction']:.0%}), links "
                      f"{res['link']['utilization']:.0%} busy)")
     b = health.get("binding_resource")
     if b and b not in health["saturated"]:

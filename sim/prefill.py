@@ -65,6 +65,11 @@ class PrefillNode(Scheduler):
         self._pc = cfg.costs
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
+        # the health section's prefill_engine_thread: the posting work, and that plus the forwards it serialises
+        self.thread_post_s = 0.0
+        self.thread_busy_s = 0.0
+        self.submitted = 0  # requests that reached P, and those it scheduled (decided): the demand on its thread
+        self.decided = 0
         self.async_scheduling = cfg.async_scheduling
         self.post_serial = not cfg.kv_post_overlaps_forward  # sim/batch.py ``charge_thread``
         self._sched_t = -math.inf  # when the step in progress (or just finished) was scheduled
@@ -87,14 +92,20 @@ class PrefillNode(Scheduler):
                 "raise it or shorten prompts",
             )
         req.p_node = self.idx
+        self.submitted += 1
         req.wait_t = self.env.now
         self._enqueue(req.wait_t, req)
         self._kick()
 
     def charge_thread(self, work_s: float) -> None:
-        """CPU work on this engine's thread (posting a read): queued after what it already has to do."""
+        """CPU work on this engine's thread (posting a read): queued after what it already has to do.
+
+        Reads are posted only in ``schedule()`` (``_decide``), i.e. at the start of a step (``_next_step`` prices
+        them against its forward) or of an empty step (no tokens scheduled: the next step starts after it)."""
         now = self.env.now
         self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
+        self.thread_post_s += work_s
+        self.thread_busy_s += work_s
 
     def _kick(self) -> None:
         if self._idle:
@@ -123,6 +134,7 @@ class PrefillNode(Scheduler):
                 return
             check_idle = True
             self._blocked = False
+            free0 = self.thread_free_s  # the work posted before this step (in empty steps, or while idle)
             self.schedule()
             if not self.chunks:
                 self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
@@ -134,6 +146,14 @@ class PrefillNode(Scheduler):
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
             # before that PR (deployment.kv_post_overlaps_forward false) the forward starts once the posting is done
             stall = self.thread_free_s - env.now - (0.0 if self.post_serial else dt)
+            # work posted in an empty step (a step with no tokens still posts its loads: execute_model ->
+            # kv_connector_no_forward, vllm/v1/worker/kv_connector_model_runner_mixin.py) or while idle ran before
+            # this step: its forward starts once that is done, whatever post_serial
+            wait = free0 - env.now
+            if wait > stall:
+                stall = wait
+            if self.post_serial and self.thread_free_s > free0:
+                self.thread_busy_s += dt  # this step posted reads: its forward runs after them, on the thread
             call_later(env, dt + stall if stall > 0 else dt, self._step_done)
             return
 
@@ -183,6 +203,7 @@ class PrefillNode(Scheduler):
         env = self.env
         ctx = self.ctx
         r.p_decided = True
+        self.decided += 1
         prompt = r.prompt
         local = r.local_hit
         params = r.params

@@ -97,7 +97,7 @@ def test_near_capacity_warns_before_saturation() -> None:
     s["pinned_kv_gib_peak"] = 0.998 * s["decode_kv_capacity_gib"]
     h = compute_health(s, r.turns, r.scenario, 1e-9)
     assert "decode_kv" not in h["saturated"]
-    assert any("decode KV pool pinned at peak 99.8%: close to saturation" in w for w in h["warnings"])
+    assert any("decode KV pool used at peak 99.8%: close to saturation" in w for w in h["warnings"])
 
 
 def test_prefill_held_kv_is_reported_when_caching() -> None:
@@ -156,3 +156,60 @@ def test_closed_loop_utilisation_says_it_is_over_the_whole_run() -> None:
     h = s["health"]["resources"]["prefill_compute"]
     assert s["prefill_utilization_steady"] is None and h["utilization"] == s["prefill_utilization"]
     assert h["utilization_window"].startswith("active span")
+
+
+def _llmd_2p1d(rate: float) -> dict[str, object]:
+    """The llm-d 2P1D shape (Llama-3.1-8B TP1 on p4de, UCX TCP, reads posted before the forward, no retention):
+    single-turn 10.5k-token prompts, 100 output tokens, at ``rate`` requests/s."""
+    return {
+        "model": "llama-3.1-8b", "hardware": "p4de",
+        "deployment": {"tensor_parallel_size": 1, "prefill_nodes": 2, "decode_nodes": 1, "kv_transport": "tcp",
+                       "kv_post_overlaps_forward": False},
+        "policy": {"bidirectional": False},
+        "workload": {"conversations": 250, "arrival": {"kind": "poisson", "rate_per_s": rate, "burstiness": 50},
+                     "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 10500},
+                     "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": {"dist": "constant", "value": 100},
+                     "turn_gap_s": {"dist": "constant", "value": 0}},
+        "seed": 0,
+    }
+
+
+def test_a_saturated_decode_engine_thread_is_reported() -> None:
+    """D posts every read over TCP before its forward (~0.36 s of thread work each): at 2.5 reads/s its arrivals
+    demand more thread time than D has beside the decode steps that free its pool, so D's queue grows; health names
+    D's engine thread and D's pool, which running requests fill (no retention: the pinned share alone read 0)."""
+    h = run(_llmd_2p1d(2.5)).summary["health"]
+    t, kv = h["resources"]["decode_engine_thread"], h["resources"]["decode_kv"]
+    assert {"decode_engine_thread", "decode_kv"} <= set(h["saturated"])
+    assert t["utilization"] >= 0.9 and t["wait_p90_s"] > 1.0 and not t["post_overlaps_forward"]
+    assert t["post_fraction"] <= t["busy_fraction"] <= t["utilization"]  # demand above what it got through
+    assert kv["pinned_peak_fraction"] == 0.0 and kv["utilization"] == kv["used_peak_fraction"] >= 0.9
+    assert not h["resources"]["prefill_engine_thread"]["saturated"]  # P posts nothing (no D->P pulls)
+    assert any(ln.startswith("SATURATED D's engine thread") for ln in health_lines(h))
+
+
+def test_a_light_tcp_load_saturates_no_engine_thread() -> None:
+    """The same deployment at 0.5 reads/s: D's thread is busy (the posts), far from saturated; D's pool holds a few
+    running requests."""
+    h = run(_llmd_2p1d(0.5)).summary["health"]
+    t, kv = h["resources"]["decode_engine_thread"], h["resources"]["decode_kv"]
+    assert h["saturated"] == [] and not t["saturated"]
+    assert 0.05 < t["post_fraction"] <= t["busy_fraction"] < 0.5
+    assert t["utilization"] == pytest.approx(t["busy_fraction"], rel=0.05)  # it keeps up: demand = busy share
+    assert 0.0 < kv["utilization"] < 0.5 and kv["pinned_peak_fraction"] == 0.0
+
+
+def test_an_engine_thread_binds_over_its_engines_unsaturated_resource() -> None:
+    """An engine thread shares its engine's queue wait: with equal waits the saturated one binds."""
+    from kvplan.sim.health import compute_health
+
+    r = run(small())
+    s = dict(r.summary)
+    w = r.turns["prefill_queue_s"]
+    turns = r.turns.assign(prefill_queue_s=w + 5.0)
+    s["prefill_thread_utilization"] = 0.97
+    h = compute_health(s, turns, r.scenario, 1e-9)
+    assert h["resources"]["prefill_engine_thread"]["saturated"] and not h["resources"]["prefill_compute"]["saturated"]
+    assert h["binding_resource"] == "prefill_engine_thread"
+    s["prefill_thread_utilization"] = 0.5
+    assert compute_health(s, turns, r.scenario, 1e-9)["binding_resource"] == "prefill_compute"

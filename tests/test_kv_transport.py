@@ -269,3 +269,42 @@ def test_a_post_before_the_forward_delays_ps_other_prefills_more() -> None:
             pulled[i] += list(res.turns[res.turns["turn"] > 1]["ttft_s"])
     assert sum(first[1]) / len(first[1]) > sum(first[0]) / len(first[0]) * 1.03
     assert sum(pulled[1]) / len(pulled[1]) > sum(pulled[0]) / len(pulled[0]) * 1.1
+
+
+def _lone_prefill(serial: bool, idle_work_s: float, ready_s: float) -> float:
+    """When a lone PrefillNode finishes one 100-token prompt (one step of 10 ms) that reaches it at ``ready_s``,
+    with ``idle_work_s`` of engine-thread work posted at 0 while it is idle (an empty step's read posting)."""
+    from types import SimpleNamespace
+
+    from kvplan.models.costs import PrefillCost
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.events import EventLog
+    from kvplan.sim.node_config import PrefillConfig
+    from kvplan.sim.prefill import PrefillNode
+    from kvplan.sim.request import Request
+
+    env = SimEnv()
+    done: list[float] = []
+    ctx = SimpleNamespace(env=env, log=EventLog(), shared_group=None,
+                          driver=SimpleNamespace(p_done=lambda r: done.append(env.now)))
+    cfg = PrefillConfig(max_num_seqs=8, max_num_batched_tokens=8192, async_scheduling=False,
+                        kv_post_overlaps_forward=not serial, block_size=16, capacity_blocks=1000, prefix_caching=False,
+                        bytes_per_block=1, costs=PrefillCost(fixed_s=0.01), kv_recompute_threshold_tokens=0,
+                        read_margin_s=5.0, fail_on_decline=False, kv_lease_duration_s=30.0, d_leg_s=0.0)
+    node = PrefillNode(ctx, 0, cfg)
+    env.run()  # the engine loop starts and goes idle
+    node.charge_thread(idle_work_s)
+    call_later(env, ready_s, lambda _e: node.submit(Request(0, 0, 0, 100, 10, None)))
+    env.run()
+    return done[0]
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_work_posted_on_an_idle_prefill_delays_its_next_steps_start(serial: bool) -> None:
+    """P as D (vLLM's ``kv_connector_no_forward`` posts an empty step's loads before the engine loop's next step):
+    a prompt reaching an idle P while 0.05 s of posting runs starts its 10 ms step when the thread is free (0.06 s),
+    whether or not a forward could overlap a posting (overlapped, it used to end at 0.05 s, beside that work);
+    without the work it ends 10 ms after it arrives."""
+    assert _lone_prefill(serial, 0.0, 0.01) == pytest.approx(0.02)
+    assert _lone_prefill(serial, 0.05, 0.01) == pytest.approx(0.06)
+    assert _lone_prefill(serial, 0.005, 0.01) == pytest.approx(0.02)  # done before it arrived: no wait

@@ -85,12 +85,23 @@ class SimEnv(simpy.Environment):
         _fire(self, event)
 
     def run_until(self, stop: float) -> None:
-        """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``)."""
+        """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``).
+
+        A :class:`Wake` is run inline (a successful event whose callbacks are the model's, which never raise
+        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`)."""
         q = self._queue
         while q and q[0][0] < stop:
             t, _prio, _eid, event = _pop(q)
             self._now = t
-            _fire(self, event)
+            if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
+                w: Wake = event
+                callbacks = w.callbacks
+                w.callbacks = None
+                if callbacks is not None:
+                    for cb in callbacks:
+                        cb(w)
+            else:
+                _fire(self, event)
 
 
 def _fire(env: SimEnv, event: Any) -> None:

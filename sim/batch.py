@@ -39,8 +39,7 @@ from kvplan.models.costs import (
 )
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import SimEnv, call_later
-from kvplan.sim.events import Ev
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
@@ -410,7 +409,7 @@ class DecodeBatch:
                 r.itl_extra.append(itl.gap(t_first - r.last_tok_t))
             elif not r.d_first_done:
                 r.d_first_done = True
-                log.append((t_first, Ev.D_FIRST, r.conv, r.turn, self.node, 0, 0))
+                log.append((t_first, EV_D_FIRST, r.conv, r.turn, self.node, 0, 0))
         pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
         pooled[key0] = pooled.get(key0, 0) - members
 

@@ -42,6 +42,7 @@ _NORMAL: Final = NORMAL
 _URGENT: Final = URGENT
 _push: Final = heappush
 _pop: Final = heappop
+_next: Final = next  # the builtin: compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call
 
 
 class Wake:
@@ -85,12 +86,23 @@ class SimEnv(simpy.Environment):
         _fire(self, event)
 
     def run_until(self, stop: float) -> None:
-        """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``)."""
+        """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``).
+
+        A :class:`Wake` is run inline (a successful event whose callbacks are the model's, which never raise
+        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`)."""
         q = self._queue
         while q and q[0][0] < stop:
             t, _prio, _eid, event = _pop(q)
             self._now = t
-            _fire(self, event)
+            if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
+                w: Wake = event
+                callbacks = w.callbacks
+                w.callbacks = None
+                if callbacks is not None:
+                    for cb in callbacks:
+                        cb(w)
+            else:
+                _fire(self, event)
 
 
 def _fire(env: SimEnv, event: Any) -> None:
@@ -116,7 +128,7 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    _push(env._queue, (env._now + delay, _NORMAL, next(env._eid), Wake(fn)))
+    _push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
@@ -125,10 +137,10 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
     A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
     ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
     can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
-    _push(env._queue, (when if when > env._now else env._now, _NORMAL, next(env._eid), Wake(fn)))
+    _push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    _push(env._queue, (env._now, _URGENT, next(env._eid), Wake(fn)))
+    _push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))

@@ -42,8 +42,25 @@ from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_later
-from kvplan.sim.events import Ev, HoldRelease, Release
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.evlog import (
+    EV_D_ADMIT,
+    EV_D_ENQUEUE,
+    EV_D_FINISH,
+    EV_D_FIRST,
+    EV_D_ITL,
+    EV_D_RECOMPUTE,
+    EV_P2D_DONE,
+    EV_P2D_FAILED,
+    EV_P2D_START,
+    EV_PIN,
+    EV_UNPIN,
+    HOLD_NOTIFIED,
+    HOLD_READ,
+    REL_EVICTED,
+    REL_EXPIRED,
+    REL_REUSED,
+    RowBuffer,
+)
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
 from kvplan.sim.ports import Wiring
@@ -119,12 +136,12 @@ class DecodeNode:
         """A P worker posted a READ of these blocks: they stay until the read completes."""
         self.retention.mark_reading(pin_id)
 
-    def release_pin(self, pin_id: int, why: Release) -> None:
+    def release_pin(self, pin_id: int, why: int) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
         if self._unpin(pin_id, why, self.env.now):
             self._try_admit()
 
-    def _unpin(self, pin_id: int, why: Release, t: float) -> bool:
+    def _unpin(self, pin_id: int, why: int, t: float) -> bool:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
@@ -137,10 +154,10 @@ class DecodeNode:
         unpinned = pin.tokens
         if pin.shared > 0 and self.shared is not None:  # the group's prefix goes with its last pin
             unpinned = pin.tokens - pin.shared + self._unpin_shared(pin.conv)
-        self.rows.append((t, Ev.UNPIN, pin.conv, -1, self.idx, unpinned, why))
-        if self.host is not None and why in (Release.EXPIRED, Release.EVICTED):
+        self.rows.append((t, EV_UNPIN, pin.conv, -1, self.idx, unpinned, why))
+        if self.host is not None and why in (REL_EXPIRED, REL_EVICTED):
             self.host.put(pin.conv, pin.tokens)  # offload tier: the blocks are copied to host memory
-        if why not in (Release.REUSED, Release.EVICTED):  # evicted blocks are taken by the allocation
+        if why not in (REL_REUSED, REL_EVICTED):  # evicted blocks are taken by the allocation
             self.pool.to_cache(pin.conv, pin.tokens)
         return True
 
@@ -164,7 +181,7 @@ class DecodeNode:
             if self.pool.free() >= want:
                 break
             if pid != keep:
-                self._unpin(pid, Release.EVICTED, self.env.now)
+                self._unpin(pid, REL_EVICTED, self.env.now)
 
     def host_tokens(self, conv: int, now: float) -> int:
         """Tokens of the conversation in this node's host offload tier (expired pins are moved there first)."""
@@ -182,12 +199,12 @@ class DecodeNode:
         """What an expiry does (the rule: ``sim/retention.py``): each due pin no read holds is released as of its
         deadline; its blocks become prefix cache, or go to the host tier with offload (``_unpin``)."""
         for expiry, pid in self.retention.due(now):
-            self._unpin(pid, Release.EXPIRED, expiry)
+            self._unpin(pid, REL_EXPIRED, expiry)
 
     def expire_all(self) -> None:
         """End of run: every pin still held is counted as expired at its deadline (no leak)."""
         for pid in self.retention.all_by_expiry():
-            self._unpin(pid, Release.EXPIRED, self.retention.pins[pid].expiry_s)
+            self._unpin(pid, REL_EXPIRED, self.retention.pins[pid].expiry_s)
         self.retention.clear_heap()
         self._sync(self.batch.step)
         self.log_itl_hist()
@@ -324,7 +341,7 @@ class DecodeNode:
             )
         req.d_node = self.idx
         self.submitted += 1
-        self.rows.append((self.env.now, Ev.D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((self.env.now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
@@ -398,7 +415,7 @@ class DecodeNode:
             q.popleft()
             self._inflight += 1
             if pid is not None and hit > 0:
-                self._unpin(pid, Release.REUSED, now)  # its blocks now belong to the running request
+                self._unpin(pid, REL_REUSED, now)  # its blocks now belong to the running request
             elif entry is not None and hit == 0:
                 pool.to_cache(r.conv, entry[0])
             # it holds the blocks of its current tokens; taken blocks past them go back to the free pool
@@ -413,7 +430,7 @@ class DecodeNode:
                 self._recompute(r, tokens, hit)
             else:
                 self.admitted += 1
-                self.rows.append((now, Ev.D_ADMIT, r.conv, r.turn, self.idx, hit, need))
+                self.rows.append((now, EV_D_ADMIT, r.conv, r.turn, self.idx, hit, need))
                 self._start_p2d(r, hit)
         if admitted:
             self._note_used(batch.in_progress_step())
@@ -454,30 +471,30 @@ class DecodeNode:
         pnode = ctx.prefill[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            self.rows.append((env.now, Ev.P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((env.now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
         if 0 < tokens < self.p2d_threshold:
             # newest vLLM (PR #55801): D recomputes a short tail instead of pulling it, and notifies P; the tail
             # is scheduled like any prompt chunk, in D's next (mixed) step, which samples its first token
-            pnode.release_hold(r, HoldRelease.NOTIFIED)
+            pnode.release_hold(r, HOLD_NOTIFIED)
             r.d_tail, r.d_tail_ctx = tokens, hit
             self.batch.ready(r, r.prompt, 0)
             return
 
         def done(xfer_s: float, _post_s: float) -> None:
-            self.rows.append((env.now, Ev.P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
-            pnode.release_hold(r, HoldRelease.READ)  # P frees its blocks on the read's notification
+            self.rows.append((env.now, EV_P2D_DONE, r.conv, r.turn, self.idx, xfer_s, 0))
+            pnode.release_hold(r, HOLD_READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env.now, Ev.P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
+        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
         self.batch.charge_thread(ctx.reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
         env = self.env
-        self.rows.append((env.now, Ev.D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
+        self.rows.append((env.now, EV_D_RECOMPUTE, r.conv, r.turn, self.idx, tokens - hit, hit))
         r.d_resume = False
         r.d_state = 1
         r.d_hit = hit
@@ -493,7 +510,7 @@ class DecodeNode:
         now = self.env.now
         if not r.d_first_done:
             r.d_first_done = True
-            self.rows.append((now, Ev.D_FIRST, r.conv, r.turn, self.idx, 0, 0))
+            self.rows.append((now, EV_D_FIRST, r.conv, r.turn, self.idx, 0, 0))
         else:  # the gap from its last token before the preemption
             if r.itl_extra is None:
                 r.itl_extra = []
@@ -517,7 +534,7 @@ class DecodeNode:
             self.batch.close_stay(r)
             p50, top = turn_stats(r.itl_spans or [], r.itl_extra or [])
             r.itl_spans = r.itl_extra = None
-        self.rows.append((now, Ev.D_ITL, r.conv, r.turn, self.idx, p50, top))
+        self.rows.append((now, EV_D_ITL, r.conv, r.turn, self.idx, p50, top))
 
     def log_itl_hist(self) -> None:
         """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
@@ -528,7 +545,7 @@ class DecodeNode:
         env = self.env
         ctx = self.ctx
         now = env.now
-        self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
+        self.rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self._log_itl(r, now)
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
@@ -547,9 +564,9 @@ class DecodeNode:
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
             self.retention.pins[pid].shared = left
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
-                self._unpin(old, Release.EXPIRED, now)
+                self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks
-            self.rows.append((now, Ev.PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
+            self.rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
             if not r.last:  # the conversation's last lookup is behind it: an entry would never be read
                 ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:

@@ -30,8 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from kvplan.sim.clock import call_later
-from kvplan.sim.events import Ev
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.evlog import EV_ARRIVE, EV_ROUTER, RowBuffer
 from kvplan.sim.node_config import DriverConfig
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import Request
@@ -117,9 +116,9 @@ class Driver:
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
         log = self.rows
-        log.append((t_arrival, Ev.ARRIVE, c, turn, -1, prompt, self.output[i]))
+        log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, self.output[i]))
         res, params = ctx.router.lookup(c, t_arrival, self.send_id)
-        log.append((t_arrival, Ev.ROUTER, c, turn, -1, res, 0))
+        log.append((t_arrival, EV_ROUTER, c, turn, -1, res, 0))
         r = Request(c, turn, i, prompt, self.output[i], params)
         if self.reuse is not None:
             r.reuse = self.reuse[i]

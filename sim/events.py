@@ -101,6 +101,20 @@ class HoldRelease(IntEnum):
     END = 3  # end of run
 
 
+
+def _check_codes() -> None:
+    """The hot path's literal codes (sim/evlog.py: ``EV_*``, ``DEC_*``, ``RR_*``, ``REL_*``, ``HOLD_*``) are these
+    enums' values, one for one: checked at import, so the two tables cannot drift apart."""
+    from kvplan.sim import evlog
+
+    for enum, prefix in ((Ev, "EV_"), (Decision, "DEC_"), (RouterResult, "RR_"), (Release, "REL_"), (HoldRelease, "HOLD_")):
+        codes = {k.removeprefix(prefix): v for k, v in vars(evlog).items() if k.startswith(prefix)}
+        if codes != {m.name: m.value for m in enum}:
+            raise RuntimeError(f"sim/evlog.py's {prefix}* codes differ from {enum.__name__}'s members")
+
+
+_check_codes()
+
 FIELDS: dict[Ev, tuple[str, str]] = {
     Ev.ARRIVE: ("prompt_tokens", "output_tokens"),
     Ev.ROUTER: ("router_result", ""),

@@ -19,6 +19,63 @@ _PACK: Final = struct.Struct(ROW_FORMAT).pack_into
 
 Row = tuple[float, int, int, int, int, float, float]
 
+# The codes of the event kinds and of the values logged in ``a``/``b`` (sim/events.py's IntEnums, which are
+# checked against these at import): literal Finals, so the compiled hot path logs and compares C constants
+# instead of reading an enum member (a module lookup and a metaclass ``__getattr__`` per use).
+# Ev (sim/events.py)
+EV_ARRIVE: Final = 0
+EV_ROUTER: Final = 1
+EV_P_ENQUEUE: Final = 2
+EV_P_DECISION: Final = 3
+EV_PULL_START: Final = 4
+EV_PULL_DONE: Final = 5
+EV_P_COMPUTE: Final = 6
+EV_P_DONE: Final = 7
+EV_D_ENQUEUE: Final = 8
+EV_D_ADMIT: Final = 9
+EV_P2D_START: Final = 10
+EV_P2D_DONE: Final = 11
+EV_D_FIRST: Final = 12
+EV_D_FINISH: Final = 13
+EV_PIN: Final = 14
+EV_UNPIN: Final = 15
+EV_ERROR: Final = 16
+EV_SKIP: Final = 17
+EV_D_PREEMPT: Final = 30
+EV_D_RECOMPUTE: Final = 31
+EV_P_UNHOLD: Final = 33
+EV_P2D_FAILED: Final = 34
+EV_D_ITL: Final = 35
+EV_ITL_HIST: Final = 36
+
+# Decision (sim/events.py)
+DEC_LOCAL: Final = 0
+DEC_PULL: Final = 1
+DEC_RECOMPUTE_BELOW_THRESHOLD: Final = 2
+DEC_MISS: Final = 3
+DEC_EXPIRED: Final = 4
+DEC_ERROR: Final = 5
+DEC_HOST_PULL: Final = 6
+
+# RouterResult (sim/events.py)
+RR_HIT: Final = 0
+RR_NO_ENTRY: Final = 1
+RR_STALE: Final = 2
+RR_NO_CONVERSATION_ID: Final = 3
+
+# Release (sim/events.py)
+REL_READ: Final = 0
+REL_NOTIFIED: Final = 1
+REL_EXPIRED: Final = 2
+REL_REUSED: Final = 3
+REL_EVICTED: Final = 4
+
+# HoldRelease (sim/events.py)
+HOLD_READ: Final = 0
+HOLD_NOTIFIED: Final = 1
+HOLD_LAPSED: Final = 2
+HOLD_END: Final = 3
+
 
 class RowBuffer:
     """Packed rows appended since the last :meth:`take`."""

@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from kvplan.sim.events import Ev
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.evlog import EV_ITL_HIST, RowBuffer
 
 ALPHA: Final = 0.005  # = kvplan.sim.quantiles.ALPHA (the same buckets: pooled counts feed a LogSketch)
 GAMMA: Final = (1.0 + ALPHA) / (1.0 - ALPHA)
@@ -267,4 +266,4 @@ def log_pooled(rows: RowBuffer, now: float, node: int, itl: ItlTracker) -> None:
     for key in sorted(itl.pooled):
         c = itl.pooled[key]
         if c > 0:
-            rows.append((now, Ev.ITL_HIST, -1, -1, node, float(key), float(c)))
+            rows.append((now, EV_ITL_HIST, -1, -1, node, float(key), float(c)))

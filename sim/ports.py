@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kvplan.sim.clock import SimEnv
-from kvplan.sim.events import EventLog, HoldRelease, Release
+from kvplan.sim.events import EventLog
 from kvplan.sim.request import Request
 from kvplan.sim.router import Router
 from kvplan.sim.xfer import Reads
@@ -28,7 +28,7 @@ class PrefillPort(Protocol):
     def d_tracks(self, r: Request) -> None:
         """The request entered D's scheduler: D heartbeats P's lease on its held prompt."""
 
-    def release_hold(self, r: Request, why: HoldRelease, at: float | None = None, kick: bool = True) -> None:
+    def release_hold(self, r: Request, why: int, at: float | None = None, kick: bool = True) -> None:
         """Free the prompt's held blocks (D's read done, D's notification, lapse)."""
 
 
@@ -44,7 +44,7 @@ class DecodePort(Protocol):
     def mark_reading(self, pin_id: int) -> None:
         """A P worker posted a READ of these blocks: they stay until the read completes."""
 
-    def release_pin(self, pin_id: int, why: Release) -> None:
+    def release_pin(self, pin_id: int, why: int) -> None:
         """P released retained blocks (read done or notification)."""
 
     def host_tokens(self, conv: int, now: float) -> int:

@@ -32,7 +32,26 @@ from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_first, call_later
-from kvplan.sim.events import Decision, Ev, HoldRelease, Release
+from kvplan.sim.evlog import (
+    DEC_ERROR,
+    DEC_EXPIRED,
+    DEC_HOST_PULL,
+    DEC_LOCAL,
+    DEC_MISS,
+    DEC_PULL,
+    DEC_RECOMPUTE_BELOW_THRESHOLD,
+    EV_ERROR,
+    EV_P_COMPUTE,
+    EV_P_DECISION,
+    EV_P_DONE,
+    EV_P_UNHOLD,
+    EV_PULL_DONE,
+    EV_PULL_START,
+    HOLD_END,
+    HOLD_LAPSED,
+    REL_NOTIFIED,
+    REL_READ,
+)
 from kvplan.sim.node_config import PrefillConfig
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import D2P, HOST2P, Request
@@ -183,7 +202,7 @@ class PrefillNode(Scheduler):
             return False  # pulling asynchronously, or failed
         now = self.env.now
         r.p_compute_start = now
-        self.rows.append((now, Ev.P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
+        self.rows.append((now, EV_P_COMPUTE, r.conv, r.turn, self.idx, r.p_remaining, 0))
         return True
 
     def _step_done(self, _e: object) -> None:
@@ -209,47 +228,47 @@ class PrefillNode(Scheduler):
         params = r.params
         pulled = 0
         if params is None:
-            decision = Decision.MISS
+            decision = DEC_MISS
         else:
             # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
             n = min(params.remote_num_tokens, prompt, r.reuse) - local
             dnode = ctx.decode[params.decode_node]
             if n <= 0:
-                decision = Decision.LOCAL
-                dnode.release_pin(params.pin_id, Release.NOTIFIED)
+                decision = DEC_LOCAL
+                dnode.release_pin(params.pin_id, REL_NOTIFIED)
             elif n < self.threshold:
-                decision = Decision.RECOMPUTE_BELOW_THRESHOLD
-                dnode.release_pin(params.pin_id, Release.NOTIFIED)
+                decision = DEC_RECOMPUTE_BELOW_THRESHOLD
+                dnode.release_pin(params.pin_id, REL_NOTIFIED)
             elif read_declined(env.now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, env.now):
                 # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
                 # tier holds the context (sim/retention_policy.py)
                 n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
                 if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
                     pulled = min(n_host, prompt - local - 1)
-                    self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.HOST_PULL, local))
+                    self.rows.append((env.now, EV_P_DECISION, r.conv, r.turn, self.idx, DEC_HOST_PULL, local))
                     r.p_ctx = local + pulled
                     r.p_remaining = prompt - local - pulled
                     self._start_host_pull(r, params.decode_node, pulled)
                     return False
                 if self.fail_on_decline:
                     log_t = env.now
-                    self.rows.append((log_t, Ev.P_DECISION, r.conv, r.turn, self.idx, Decision.ERROR, local))
-                    self.rows.append((log_t, Ev.ERROR, r.conv, r.turn, self.idx, Decision.EXPIRED, 0))
+                    self.rows.append((log_t, EV_P_DECISION, r.conv, r.turn, self.idx, DEC_ERROR, local))
+                    self.rows.append((log_t, EV_ERROR, r.conv, r.turn, self.idx, DEC_EXPIRED, 0))
                     r.error = True
                     self.pool.held -= r.p_blocks  # nothing is computed: the blocks go back (the hit stays cached)
                     r.p_blocks = 0
                     self.pool.to_cache(r.conv, local)
                     ctx.driver.p_done(r)
                     return False
-                decision = Decision.EXPIRED
+                decision = DEC_EXPIRED
             else:
-                decision = Decision.PULL
+                decision = DEC_PULL
                 # at least one token is computed: the scheduler backs off a full-prompt hit by one
                 pulled = min(n, prompt - local - 1)
-        self.rows.append((env.now, Ev.P_DECISION, r.conv, r.turn, self.idx, decision, local))
+        self.rows.append((env.now, EV_P_DECISION, r.conv, r.turn, self.idx, decision, local))
         r.p_ctx = local + pulled
         r.p_remaining = prompt - local - pulled
-        if decision == Decision.PULL:
+        if decision == DEC_PULL:
             assert params is not None
             self._start_pull(r, params.decode_node, params.pin_id, pulled)
             return False
@@ -262,13 +281,13 @@ class PrefillNode(Scheduler):
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
-            dnode.release_pin(pin_id, Release.READ)
+            self.rows.append((env.now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            dnode.release_pin(pin_id, REL_READ)
             r.wait_t = env.now
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
@@ -277,13 +296,13 @@ class PrefillNode(Scheduler):
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env.now, Ev.PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            self.rows.append((env.now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             ctx.decode[d].host_read(r.conv)
             r.wait_t = env.now
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, Ev.PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
         self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
     def before_evict(self, want: int) -> None:
@@ -299,7 +318,7 @@ class PrefillNode(Scheduler):
         # the prompt's blocks stay for D's read under a lease (delay_free_blocks): P_DONE carries their bytes
         pool = self.pool
         self.rows.append(
-            (now, Ev.P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, r.p_blocks * self.bytes_per_block)
+            (now, EV_P_DONE, r.conv, r.turn, self.idx, now - r.p_compute_start, r.p_blocks * self.bytes_per_block)
         )
         pool.held -= r.p_blocks
         pool.pinned += r.p_blocks
@@ -329,7 +348,7 @@ class PrefillNode(Scheduler):
         hb = self.heartbeat_s
         first_hb = -(-self.env.now // hb) * hb
         if first_hb > r.p_lease_expiry:
-            self.release_hold(r, HoldRelease.LAPSED, r.p_lease_expiry)
+            self.release_hold(r, HOLD_LAPSED, r.p_lease_expiry)
             r.p_lapsed = True
         else:
             r.p_tracked = True
@@ -340,7 +359,7 @@ class PrefillNode(Scheduler):
         while leases and leases[0][0] <= now:
             t, _, r = heapq.heappop(leases)
             if r.p_hold and not r.p_tracked:
-                self.release_hold(r, HoldRelease.LAPSED, t, kick=False)
+                self.release_hold(r, HOLD_LAPSED, t, kick=False)
                 r.p_lapsed = True
 
     def _wake_at_next_lapse(self) -> None:
@@ -360,7 +379,7 @@ class PrefillNode(Scheduler):
         self._blocked = False
         self._kick()
 
-    def release_hold(self, r: Request, why: HoldRelease, at: float | None = None, kick: bool = True) -> None:
+    def release_hold(self, r: Request, why: int, at: float | None = None, kick: bool = True) -> None:
         """Free the prompt's held blocks (D's read done, D's notification, lapse); they become prefix cache."""
         if not r.p_hold:
             return
@@ -368,7 +387,7 @@ class PrefillNode(Scheduler):
         pool = self.pool
         pool.pinned -= r.p_blocks
         t = self.env.now if at is None else at
-        self.rows.append((t, Ev.P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
+        self.rows.append((t, EV_P_UNHOLD, r.conv, r.turn, self.idx, r.p_blocks * pool.block_size, why))
         r.p_blocks = 0
         pool.to_cache(r.conv, r.prompt)
         if kick and self._blocked:
@@ -378,5 +397,5 @@ class PrefillNode(Scheduler):
     def release_all(self, requests: list[Request]) -> None:
         """End of run: anything still held is freed (counted as END; every turn reaches D, so none should be)."""
         for r in requests:
-            self.release_hold(r, HoldRelease.END, kick=False)
+            self.release_hold(r, HOLD_END, kick=False)
         self._leases.clear()

@@ -25,8 +25,7 @@ from collections import deque
 from typing import Protocol
 
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.events import Ev
-from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.evlog import EV_D_PREEMPT, EV_P_ENQUEUE, RowBuffer
 from kvplan.sim.request import Request
 
 
@@ -80,7 +79,7 @@ def record_preemption(rows: RowBuffer, now: float, node: int, pool: BlockPool, r
     r.d_preemptions += 1
     r.d_generated = sampled
     r.d_resume = True
-    rows.append((now, Ev.D_PREEMPT, r.conv, r.turn, node, sampled, kv_tokens))
+    rows.append((now, EV_D_PREEMPT, r.conv, r.turn, node, sampled, kv_tokens))
     pool.to_cache(r.conv, kv_tokens)
 
 
@@ -122,7 +121,7 @@ class Scheduler:
 
     def _enqueue(self, now: float, req: Request) -> None:
         """The request enters WAITING (``P_ENQUEUE``)."""
-        self.rows.append((now, Ev.P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        self.rows.append((now, EV_P_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.waiting.append(req)
 
     # ---- the pass ------------------------------------------------------------------------------------------

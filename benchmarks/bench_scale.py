@@ -103,4 +103,9 @@ def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [100_000])
+    import argparse
+
+    ap = argparse.ArgumentParser(description="1M (and optionally 10M) simulated turns, streamed; writes " + str(OUT))
+    ap.add_argument("conversations", nargs="*", type=int, default=[100_000],
+                    help="conversation counts to run, 10 turns each (default 100000 = 1M turns)")
+    main(ap.parse_args().conversations)

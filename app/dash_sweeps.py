@@ -306,7 +306,8 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
     sat = rec.get("saturation")
     if isinstance(sat, Mapping) and table:
         names = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
-                 "link": "P<->D links"}
+                 "link": "P<->D links", "decode_engine_thread": "D's engine thread",
+                 "prefill_engine_thread": "P's engine thread"}
         keys = {"expected": "recommended", "baseline": "vllm_defaults", "bidirectional_off": "bidirectional_off"}
         for key, title in ADVICE_COLUMNS.items():
             if title in table:

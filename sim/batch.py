@@ -232,9 +232,10 @@ class DecodeBatch:
             self._thread_pending += work_s  # ``_thread_delay`` prices it against that step's forward
             return
         serial = self.post_serial
-        if not serial and self._thread_pending == 0.0 and work_s <= self._plan_first:
-            return  # hidden by the next step's forward, which lasts at least the stretch's first step
         nxt = self.in_progress_step() + 1  # the step during which this work runs
+        if (not serial and self._thread_pending == 0.0 and work_s <= self._plan_first
+                and nxt - self.step < self._plan_n):
+            return  # hidden by the next step's forward, inside this stretch: it lasts at least the stretch's first step
         if nxt != self._pending_step:  # what was posted for an earlier step was hidden by it
             self._pending_step = nxt
             self._thread_pending = 0.0

@@ -14,10 +14,13 @@ Definitions (ASSUMPTIONS of this report, not of the model):
   of the arrivals, ``t_b / 2`` to ``t_b`` with ``t_b`` the last new conversation's first arrival or a trace's
   last request, so neither the ramp-up nor the drain after the last arrival dilutes it, nor does the backlog
   served after it inflate it; ``utilization_window`` says which; a closed loop, which has no such window, over
-  the run up to the last response; decode: the highest share of one D's pool held at once by admitted and
-  running requests and pins, ``used_peak_fraction`` (what admission waits on: the pool less the prefix cache it
-  evicts; ``summary["decode_kv_used_peak_fraction"]``; aggregated mode, which does not track it: the pinned
-  peak); link: bytes x seconds per byte over (links x span), a lower bound of the busiest link; engine
+  the run up to the last response; decode: the pinned (retained) peak share of the pool, the retention pressure
+  a TTL choice controls; ``used_peak_fraction``, the highest share of one D's pool held at once by admitted and
+  running requests and pins (what admission waits on; ``summary["decode_kv_used_peak_fraction"]``; null in
+  aggregated mode), is reported beside it and warns when it reaches :data:`BUSY_FRACTION` with admission waits
+  over :data:`WAIT_S`, but is not judged: a pool that fills at its peak while the best TTL runs is not a reason to
+  rule that TTL out (judged on it, ``recommend`` dropped the best TTL of the 16P56D benchmark for one 89x worse);
+  link: bytes x seconds per byte over (links x span), a lower bound of the busiest link; engine
   threads: below).
 * **Engine threads** (``decode_engine_thread``, ``prefill_engine_thread``): an engine's thread is **busy**
   with the KV reads it posts (request creation, post and, over ``kv_transport: tcp``, the wire: the work
@@ -168,7 +171,7 @@ def compute_health(
             "wait_mean_s": waits.prefill[1],
         },
         "decode_kv": {
-            "utilization": max(float(used or 0.0), pinned_peak / cap if cap > 0 else 0.0),
+            "utilization": pinned_peak / cap if cap > 0 else 0.0,
             "used_peak_fraction": float(used) if used is not None else None,
             "pinned_peak_fraction": pinned_peak / cap if cap > 0 else 0.0,
             "pinned_mean_fraction": pinned_mean / cap if cap > 0 else 0.0,
@@ -193,6 +196,10 @@ def compute_health(
     }}
     for name, r in resources.items():
         r["saturated"] = bool(r["wait_p90_s"] > WAIT_S and r["utilization"] >= BUSY_FRACTION)
+        if name.endswith("_engine_thread") and r["utilization"] >= 1.0:
+            # its arrivals demand more thread time than there is: a backlog grows whatever queue it shows in (on D
+            # with room in the pool the reads wait on the thread, in first_decode_s, not in d_queue_s)
+            r["saturated"] = True
         if name == "decode_kv":
             r["by_retention"] = bool(r["saturated"] and r["pinned_mean_fraction"] >= RETENTION_SHARE)
     if resources["prefill_held_kv"]["saturated"] and resources["prefill_compute"]["utilization"] < BUSY_FRACTION:
@@ -202,6 +209,9 @@ def compute_health(
         waited.pop("prefill_compute", None)
     # equal waits (an engine thread shares its engine's queue): a saturated resource binds before one that is not
     binding = max(waited, key=lambda k: (waited[k], resources[k]["saturated"])) if waited else None
+    if (binding == "decode_kv" and resources["decode_engine_thread"]["saturated"]
+            and not resources["decode_kv"]["by_retention"]):
+        binding = "decode_engine_thread"  # the pool holds requests whose reads queue on D's thread: a symptom
     if binding == "prefill_held_kv" and resources["decode_kv"]["saturated"]:
         binding = "decode_kv"  # P holds the prompts D cannot admit yet: backpressure from D's pool
         resources["prefill_held_kv"]["backpressure_from_decode"] = True
@@ -220,11 +230,16 @@ def compute_health(
             "the router hands out entries whose KV D has already released (misses, or declined reads)"
         )
     saturated = [k for k, v in resources.items() if v["saturated"]]
-    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool used at peak",
+    labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool pinned at peak",
               "prefill_held_kv": "P's KV pool held for D's reads at peak", "link": "P<->D links busy",
               "decode_engine_thread": "D's engine thread busy", "prefill_engine_thread": "P's engine thread busy"}
+    dkv = resources["decode_kv"]
+    if not dkv["saturated"] and (dkv["used_peak_fraction"] or 0.0) >= BUSY_FRACTION and dkv["wait_p90_s"] > WAIT_S:
+        warnings.append(f"decode KV pool full at its peak ({dkv['used_peak_fraction']:.0%} held by running requests "
+                        f"and pins, {dkv['pinned_peak_fraction']:.0%} pinned): admission to D waited "
+                        f"{dkv['wait_p90_s']:.3g} s at p90")
     for k, v in resources.items():
-        if not v["saturated"] and v["utilization"] >= NEAR_FRACTION:
+        if not v["saturated"] and NEAR_FRACTION <= v["utilization"] < 1.0:
             warnings.append(f"{labels[k]} {v['utilization']:.1%}: close to saturation (a little more load and "
                             "requests queue)")
     status = "saturated" if saturated else ("warning" if errors or warnings else "ok")

@@ -308,3 +308,31 @@ def test_work_posted_on_an_idle_prefill_delays_its_next_steps_start(serial: bool
     assert _lone_prefill(serial, 0.0, 0.01) == pytest.approx(0.02)
     assert _lone_prefill(serial, 0.05, 0.01) == pytest.approx(0.06)
     assert _lone_prefill(serial, 0.005, 0.01) == pytest.approx(0.02)  # done before it arrived: no wait
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_work_posted_in_a_stretchs_last_step_is_not_dropped(exact: bool) -> None:
+    """A read posted during the last step of a stretch (A's, after which D goes idle) runs on D's thread when the
+    next stretch starts: B, ready just after A's finish, starts its first step only when that work is done. The
+    shortcut "hidden by the next step's forward" holds only for a next step inside the same stretch (it dropped
+    such work: B finished at 0.201 s with 9 ms of work as without it, and at 0.211 s with 11 ms)."""
+    from kvplan.models.costs import DecodeCost
+    from kvplan.sim.batch import DecodeBatch
+    from kvplan.sim.clock import SimEnv, call_later
+    from kvplan.sim.evlog import RowBuffer
+    from kvplan.sim.request import Request
+
+    def b_done(work: float) -> float:
+        env = SimEnv()
+        done: dict[int, float] = {}
+        batch = DecodeBatch(env, RowBuffer(), 0, DecodeCost(fixed_s=0.01), 64, exact, 16,
+                            lone_decode_owner(lambda r: done.__setitem__(r.conv, env.now)))
+        batch.ready(Request(0, 0, 0, 100, 10, None), 100, 0)  # A: 10 steps of 10 ms, done at 0.1 s
+        call_later(env, 0.095, lambda _e: batch.charge_thread(work))  # posted during A's last step
+        call_later(env, 0.101, lambda _e: batch.ready(Request(1, 0, 0, 100, 10, None), 100, 0))
+        env.run()
+        return done[1]
+
+    assert b_done(0.0) == pytest.approx(0.201)
+    assert b_done(0.009) == pytest.approx(0.209)  # the work runs from 0.095 to 0.104: B's first step starts then
+    assert b_done(0.011) == pytest.approx(0.211)

@@ -144,8 +144,10 @@ def _thread_utilization(ctx: Any, end: float) -> dict[str, Any]:
             out.update(dict.fromkeys(keys, 0.0))
             continue
         busy, post, came, took = cols
-        demand = [b * (c / t if t > 0 else 1.0) if c > t else b for b, c, t in zip(busy, came, took, strict=True)]
-        out.update(zip(keys, (max(demand) / span, max(busy) / span, sum(busy) / (span * len(busy)), max(post) / span),
+        # took nothing while requests came: at least as many times its busy share as requests came
+        demand = [b * c / max(t, 1.0) if c > t else b for b, c, t in zip(busy, came, took, strict=True)]
+        k = max(range(len(demand)), key=lambda j: (demand[j], busy[j]))  # one engine: the one most demanded
+        out.update(zip(keys, (demand[k] / span, busy[k] / span, sum(busy) / (span * len(busy)), post[k] / span),
                        strict=True))
     return out
 

@@ -181,9 +181,11 @@ class DecodeCost(_Cost):
     when ``context_knots_s`` is given (kernel-derived priors), the time per context token at each batch knot
     interpolated linearly, flat outside the knots: the decode attention kernel reads KV at an efficiency that
     depends on the batch (aiconfigurator's ``generation_attention`` table of vLLM's flash-attention decode
-    kernel, measured per batch size: for Llama-3.1-8B on A100 the model's slope is 85-88 ns per context token,
-    73-75 % of HBM bandwidth, at batch 1-4, 72-76 ns (84-89 %) at batch 8-24 and 91-104 ns at batch 32-64), so
-    one slope for every batch misstates long contexts (:mod:`kvplan.calibration.derive`).
+    kernel, measured per batch size: for Llama-3.1-8B on A100 that table's own slope is 85-88 ns per context
+    token, 73-75 % of HBM bandwidth, at batch 1-4, 72-76 ns (84-89 %) at batch 8-24 and 91-104 ns at batch 32-64;
+    the shipped prior's fitted knots, which also absorb the step's other context-dependent ops, are 80-87 ns at
+    1-4, 77-79 ns at 8-24 and 90-99 ns at 32-64), so one slope for every batch misstates long contexts
+    (:mod:`kvplan.calibration.derive`).
     """
 
     fixed_s: float = Field(default=0.0, ge=0, description="GPU time per step (weight read, all-reduce latency).")

@@ -39,9 +39,10 @@ LINK_BINDING_FRACTION = 0.5
 #: The binding constraints (``binding_constraint`` names one of them).
 TURN_GAPS, DECODE_HBM, PREFILL_COMPUTE, LINK = "turn-gap distribution", "decode HBM", "prefill compute", "link"
 P_KV_POOL = "P's KV pool"
+D_THREAD, P_THREAD = "D's engine thread", "P's engine thread"
 #: Health resource (:mod:`kvplan.sim.health`) -> binding constraint, in the order a saturated one is named.
-SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), ("prefill_compute", PREFILL_COMPUTE),
-                     ("link", LINK))
+SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), ("decode_engine_thread", D_THREAD),
+                     ("prefill_engine_thread", P_THREAD), ("prefill_compute", PREFILL_COMPUTE), ("link", LINK))
 
 #: The per-run row column of P's busy share that the advice and ``compare`` report and :data:`PREFILL_SATURATED_UTILISATION`
 #: is held against: the health section's (:mod:`kvplan.sim.health`), engine busy time over the steady window (the
@@ -344,6 +345,10 @@ def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
         PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization']:.0%}; the prefill of first turns "
                          "and misses sets the TTFT tail)",
         LINK: f"link (pulls take {human_s(m['kv_pull_mean_s'])} of a {human_s(m['ttft_mean_s'])} TTFT)",
+        D_THREAD: "D's engine thread (creating and posting the P->D reads, over TCP also moving their bytes, stalls "
+                  "D's steps: fewer descriptors per read, enable_cross_layers_blocks, or an RDMA transport)",
+        P_THREAD: "P's engine thread (creating and posting the D->P reads stalls P's steps: fewer descriptors per "
+                  "read, enable_cross_layers_blocks, or an RDMA transport)",
     }[binding]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
-from kvplan.sim.engine import ChunkSink, ProgressHook, simulate
+from kvplan.sim.engine import ChunkSink, ProgressHook, simulate, thread_counters
 from kvplan.sim.health import compute_health
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Policy, Scenario, as_scenario
@@ -127,19 +127,15 @@ def _thread_utilization(ctx: Any, end: float) -> dict[str, Any]:
     Busy = the read creation, post and, over TCP, wire work charged to the thread (``sim/xfer.py``), plus with
     ``kv_post_overlaps_forward: false`` the forward of each step that posted (it runs after the posting, on the
     same thread); work counts when it is posted, a forward when its step starts. None in aggregated mode."""
-    roles = (("prefill", [(p.thread_busy_s, p.thread_post_s, p.submitted, p.decided) for p in ctx.prefill]),
-             ("decode", [(d.batch.thread_busy_s, d.batch.thread_post_s, d.submitted, d.admitted) for d in ctx.decode]))
     out: dict[str, Any] = {}
     w, win = ctx.steady_window, ctx.window_thread_s
-    for i, (role, totals) in enumerate(roles):
+    counters, span = (win, w[1] - w[0]) if w is not None and win is not None else (thread_counters(ctx), end)
+    for i, role in enumerate(("prefill", "decode")):
         keys = [f"{role}_thread_{k}" for k in ("utilization", "busy_fraction", "busy_fraction_mean", "post_fraction")]
-        if not totals:
+        cols = counters[4 * i:4 * i + 4]
+        if not cols[0]:
             out.update(dict.fromkeys(keys))
             continue
-        if w is not None and win is not None:
-            cols, span = [[float(x) for x in c] for c in win[4 * i:4 * i + 4]], w[1] - w[0]
-        else:
-            cols, span = [[float(t[k]) for t in totals] for k in range(4)], end
         if span <= 0:
             out.update(dict.fromkeys(keys, 0.0))
             continue

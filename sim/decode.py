@@ -145,7 +145,7 @@ class DecodeNode:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
-        self._note_used(self.batch.step_at(t))  # the level before this release may be a peak
+        self._note_used_at(t)  # the level before this release may be a peak
         pool = self.pool
         if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
             # the growth before ``t`` took its blocks (evicting cache) before this release frees any
@@ -224,6 +224,11 @@ class DecodeNode:
             used = self.static + self.batch.alloc(step) + self.pool.pinned
             if used > self.used_peak:
                 self.used_peak = used
+
+    def _note_used_at(self, t: float) -> None:
+        """:meth:`_note_used` at time ``t``, whose step is looked up only when the bound says it may be a peak."""
+        if self.static + self.batch.fin_sum + self.pool.pinned > self.used_peak:
+            self._note_used(self.batch.step_at(t))
 
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: evict what that growth took from the cache."""

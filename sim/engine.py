@@ -325,10 +325,7 @@ def simulate(
 
     def read_busy() -> None:
         busy_at.append(float(sum(p.busy_s for p in engines)))
-        threads_at.append([[p.thread_busy_s for p in ctx.prefill], [p.thread_post_s for p in ctx.prefill],
-                           [float(p.submitted) for p in ctx.prefill], [float(p.decided) for p in ctx.prefill],
-                           [d.batch.thread_busy_s for d in ctx.decode], [d.batch.thread_post_s for d in ctx.decode],
-                           [float(d.submitted) for d in ctx.decode], [float(d.admitted) for d in ctx.decode]])
+        threads_at.append(thread_counters(ctx))
         if len(busy_at) == 2:
             ctx.window_busy_s = busy_at[1] - busy_at[0]
             ctx.window_thread_s = [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(*threads_at, strict=True)]
@@ -371,6 +368,16 @@ def _horizon_s(plan: ConversationPlan) -> float:
         return 0.0
     conv_span = float(np.mean(plan.turns)) * (float(np.mean(plan.gap_s)) if len(plan.gap_s) else 0.0)
     return float(start.max()) + conv_span
+
+
+def thread_counters(ctx: Ctx) -> list[list[float]]:
+    """The engine threads' cumulative counters, one column per engine (the layout of ``Ctx.window_thread_s``): P's
+    busy and posting seconds, requests that reached P and that P scheduled, then D's busy and posting seconds,
+    requests that reached D and that D admitted."""
+    return [[p.thread_busy_s for p in ctx.prefill], [p.thread_post_s for p in ctx.prefill],
+            [float(p.submitted) for p in ctx.prefill], [float(p.decided) for p in ctx.prefill],
+            [d.batch.thread_busy_s for d in ctx.decode], [d.batch.thread_post_s for d in ctx.decode],
+            [float(d.submitted) for d in ctx.decode], [float(d.admitted) for d in ctx.decode]]
 
 
 def _run_sliced(

@@ -207,11 +207,13 @@ def compute_health(
     waited = {k: v["wait_mean_s"] for k, v in resources.items() if v["wait_p90_s"] > WAIT_S}
     if resources["prefill_held_kv"]["saturated"] and resources["prefill_compute"]["utilization"] < BUSY_FRACTION:
         waited.pop("prefill_compute", None)
-    # equal waits (an engine thread shares its engine's queue): a saturated resource binds before one that is not
-    binding = max(waited, key=lambda k: (waited[k], resources[k]["saturated"])) if waited else None
-    if (binding == "decode_kv" and resources["decode_engine_thread"]["saturated"]
-            and not resources["decode_kv"]["by_retention"]):
-        binding = "decode_engine_thread"  # the pool holds requests whose reads queue on D's thread: a symptom
+    # equal waits (an engine thread shares its engine's queue): a saturated resource binds before one that is not,
+    # and D's thread before D's pool unless pins fill the pool (else it holds requests whose reads queue on the
+    # thread: a symptom)
+    thread_first = {"decode_engine_thread": bool(resources["decode_engine_thread"]["saturated"]
+                                                 and not resources["decode_kv"]["by_retention"])}
+    binding = (max(waited, key=lambda k: (waited[k], resources[k]["saturated"], thread_first.get(k, False)))
+               if waited else None)
     if binding == "prefill_held_kv" and resources["decode_kv"]["saturated"]:
         binding = "decode_kv"  # P holds the prompts D cannot admit yet: backpressure from D's pool
         resources["prefill_held_kv"]["backpressure_from_decode"] = True

@@ -19,6 +19,7 @@ import pandas as pd
 from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key, variant
 from kvplan.errors import input_error
 from kvplan.plan.advice import recommend
+from kvplan.plan.advice_runs import RESOURCE_NAMES
 from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid
 from kvplan.sim.scenario import PoissonArrival, Policy, Scenario
 from kvplan.units import human_s
@@ -305,9 +306,7 @@ def advice_view(rec: Mapping[str, Any]) -> AdviceView:
                             for m, v in metrics.items() if not m.endswith("_ci95")}
     sat = rec.get("saturation")
     if isinstance(sat, Mapping) and table:
-        names = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
-                 "link": "P<->D links", "decode_engine_thread": "D's engine thread",
-                 "prefill_engine_thread": "P's engine thread"}
+        names = {**RESOURCE_NAMES, "link": "P<->D links"}  # the advice's names, the link as the table says it
         keys = {"expected": "recommended", "baseline": "vllm_defaults", "bidirectional_off": "bidirectional_off"}
         for key, title in ADVICE_COLUMNS.items():
             if title in table:

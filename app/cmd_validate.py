@@ -14,8 +14,20 @@ aggregated baselines) and the published P5en points (the calibration target: fit
 are predicted with the cost functions, serving runs by simulating the described setup, both through the
 profile resolution a simulation uses. Prints measured vs predicted with the relative error per point, a
 summary per case (MAPE, max) and, per case, what kvplan cannot express (no prediction, or only an
-approximation). --json prints the same as {"cases": [...]}; --markdown the per-case summary table.
-Offline; nothing is fitted to these cases."""
+approximation). Each prediction has a sensitivity band: the same prediction with the GPU compute of prefill
+and decode scaled by the prior's stated error, x(1-e) and x(1+e) (e: the kernel prior's worst fit error against
+aiconfigurator, per component; --band-error sets one e for both), with, per case, how many measurements lie
+inside it and which points are knife edges (band > 2x wide, or > 2x the scaling: the answer depends on the
+prior's error). --json prints the same as {"cases": [...]} (per point predicted_low / predicted_high, in_band,
+knife_edge; per case band); --markdown the per-case summary table. Offline; nothing is fitted to these cases."""
+
+
+def band_cell(p: dict[str, Any]) -> str:
+    """A point's band column: ``low-high``, ``*`` when the measurement is outside, ``KNIFE EDGE`` when flagged."""
+    if p.get("predicted_low") is None:
+        return "-"
+    cell = f"{p['predicted_low']:.2f}-{p['predicted_high']:.2f}" + ("" if p["in_band"] else " *")
+    return cell + (" KNIFE EDGE" if p["knife_edge"] else "")
 
 
 def _print_case(c: dict[str, Any]) -> None:
@@ -27,20 +39,25 @@ def _print_case(c: dict[str, Any]) -> None:
     s = c["summary"]
     src = c["source"]
     t = Table(title=f"{c['name']}: {c['title']}", title_justify="left")
-    for col in ("point", "metric", "measured", "predicted", "rel_error"):
+    for col in ("point", "metric", "measured", "predicted", "rel_error", "band"):
         t.add_column(col, justify="left" if col in ("point", "metric") else "right")
     for p in c["points"]:
         pred = f"{p['predicted']:.2f}" if p["predicted"] is not None else "-"
         err = f"{p['rel_error']:+.1%}" if p["rel_error"] is not None else "-"
-        t.add_row(p["label"], p["metric"], f"{p['measured']:.2f}", pred, err)
+        t.add_row(p["label"], p["metric"], f"{p['measured']:.2f}", pred, err, band_cell(p))
     for why in c["not_expressible"]:
-        t.add_row("not expressible", why, "", "", "")
+        t.add_row("not expressible", why, "", "", "", "")
     con.print(t)
     con.print(f"  source: {src['repository']} {src['path']} @ {src['commit']} ({src['licence']})")
     con.print(f"  status: {c['status']}; profile: {c['profile'] or '-'}; predicts: {c['predicts']}")
     mape = f"{s['mape_pct']:.1f}%" if s["mape_pct"] is not None else "-"
     mx = f"{s['max_abs_error_pct']:.1f}%" if s["max_abs_error_pct"] is not None else "-"
     con.print(f"  summary: {s['predicted']} of {s['points']} points predicted, MAPE {mape}, max abs error {mx}")
+    band = c.get("band")
+    if band is not None:
+        con.print(f"  band: {band['line']}", markup=False, highlight=False)
+        for note in band["notes"][1:] if band["scaling"] is None else band["notes"]:
+            con.print(f"    {note}", markup=False, highlight=False)
     con.print("")
 
 
@@ -52,10 +69,13 @@ def register(app: typer.Typer) -> None:
         case: list[str] = typer.Option([], "--case", help="Run only this case (repeatable; default: all)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the per-case summary as a Markdown table."),
+        band_error: float | None = typer.Option(
+            None, "--band-error", help="Relative GPU-compute error of the band for prefill and decode (e.g. 0.05), "
+            "instead of each prior's stated one (an assumption you state)."),
     ) -> None:
         from kvplan.calibration.validate import json_ready, markdown_table, validate
 
-        results = validate(list(case))
+        results = validate(list(case), band_error)
         if json_out:
             typer.echo(json.dumps({"cases": json_ready(results)}, indent=2))
             return
@@ -64,3 +84,5 @@ def register(app: typer.Typer) -> None:
             return
         for c in results:
             _print_case(c)
+        typer.echo("band: low-high of the prediction with GPU compute x(1-e) and x(1+e); * measured outside; "
+                   "KNIFE EDGE: the answer depends on the prior's error")

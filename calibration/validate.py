@@ -11,6 +11,11 @@ README there). Every prediction goes through the profile resolution a simulation
   input/output lengths, closed loop at the measured concurrency or open loop at the measured rate, seed 0;
 * ``published``: the P5en points of ``kvplan reproduce``, reported as fitted, in-sample.
 
+Every predicted curve point and serving statistic also gets a sensitivity band (:mod:`.validate_band`): the
+same prediction with the resolved GPU compute of prefill and decode scaled by its stated error, x(1 - e) and
+x(1 + e) (serving runs: two more simulations each, same seed), whether the measurement lies inside it, and
+whether it is a knife edge (the answer depends on the prior's error).
+
 A case kvplan cannot predict at all (an unknown preset, no profile, a setup outside the model) keeps
 its measured points with no prediction and says why; what a case can only approximate is listed as
 "not expressible" next to its numbers. Pure: no printing, no files.
@@ -26,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
+from kvplan.calibration.validate_band import BandSpec, band_fields, band_spec, case_band
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.safe_yaml import load_yaml_text
 
@@ -181,32 +187,45 @@ def _resolved(case: Case) -> tuple[Any, Any, str | None]:
         return None, None, str(exc)
 
 
-def _prefill_curve(case: Case, sc: Any, rs: Any) -> list[dict[str, Any]]:
+def _banded(point: dict[str, Any], low: float | None, high: float | None, spec: BandSpec | None) -> dict[str, Any]:
+    """``point`` with its band keys (after the existing ones)."""
+    return {**point, **band_fields(point["measured"], point["predicted"], low, high, spec)}
+
+
+def _prefill_curve(case: Case, sc: Any, rs: Any, spec: BandSpec | None) -> list[dict[str, Any]]:
     from kvplan.models.costs import prefill_time_s
 
     chunk = sc.deployment.max_num_batched_tokens if sc is not None else 0
+    sides = [spec.costs(rs.costs, k).prefill for k in (0, 1)] if spec is not None else []
     out = []
     for isl, ms in case.points:
         pred = prefill_time_s(rs.costs.prefill, int(isl), 0, chunk) * 1e3 if rs is not None else None
-        out.append(_point(f"ISL {int(isl)}", "ttft_ms", ms, pred))
+        band = [prefill_time_s(c, int(isl), 0, chunk) * 1e3 for c in sides] or [None, None]
+        out.append(_banded(_point(f"ISL {int(isl)}", "ttft_ms", ms, pred), band[0], band[1], spec))
     return out
 
 
-def _decode_curve(case: Case, rs: Any) -> list[dict[str, Any]]:
+def _decode_curve(case: Case, rs: Any, spec: BandSpec | None) -> list[dict[str, Any]]:
     from kvplan.models.costs import decode_step_time_s
 
+    sides = [spec.costs(rs.costs, k).decode for k in (0, 1)] if spec is not None else []
     out = []
     for batch, ctx, ms in case.points:
         b = int(batch)
         pred = decode_step_time_s(rs.costs.decode, b, b * ctx) * 1e3 if rs is not None else None
-        out.append(_point(f"batch {b}, context {int(ctx)}", "itl_ms", ms, pred))
+        band = [decode_step_time_s(c, b, b * ctx) * 1e3 for c in sides] or [None, None]
+        out.append(_banded(_point(f"batch {b}, context {int(ctx)}", "itl_ms", ms, pred), band[0], band[1], spec))
     return out
 
 
-def run_scenario(case: Case, run: Run) -> Any:
+def run_scenario(case: Case, run: Run, gpu_costs: Any = None) -> Any:
     """The scenario a serving run stands for: the case's deployment (the run's own fields over it), single-turn
     requests as measured: the nominal prompt length, or one drawn per request from the run's
-    ``engine_input_tokens`` (what the engine prefilled, when the client reported another length)."""
+    ``engine_input_tokens`` (what the engine prefilled, when the client reported another length).
+
+    ``gpu_costs`` (a :class:`~kvplan.models.costs.CostModel`, the band's scaled costs) puts its prefill and decode
+    components inline in full (the scenario's ``costs:`` block; the case's own inline transfer and overhead kept),
+    resolved by the simulation like any other scenario."""
     from kvplan.sim.scenario import scenario_from_dict
 
     arrival = dict(run.arrival)
@@ -229,19 +248,63 @@ def run_scenario(case: Case, run: Run) -> Any:
         "turn_gap_s": {"dist": "constant", "value": 0},
     }
     data["seed"] = SEED
+    if gpu_costs is not None:
+        data["costs"] = {**dict(data.get("costs") or {}), "prefill": gpu_costs.prefill.model_dump(mode="python"),
+                         "decode": gpu_costs.decode.model_dump(mode="python")}
     return scenario_from_dict(data, where=f"case {case.name}, {run.label}")
 
 
-def _serving(case: Case, rs: Any, why_not: list[str]) -> list[dict[str, Any]]:
+def _metrics_ms(res: Any) -> dict[str, float]:
+    """The serving metrics of one simulated run, in ms (NaN where the run has none)."""
+    ok = res.turns[res.turns["decision"] != "error"]
+    latency = float((ok["finish_s"] - ok["arrival_s"]).mean()) if len(ok) else math.nan
+    return {metric: (latency if key == "latency" else float(res.summary.get(key, math.nan))) * 1e3
+            for metric, key in SERVING_METRICS.items()}
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _run_band(case: Case, r: Run, band_error: float | None,
+              notes: list[str]) -> tuple[BandSpec | None, list[dict[str, float]]]:
+    """The run's band scaling and its two scaled simulations' metrics (low, high), or (None, []) with a note."""
+    from kvplan.sim.api import run as simulate
+    from kvplan.sim.engine import resolve
+
+    sc = run_scenario(case, r)
+    dep = sc.deployment
+    if {dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
+            dep.decode_tensor_parallel_size or dep.tensor_parallel_size} != {dep.tensor_parallel_size}:
+        notes.append(f"no band for {r.label}: P and D at different TP resolve different costs (one inline block "
+                     "cannot scale both)")
+        return None, []
+    rs = resolve(sc)
+    spec = band_spec(rs, band_error)
+    sides: list[dict[str, float]] = []
+    for k, name in ((0, "low"), (1, "high")):
+        try:
+            sides.append(_metrics_ms(simulate(run_scenario(case, r, spec.costs(rs.costs, k)), SEED)))
+        except KvplanInputError as exc:  # e.g. the slower side never drains: say so, keep the point
+            notes.append(f"no {name} side of the band for {r.label}: {exc}")
+            sides.append({})
+    return spec, sides
+
+
+def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
+             band_notes: list[str]) -> tuple[list[dict[str, Any]], BandSpec | None]:
     from kvplan.sim.api import run as simulate
 
     out = []
+    first: BandSpec | None = None
     for r in case.runs:
         unknown = set(r.measured) - set(SERVING_METRICS)
         if unknown:
             raise input_error(f"case {case.name}", f"unknown measured metric(s) {sorted(unknown)}")
         pred: dict[str, float] = {}
         res = None
+        spec: BandSpec | None = None
+        sides: list[dict[str, float]] = []
         if rs is not None:
             try:
                 res = simulate(run_scenario(case, r), SEED)
@@ -252,15 +315,14 @@ def _serving(case: Case, rs: Any, why_not: list[str]) -> list[dict[str, Any]]:
             if cut:
                 why_not.append(f"{'no prediction for ' if cut == r.requests else ''}{r.label}: {cut} of {r.requests} "
                                f"requests exceed the model's context limit (vLLM rejects them; kvplan does not send them)")
-            ok = res.turns[res.turns["decision"] != "error"]
-            latency = float((ok["finish_s"] - ok["arrival_s"]).mean()) if len(ok) else math.nan
-            for metric, key in SERVING_METRICS.items():
-                v = latency if key == "latency" else float(res.summary.get(key, math.nan))
-                pred[metric] = v * 1e3
+            pred = _metrics_ms(res)
+            spec, sides = _run_band(case, r, band_error, band_notes)
+            first = first or spec
         for metric, measured in r.measured.items():
-            p = pred.get(metric)
-            out.append(_point(r.label, metric, measured, p if p is not None and math.isfinite(p) else None))
-    return out
+            point = _point(r.label, metric, measured, _finite(pred.get(metric)))
+            low, high = (_finite(sides[0].get(metric)), _finite(sides[1].get(metric))) if sides else (None, None)
+            out.append(_banded(point, low, high, spec))
+    return out, first
 
 
 def _published() -> tuple[list[dict[str, Any]], str]:
@@ -285,25 +347,32 @@ def _summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def validate_case(case: Case) -> dict[str, Any]:
-    """Measured vs predicted for one case, with its summary and what kvplan cannot express."""
+def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]:
+    """Measured vs predicted for one case, with its summary, its sensitivity band (``band_error``: one relative
+    GPU-compute error for both components instead of the stated ones) and what kvplan cannot express."""
     not_expr = list(case.not_expressible)
     profile = None
+    band_notes: list[str] = []
+    spec: BandSpec | None = None
+    no_band: str | None = None
     if case.kind == "published":
         points, profile = _published()
         status = "fitted, in-sample"
+        no_band = "fitted, in-sample points (the calibration target)"
     else:
         sc, rs, why = _resolved(case)
         if why is not None:
             not_expr.insert(0, f"no prediction: {why}")
+            no_band = "no prediction"
         else:
             profile = f"{rs.profile.name} ({rs.profile.status})"
-        if case.kind == "prefill_curve":
-            points = _prefill_curve(case, sc, rs)
-        elif case.kind == "decode_curve":
-            points = _decode_curve(case, rs)
+        if case.kind in ("prefill_curve", "decode_curve"):
+            spec = band_spec(rs, band_error) if rs is not None else None
+            points = _prefill_curve(case, sc, rs, spec) if case.kind == "prefill_curve" else _decode_curve(case, rs, spec)
         else:
-            points = _serving(case, rs, not_expr)
+            points, spec = _serving(case, rs, not_expr, band_error, band_notes)
+            if spec is None and no_band is None:
+                no_band = "no run was simulated"
         status = "not expressible" if rs is None else ("fitted, in-sample" if case.in_sample else "predicted, not fitted")
     return {
         "name": case.name,
@@ -320,14 +389,18 @@ def validate_case(case: Case) -> dict[str, Any]:
         "modelled": list(case.modelled),
         "points": points,
         "summary": _summary(points),
+        "band": case_band(points, spec, no_band, band_notes),
     }
 
 
-def validate(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """Run the named cases (every shipped case when ``None`` or empty), in the order given."""
+def validate(names: list[str] | None = None, band_error: float | None = None) -> list[dict[str, Any]]:
+    """Run the named cases (every shipped case when ``None`` or empty), in the order given; ``band_error``
+    replaces the stated GPU-compute errors of the band (:func:`validate_case`)."""
+    if band_error is not None and not (math.isfinite(band_error) and 0 < band_error < 1):
+        raise input_error("--band-error", f"{band_error} is not a relative error in (0, 1)", "give e.g. 0.05 for 5%")
     chosen = names or case_names()
     cases = [load_case(n) for n in chosen]  # every name checked before any work
-    return [validate_case(c) for c in cases]
+    return [validate_case(c, band_error) for c in cases]
 
 
 def json_ready(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -338,11 +411,21 @@ def json_ready(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _band_summary(band: dict[str, Any] | None) -> str:
+    """The markdown table's band cell: measurements inside the band, knife edges."""
+    if band is None or band["scaling"] is None:
+        return "-"
+    edges = len(band["knife_edges"])
+    return (f"{band['inside']}/{band['points_with_band']} inside"
+            + (f", **{edges} knife edge{'s' if edges > 1 else ''}**" if edges else ""))
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    """The per-case summary as a Markdown table (what the README shows): the first not-expressible item per case."""
+    """The per-case summary as a Markdown table (what the README shows): the first not-expressible item per case,
+    and how many measurements lie inside the sensitivity band, with its knife edges."""
     lines = [
-        "| case | status | profile | points predicted | MAPE | max abs error | not expressible |",
-        "|---|---|---|---|---|---|---|",
+        "| case | status | profile | points predicted | MAPE | max abs error | not expressible | band |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["summary"]
@@ -352,6 +435,6 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         why = ne[0] + (f" (+{len(ne) - 1} more)" if len(ne) > 1 else "") if ne else "-"
         lines.append(
             f"| `{r['name']}` | {r['status']} | {r['profile'] or '-'} | {s['predicted']}/{s['points']} | {mape} | {mx} "
-            f"| {why.replace('|', '/')} |"
+            f"| {why.replace('|', '/')} | {_band_summary(r.get('band'))} |"
         )
     return "\n".join(lines) + "\n"

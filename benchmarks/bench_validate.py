@@ -3,7 +3,8 @@
 Runs exactly the documented command (``kvplan validate --json``) in a fresh process (imports included, as a
 user would time it), twice, checks that both runs print byte-identical JSON, and writes
 benchmarks/results/validate.json with the wall times and each case's summary (status, points predicted,
-MAPE, max error).
+MAPE, max error) and its sensitivity band (measurements inside it, knife edges; ``validate_band``: two more
+simulations per serving run).
 
     .venv/bin/python benchmarks/bench_validate.py
 """
@@ -40,7 +41,9 @@ def main() -> None:
         digests.append(hashlib.sha256(out.encode()).hexdigest())
     cases = json.loads(out)["cases"]
     case_rows: list[dict[str, Any]] = [
-        {"name": c["name"], "status": c["status"], "profile": c["profile"], **c["summary"]} for c in cases
+        {"name": c["name"], "status": c["status"], "profile": c["profile"], **c["summary"],
+         "band_inside": (c["band"] or {}).get("inside"), "band_points": (c["band"] or {}).get("points_with_band"),
+         "knife_edges": len((c["band"] or {}).get("knife_edges", []))} for c in cases
     ]
     result: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "cpus": os.cpu_count()},
@@ -58,7 +61,9 @@ def main() -> None:
           f"deterministic: {result['deterministic']}")
     for c in case_rows:
         mape = f"{c['mape_pct']:.1f}%" if c["mape_pct"] is not None else "-"
-        print(f"  {c['name']}: {c['status']}, {c['predicted']}/{c['points']} predicted, MAPE {mape}")
+        band = f", band: {c['band_inside']}/{c['band_points']} inside, {c['knife_edges']} knife edges" \
+            if c["band_points"] else ""
+        print(f"  {c['name']}: {c['status']}, {c['predicted']}/{c['points']} predicted, MAPE {mape}{band}")
     print(f"wrote {dest.relative_to(REPO)}")
 
 

@@ -200,7 +200,7 @@ def _prefill_curve(case: Case, sc: Any, rs: Any, spec: BandSpec | None) -> list[
     out = []
     for isl, ms in case.points:
         pred = prefill_time_s(rs.costs.prefill, int(isl), 0, chunk) * 1e3 if rs is not None else None
-        band = [prefill_time_s(c, int(isl), 0, chunk) * 1e3 for c in sides] or [None, None]
+        band: list[float | None] = [prefill_time_s(c, int(isl), 0, chunk) * 1e3 for c in sides] or [None, None]
         out.append(_banded(_point(f"ISL {int(isl)}", "ttft_ms", ms, pred), band[0], band[1], spec))
     return out
 
@@ -213,7 +213,7 @@ def _decode_curve(case: Case, rs: Any, spec: BandSpec | None) -> list[dict[str, 
     for batch, ctx, ms in case.points:
         b = int(batch)
         pred = decode_step_time_s(rs.costs.decode, b, b * ctx) * 1e3 if rs is not None else None
-        band = [decode_step_time_s(c, b, b * ctx) * 1e3 for c in sides] or [None, None]
+        band: list[float | None] = [decode_step_time_s(c, b, b * ctx) * 1e3 for c in sides] or [None, None]
         out.append(_banded(_point(f"batch {b}, context {int(ctx)}", "itl_ms", ms, pred), band[0], band[1], spec))
     return out
 
@@ -329,8 +329,9 @@ def _published() -> tuple[list[dict[str, Any]], str]:
     from kvplan.calibration.reproduce import reproduce_rows
 
     rows = reproduce_rows(published_only=True)
-    pts = [
-        _point(f"{r['model']} {r['prompt_tokens']}", r["series"] + "_ms", r["published_ms"], r["simulated_ms"])
+    pts = [  # fitted, in-sample: no band (its keys present, None)
+        _banded(_point(f"{r['model']} {r['prompt_tokens']}", r["series"] + "_ms", r["published_ms"], r["simulated_ms"]),
+                None, None, None)
         for r in rows
     ]
     profiles = sorted({f"p5en-{r['model']}" for r in rows})

@@ -26,9 +26,10 @@ from kvplan.sim.scenario import scenario_from_dict
 
 CASE_KEYS = {
     "name", "title", "kind", "status", "source", "setup", "scenario", "profile", "predicts", "in_sample",
-    "not_expressible", "modelled", "points", "summary",
+    "not_expressible", "modelled", "points", "summary", "band",
 }
-POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error"]
+POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error", "predicted_low", "predicted_high", "in_band",
+              "knife_edge"]
 REQUIRED = {
     "dynamo-qwen3-32b-prefill", "dynamo-qwen3-32b-decode", "dynamo-qwen3-32b-1p1d", "llmd-1p1d-a100-llama-3.1-8b",
     "p5en-published",
@@ -57,6 +58,13 @@ def test_validate_json_keys_and_every_case(capsys: pytest.CaptureFixture[str]) -
             assert list(p) == POINT_KEYS
             if p["predicted"] is not None:
                 assert p["rel_error"] == pytest.approx((p["predicted"] - p["measured"]) / p["measured"], abs=2e-4)
+            if p["predicted_low"] is not None:  # the band brackets the point; in_band says where the measurement is
+                assert p["predicted_low"] <= p["predicted"] <= p["predicted_high"]
+                assert p["in_band"] == (p["predicted_low"] <= p["measured"] <= p["predicted_high"])
+        band = c["band"]
+        if c["status"] == "predicted, not fitted":  # every predicted point of a predicted case has its band
+            assert band["points_with_band"] == c["summary"]["predicted"] and band["line"].startswith("measured inside")
+            assert set(band["scaling"]["factors"]) == {"prefill", "decode"}
         # nothing is skipped silently: a case without predictions says why
         if c["summary"]["predicted"] < c["summary"]["points"]:
             assert c["not_expressible"] and c["status"] == "not expressible"
@@ -90,6 +98,10 @@ def test_markdown_has_one_row_per_case(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["validate", "--markdown"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("| case |") and len(lines) == 2 + len(case_names())
+    # the existing columns as they were, the band's after them
+    assert lines[0] == ("| case | status | profile | points predicted | MAPE | max abs error | not expressible | band |")
+    row = next(ln for ln in lines if ln.startswith("| `llmd-1p1d-a100-llama-3.1-8b`"))
+    assert row.rstrip(" |").endswith("knife edges**") and row.count(" | ") == 7
 
 
 def test_unresolvable_case_keeps_points_and_says_why() -> None:
@@ -329,3 +341,133 @@ def test_malformed_engine_input_tokens_is_one_line_exit_2(
     cap = capsys.readouterr()
     err = [ln for ln in cap.err.splitlines() if ln.strip()]
     assert len(err) == 1 and needle in err[0] and "Traceback" not in cap.err and cap.out == "", err
+
+
+# --- the sensitivity band --------------------------------------------------------------------------------------
+
+
+def _by(r: dict) -> dict:
+    return {(p["label"], p["metric"]): p for p in r["points"]}
+
+
+def test_band_is_the_simulation_at_the_priors_stated_error() -> None:
+    """The band's sides are simulations of the run with the resolved GPU compute x(1 -/+ e), e the prior's own
+    stated worst fit error per component, through the scenario's inline costs (resolved like any other)."""
+    from kvplan.calibration.validate_band import band_spec
+    from kvplan.models.hardware import gpu_key
+    from kvplan.models.profile import load_prior
+
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    r = validate_case(case)
+    x = case.runs[0]
+    sc = run_scenario(case, x)
+    rs = resolve(sc)
+    prior = load_prior("llama-3.1-8b", gpu_key(rs.node.gpu), 1)
+    assert prior is not None
+    spec = band_spec(rs)
+    assert spec.error == {"prefill": prior.fit_report["prefill_max_abs_rel_error"],
+                          "decode": prior.fit_report["decode_max_abs_rel_error"]}
+    assert r["band"]["scaling"]["error"] == spec.error and prior.name in r["band"]["line"]
+    low, high = (run(run_scenario(case, x, spec.costs(rs.costs, k))).summary for k in (0, 1))
+    p = _by(r)[(x.label, "ttft_mean_ms")]
+    # TTFT grows with the GPU compute: the sides bracket the point strictly, and are those runs
+    assert p["predicted_low"] == pytest.approx(low["ttft_mean_s"] * 1e3, abs=1e-3)
+    assert p["predicted_high"] == pytest.approx(high["ttft_mean_s"] * 1e3, abs=1e-3)
+    assert p["predicted_low"] < p["predicted"] < p["predicted_high"]
+    # the scaled costs are what the band run resolved: prefill x(1 - e) where no term meets its bound
+    lo_sc = run_scenario(case, x, spec.costs(rs.costs, 0))
+    assert resolve(lo_sc).costs.prefill.linear_knots_s[-1] == pytest.approx(
+        rs.costs.prefill.linear_knots_s[-1] * (1 - spec.error["prefill"]), rel=1e-12)
+    assert lo_sc.seed == sc.seed  # same seed: common random numbers
+    assert validate_case(case)["points"] == r["points"]  # deterministic
+
+
+def test_knife_edge_1p1d_is_wider_than_a_stable_case() -> None:
+    """The 1P1D case's P runs at utilisation ~1.05: its TTFT band is far wider (relative) than the plain replicas',
+    and flagged; the replicas' TTFT moves about as much as the prefill kernels are scaled."""
+    edge = _by(validate_case(load_case("llmd-1p1d-a100-llama-3.1-8b")))
+    stable = _by(validate_case(load_case("llmd-vllm-replicas-a100-llama-3.1-8b")))
+    e = edge[("run 23-00-27", "ttft_mean_ms")]
+    s = stable[("2 replicas, 8000/200 at 1.8 req/s", "ttft_mean_ms")]
+    width_e = e["predicted_high"] / e["predicted_low"]
+    width_s = s["predicted_high"] / s["predicted_low"]
+    assert width_e > 1.4 and width_s < 1.1 and width_e - 1 > 4 * (width_s - 1)
+    assert e["knife_edge"] is True and s["knife_edge"] is False and e["in_band"] is False
+    band = validate_case(load_case("llmd-1p1d-a100-llama-3.1-8b"))["band"]
+    assert "run 23-00-27 ttft_mean_ms" in band["knife_edges"] and "KNIFE EDGE" in band["line"]
+
+
+def test_curve_band_is_the_cost_function_at_the_scaled_costs() -> None:
+    from kvplan.calibration.validate_band import band_spec
+
+    r = validate_case(load_case("dynamo-qwen3-32b-prefill"))
+    sc = scenario_from_dict(dict(load_case("dynamo-qwen3-32b-prefill").scenario or {}))
+    rs = resolve(sc)
+    spec = band_spec(rs)
+    chunk = sc.deployment.max_num_batched_tokens
+    for p, (isl, _ms) in zip(r["points"], load_case("dynamo-qwen3-32b-prefill").points, strict=True):
+        lo, hi = (prefill_time_s(spec.costs(rs.costs, k).prefill, int(isl), 0, chunk) * 1e3 for k in (0, 1))
+        assert (p["predicted_low"], p["predicted_high"]) == (pytest.approx(lo, abs=1e-4), pytest.approx(hi, abs=1e-4))
+        assert p["knife_edge"] is False  # a cost function is linear in the GPU terms: no amplification
+    d = validate_case(load_case("dynamo-qwen3-32b-decode"))
+    assert all(p["predicted_low"] < p["predicted"] < p["predicted_high"] for p in d["points"])
+
+
+def test_band_error_option_widens_the_band_and_bad_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "llmd-1p1d-a100-llama-3.1-8b"
+    assert main(["validate", "--json", "--case", name, "--band-error", "0.05"]) == 0
+    wide = json.loads(capsys.readouterr().out)["cases"][0]
+    assert wide["band"]["scaling"]["error"] == {"prefill": 0.05, "decode": 0.05}
+    assert "--band-error" in wide["band"]["line"]
+    p = _by(wide)[("run 23-00-27", "ttft_mean_ms")]
+    default = _by(validate_case(load_case(name)))[("run 23-00-27", "ttft_mean_ms")]
+    assert p["predicted_low"] < default["predicted_low"] and p["predicted_high"] > default["predicted_high"]
+    assert p["predicted_high"] / p["predicted_low"] > 2 and p["knife_edge"]
+    for bad in ("0", "1.5", "nan"):
+        assert main(["validate", "--case", name, "--band-error", bad]) == 2
+        cap = capsys.readouterr()
+        err = [ln for ln in cap.err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].startswith("error: --band-error") and "Traceback" not in cap.err
+
+
+def test_text_output_has_the_band_column_and_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--case", "llmd-1p1d-a100-llama-3.1-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "band" in out.splitlines()[2] and "KNIFE EDGE" in out and "  band: measured inside the band at" in out
+
+
+def test_scaled_decode_holds_terms_at_their_physical_bound() -> None:
+    from kvplan.calibration.validate_band import scaled_decode
+    from kvplan.models.arch import get_model
+    from kvplan.models.bounds import bound_violations, physical_bounds
+    from kvplan.models.hardware import get_hardware
+
+    arch, node = get_model("llama-3.1-8b"), get_hardware("p4de")
+    rs = resolve(scenario_from_dict({"model": "llama-3.1-8b", "hardware": "p4de",
+                                     "deployment": {"tensor_parallel_size": 1}}))
+    b = {x.param: x.lower for x in physical_bounds(arch, node, 1)}
+    assert rs.costs.decode.per_seq_s == pytest.approx(b["decode.per_seq_s"])  # the A100 prior sits at this bound
+    low = scaled_decode(rs.costs.decode, 0.5, arch, node, 1)
+    assert low.per_seq_s == pytest.approx(b["decode.per_seq_s"])  # held
+    assert low.batch_knots_s[-1] == pytest.approx(max(rs.costs.decode.batch_knots_s[-1] * 0.5, b["decode.batch_s(1)"]))
+    assert not bound_violations(rs.costs.model_copy(update={"decode": low}), arch, node, 1)
+    high = scaled_decode(rs.costs.decode, 1.1, arch, node, 1)
+    assert high.batch_knots_s == pytest.approx(tuple(v * 1.1 for v in rs.costs.decode.batch_knots_s))
+
+
+def test_compute_without_a_stated_error_uses_the_named_assumption() -> None:
+    from kvplan.calibration.validate_band import ASSUMED_GPU_REL_ERROR, band_spec
+
+    # A100 40 GB has no kernel prior: the roofline fallback states no error
+    rs = resolve(scenario_from_dict({"model": "llama-3.1-8b", "hardware": "p4d", "deployment": {"tensor_parallel_size": 1}}))
+    assert rs.profile.component_status["prefill.gpu"].startswith("assumed")
+    spec = band_spec(rs)
+    assert spec.error == {"prefill": ASSUMED_GPU_REL_ERROR, "decode": ASSUMED_GPU_REL_ERROR}
+    assert all("ASSUMED_GPU_REL_ERROR" in v for v in spec.source.values())
+
+
+def test_published_and_unresolvable_cases_have_no_band() -> None:
+    assert validate(["p5en-published"])[0]["band"]["scaling"] is None
+    r = validate_case(load_case("dynamo-qwen3-32b-prefill").model_copy(update={"scenario": {
+        "model": "qwen3-32b", "hardware": "no-such-gpu", "deployment": {"tensor_parallel_size": 1}}}))
+    assert r["band"]["scaling"] is None and all(p["predicted_low"] is None for p in r["points"])

@@ -373,7 +373,7 @@ def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]
         else:
             points, spec = _serving(case, rs, not_expr, band_error, band_notes)
             if spec is None and no_band is None:
-                no_band = "no run was simulated"
+                no_band = "; ".join(band_notes) or "no run was simulated"
         status = "not expressible" if rs is None else ("fitted, in-sample" if case.in_sample else "predicted, not fitted")
     return {
         "name": case.name,

@@ -471,3 +471,13 @@ def test_published_and_unresolvable_cases_have_no_band() -> None:
     r = validate_case(load_case("dynamo-qwen3-32b-prefill").model_copy(update={"scenario": {
         "model": "qwen3-32b", "hardware": "no-such-gpu", "deployment": {"tensor_parallel_size": 1}}}))
     assert r["band"]["scaling"] is None and all(p["predicted_low"] is None for p in r["points"])
+
+
+def test_heterogeneous_tp_run_has_no_band_and_says_why() -> None:
+    case = load_case("dynamo-qwen3-32b-1p1d")
+    sc = dict(case.scenario or {})
+    sc["deployment"] = {**sc["deployment"], "prefill_tensor_parallel_size": 2}
+    r = validate_case(case.model_copy(update={"scenario": sc, "runs": case.runs[:1]}))
+    assert r["summary"]["predicted"] == len(case.runs[0].measured)  # the point is predicted
+    assert all(p["predicted_low"] is None for p in r["points"])
+    assert r["band"]["line"].startswith("no band") and "different TP" in r["band"]["line"]

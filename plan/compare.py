@@ -26,8 +26,9 @@ prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; nu
 not model it); errors; preemptions (null when not
 modelled); prefill (engine) utilisation over the steady window (the health section's figure,
 :data:`kvplan.plan.advice_rules.PREFILL_UTILIZATION_COLUMN`); ``saturated``: the health resources
-(:mod:`kvplan.sim.health`) that at least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`;
-empty: none); the cost per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+(:mod:`kvplan.sim.health`) that any replication saturates (:func:`kvplan.plan.advice_runs.saturation`;
+empty: none), ``saturated_replications`` how many of the ``replications`` saturate each; the cost per million turns
+``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
 (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
 When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
@@ -443,7 +444,9 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     row["cost_basis"] = COST_BASIS
-    row["saturated"] = list(saturation(reps).resources)  # health resources saturated in >= half the replications
+    sat = saturation(reps)
+    row["saturated"] = list(sat.resources)  # health resources saturated in any replication
+    row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
     return row
 

@@ -189,7 +189,7 @@ LINES = (
     ("held KV peak GiB", "held_kv_gib_peak", 1.0, ".1f"),
     ("errors", "errors", 1.0, ".1f"),
     ("preemptions", "preemptions", 1.0, ".1f"),
-    ("prefill/engine util %", "prefill_utilization", 100.0, ".1f"),
+    ("prefill/engine util %", "prefill_utilization_steady", 100.0, ".1f"),
     ("max conv/s at SLO", "max_rate_per_s_meeting_slo", 1.0, ".3g"),
     ("$ per M turns", "usd_per_million_turns", 1.0, ",.0f"),
 )

@@ -114,7 +114,7 @@ SCREEN_DISAGREEMENT_REL = 0.2
 #: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
 IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
-            "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
+            "pinned_kv_gib_peak", "prefill_utilization", "prefill_utilization_steady", "decode_batch_capacity")
 RULES = (
     "TTL rule: the shortest TTL in the grid whose mean-TTFT benefit over bidirectional off reaches 95% of the "
     "benefit of an unlimited TTL (memory not counted), among TTLs whose peak pinned decode KV fits the HBM budget.",

@@ -48,7 +48,7 @@ def saturation_lines(defaults: tuple[dict[str, float], Saturation], off: tuple[d
                if "prefill_compute" in off_sat.resources else "")
         verb = "saturates" if len(off_sat.resources) == 1 else "saturate"
         out.append(f"With bidirectional off, {off_sat.text()} {verb} at this load (P busy "
-                   f"{off_m['prefill_utilization']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
+                   f"{off_m['prefill_utilization_steady']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
     sat = [c for c in curve if c.saturated]
     if sat and len(sat) < len(curve):  # every TTL saturated: the TTL rule's own sentence says so
         out.append("Not eligible, saturated: " + "; ".join(

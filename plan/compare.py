@@ -98,10 +98,11 @@ ROUTINGS = ("round_robin", "session_affinity", "prefix_aware", "sticky")
 METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate", "reuse_rate",
            "pinned_kv_gib_mean",
            "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
-           "preemptions", "prefill_utilization", "served_turns_per_s", "steady_served_turns_per_s", "turns",
+           "preemptions", "prefill_utilization", "prefill_utilization_steady",
+           "served_turns_per_s", "steady_served_turns_per_s", "turns",
            "kv_pull_mean_s", "pull_rate")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
-SOURCE = {"prefill_utilization": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
+SOURCE = {"prefill_utilization_steady": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
           "held_kv_gib_mean": "p_held_kv_gib_mean", "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the 30 s; idle timeout = vLLM's TTL

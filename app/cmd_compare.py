@@ -189,7 +189,7 @@ LINES = (
     ("held KV peak GiB", "held_kv_gib_peak", 1.0, ".1f"),
     ("errors", "errors", 1.0, ".1f"),
     ("preemptions", "preemptions", 1.0, ".1f"),
-    ("prefill/engine util %", "prefill_utilization", 100.0, ".1f"),
+    ("prefill/engine util %", "prefill_utilization_steady", 100.0, ".1f"),
     ("max conv/s at SLO", "max_rate_per_s_meeting_slo", 1.0, ".3g"),
     ("$ per M turns", "usd_per_million_turns", 1.0, ",.0f"),
 )
@@ -201,11 +201,18 @@ SHORT_RESOURCE = {"decode_kv": "D HBM", "prefill_held_kv": "P KV pool", "prefill
 
 
 def health_cell(row: dict[str, Any]) -> str:
-    """'ok', or 'SATURATED: <resources>' from the row's ``saturated`` list (the runs' health sections)."""
+    """'ok', or 'SATURATED: <resources>' from the row's ``saturated`` list (the runs' health sections), a resource
+    saturated in only k of the n replications marked 'k/n'."""
     sat = row.get("saturated")
     if sat is None:
         return "-"
-    return "SATURATED: " + ", ".join(SHORT_RESOURCE.get(s, s) for s in sat) if sat else "ok"
+    counts, n = row.get("saturated_replications") or {}, row.get("replications") or 0
+
+    def name(s: str) -> str:
+        k = counts.get(s, n)
+        return SHORT_RESOURCE.get(s, s) + (f" {k}/{n}" if 0 < k < n else "")
+
+    return "SATURATED: " + ", ".join(name(s) for s in sat) if sat else "ok"
 
 
 def render_text(rows: list[dict[str, Any]]) -> list[str]:
@@ -226,8 +233,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     ci = f"± 95% CI over {reps} replications" if reps > 1 else "no ±: one replication has no CI"
     out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
     if any(r.get("saturated") for r in rows):
-        out.append("SATURATED: the health section of at least half the replications found requests waiting > 1 s at p90 "
-                   "on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")
+        out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "
+                   "> 1 s at p90 on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")
     if rows[0].get("cost_basis"):
         out.append(rows[0]["cost_basis"])
     if rows[0].get("slo_ttft_p90_ms") is not None:

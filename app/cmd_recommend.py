@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -169,10 +170,16 @@ def _run_notes(rec: Recommendation) -> list[str]:
     return out
 
 
-def _saturated_line(sat: dict[str, list[str]]) -> str:
+def _saturated_line(sat: dict[str, Any]) -> str:
     """What each configuration saturates (health section of its runs)."""
+    counts, reps = sat.get("saturated_replications") or {}, sat.get("replications") or {}
+
+    def name(key: str, r: str) -> str:
+        k, n = (counts.get(key) or {}).get(r, 0), reps.get(key, 0)
+        return RESOURCE_NAMES[r] + (f" ({k} of {n} replications)" if 0 < k < n else "")
+
     def names(key: str) -> str:
-        return ", ".join(RESOURCE_NAMES[r] for r in sat.get(key, [])) or "nothing"
+        return ", ".join(name(key, r) for r in sat.get(key, [])) or "nothing"
 
     return (f"saturated: recommended {names('recommended')}; vLLM defaults {names('vllm_defaults')}; "
             f"bidirectional off {names('bidirectional_off')}")

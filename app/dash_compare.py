@@ -69,7 +69,7 @@ def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "pinned KV mean GiB": _num(r.get("pinned_kv_gib_mean"), ".1f"),
             "pinned KV peak GiB": _num(r.get("pinned_kv_gib_peak"), ".1f"),
             "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
-            "prefill/engine util": _pct(r.get("prefill_utilization")),
+            "prefill/engine util": _pct(r.get("prefill_utilization_steady", r.get("prefill_utilization"))),
             "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f"),
         })
         out.append(row)

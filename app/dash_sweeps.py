@@ -243,7 +243,8 @@ def _lines(value: Any) -> list[str]:
 METRIC_LABELS = {
     "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99", "ttft_mean_s": "TTFT mean",
     "hit_rate": "hit rate", "errors": "failed turns", "pinned_kv_gib_mean": "pinned decode KV mean",
-    "pinned_kv_gib_peak": "pinned decode KV peak", "prefill_utilization": "prefill utilisation",
+    "pinned_kv_gib_peak": "pinned decode KV peak", "prefill_utilization": "prefill utilisation (whole run)",
+    "prefill_utilization_steady": "prefill utilisation (steady window)",
     "decode_batch_capacity": "decode batch capacity",
 }
 
@@ -258,7 +259,7 @@ def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     ci = float(ci95) if isinstance(ci95, int | float) and math.isfinite(float(ci95)) else None
     if name.endswith("_s"):
         return human_s(value) + (f" +/- {human_s(ci)}" if ci else "")
-    if name in ("hit_rate", "pull_rate", "prefill_utilization") or name.endswith("_fraction"):
+    if name in ("hit_rate", "pull_rate", "prefill_utilization", "prefill_utilization_steady") or name.endswith("_fraction"):
         scale, unit, fmt = 100.0, " %", ".1f"
     elif "gib" in name:
         scale, unit, fmt = 1.0, " GiB", ",.1f"

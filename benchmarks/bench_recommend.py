@@ -42,7 +42,8 @@ WORKERS = 2
 def _summary(rec: Any) -> dict[str, Any]:
     from kvplan.app.cmd_recommend import render_text
 
-    keys = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "pinned_kv_gib_mean", "prefill_utilization")
+    keys = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "hit_rate", "pinned_kv_gib_mean", "prefill_utilization",
+            "prefill_utilization_steady")
     return {"bidirectional": rec.bidirectional, "decoder_kv_blocks_ttl_s": rec.decoder_kv_blocks_ttl_s,
             "router_ttl_s": rec.router_ttl_s, "kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
             "expected": {k: rec.expected[k] for k in keys}, "vllm_defaults": {k: rec.baseline[k] for k in keys},

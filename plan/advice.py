@@ -114,7 +114,7 @@ SCREEN_DISAGREEMENT_REL = 0.2
 #: Prefix of the advice that applies only if bidirectional_kv_xfer is kept on against a retention-off advice.
 IF_KEPT_ON = "Only if you keep bidirectional_kv_xfer on (not recommended): "
 REPORTED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "errors", "pinned_kv_gib_mean",
-            "pinned_kv_gib_peak", "prefill_utilization", "decode_batch_capacity")
+            "pinned_kv_gib_peak", "prefill_utilization", "prefill_utilization_steady", "decode_batch_capacity")
 RULES = (
     "TTL rule: the shortest TTL in the grid whose mean-TTFT benefit over bidirectional off reaches 95% of the "
     "benefit of an unlimited TTL (memory not counted), among TTLs whose peak pinned decode KV fits the HBM budget.",
@@ -125,7 +125,7 @@ RULES = (
     "allowance = that run's own p99 of arrival->P decision (>= 1 s): searched from 1 s and re-run (up to 3 rounds) "
     "while the measured p99 exceeds the allowance it ran with, so a router hit is never declined by P (PR #47021).",
     "Saturation rule: a TTL whose runs saturate a resource (health: waits > 1 s at p90 on a resource >= 90% busy, in "
-    "half the replications) is not eligible; saturated baselines are reported as such.",
+    "any replication; the text says in how many) is not eligible; saturated baselines are reported as such.",
 )
 SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, those above the one after the first reaching 99% "
                "of it, and those whose screened prefill utilisation is >= 1.25 (unless all are) are not simulated "
@@ -590,7 +590,14 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     }
     choice.rationale = rationale
     extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),
-                            "recommended": list(exp_sat.resources)},
+                            "recommended": list(exp_sat.resources),
+                            # {configuration: {resource: replications saturating it}} of the lists above
+                            "saturated_replications": {"vllm_defaults": def_sat.replication_counts(),
+                                                       "bidirectional_off": off_sat.replication_counts(),
+                                                       "recommended": exp_sat.replication_counts()},
+                            "replications": {"vllm_defaults": def_sat.replications,
+                                             "bidirectional_off": off_sat.replications,
+                                             "recommended": exp_sat.replications}},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
              "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,

@@ -1,7 +1,8 @@
 """The sentences and flags of a recommendation that come from what its runs measured (:mod:`kvplan.plan.advice`).
 
 * :func:`saturation_lines`: what vLLM's defaults and bidirectional off saturate (health section), said as such:
-  a saturated baseline is never read as "retention does not pay".
+  a saturated baseline is never read as "retention does not pay"; and the TTLs not eligible because they saturate
+  something (in how many replications: "P compute in 1 of 3 replications"), when others do not.
 * :func:`unsaturate_hint`: the smallest change that removes a saturation: a TTL that saturates nothing, else
   more P or D nodes (``kvplan capacity`` at this load).
 * :func:`run_warnings` and :func:`steady_json`: runs too short for steady state, identical pinned KV at different
@@ -47,7 +48,12 @@ def saturation_lines(defaults: tuple[dict[str, float], Saturation], off: tuple[d
                if "prefill_compute" in off_sat.resources else "")
         verb = "saturates" if len(off_sat.resources) == 1 else "saturate"
         out.append(f"With bidirectional off, {off_sat.text()} {verb} at this load (P busy "
-                   f"{off_m['prefill_utilization']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
+                   f"{off_m['prefill_utilization_steady']:.0%}, TTFT p50 {human_s(off_m['ttft_p50_s'])}){why}.")
+    sat = [c for c in curve if c.saturated]
+    if sat and len(sat) < len(curve):  # every TTL saturated: the TTL rule's own sentence says so
+        out.append("Not eligible, saturated: " + "; ".join(
+            f"TTL {c.ttl_s:g} s (router TTL {c.router_ttl_s} s) saturates {c.saturated} (TTFT p90 "
+            f"{human_s(c.metrics['ttft_p90_s'])})" for c in sat) + ".")
     return out
 
 

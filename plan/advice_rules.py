@@ -48,13 +48,17 @@ SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), 
 #: is held against: the health section's (:mod:`kvplan.sim.health`), engine busy time over the steady window (the
 #: second half of the arrivals; a closed loop: the active span), the window health judges saturation over, so that
 #: neither the ramp-up nor the drain after the last arrival dilutes it (the whole-run ``prefill_utilization`` does).
+#: JSON keys of recommend (``expected``/``baseline``/``bidirectional_off``), compare's rows and capacity's answers:
+#: ``prefill_utilization_steady`` is this figure; ``prefill_utilization`` the whole-run busy share (the summary's, what
+#: sweeps report: busy time from 0 to the last response).
 PREFILL_UTILIZATION_COLUMN = "health.resources.prefill_compute.utilization"
 #: Metric name -> column of the per-run rows (:func:`kvplan.plan.executor.summarise` output).
 METRIC_COLUMNS = (
     ("ttft_mean_s", "ttft_mean_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p90_s", "ttft_p90_s"),
     ("ttft_p99_s", "ttft_p99_s"), ("hit_rate", "hit_rate"), ("errors", "errors"),
     ("pinned_kv_gib_mean", "steady_pinned_kv_gib_mean"), ("pinned_kv_gib_peak", "pinned_kv_gib_peak"),
-    ("prefill_utilization", PREFILL_UTILIZATION_COLUMN), ("kv_pull_mean_s", "kv_pull_mean_s"),
+    ("prefill_utilization", "prefill_utilization"), ("prefill_utilization_steady", PREFILL_UTILIZATION_COLUMN),
+    ("kv_pull_mean_s", "kv_pull_mean_s"),
     ("d_queue_mean_s", "d_queue_mean_s"),
 )
 
@@ -329,7 +333,7 @@ def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], r
     if m["d_queue_mean_s"] > D_QUEUE_BINDING_FRACTION * m["ttft_mean_s"]:
         return DECODE_HBM
     pull_small = m["kv_pull_mean_s"] <= LINK_BINDING_FRACTION * m["ttft_mean_s"]
-    if m["prefill_utilization"] >= PREFILL_SATURATED_UTILISATION or (slo and not slo["met"] and pull_small):
+    if m["prefill_utilization_steady"] >= PREFILL_SATURATED_UTILISATION or (slo and not slo["met"] and pull_small):
         return PREFILL_COMPUTE  # saturated P, or an SLO no TTL can meet: the P leg of misses dominates
     if retained and not pull_small:
         return LINK
@@ -342,7 +346,7 @@ def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
         TURN_GAPS: f"turn-gap distribution ({gaps}; longer TTLs add < 5% of the benefit)",
         DECODE_HBM: "decode HBM (pinned KV against the budget / the decode KV pool)",
         P_KV_POOL: "P's KV pool (prompts held for D's reads fill it; P's queue waits on the lease backpressure)",
-        PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization']:.0%}; the prefill of first turns "
+        PREFILL_COMPUTE: f"prefill compute (P busy {m['prefill_utilization_steady']:.0%}; the prefill of first turns "
                          "and misses sets the TTFT tail)",
         LINK: f"link (pulls take {human_s(m['kv_pull_mean_s'])} of a {human_s(m['ttft_mean_s'])} TTFT)",
         D_THREAD: "D's engine thread (creating and posting the P->D reads, over TCP also moving their bytes, stalls "

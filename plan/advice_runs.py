@@ -1,7 +1,8 @@
 """What :mod:`kvplan.plan.advice` reads from its runs and from the workload before it applies its rules.
 
 * :func:`saturation`: the resources a configuration saturates, from the health section of its runs
-  (:mod:`kvplan.sim.health`, a resource counts when at least half the replications saturate it).
+  (:mod:`kvplan.sim.health`, a resource counts when any replication saturates it, and the text says in how many:
+  "P compute in 1 of 3 replications").
 * :func:`settle_router_ttls`: each TTL candidate simulated with its **own** router TTL. Round 0 uses
   ``floor(TTL - margin - 1 s)``; each round measures the candidate's own p99 of arrival -> P's connector
   decision (``p_decide_p99_s``) and, when that exceeds the allowance it was run with, re-runs it with
@@ -58,8 +59,10 @@ PRUNE_P_OVERLOAD = 1.25
 STEADY_SPAN_FACTOR = 2.0
 #: Lengthening stops at this many times the scenario's conversations (the rest is flagged).
 MAX_LENGTHEN_FACTOR = 4.0
-#: A resource is saturated for a configuration when this share of its replications saturate it.
-SATURATED_SHARE = 0.5
+#: A resource is saturated for a configuration when at least this many of its replications saturate it: one, so a
+#: TTL that saturates P on one seed of three is not read as safe (its TTFT tail is that replication's queue); the
+#: text says in how many (:meth:`Saturation.text`: "P compute in 1 of 3 replications").
+SATURATED_MIN_REPLICATIONS = 1
 
 #: health resource -> what the advice calls it.
 RESOURCE_NAMES = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "prefill_compute": "P compute",
@@ -72,17 +75,26 @@ RESOURCE_NAMES = {"decode_kv": "decode HBM", "prefill_held_kv": "P's KV pool", "
 
 @dataclass(frozen=True)
 class Saturation:
-    """The resources a configuration saturates (health keys, in :data:`RESOURCE_NAMES` order) and why."""
+    """The resources a configuration saturates (health keys, in :data:`RESOURCE_NAMES` order), why, and in how many
+    of its replications (``counts[i]`` of ``replications`` saturate ``resources[i]``; empty counts: all of them)."""
 
     resources: tuple[str, ...]
     by_retention: bool = False
     backpressure: bool = False
+    counts: tuple[int, ...] = ()
+    replications: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.resources)
 
+    def count(self, resource: str) -> int:
+        """Replications saturating ``resource`` (all of them when the counts are not known)."""
+        if resource not in self.resources:
+            return 0
+        return self.counts[self.resources.index(resource)] if self.counts else self.replications
+
     def text(self) -> str:
-        """'decode HBM and P's KV pool' with the cause of each."""
+        """'decode HBM and P's KV pool' with the cause of each, and 'in k of n replications' when not in all."""
         parts = []
         for r in self.resources:
             name = RESOURCE_NAMES[r]
@@ -90,20 +102,31 @@ class Saturation:
                 name += " (pinned KV of finished conversations)"
             if r == "prefill_held_kv" and self.backpressure:
                 name += " (lease backpressure: prompts held until D can read them)"
+            k = self.count(r)
+            if 0 < k < self.replications:
+                name += f" in {k} of {self.replications} replications"
             parts.append(name)
         return " and ".join(parts) if len(parts) <= 2 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
+    def replication_counts(self) -> dict[str, int]:
+        """{health resource: replications saturating it} (the ``saturated_replications`` JSON)."""
+        return {r: self.count(r) for r in self.resources}
 
-def _share(rows: Rows, key: str) -> float:
-    v = [x for x in col(rows, key) if math.isfinite(x)]
-    return float(np.mean(v)) if v else 0.0
+
+def _count(rows: Rows, key: str) -> int:
+    """Replications whose (boolean) health field ``key`` is set (failed runs not counted)."""
+    return sum(1 for x in col(rows, key) if math.isfinite(x) and x >= 0.5)
 
 
 def saturation(rows: Rows) -> Saturation:
-    """What the health sections of ``rows`` (one per replication) saturate."""
-    res = tuple(r for r in RESOURCE_NAMES if _share(rows, f"health.resources.{r}.saturated") >= SATURATED_SHARE)
-    return Saturation(res, _share(rows, "health.resources.decode_kv.by_retention") >= SATURATED_SHARE,
-                      _share(rows, "health.resources.prefill_held_kv.backpressure_from_decode") >= SATURATED_SHARE)
+    """What the health sections of ``rows`` (one per replication) saturate: a resource at least
+    :data:`SATURATED_MIN_REPLICATIONS` of them saturate, with the number that do."""
+    counts = {r: _count(rows, f"health.resources.{r}.saturated") for r in RESOURCE_NAMES}
+    res = tuple(r for r in RESOURCE_NAMES if counts[r] >= SATURATED_MIN_REPLICATIONS)
+    return Saturation(res, _count(rows, "health.resources.decode_kv.by_retention") >= SATURATED_MIN_REPLICATIONS,
+                      _count(rows, "health.resources.prefill_held_kv.backpressure_from_decode")
+                      >= SATURATED_MIN_REPLICATIONS,
+                      tuple(counts[r] for r in res), sum(1 for r in rows if r.get("error") is None))
 
 
 # --- router TTL per candidate ----------------------------------------------------------------------------------

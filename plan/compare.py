@@ -26,8 +26,9 @@ prompt KV held under ``kv_lease_duration`` for D's read, ``p_held_kv_gib_*``; nu
 not model it); errors; preemptions (null when not
 modelled); prefill (engine) utilisation over the steady window (the health section's figure,
 :data:`kvplan.plan.advice_rules.PREFILL_UTILIZATION_COLUMN`); ``saturated``: the health resources
-(:mod:`kvplan.sim.health`) that at least half the replications saturate (:func:`kvplan.plan.advice_runs.saturation`;
-empty: none); the cost per million turns ``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
+(:mod:`kvplan.sim.health`) that any replication saturates (:func:`kvplan.plan.advice_runs.saturation`;
+empty: none), ``saturated_replications`` how many of the ``replications`` saturate each; the cost per million turns
+``node-hours x $/node-hour / served turns x 10^6`` on the steady-state basis
 (:mod:`kvplan.plan.pricing`: GPUs over GPUs per node, turns served inside the steady window, not over the drain).
 When the pulls of the fastest bidirectional policy take at least
 :data:`CROSS_LAYER_PULL_SHARE` of its mean TTFT and the scenario does not set ``cross_layer_blocks``, that
@@ -97,10 +98,11 @@ ROUTINGS = ("round_robin", "session_affinity", "prefix_aware", "sticky")
 METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "tpot_mean_s", "hit_rate", "reuse_rate",
            "pinned_kv_gib_mean",
            "pinned_kv_gib_peak", "steady_pinned_kv_gib_mean", "held_kv_gib_mean", "held_kv_gib_peak", "errors",
-           "preemptions", "prefill_utilization", "served_turns_per_s", "steady_served_turns_per_s", "turns",
+           "preemptions", "prefill_utilization", "prefill_utilization_steady",
+           "served_turns_per_s", "steady_served_turns_per_s", "turns",
            "kv_pull_mean_s", "pull_rate")
 OPTIONAL = ("held_kv_gib_mean", "held_kv_gib_peak", "preemptions")  # null when the simulator does not model them
-SOURCE = {"prefill_utilization": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
+SOURCE = {"prefill_utilization_steady": PREFILL_UTILIZATION_COLUMN, "preemptions": "d_preemptions",
           "held_kv_gib_mean": "p_held_kv_gib_mean", "held_kv_gib_peak": "p_held_kv_gib_peak"}  # summary key behind a row key
 MAX_ERROR_SHARE = 0.01
 LEASE_S, HEARTBEAT_S, IDLE_TIMEOUT_S = 30.0, 5.0, 480.0  # lease policy: the 30 s; idle timeout = vLLM's TTL
@@ -443,7 +445,9 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     row["cost_basis"] = COST_BASIS
-    row["saturated"] = list(saturation(reps).resources)  # health resources saturated in >= half the replications
+    sat = saturation(reps)
+    row["saturated"] = list(sat.resources)  # health resources saturated in any replication
+    row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
     return row
 

@@ -158,6 +158,15 @@ def resolve(scenario: Scenario) -> Resolved:
         named = getattr(scenario.costs, comp)
         if named:
             notes.append(f"costs.{comp} given inline: {', '.join(sorted(named))} (the rest from the profile)")
+    dropped = profile.costs.decode.context_knots_s
+    named_decode = scenario.costs.decode or {}
+    if dropped and "batch_knots" in named_decode and "context_knots_s" not in named_decode:
+        # apply_overrides: the base's context knots belong to its batch knots, so they cannot follow new ones
+        src = "inline" if "per_context_token_s" in named_decode else "the profile's"
+        notes.append(f"costs.decode.batch_knots given inline without context_knots_s: the profile's {len(dropped)} "
+                     f"per-knot context slopes are dropped; the decode step's attention term falls back to one "
+                     f"per_context_token_s = {costs.decode.per_context_token_s:.4g} s/token ({src}) at every batch "
+                     "(give context_knots_s, one per batch knot, to keep a per-batch slope)")
     for param, why in unused_overrides(costs, scenario.costs, scenario)[:1]:
         raise input_error(param, f"is not used by the resolved cost model: {why}",
                           "remove it, or give the knots it would replace")

@@ -252,7 +252,7 @@ def test_a_saturated_engine_thread_is_named_as_the_binding_constraint() -> None:
     """D's engine thread saturated (health) is the constraint advice names, with its own sentence, not decode HBM."""
     from kvplan.plan.advice_rules import D_THREAD, binding_constraint, binding_text
 
-    m = {"d_queue_mean_s": 5.0, "ttft_mean_s": 6.0, "kv_pull_mean_s": 0.0, "prefill_utilization": 0.3}
+    m = {"d_queue_mean_s": 5.0, "ttft_mean_s": 6.0, "kv_pull_mean_s": 0.0, "prefill_utilization_steady": 0.3}
     got = binding_constraint("turn-gap distribution", m, {}, False, ("decode_engine_thread",))
     assert got == D_THREAD
     assert binding_text(got, m, "").startswith("D's engine thread (creating and posting the P->D reads")

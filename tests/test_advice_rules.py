@@ -29,7 +29,7 @@ def cand(ttl: float, benefit: float, peak_gib: float = 1.0, p90: float = 0.5, bu
          ci: float = 0.001) -> TtlCandidate:
     m = {"ttft_p90_s": p90, "ttft_mean_s": 0.4, "hit_rate": 0.5, "pinned_kv_gib_peak": peak_gib,
          "pinned_kv_gib_mean": peak_gib / 2, "d_queue_mean_s": 0.0, "kv_pull_mean_s": 0.01,
-         "prefill_utilization": 0.3}
+         "prefill_utilization": 0.3, "prefill_utilization_steady": 0.3}
     return TtlCandidate(ttl, router_ttl(ttl, 5.0, 1.0), m, (benefit, ci), UNLIMITED_S,
                         budget is None or peak_gib <= budget, significant_gain((benefit, ci), 1.0))
 
@@ -68,10 +68,10 @@ def test_slo_raises_the_ttl_to_the_shortest_meeting_it() -> None:
 
 
 def test_binding_constraint_thresholds() -> None:
-    base = {"ttft_mean_s": 1.0, "d_queue_mean_s": 0.0, "kv_pull_mean_s": 0.1, "prefill_utilization": 0.3}
+    base = {"ttft_mean_s": 1.0, "d_queue_mean_s": 0.0, "kv_pull_mean_s": 0.1, "prefill_utilization_steady": 0.3}
     assert binding_constraint(TURN_GAPS, base, {}, True) == TURN_GAPS
     assert binding_constraint(TURN_GAPS, {**base, "d_queue_mean_s": 0.06}, {}, True) == DECODE_HBM
-    assert binding_constraint(TURN_GAPS, {**base, "prefill_utilization": 0.8}, {}, True) == PREFILL_COMPUTE
+    assert binding_constraint(TURN_GAPS, {**base, "prefill_utilization_steady": 0.8}, {}, True) == PREFILL_COMPUTE
     assert binding_constraint(TURN_GAPS, {**base, "kv_pull_mean_s": 0.6}, {}, True) == LINK
     assert binding_constraint(TURN_GAPS, {**base, "kv_pull_mean_s": 0.6}, {}, False) == TURN_GAPS
 

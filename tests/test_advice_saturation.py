@@ -13,9 +13,12 @@ import pytest
 from shape_16p56d import HAND_SWEEP, shape_16p56d
 
 from kvplan.app.cli import main
+from kvplan.app.cmd_compare import health_cell
 from kvplan.plan.advice import recommend
-from kvplan.plan.advice_rules import router_ttl
+from kvplan.plan.advice_report import saturation_lines, steady_json
+from kvplan.plan.advice_rules import Evidence, TtlCandidate, choose_ttl, router_ttl
 from kvplan.plan.advice_runs import (
+    Saturation,
     measured_allowance,
     prune_ttls,
     saturation,
@@ -149,9 +152,36 @@ def test_saturation_reads_the_health_section() -> None:
              "health.resources.prefill_held_kv.backpressure_from_decode": 1},
             {"error": None, "health.resources.prefill_compute.saturated": 1}]
     sat = saturation(rows)
-    assert sat.resources == ("decode_kv", "prefill_held_kv", "prefill_compute")  # half the replications count
+    assert sat.resources == ("decode_kv", "prefill_held_kv", "prefill_compute")  # any replication counts
     assert "pinned KV of finished conversations" in sat.text() and "lease backpressure" in sat.text()
     assert not saturation([{"error": None}])
+
+
+def test_one_saturated_replication_of_three_flags_the_candidate() -> None:
+    """The 16P56D TTL 60 s case: P saturated in one replication of three (its TTFT p90 that replication's queue) is
+    saturated, not eligible, and said so with the count; the TTL saturating nothing is chosen."""
+    ok = {"error": None, "health.resources.prefill_compute.saturated": 0}
+    rows = [ok, {"error": None, "health.resources.prefill_compute.saturated": 1}, ok]
+    sat = saturation(rows)
+    assert sat.resources == ("prefill_compute",) and sat.replication_counts() == {"prefill_compute": 1}
+    assert sat.text() == "P compute in 1 of 3 replications"
+    assert saturation([rows[1]] * 3).text() == "P compute"  # in every replication: no count
+    assert not saturation([ok] * 3)
+
+    def cand(ttl: float, benefit: float, saturated: str) -> TtlCandidate:
+        m = {"ttft_p90_s": 400.0 if saturated else 5.0, "ttft_mean_s": 1.0}
+        return TtlCandidate(ttl, int(ttl) - 6, m, (benefit, 0.01), 100.0, not saturated, True, saturated)
+
+    # the saturated TTL is the shortest reaching 95% of the unlimited benefit: not eligible, the next one is chosen
+    curve = [cand(60.0, 99.0, sat.text()), cand(90.0, 99.5, "")]
+    choice = choose_ttl(Evidence(curve, 100.0, (100.0, 0.01), 1.0, None, "gaps", 0))
+    assert choice.chosen is curve[1]
+    lines = saturation_lines(({}, Saturation(())), ({}, Saturation(())), curve)
+    assert lines == ["Not eligible, saturated: TTL 60 s (router TTL 54 s) saturates P compute in 1 of 3 replications "
+                     "(TTFT p90 6.7 min)."]
+    assert steady_json(scenario_from_dict(small(600_000, 150_000, 0.5, 6000)), None, curve, [])["saturated_ttls_s"] == [60.0]
+    row = {"saturated": sat.resources, "saturated_replications": sat.replication_counts(), "replications": 3}
+    assert health_cell(row) == "SATURATED: P compute 1/3"
 
 
 # --- --trace, the cross-layer trial and kvplan cost -------------------------------------------------------------

@@ -328,7 +328,9 @@ def test_advice_and_compare_report_the_steady_window_utilisation() -> None:
     row = run_row(sc, replication_seeds(sc.seed, 1)[0])
     assert row[PREFILL_UTILIZATION_COLUMN] > 0.8 and row["prefill_utilization"] < 0.5
     m = metrics([row], sc.deployment.max_num_seqs, sc.deployment.decode_nodes)
-    assert m["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert m["prefill_utilization_steady"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert m["prefill_utilization"] == row["prefill_utilization"]  # the whole-run share, as before 5c5ab7a
     assert binding_constraint(TURN_GAPS, m, {}, False) == "prefill compute"
     (off,) = compare(sc, ["off"], replications=1)
-    assert off["prefill_utilization"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert off["prefill_utilization_steady"] == row[PREFILL_UTILIZATION_COLUMN]
+    assert off["prefill_utilization"] == row["prefill_utilization"]

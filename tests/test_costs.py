@@ -298,6 +298,12 @@ def test_inline_costs_override_only_the_named_parameters() -> None:
     rs = resolve(scenario_from_dict({"costs": {"decode": {"batch_knots": [1, 64], "batch_knots_s": [0.01, 0.02]}}}))
     assert rs.costs.decode.context_knots_s == ()
     assert rs.costs.decode.per_context_s(8) == base.costs.decode.per_context_token_s
+    # ... and says so in the run's notes (kvplan cost, summary.json, the manifest)
+    (note,) = [n for n in rs.notes if "context slopes are dropped" in n]
+    assert f"the profile's {len(base.costs.decode.context_knots_s)} per-knot" in note and "(the profile's)" in note
+    keep = resolve(scenario_from_dict({"costs": {"decode": {"batch_knots": [1, 64], "batch_knots_s": [0.01, 0.02],
+                                                            "context_knots_s": [2e-8, 1e-8]}}}))
+    assert not [n for n in keep.notes if "context slopes are dropped" in n]
 
 
 # --- bad input (acceptance 6) --------------------------------------------------------------------------------------

@@ -266,13 +266,13 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _run_band(case: Case, r: Run, band_error: float | None,
+def _run_band(case: Case, r: Run, sc: Any, band_error: float | None,
               notes: list[str]) -> tuple[BandSpec | None, list[dict[str, float]]]:
-    """The run's band scaling and its two scaled simulations' metrics (low, high), or (None, []) with a note."""
+    """The run's band scaling and its two scaled simulations' metrics (low, high), or (None, []) with a note
+    (``sc``: the run's nominal scenario, :func:`run_scenario`)."""
     from kvplan.sim.api import run as simulate
     from kvplan.sim.engine import resolve
 
-    sc = run_scenario(case, r)
     dep = sc.deployment
     if {dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
             dep.decode_tensor_parallel_size or dep.tensor_parallel_size} != {dep.tensor_parallel_size}:
@@ -302,12 +302,13 @@ def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
         if unknown:
             raise input_error(f"case {case.name}", f"unknown measured metric(s) {sorted(unknown)}")
         pred: dict[str, float] = {}
-        res = None
+        res = sc = None
         spec: BandSpec | None = None
         sides: list[dict[str, float]] = []
         if rs is not None:
             try:
-                res = simulate(run_scenario(case, r), SEED)
+                sc = run_scenario(case, r)
+                res = simulate(sc, SEED)
             except KvplanInputError as exc:  # e.g. a request beyond the model's context: say so, keep going
                 why_not.append(f"no prediction for {r.label}: {exc}")
         if res is not None:
@@ -316,7 +317,7 @@ def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
                 why_not.append(f"{'no prediction for ' if cut == r.requests else ''}{r.label}: {cut} of {r.requests} "
                                f"requests exceed the model's context limit (vLLM rejects them; kvplan does not send them)")
             pred = _metrics_ms(res)
-            spec, sides = _run_band(case, r, band_error, band_notes)
+            spec, sides = _run_band(case, r, sc, band_error, band_notes)
             first = first or spec
         for metric, measured in r.measured.items():
             point = _point(r.label, metric, measured, _finite(pred.get(metric)))

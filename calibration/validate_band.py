@@ -18,7 +18,7 @@ mean TTFT). The band says so next to every point.
   inline costs) x ``(1 - e)`` (low) and x ``(1 + e)`` (high); engine CPU overheads, proxy legs and transfer
   unchanged. No term goes below its physical bound (:mod:`kvplan.models.bounds`): a term the low side would take
   under it is held at it (prefill: :func:`kvplan.models.resolve.scaled_prefill`, as borrowed corrections are;
-  decode: :func:`scaled_decode`), and the case's band notes say which.
+  decode: :func:`kvplan.models.resolve.scaled_decode`), and the case's band notes say which.
 * **Band** of a point: the lowest and highest of its predictions at low, nominal and high (a statistic need not
   move one way: a faster P sends D more at once). Serving runs are simulated again with the scaled prefill and
   decode costs given inline in full (the ``costs:`` block of a scenario, resolved like any other, same seed);
@@ -32,10 +32,10 @@ Nothing is fitted: the band shows how far the stated error moves a prediction; t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvplan.models.costs import CostModel, DecodeCost, scale_decode_gpu
+from kvplan.models.costs import CostModel
 
 #: Relative GPU-compute error assumed where the resolved compute states none (no kernel prior's fit report: the
 #: roofline fallback or a calibrated profile). Stated assumption: the largest worst-point error of a dense-model
@@ -63,7 +63,7 @@ class BandSpec:
     def costs(self, base: CostModel, side: int) -> CostModel:
         """``base`` with its prefill and decode GPU terms x the low (``side`` 0) or high (1) factor, each term
         held at its physical bound."""
-        from kvplan.models.resolve import scaled_prefill
+        from kvplan.models.resolve import scaled_decode, scaled_prefill
 
         arch, node, tp = self.bounds
         fp, fd = self.factors["prefill"][side], self.factors["decode"][side]
@@ -86,27 +86,6 @@ class BandSpec:
         """JSON form (the case's ``band.scaling``)."""
         return {"error": dict(self.error), "factors": {k: list(v) for k, v in self.factors.items()},
                 "source": dict(self.source), "notes": list(self.notes)}
-
-
-def scaled_decode(dc: DecodeCost, factor: float, arch: Any, node: Any, tp: int) -> DecodeCost:
-    """:func:`~kvplan.models.costs.scale_decode_gpu` with each term held at its physical bound
-    (:func:`kvplan.models.bounds.physical_bounds`: a batch knot at the weight read and the per-sequence floor,
-    the per-sequence slope at the dense peak, a context slope at the HBM read of its KV); the decode analogue
-    of :func:`kvplan.models.resolve.scaled_prefill`."""
-    from kvplan.models.bounds import physical_bounds
-
-    b = {x.param: x.lower for x in physical_bounds(arch, node, tp)}
-    s = scale_decode_gpu(dc, factor)
-    per_seq, ctx = b["decode.per_seq_s"], b["decode.per_context_token_s"]
-    upd: dict[str, Any] = {"per_seq_s": max(s.per_seq_s, per_seq),
-                           "per_context_token_s": max(s.per_context_token_s, ctx),
-                           "context_knots_s": tuple(max(v, ctx) for v in s.context_knots_s)}
-    if s.batch_knots:
-        upd["batch_knots_s"] = tuple(max(v, b["decode.batch_s(1)"], n * per_seq)
-                                     for n, v in zip(s.batch_knots, s.batch_knots_s, strict=True))
-    elif s.batch_s(1) < b["decode.batch_s(1)"]:  # no knots: the one-sequence step holds the weight read
-        upd["fixed_s"] = s.fixed_s + b["decode.batch_s(1)"] - s.batch_s(1)
-    return s.model_copy(update=upd)
 
 
 def _held(base: CostModel, scaled: CostModel, factor: dict[str, float]) -> list[str]:
@@ -157,8 +136,7 @@ def band_spec(rs: Any, band_error: float | None = None) -> BandSpec:
         error[comp], factors[comp], source[comp] = e, (1.0 - e, 1.0 + e), src
     spec = BandSpec(error, factors, source, (arch, rs.node, tp))
     held = _held(rs.costs, spec.costs(rs.costs, 0), {c: factors[c][0] for c in COMPONENTS})
-    notes = [f"low side holds at its physical bound: {', '.join(held)}"] if held else []
-    return BandSpec(error, factors, source, (arch, rs.node, tp), tuple(notes))
+    return replace(spec, notes=(f"low side holds at its physical bound: {', '.join(held)}",)) if held else spec
 
 
 def knife_edge(low: float, high: float, spec: BandSpec) -> bool:

@@ -133,6 +133,25 @@ def scaled_prefill(pc: PrefillCost, linear: float, attention: float, arch: Model
     return s.model_copy(update=upd)
 
 
+def scaled_decode(dc: DecodeCost, factor: float, arch: ModelArch, node: Node, tp: int) -> DecodeCost:
+    """:func:`~kvplan.models.costs.scale_decode_gpu` with each term held at its physical bound
+    (:func:`kvplan.models.bounds.physical_bounds`: a batch knot at the weight read and the per-sequence floor,
+    the per-sequence slope at the dense peak, a context slope at the HBM read of its KV); the decode analogue
+    of :func:`scaled_prefill` (``kvplan validate``'s sensitivity band scales decode with it)."""
+    b = {x.param: x.lower for x in physical_bounds(arch, node, tp)}
+    s = scale_decode_gpu(dc, factor)
+    per_seq, ctx = b["decode.per_seq_s"], b["decode.per_context_token_s"]
+    upd: dict[str, object] = {"per_seq_s": max(s.per_seq_s, per_seq),
+                              "per_context_token_s": max(s.per_context_token_s, ctx),
+                              "context_knots_s": tuple(max(v, ctx) for v in s.context_knots_s)}
+    if s.batch_knots:
+        upd["batch_knots_s"] = tuple(max(v, b["decode.batch_s(1)"], n * per_seq)
+                                     for n, v in zip(s.batch_knots, s.batch_knots_s, strict=True))
+    elif s.batch_s(1) < b["decode.batch_s(1)"]:  # no knots: the one-sequence step holds the weight read
+        upd["fixed_s"] = s.fixed_s + b["decode.batch_s(1)"] - s.batch_s(1)
+    return s.model_copy(update=upd)
+
+
 def _gpu_of(profile: Profile) -> GPU | None:
     node = HARDWARE_PRESETS.get(profile.hardware)
     return node.gpu if node is not None else None

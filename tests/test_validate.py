@@ -437,10 +437,10 @@ def test_text_output_has_the_band_column_and_line(capsys: pytest.CaptureFixture[
 
 
 def test_scaled_decode_holds_terms_at_their_physical_bound() -> None:
-    from kvplan.calibration.validate_band import scaled_decode
     from kvplan.models.arch import get_model
     from kvplan.models.bounds import bound_violations, physical_bounds
     from kvplan.models.hardware import get_hardware
+    from kvplan.models.resolve import scaled_decode
 
     arch, node = get_model("llama-3.1-8b"), get_hardware("p4de")
     rs = resolve(scenario_from_dict({"model": "llama-3.1-8b", "hardware": "p4de",

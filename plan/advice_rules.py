@@ -45,7 +45,8 @@ SATURATED_BINDING = (("decode_kv", DECODE_HBM), ("prefill_held_kv", P_KV_POOL), 
                      ("prefill_engine_thread", P_THREAD), ("prefill_compute", PREFILL_COMPUTE), ("link", LINK))
 
 #: The per-run row column of P's busy share that the advice and ``compare`` report and :data:`PREFILL_SATURATED_UTILISATION`
-#: is held against: the health section's (:mod:`kvplan.sim.health`), engine busy time over the steady window (the
+#: is held against: the health section's (:mod:`kvplan.sim.health`), the busiest P engine's busy time (summary
+#: ``prefill_utilization_steady_max``; the summary's ``prefill_utilization_steady`` is the mean) over the steady window (the
 #: second half of the arrivals; a closed loop: the active span), the window health judges saturation over, so that
 #: neither the ramp-up nor the drain after the last arrival dilutes it (the whole-run ``prefill_utilization`` does).
 #: JSON keys of recommend (``expected``/``baseline``/``bidirectional_off``), compare's rows and capacity's answers:

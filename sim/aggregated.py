@@ -84,6 +84,9 @@ class AggregatedNode(Scheduler):
         self.steps = 0
         self.mixed_steps = 0  # steps holding both prefill chunks and decode tokens
         self.max_step_tokens = 0  # largest token count of one step (checked against the budget in tests)
+        # most blocks held at once by scheduled and running requests (summary decode_kv_used_peak_fraction; the
+        # prefix cache's evictable blocks are not held): read after each scheduling pass and each stretch's growth
+        self.used_peak = 0
         self.itl = ItlTracker()  # step durations, for the inter-token gaps (sim/itl.py)
         self.env.process(self._loop())
 
@@ -218,6 +221,8 @@ class AggregatedNode(Scheduler):
         self._ctx_sum = 0.0
         self.schedule()
         self.max_step_tokens = max(self.max_step_tokens, self.max_tokens - self.budget)
+        if self.pool.held > self.used_peak:
+            self.used_peak = self.pool.held
         return self.chunks, self._decoding, self.pairs, self.ctx_pairs, self._ctx_sum
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
@@ -281,6 +286,8 @@ class AggregatedNode(Scheduler):
                 kv = r.prompt + r.output - self._left[id(r)] + k - 1
                 grew = self._grow(r, -(-kv // bs))
                 assert grew  # _stretch_fit kept the stretch within the free and evictable blocks
+            if self.pool.held > self.used_peak:
+                self.used_peak = self.pool.held
         self._after_step([], decoding, k)
 
     def _after_step(self, chunks: list[tuple[Request, int]], decoding: list[Request], steps: int) -> None:

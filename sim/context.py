@@ -61,6 +61,7 @@ class Ctx:
     # busy seconds inside it (read as the clock passed its ends, engine._run_sliced); None: closed loop
     steady_window: tuple[float, float] | None = None
     window_busy_s: float | None = None
+    window_busy_each_s: list[float] | None = None  # the same, per engine (P nodes, or aggregated replicas)
     # the engine threads inside the window, per engine: P's busy and posting seconds, requests that reached P and
     # that P scheduled, then D's busy and posting seconds, requests that reached D and that D admitted
     window_thread_s: list[list[float]] | None = None

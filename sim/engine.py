@@ -329,14 +329,15 @@ def simulate(
     ctx.driver.start()
     ctx.steady_window = steady_window(plan)
     engines = ctx.replicas if aggregated else ctx.prefill
-    busy_at: list[float] = []
+    busy_at: list[list[float]] = []  # per mark: each engine's cumulative busy seconds
     threads_at: list[list[list[float]]] = []  # per mark: the Ctx.window_thread_s columns, cumulative
 
     def read_busy() -> None:
-        busy_at.append(float(sum(p.busy_s for p in engines)))
+        busy_at.append([float(p.busy_s) for p in engines])
         threads_at.append(thread_counters(ctx))
         if len(busy_at) == 2:
-            ctx.window_busy_s = busy_at[1] - busy_at[0]
+            ctx.window_busy_each_s = [b - a for a, b in zip(busy_at[0], busy_at[1], strict=True)]
+            ctx.window_busy_s = float(sum(busy_at[1])) - float(sum(busy_at[0]))
             ctx.window_thread_s = [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(*threads_at, strict=True)]
 
     marks = [(t, read_busy) for t in ctx.steady_window] if ctx.steady_window is not None else []

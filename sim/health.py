@@ -10,15 +10,18 @@ derived from the same turn records and summary as the rest of the result (no ext
 Definitions (ASSUMPTIONS of this report, not of the model):
 
 * A resource is **saturated** when requests waited on it for more than :data:`WAIT_S` at p90 *and* it
-  was at least :data:`BUSY_FRACTION` busy (prefill: engine busy time over the steady window, the second half
+  was at least :data:`BUSY_FRACTION` busy (prefill: the **busiest** engine's busy time over the steady window,
+  so that one P falling behind counts even while others idle; ``utilization_mean`` is the mean over engines,
+  ``engines_over_busy`` how many reached :data:`BUSY_FRACTION`; the steady window is the second half
   of the arrivals, ``t_b / 2`` to ``t_b`` with ``t_b`` the last new conversation's first arrival or a trace's
   last request, so neither the ramp-up nor the drain after the last arrival dilutes it, nor does the backlog
   served after it inflate it; ``utilization_window`` says which; a closed loop, which has no such window, over
   the run up to the last response; decode: the pinned (retained) peak share of the pool, the retention pressure
   a TTL choice controls; ``used_peak_fraction``, the highest share of one D's pool held at once by admitted and
-  running requests and pins (what admission waits on; ``summary["decode_kv_used_peak_fraction"]``; null in
-  aggregated mode), is reported beside it and warns when it reaches :data:`BUSY_FRACTION` with admission waits
-  over :data:`WAIT_S`, but is not judged: a pool that fills at its peak while the best TTL runs is not a reason to
+  running requests and pins (what admission waits on; ``summary["decode_kv_used_peak_fraction"]``; in
+  aggregated mode of one replica's pool, held by scheduled and running requests), is reported beside it and
+  warns when it reaches :data:`BUSY_FRACTION` with admission waits over :data:`WAIT_S`, but is not judged: a
+  pool that fills at its peak while the best TTL runs is not a reason to
   rule that TTL out (judged on it, ``recommend`` dropped the best TTL of the 16P56D benchmark for one 89x worse);
   link: bytes x seconds per byte over (links x span), a lower bound of the busiest link; engine
   threads: below).
@@ -158,6 +161,7 @@ def compute_health(
         link_util = per_rank * per_byte_s / (links * span)
     used = summary.get("decode_kv_used_peak_fraction")
     windowed = summary.get("prefill_utilization_steady")
+    busiest = summary.get("prefill_utilization_steady_max")
     window = (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
               f"{float(summary['steady_window_end_s']):.6g} s: the second half of the arrivals of "
               "new conversations, or of a trace's requests; ramp-up and drain excluded)"
@@ -165,7 +169,11 @@ def compute_health(
               "active span (first arrival to last response; a closed loop has no arrival window)")
     resources: dict[str, dict[str, Any]] = {
         "prefill_compute": {
-            "utilization": float(windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
+            "utilization": float(busiest if busiest is not None else
+                                 windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
+            "utilization_mean": float(windowed if windowed is not None else summary.get("prefill_utilization", 0.0)),
+            "engines_over_busy": summary.get("prefill_steady_engines_over_busy"),
+            "engines": dep.replicas if dep.mode == "aggregated" else dep.prefill_nodes,
             "utilization_window": window,
             "wait_p90_s": waits.prefill[0],
             "wait_mean_s": waits.prefill[1],
@@ -282,7 +290,10 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                          f"{r['capacity_gib']:.0f} GiB at peak{why}; P's queue waited {fmt_s(r['wait_p90_s'])} at p90 "
                          f"({r['lease_expiries']} leases lapsed)")
         elif name == "prefill_compute":
-            lines.append(f"SATURATED prefill compute{bind}: {r['utilization']:.0%} busy over the "
+            over = r.get("engines_over_busy")
+            which = (f"the busiest of {r['engines']} engines ({over} at {BUSY_FRACTION:.0%} or more; mean "
+                     f"{r['utilization_mean']:.0%})" if over is not None and r.get("engines", 1) > 1 else "engine")
+            lines.append(f"SATURATED prefill compute{bind}: {which} busy {r['utilization']:.0%} of the "
                          f"{r.get('utilization_window', 'run').split(' (')[0]}; P queue "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
         elif name in ("decode_engine_thread", "prefill_engine_thread"):
@@ -297,7 +308,10 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
             lines.append(f"SATURATED P<->D link{bind}: {r['utilization']:.0%} busy on average; transfers took "
                          f"{fmt_s(r['wait_p90_s'])} at p90")
     if not health["saturated"]:
-        lines.append(f"health: nothing saturated (prefill {res['prefill_compute']['utilization']:.0%} busy over the "
+        pc = res["prefill_compute"]
+        busy = (f"{pc['utilization']:.0%} (busiest engine; mean {pc['utilization_mean']:.0%})"
+                if pc.get("engines_over_busy") is not None and pc.get("engines", 1) > 1 else f"{pc['utilization']:.0%}")
+        lines.append(f"health: nothing saturated (prefill {busy} busy over the "
                      f"{res['prefill_compute'].get('utilization_window', 'run').split(' (')[0]}, decode KV "
                      f"peak {res['decode_kv']['utilization']:.0%} of the pool (pinned "
                      f"{res['decode_kv']['pinned_peak_fraction']:.0%}), links "

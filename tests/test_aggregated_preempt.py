@@ -106,3 +106,13 @@ def test_preemption_takes_the_newest_and_conserves_tokens() -> None:
     # reproducible
     again = run(_pressure(40_000))
     assert again.turns.equals(r.turns)
+
+
+def test_used_peak_of_an_aggregated_replica_is_reported() -> None:
+    # the replica's pool fills under preemption pressure (2,500 blocks for 20 growing requests); with a pool that
+    # holds all 24 in full, the peak is their 24 x 500 blocks of 8,000 tokens (the last sampled token has no KV:
+    # ceil(7,999 / 16) = 500) over the pool
+    tight = run(_pressure(40_000)).summary["decode_kv_used_peak_fraction"]
+    assert tight is not None and 0.95 <= tight <= 1.0
+    roomy = run(_pressure(400_000)).summary["decode_kv_used_peak_fraction"]
+    assert roomy == 24 * 500 / (400_000 // 16)

@@ -216,3 +216,37 @@ def test_an_engine_thread_binds_over_its_engines_unsaturated_resource() -> None:
     assert h["binding_resource"] == "prefill_engine_thread"
     s["prefill_thread_utilization"] = 0.5
     assert compute_health(s, turns, r.scenario, 1e-9)["binding_resource"] == "prefill_compute"
+
+
+def test_one_p_falling_behind_saturates_prefill_compute_though_the_mean_is_low() -> None:
+    # 16P56D at TTL 60 s (bench_recommend): 10 of 16 P busy all the window, 6 half busy, mean 81%, P queue 511 s at
+    # p90. Judged on the mean, prefill compute was "ok"; judged on the busiest engine it is saturated.
+    from kvplan.sim.health import Waits, compute_health
+    from kvplan.sim.scenario import as_scenario
+
+    sc = as_scenario(small(deployment={"prefill_nodes": 16, "decode_nodes": 4}))
+    summary = {"prefill_utilization": 0.7, "prefill_utilization_steady": 0.81, "prefill_utilization_steady_max": 1.0,
+               "prefill_steady_engines_over_busy": 10, "steady_window_start_s": 100.0, "steady_window_end_s": 200.0}
+    waits = Waits(span_s=300.0, prefill=(511.0, 200.0), decode=(0.0, 0.0), link=(0.0, 0.0))
+    h = compute_health(summary, waits, sc, 0.0)
+    pc = h["resources"]["prefill_compute"]
+    assert pc["utilization"] == 1.0 and pc["utilization_mean"] == 0.81 and pc["engines_over_busy"] == 10
+    assert h["saturated"] == ["prefill_compute"] and h["binding_resource"] == "prefill_compute"
+    line = health_lines(h)[0]
+    assert "the busiest of 16 engines (10 at 90% or more; mean 81%)" in line, line
+    # the same run judged on its mean (no per-engine figure): not saturated, as before
+    h_mean = compute_health({**summary, "prefill_utilization_steady_max": None}, waits, sc, 0.0)
+    assert h_mean["saturated"] == []
+
+
+def test_busiest_prefill_engine_share_is_reported_beside_the_mean() -> None:
+    wl = {**small()["workload"], "conversations": 120, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+          "prefix_tokens": {"dist": "lognormal", "median": 30000, "sigma": 1.2}}
+    s = run(small(workload=wl, deployment={"max_num_seqs": 64, "prefill_prefix_caching": False, "prefill_nodes": 2,
+                                           "routing": "prefix_aware"})).summary
+    mean, top = s["prefill_utilization_steady"], s["prefill_utilization_steady_max"]
+    # two engines: the busiest is above the mean, and the other one's share is what is left of twice the mean
+    assert top > mean + 0.05 and 0.0 <= 2 * mean - top < mean
+    assert s["health"]["resources"]["prefill_compute"]["utilization"] == top
+    assert s["health"]["resources"]["prefill_compute"]["utilization_mean"] == mean
+    assert s["prefill_steady_engines_over_busy"] == 0

@@ -170,8 +170,8 @@ def read_thread_time_s(cost: TransferParams, descriptors: int, nbytes_per_rank: 
     ``RX_SEG_SIZE``, UCX 1.18 ``src/uct/tcp/tcp_iface.c``), and NIXL's UCX backend progresses the worker on the
     calling thread at the end of every post (NIXL 0.2.0; 0.1.1 returns at once) and every ``check_xfer_state``
     (``nixlUcxBackendH::status``: one ``ucp_worker_progress`` per pending request through ``nixlUcxWorker::test`` in
-    NIXL <= 0.3, i.e. ~40k calls per check of a 10k-token Llama-8B read, far more than its bytes need; until idle from
-    0.5; ai-dynamo/nixl
+    NIXL <= 0.3.0, i.e. ~40k calls per check of a 10k-token Llama-8B read, far more than its bytes need; until idle
+    from 0.3.1, ai-dynamo/nixl PR #415; ai-dynamo/nixl
     ``src/plugins/ucx/ucx_backend.cpp``, ``src/utils/ucx/ucx_utils.cpp``). NIXL's own progress thread is on too
     (``nixl_agent_config(enable_prog_thread=True)`` is the Python default in 0.1.1/0.2.0 and vLLM passes no config),
     but both threads progress one ``UCS_THREAD_MODE_MULTI`` worker (``NIXL_UCX_MT_WORKER``) whose lock

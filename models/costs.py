@@ -248,8 +248,9 @@ def scale_prefill_gpu(cost: PrefillCost, linear: float = 1.0, attention: float =
 #: did not go over NVLink, so UCX fell back to TCP): "Avg post time (ms)=129.127 ... Avg number of
 #: descriptors=40064.0" (xferDuration 173.8 ms, 313 MB per transfer), i.e. 3.22 us per descriptor spent in
 #: ``postXferReq`` on the posting thread. That NIXL's post ends in progress-until-idle (``nixlUcxBackendH::status``,
-#: NIXL >= 0.3.1, ai-dynamo/nixl PR #415), so the figure may hold part of that read's wire work (7.8 KB per descriptor there); one measurement
-#: cannot split the two, so the whole of it is taken as the per-descriptor post (an upper bound).
+#: NIXL >= 0.3.1, ai-dynamo/nixl PR #415), so the figure may hold part of that read's wire work (7.8 KB per
+#: descriptor there); one measurement cannot split the two, so the whole of it is taken as the per-descriptor
+#: post (an upper bound).
 TCP_POST_PER_DESCRIPTOR_S = 129.127e-3 / 40064
 
 

@@ -537,7 +537,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     off_m, def_m = m(st.off), m(st.defaults)
     off_sat, def_sat = saturation(st.off), saturation(st.defaults)
     unlimited = paired(st.off, st.unlimited)
-    facts = {t: RunFacts(f.router_ttl_s, f.allowance_s, f.settled, saturation(f.rows).text(), steady(f.rows, t))
+    sats = {t: saturation(f.rows) for t, f in st.fits.items()}
+    facts = {t: RunFacts(f.router_ttl_s, f.allowance_s, f.settled, sats[t].text(), steady(f.rows, t), sats[t].share())
              for t, f in st.fits.items()}
     ttl_rows = {t: f.rows for t, f in st.fits.items()}
     curve = ttl_curve(setup.ttls, ttl_rows, st.off, unlimited, off_m["ttft_mean_s"], m, setup.budget, facts)

@@ -134,6 +134,7 @@ class TtlCandidate:
     steady: bool = True  # arrival span >= TTL + p90 conversation span in every replication
     router_settled: bool = True  # the router TTL leaves room for this candidate's own P-decision delay
     allowance_s: float = 1.0  # the P-decision allowance its router TTL was derived with
+    saturated_share: float = 0.0  # share of its replications saturating its most often saturated resource
 
     @property
     def benefit_s(self) -> float:
@@ -192,6 +193,7 @@ class RunFacts:
     settled: bool
     saturated: str
     steady: bool
+    saturated_share: float = 0.0  # :attr:`TtlCandidate.saturated_share`
 
 
 def ttl_curve(grid: Sequence[float], ttl_rows: dict[float, Rows], off: Rows, unlimited: Gain, off_mean_s: float,
@@ -207,7 +209,7 @@ def ttl_curve(grid: Sequence[float], ttl_rows: dict[float, Rows], off: Rows, unl
             ttl_s=t, router_ttl_s=f.router_ttl_s, metrics=mt, benefit=gain, unlimited_benefit_s=unlimited[0],
             feasible=(budget_gib is None or mt["pinned_kv_gib_peak"] <= budget_gib) and not f.saturated,
             significant=significant_gain(gain, off_mean_s), saturated=f.saturated, steady=f.steady,
-            router_settled=f.settled, allowance_s=f.allowance_s))
+            router_settled=f.settled, allowance_s=f.allowance_s, saturated_share=f.saturated_share))
     return out
 
 
@@ -246,12 +248,17 @@ def _reaching(ev: Evidence, rec: TtlCandidate, target: float) -> TtlChoice:
 
 
 def _all_saturated(ev: Evidence) -> TtlChoice:
-    """Every TTL tried saturates something: the best mean TTFT among them and bidirectional off, said as such."""
-    best = min(ev.curve, key=lambda c: c.metrics["ttft_mean_s"])
+    """Every TTL tried saturates something: among the TTLs saturating in the fewest replications, the best mean TTFT,
+    and bidirectional off, said as such. A TTL that saturates in one replication of three is the safer bet than one
+    that saturates in all three, whatever their means (a saturated run's mean TTFT grows with the run's length)."""
+    least = min(c.saturated_share for c in ev.curve)
+    fewest = [c for c in ev.curve if c.saturated_share == least]
+    best = min(fewest, key=lambda c: c.metrics["ttft_mean_s"])
     keep = significant_gain(best.benefit, ev.off_mean_s)
     off = f"bidirectional off saturates {ev.off_saturated}" if ev.off_saturated else "bidirectional off does not"
     what = "; ".join(sorted({c.saturated for c in ev.curve}))
-    pick = (f"TTL {best.ttl_s:g} s has the lowest mean TTFT of them" if keep else
+    among = "" if len(fewest) == len(ev.curve) else " of those saturating in the fewest replications"
+    pick = (f"TTL {best.ttl_s:g} s has the lowest mean TTFT{among}" if keep else
             "none lowers mean TTFT against bidirectional off")
     return TtlChoice(best if keep else None, not keep, DECODE_HBM if "decode HBM" in best.saturated else PREFILL_COMPUTE, [
         f"Every TTL tried saturates the deployment at this load ({what}; {off}): {pick}, but the deployment is "

@@ -108,6 +108,12 @@ class Saturation:
             parts.append(name)
         return " and ".join(parts) if len(parts) <= 2 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
+    def share(self) -> float:
+        """Share of the replications saturating the most often saturated resource (0: none saturates)."""
+        if not self.resources or self.replications <= 0:
+            return 0.0
+        return max(self.count(r) for r in self.resources) / self.replications
+
     def replication_counts(self) -> dict[str, int]:
         """{health resource: replications saturating it} (the ``saturated_replications`` JSON)."""
         return {r: self.count(r) for r in self.resources}

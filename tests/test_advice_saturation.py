@@ -244,3 +244,26 @@ def test_short_run_is_lengthened_end_to_end() -> None:
     rec = recommend(sc, replications=1, ttl_grid=(30, 60), workers=1)
     assert not rec.steady_state["lengthened"] and rec.steady_state["unsteady_ttls_s"] == [30.0, 60.0]
     assert any(w.startswith("runs too short for steady state at TTL 30, 60 s") for w in rec.warnings), rec.warnings
+
+
+def test_every_ttl_saturated_prefers_the_fewest_saturated_replications() -> None:
+    """When every TTL saturates, the one saturating in fewer replications wins over a lower mean TTFT (a saturated
+    run's mean grows with its length); among equal shares, the lowest mean TTFT."""
+
+    def cand(ttl: float, mean: float, share: float) -> TtlCandidate:
+        m = {"ttft_p90_s": 60.0, "ttft_mean_s": mean}
+        k = round(3 * share)
+        text = "P compute" if k == 3 else f"P compute in {k} of 3 replications"
+        return TtlCandidate(ttl, int(ttl) - 6, m, (100.0 - mean, 0.01), 100.0, False, True, text,
+                            saturated_share=share)
+
+    curve = [cand(60.0, 20.0, 1.0), cand(90.0, 30.0, 1 / 3), cand(120.0, 40.0, 1 / 3)]
+    choice = choose_ttl(Evidence(curve, 100.0, (100.0, 0.01), 1.0, None, "gaps", 0))
+    assert choice.chosen is curve[1] and not choice.retention_off
+    assert "TTL 90 s has the lowest mean TTFT of those saturating in the fewest replications" in choice.rationale[0]
+    even = [cand(60.0, 20.0, 1.0), cand(90.0, 30.0, 1.0)]
+    choice = choose_ttl(Evidence(even, 100.0, (100.0, 0.01), 1.0, None, "gaps", 0))
+    assert choice.chosen is even[0] and "TTL 60 s has the lowest mean TTFT," in choice.rationale[0]
+    assert saturation([{"error": None, "health.resources.prefill_compute.saturated": 1}, {"error": None},
+                       {"error": None}]).share() == pytest.approx(1 / 3)
+    assert saturation([{"error": None}]).share() == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from kvplan.calibration.validate import (
     SERVING_METRICS,
     case_names,
     load_case,
+    markdown_table,
     run_scenario,
     validate,
     validate_case,
@@ -101,7 +103,10 @@ def test_markdown_has_one_row_per_case(capsys: pytest.CaptureFixture[str]) -> No
     # the existing columns as they were, the band's after them
     assert lines[0] == ("| case | status | profile | points predicted | MAPE | max abs error | not expressible | band |")
     row = next(ln for ln in lines if ln.startswith("| `llmd-1p1d-a100-llama-3.1-8b`"))
-    assert row.rstrip(" |").endswith("knife edges**") and row.count(" | ") == 7
+    assert row.rstrip(" |").endswith("/12 inside") and row.count(" | ") == 7
+    edge = validate_case(knife_edge_case())
+    (cell,) = [ln for ln in markdown_table([edge]).splitlines()[2:]]
+    assert cell.rstrip(" |").endswith("knife edges**")  # the band cell names a case's knife edges
 
 
 def test_unresolvable_case_keeps_points_and_says_why() -> None:
@@ -382,10 +387,21 @@ def test_band_is_the_simulation_at_the_priors_stated_error() -> None:
     assert validate_case(case)["points"] == r["points"]  # deterministic
 
 
+def knife_edge_case() -> Any:
+    """The llm-d 1P1D runs read as the P/D deployment their yamls describe (one P, one D, KV over TCP), which is not
+    what they ran (the case file: the gateway image did no P/D): kvplan's A100 prior puts that P at utilisation ~1.05,
+    where TTFT depends sharply on the prefill cost, a knife edge for the band to find."""
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    pd = {"model": "llama-3.1-8b", "hardware": "p4de", "policy": {"bidirectional": False},
+          "deployment": {"tensor_parallel_size": 1, "prefill_nodes": 1, "decode_nodes": 1, "kv_transport": "tcp",
+                         "kv_post_overlaps_forward": False}}
+    return case.model_copy(update={"scenario": pd})
+
+
 def test_knife_edge_1p1d_is_wider_than_a_stable_case() -> None:
-    """The 1P1D case's P runs at utilisation ~1.05: its TTFT band is far wider (relative) than the plain replicas',
-    and flagged; the replicas' TTFT moves about as much as the prefill kernels are scaled."""
-    edge = _by(validate_case(load_case("llmd-1p1d-a100-llama-3.1-8b")))
+    """A P/D reading of the 1P1D runs puts P at utilisation ~1.05: its TTFT band is far wider (relative) than the
+    plain replicas', and flagged; the replicas' TTFT moves about as much as the prefill kernels are scaled."""
+    edge = _by(validate_case(knife_edge_case()))
     stable = _by(validate_case(load_case("llmd-vllm-replicas-a100-llama-3.1-8b")))
     e = edge[("run 23-00-27", "ttft_mean_ms")]
     s = stable[("2 replicas, 8000/200 at 1.8 req/s", "ttft_mean_ms")]
@@ -393,8 +409,9 @@ def test_knife_edge_1p1d_is_wider_than_a_stable_case() -> None:
     width_s = s["predicted_high"] / s["predicted_low"]
     assert width_e > 1.4 and width_s < 1.1 and width_e - 1 > 4 * (width_s - 1)
     assert e["knife_edge"] is True and s["knife_edge"] is False and e["in_band"] is False
-    band = validate_case(load_case("llmd-1p1d-a100-llama-3.1-8b"))["band"]
+    band = validate_case(knife_edge_case())["band"]
     assert "run 23-00-27 ttft_mean_ms" in band["knife_edges"] and "KNIFE EDGE" in band["line"]
+    assert validate_case(load_case("llmd-1p1d-a100-llama-3.1-8b"))["band"]["knife_edges"] == []  # as it ran
 
 
 def test_curve_band_is_the_cost_function_at_the_scaled_costs() -> None:
@@ -422,7 +439,7 @@ def test_band_error_option_widens_the_band_and_bad_values_exit_2(capsys: pytest.
     p = _by(wide)[("run 23-00-27", "ttft_mean_ms")]
     default = _by(validate_case(load_case(name)))[("run 23-00-27", "ttft_mean_ms")]
     assert p["predicted_low"] < default["predicted_low"] and p["predicted_high"] > default["predicted_high"]
-    assert p["predicted_high"] / p["predicted_low"] > 2 and p["knife_edge"]
+    assert p["predicted_high"] / p["predicted_low"] > default["predicted_high"] / default["predicted_low"]
     for bad in ("0", "1.5", "nan"):
         assert main(["validate", "--case", name, "--band-error", bad]) == 2
         cap = capsys.readouterr()

@@ -1,9 +1,9 @@
 """The sensitivity band of ``kvplan validate``: each prediction again with the GPU compute scaled by its stated error.
 
 A prediction that moves a lot when the kernel prior moves within its own error is a knife edge: the answer
-depends on the prior's error, not on the mechanisms kvplan models (the llm-d 1P1D case: its P runs at
-utilisation ~1.05 under the A100 prefill prior, so a few percent on the prefill kernels halves or doubles the
-mean TTFT). The band says so next to every point.
+depends on the prior's error, not on the mechanisms kvplan models (e.g. a P/D reading of the llm-d 1P1D runs,
+one P at utilisation ~1.05 under the A100 prefill prior, where a few percent on the prefill kernels halves or
+doubles the mean TTFT; the tests keep it as their example). The band says so next to every point.
 
 * **Error** (:func:`band_spec`): per component (prefill, decode), the largest relative error the resolved
   GPU compute states: for a kernel-derived prior its ``fit_report`` ``prefill_max_abs_rel_error`` /

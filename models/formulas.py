@@ -179,8 +179,9 @@ def read_thread_time_s(cost: TransferParams, descriptors: int, nbytes_per_rank: 
     post's one GET per descriptor with the byte movement, so the reader's engine thread is busy for the post plus
     the read's wire time: ``thread_per_byte_s`` = the link's ``per_byte_s``. The sum is an upper bound where the
     byte movement is not CPU-bound; the measured TCP post (vLLM issue #34054, 129 of a 174 ms xferDuration) may
-    itself hold some of its wire. Checked against the llm-d runs (not fitted): the post alone, or ``max(post,
-    wire)``, leaves both cases' mean TPOT 47-70% short.
+    itself hold some of its wire. No public measurement tests this sum: the llm-d exp-7 "P/D" runs it was first
+    checked against turned out to be served by aggregated replicas (their endpoint picker did no P/D; the
+    validation case files).
     """
     return (post_time_s(cost, descriptors) + cost.thread_per_descriptor_s * descriptors
             + cost.thread_per_byte_s * nbytes_per_rank)

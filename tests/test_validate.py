@@ -116,6 +116,22 @@ def test_unresolvable_case_keeps_points_and_says_why() -> None:
     assert r["not_expressible"][0].startswith("no prediction: ") and "no-such-gpu" in r["not_expressible"][0]
 
 
+def test_llmd_pd_runs_are_simulated_as_the_replicas_that_served_them() -> None:
+    """The llm-d "1P1D"/"2P1D" runs' endpoint picker (llm-d-inference-scheduler 0.0.1) ran the demo dual scheduler and
+    never asked for P/D: each request was served whole by a random pod. The cases simulate that, say why (citing the
+    code), and land where the plain replicas of the same workload land, not at the P/D reading's saturation."""
+    for name, n in (("llmd-1p1d-a100-llama-3.1-8b", 2), ("llmd-2p1d-a100-llama-3.1-8b", 3)):
+        case = load_case(name)
+        sc = run_scenario(case, case.runs[0])
+        assert (sc.deployment.mode, sc.deployment.replicas, sc.deployment.routing) == ("aggregated", n, "random")
+        why = " ".join(case.modelled)
+        assert "dual.NewScheduler" in why and "x-prefiller-url" in why and "abb80872" in why
+        assert any("enforce-eager" in x for x in case.not_expressible)  # what is left, named
+        r = validate_case(case)
+        means = [p for p in r["points"] if p["metric"] == "ttft_mean_ms"]
+        assert all(abs(p["rel_error"]) < 0.25 for p in means), means  # the P/D reading missed by +218..+550%
+
+
 def test_vllm_replicas_case_is_simulated_in_aggregated_mode() -> None:
     case = load_case("llmd-vllm-replicas-a100-llama-3.1-8b")
     scs = [run_scenario(case, x) for x in case.runs]

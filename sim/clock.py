@@ -67,11 +67,17 @@ class SimEnv(simpy.Environment):
     _now: float
     _queue: list[Any]
     _eid: count[int]
+    _soon: list[Callable[[Any], None]]  # call_soon's calls, run after the current event (see call_soon)
+    _soon_on: bool  # run_until is stepping: call_soon may defer
+    _soon_eid: int  # ids of deferred calls that must enter the queue after all: below every SimPy id, in order
 
     def __init__(self, initial_time: float = 0.0) -> None:
         super().__init__(float(initial_time))
         if not (isinstance(self._queue, list) and hasattr(self._eid, "__next__")):
             raise RuntimeError(f"SimPy {getattr(simpy, '__version__', '?')} is not supported: kvplan needs SimPy 4.1")
+        self._soon = []
+        self._soon_on = False
+        self._soon_eid = -(2**62)
 
     @property
     def now(self) -> float:
@@ -91,20 +97,50 @@ class SimEnv(simpy.Environment):
         """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``).
 
         A :class:`Wake` is run inline (a successful event whose callbacks are the model's, which never raise
-        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`)."""
+        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`). After each event
+        the calls :func:`call_soon` deferred during it are run (:meth:`_run_soon`)."""
         q = self._queue
-        while q and q[0][0] < stop:
-            t, _prio, _eid, event = _heap_pop(q)
-            self._now = t
-            if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
-                w: Wake = event
-                callbacks = w.callbacks
-                w.callbacks = None
-                if callbacks is not None:
-                    for cb in callbacks:
-                        cb(w)
-            else:
-                _fire(self, event)
+        soon = self._soon
+        self._soon_on = True
+        try:
+            while q and q[0][0] < stop:
+                t, _prio, _eid, event = _heap_pop(q)
+                self._now = t
+                if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
+                    w: Wake = event
+                    callbacks = w.callbacks
+                    w.callbacks = None
+                    if callbacks is not None:
+                        for cb in callbacks:
+                            cb(w)
+                else:
+                    _fire(self, event)
+                if soon:
+                    self._run_soon()
+        finally:
+            self._soon_on = False
+
+    def _run_soon(self) -> None:
+        """Run the deferred calls in order, each as the event ``call_later(env, 0.0, fn)`` would have been.
+
+        Each would have been the first NORMAL event of this instant (nothing else was due now when it was
+        deferred; what was scheduled after it comes after it), so it runs now, unless an URGENT event of this
+        instant was scheduled since: that one runs first, so the rest enter the queue at NORMAL priority with ids
+        below every SimPy id (in their order), which puts them before the NORMAL events of this instant."""
+        soon = self._soon
+        q = self._queue
+        now = self._now
+        i = 0
+        while i < len(soon):
+            if q and q[0][0] <= now and q[0][1] < _NORMAL:
+                for fn in soon[i:]:
+                    _heap_push(q, (now, _NORMAL, self._soon_eid, Wake(fn)))
+                    self._soon_eid += 1
+                break
+            fn = soon[i]
+            i += 1
+            fn(None)
+        soon.clear()
 
 
 def _fire(env: SimEnv, event: Any) -> None:
@@ -195,6 +231,18 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
     _heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
+
+
+def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:
+    """``call_later(env, 0.0, fn)`` without an event when it can be: ``fn(None)`` runs right after the current
+    event's callbacks if nothing else is due now (an event of this instant already queued runs before it, so
+    then it is queued as ``call_later`` queues it; so is it outside :meth:`SimEnv.run_until`). Same order, same
+    times: what it saves is a queue entry, its push and pop, per wake-up that nothing competes with."""
+    q = env._queue
+    if env._soon_on and not (q and q[0][0] <= env._now):
+        env._soon.append(fn)
+    else:
+        _heap_push(q, (env._now + 0.0, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:

@@ -212,6 +212,27 @@ def decode_step_increment_s(cost: DecodeParams, batch: int) -> float:
     return per_context_s(cost, batch) * batch
 
 
+class DecodeSteps:
+    """:func:`decode_step_time_s` and :func:`decode_step_increment_s` of one cost for batches of ``0..max_batch``
+    sequences, with ``batch_s`` and ``per_context_s`` computed once per batch size (the same floats: the same
+    functions on the same arguments, then the same arithmetic). D plans a stretch with them at every batch
+    change; the knots' interpolation is most of a step time's cost."""
+
+    def __init__(self, cost: DecodeParams, max_batch: int) -> None:
+        self.batch_s = [batch_s(cost, b) for b in range(max_batch + 1)]
+        self.per_context_s = [per_context_s(cost, b) for b in range(max_batch + 1)]
+        self.overhead_s = cost.overhead_s
+
+    def step_time_s(self, batch: int, context_tokens: float) -> float:
+        """= ``decode_step_time_s(cost, batch, context_tokens)``."""
+        t = self.batch_s[batch] + self.per_context_s[batch] * context_tokens
+        return t + self.overhead_s
+
+    def increment_s(self, batch: int) -> float:
+        """= ``decode_step_increment_s(cost, batch)``."""
+        return self.per_context_s[batch] * batch
+
+
 def decode_steps_time_s(cost: DecodeParams, batch: int, context_tokens: float, steps: int) -> float:
     """Time of ``steps`` consecutive decode steps of an unchanged batch (closed form).
 

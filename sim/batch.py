@@ -32,11 +32,10 @@ from kvplan.models.costs import (
     DecodeCost,
     PrefillCost,
     causal_pairs,
-    decode_step_increment_s,
-    decode_step_time_s,
     mixed_step_time_s,
     steps_within,
 )
+from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import SimEnv, call_later
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
@@ -85,6 +84,7 @@ class DecodeBatch:
         self.bs = block_size
         self.owner = owner
         self._dc = cost
+        self._steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py)
         self._join_q: deque[Request] = deque()
         self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
@@ -449,8 +449,8 @@ class DecodeBatch:
                 self._active = True
                 self._boundary()
             return
-        self._plan_first = first = decode_step_time_s(self._dc, self.batch, self.ctx_sum)
-        self._plan_inc = decode_step_increment_s(self._dc, self.batch)
+        self._plan_first = first = self._steps.step_time_s(self.batch, self.ctx_sum)
+        self._plan_inc = self._steps.increment_s(self.batch)
         delay = self._thread_delay(now, first, self._tail_extra(joined, first) if joined else 0.0)
         self._plan_t0 = now + delay
         t_first = self._plan_t0 + first  # the first step containing them ends here

@@ -43,6 +43,8 @@ _URGENT: Final = URGENT
 _push: Final = heappush
 _pop: Final = heappop
 _next: Final = next  # the builtin: compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call
+# compiled, the queue's heap operations are the typed ones below (see _before); interpreted, heapq's C functions
+_COMPILED: Final = not __file__.endswith(".py")
 
 
 class Wake:
@@ -65,11 +67,17 @@ class SimEnv(simpy.Environment):
     _now: float
     _queue: list[Any]
     _eid: count[int]
+    _soon: list[Callable[[Any], None]]  # call_soon's calls, run after the current event (see call_soon)
+    _soon_on: bool  # run_until is stepping: call_soon may defer
+    _soon_eid: int  # ids of deferred calls that must enter the queue after all: below every SimPy id, in order
 
     def __init__(self, initial_time: float = 0.0) -> None:
         super().__init__(float(initial_time))
         if not (isinstance(self._queue, list) and hasattr(self._eid, "__next__")):
             raise RuntimeError(f"SimPy {getattr(simpy, '__version__', '?')} is not supported: kvplan needs SimPy 4.1")
+        self._soon = []
+        self._soon_on = False
+        self._soon_eid = -(2**62)
 
     @property
     def now(self) -> float:
@@ -81,7 +89,7 @@ class SimEnv(simpy.Environment):
         q = self._queue
         if not q:
             raise EmptySchedule()
-        t, _prio, _eid, event = _pop(q)
+        t, _prio, _eid, event = _heap_pop(q)
         self._now = t
         _fire(self, event)
 
@@ -89,20 +97,50 @@ class SimEnv(simpy.Environment):
         """Process every queued event scheduled before ``stop``, in order (``while peek() < stop: step()``).
 
         A :class:`Wake` is run inline (a successful event whose callbacks are the model's, which never raise
-        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`)."""
+        ``StopSimulation``); any other event goes through SimPy's step body (:func:`_fire`). After each event
+        the calls :func:`call_soon` deferred during it are run (:meth:`_run_soon`)."""
         q = self._queue
-        while q and q[0][0] < stop:
-            t, _prio, _eid, event = _pop(q)
-            self._now = t
-            if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
-                w: Wake = event
-                callbacks = w.callbacks
-                w.callbacks = None
-                if callbacks is not None:
-                    for cb in callbacks:
-                        cb(w)
-            else:
-                _fire(self, event)
+        soon = self._soon
+        self._soon_on = True
+        try:
+            while q and q[0][0] < stop:
+                t, _prio, _eid, event = _heap_pop(q)
+                self._now = t
+                if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
+                    w: Wake = event
+                    callbacks = w.callbacks
+                    w.callbacks = None
+                    if callbacks is not None:
+                        for cb in callbacks:
+                            cb(w)
+                else:
+                    _fire(self, event)
+                if soon:
+                    self._run_soon()
+        finally:
+            self._soon_on = False
+
+    def _run_soon(self) -> None:
+        """Run the deferred calls in order, each as the event ``call_later(env, 0.0, fn)`` would have been.
+
+        Each would have been the first NORMAL event of this instant (nothing else was due now when it was
+        deferred; what was scheduled after it comes after it), so it runs now, unless an URGENT event of this
+        instant was scheduled since: that one runs first, so the rest enter the queue at NORMAL priority with ids
+        below every SimPy id (in their order), which puts them before the NORMAL events of this instant."""
+        soon = self._soon
+        q = self._queue
+        now = self._now
+        i = 0
+        while i < len(soon):
+            if q and q[0][0] <= now and q[0][1] < _NORMAL:
+                for fn in soon[i:]:
+                    _heap_push(q, (now, _NORMAL, self._soon_eid, Wake(fn)))
+                    self._soon_eid += 1
+                break
+            fn = soon[i]
+            i += 1
+            fn(None)
+        soon.clear()
 
 
 def _fire(env: SimEnv, event: Any) -> None:
@@ -124,11 +162,87 @@ def _fire(env: SimEnv, event: Any) -> None:
         raise exc
 
 
+# ---- SimPy's queue as a heap ----------------------------------------------------------------------------
+# The same binary heap as heapq's (the same sift steps as its C code) on SimPy's entries ``(time, priority, id,
+# event)``: ids are unique, so the entries are totally ordered and any valid heap pops them in the same order;
+# SimPy's own ``schedule``/``step`` (heapq) keep working on it. Compiled, an entry's time is read as a C double
+# and compared natively; heapq compares tuples through Python's generic rich comparison (two float compares
+# per pair), about a fifth of the model's instructions.
+
+def _before(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """``a < b`` for two queue entries: by time, then (same time) as tuples (priority, then id)."""
+    ta = a[0]
+    tb = b[0]
+    if ta != tb:
+        return ta < tb
+    return bool(a < b)
+
+
+def _heap_push(q: list[Any], item: Any) -> None:
+    """``heapq.heappush(q, item)``."""
+    if not _COMPILED:
+        _push(q, item)
+        return
+    entry: tuple[float, ...] = item
+    q.append(entry)
+    pos = len(q) - 1
+    while pos > 0:  # heapq's _siftdown(q, 0, pos)
+        parent_pos = (pos - 1) >> 1
+        parent: tuple[float, ...] = q[parent_pos]
+        if not _before(entry, parent):
+            break
+        q[pos] = parent
+        pos = parent_pos
+    q[pos] = entry
+
+
+def _heap_pop(q: list[Any]) -> Any:
+    """``heapq.heappop(q)`` (``q`` not empty)."""
+    if not _COMPILED:
+        return _pop(q)
+    last: tuple[float, ...] = q.pop()
+    if not q:
+        return last
+    top: tuple[float, ...] = q[0]
+    # heapq's _siftup(q, 0): the smaller child moves up until a leaf is reached, then ``last`` sifts down there
+    end = len(q)
+    pos = 0
+    child = 1
+    while child < end:
+        right = child + 1
+        if right < end and not _before(q[child], q[right]):
+            child = right
+        q[pos] = q[child]
+        pos = child
+        child = 2 * pos + 1
+    while pos > 0:
+        parent_pos = (pos - 1) >> 1
+        parent: tuple[float, ...] = q[parent_pos]
+        if not _before(last, parent):
+            break
+        q[pos] = parent
+        pos = parent_pos
+    q[pos] = last
+    return top
+
+
 def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    _push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
+    _heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
+
+
+def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:
+    """``call_later(env, 0.0, fn)`` without an event when it can be: ``fn(None)`` runs right after the current
+    event's callbacks if nothing else is due now (an event of this instant already queued runs before it, so
+    then it is queued as ``call_later`` queues it; so is it outside :meth:`SimEnv.run_until`). Same order, same
+    times: what it saves is a queue entry, its push and pop, per wake-up that nothing competes with."""
+    q = env._queue
+    if env._soon_on and not (q and q[0][0] <= env._now):
+        env._soon.append(fn)
+    else:
+        _heap_push(q, (env._now + 0.0, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
@@ -137,10 +251,10 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
     A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
     ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
     can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
-    _push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
+    _heap_push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    _push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))
+    _heap_push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))

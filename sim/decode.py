@@ -41,7 +41,7 @@ from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
 from kvplan.sim.batch import DecodeBatch
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_at, call_later
+from kvplan.sim.clock import call_at, call_later, call_soon
 from kvplan.sim.evlog import (
     EV_D_ADMIT,
     EV_D_ENQUEUE,
@@ -288,7 +288,7 @@ class DecodeNode:
             self.admission_held = True
         elif not self._retry_pending:
             self._retry_pending = True
-            call_later(self.env, 0.0, self._retry)
+            call_soon(self.env, self._retry)
 
     def resume_admission(self) -> None:
         """The step that preempted is over and the next one preempted nothing: its waiting loop runs now."""

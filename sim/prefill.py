@@ -31,7 +31,7 @@ import math
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import call_at, call_first, call_later
+from kvplan.sim.clock import call_at, call_first, call_later, call_soon
 from kvplan.sim.evlog import (
     DEC_ERROR,
     DEC_EXPIRED,
@@ -129,7 +129,7 @@ class PrefillNode(Scheduler):
     def _kick(self) -> None:
         if self._idle:
             self._idle = False
-            call_later(self.env, 0.0, self._woken)
+            call_soon(self.env, self._woken)
 
     def _start(self, _e: object) -> None:
         self._next_step(True)

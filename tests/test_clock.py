@@ -7,6 +7,7 @@ child with the compiled build, so the compiled ``step`` is held to the same.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import simpy
 from simpy.core import EmptySchedule
 
-from kvplan.sim.clock import SimEnv, call_at, call_first, call_later
+from kvplan.sim.clock import SimEnv, call_at, call_first, call_later, call_soon
 
 ENVS = (simpy.Environment, SimEnv)
 Trace = list[tuple[float, str]]
@@ -194,3 +195,49 @@ def test_call_at_fires_at_the_deadline_itself_not_an_ulp_before() -> None:
     call_later(env, now, lambda _e: call_at(env, 1.0, lambda _e: seen.append(("past", env.now))))
     env.run()
     assert seen == [("past", now), ("at", when)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_call_soon_orders_as_call_later_with_no_delay(seed: int) -> None:
+    """``call_soon`` runs what ``call_later(env, 0.0, fn)`` runs, in the same order at the same times, whatever
+    else is due at that instant (NORMAL events at the same time, URGENT ones scheduled after the deferral, other
+    deferred calls, calls deferred by a deferred call), inside ``run_until`` and outside it."""
+    def program(soon: bool, sliced: bool) -> list[tuple[float, int]]:
+        env = SimEnv()
+        rng = random.Random(seed)
+        log: list[tuple[float, int]] = []
+        n = [0]
+
+        def act(_e: object) -> None:
+            n[0] += 1
+            me = n[0]
+            log.append((env.now, me))
+            if me > 300:
+                return
+            for _ in range(rng.randint(1, 2)):
+                k = rng.random()
+                if k < 0.4:
+                    if soon:
+                        call_soon(env, act)
+                    else:
+                        call_later(env, 0.0, act)
+                elif k < 0.55:
+                    call_first(env, act)
+                else:
+                    call_later(env, rng.choice((0.0, 0.5, 1.0)), act)
+
+        call_later(env, 0.0, act)
+        call_later(env, 0.0, act)
+        if sliced:
+            stop = 0.75
+            while env.peek() < float("inf"):
+                env.run_until(stop)
+                stop += 0.75
+        else:
+            env.run()
+        return log
+
+    ref = program(soon=False, sliced=True)
+    assert len(ref) > 10
+    assert program(soon=True, sliced=True) == ref
+    assert program(soon=True, sliced=False) == ref  # outside run_until call_soon queues like call_later

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.atomic_dir import open_result_dir, write_result_dir_files
+from kvplan.sim.alloc import release_free_memory
 from kvplan.sim.events import Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
@@ -235,7 +236,9 @@ class ResultDirWriter:
         try:
             self._close_turns()
             staged = {f"turns.{f}": self.stage / f"turns.{f}" for f in self.formats}
+            release_free_memory()  # the last row group's (sim/alloc.py)
             staged.update(_stage_pinned(result.pinned_series(), self.stage, self.formats))
+            release_free_memory()  # the pinned file's slices and pages
             files: dict[str, bytes] = {}
             files["scenario.yaml"] = yaml.safe_dump(
                 result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False

@@ -437,7 +437,8 @@ class TurnAggregates:
 
     def __post_init__(self) -> None:
         """One statistic per column of :data:`STAT_COLUMNS`."""
-        self.cols = {name: ColumnStat(self.exact, q, self.capacity) for name, q in STAT_COLUMNS.items()}
+        opened: list[tuple[ColumnStat, np.ndarray]] = []  # one decompressed column at a time (ColumnStat.column)
+        self.cols = {name: ColumnStat(self.exact, q, self.capacity, opened) for name, q in STAT_COLUMNS.items()}
 
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.cols[name].add(np.asarray(values, dtype=np.float64))

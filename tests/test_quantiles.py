@@ -265,3 +265,22 @@ def test_the_exact_fold_of_a_step_series_equals_the_one_shot_mean_and_peak() -> 
     level /= GIB
     t_end = float(ev_t[-1]) + 3.0
     assert stats.mean_peak(t_end) == (_time_weighted_mean(t, level, t_end), float(level.max()))
+
+
+def test_a_compact_series_buffer_sorts_to_the_same_steps_bit_for_bit() -> None:
+    """SeriesBuffer(compact=True) keeps token changes as int32 while they convert back exactly; a -0.0, a fraction
+    or a value beyond int32 switches it to float64: the sorted steps equal the float64 buffer's bit for bit."""
+    from kvplan.sim.stream import SeriesBuffer
+
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 5_000, 200).astype(np.float64) for _ in range(5)]
+    for tail in ([-0.0, 3.0], [2.5], [2.0**40], []):
+        plain, compact = SeriesBuffer(), SeriesBuffer(100, compact=True)
+        for d in [*batches, np.array(tail)]:
+            t = np.round(rng.uniform(0, 50, len(d)), 1)
+            for buf in (plain, compact):
+                buf.add(t, d, 1)
+                buf.add(t, -d, 0)
+        assert (compact._d.dtype == np.int32) == (not tail)
+        for a, b in zip(plain.steps(), compact.steps(), strict=True):
+            assert np.array_equal(a.view(np.int64), b.view(np.int64))

@@ -223,7 +223,7 @@ class StepStats:
             return 0.0, 0.0
         if t_end <= 0:
             return 0.0, self.peak
-        if self.misordered:  # a change came before what advance() was promised: the sorted order is lost
+        if self.misordered and self.exact:  # a change came before what advance() was promised: not the one-shot order
             raise RuntimeError(f"internal error: {self.misordered} change points came after later ones were folded in")
         if self.exact:  # the last interval runs to t_end: the one-shot's dt = diff(append(t, max(t_end, t[-1])))
             self._keep_products(np.array([self.last_v]) * (np.array([max(t_end, self.last_t)]) - self.last_t))

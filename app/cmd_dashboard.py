@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +105,8 @@ def running_dashboard(
     until it answers ``ok``; on exit it is terminated (killed after 10 s). Raises ``RuntimeError``
     with the end of the server log when it exits or is not healthy within ``timeout_s``.
     """
+    import urllib.request  # here, not at the top: it loads ssl and http, which no other command needs
+
     port = port or free_port(address)
     cmd = [*streamlit_command(port, address), "--server.fileWatcherType", "none"]
     out = log.open("wb") if log is not None else subprocess.DEVNULL

@@ -7,13 +7,14 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from kvplan.plan.advice import IF_KEPT_ON, Recommendation
-from kvplan.plan.advice_runs import RESOURCE_NAMES
 from kvplan.units import human_s
+
+if TYPE_CHECKING:  # the advisor (scipy, the executor's multiprocessing) loads only when a command uses it
+    from kvplan.plan.advice import Recommendation
 
 
 def register(app: typer.Typer) -> None:
@@ -101,6 +102,8 @@ def register(app: typer.Typer) -> None:
 
 def render_text(rec: Recommendation) -> list[str]:
     """Human-readable lines of a recommendation (the CLI prints them)."""
+    from kvplan.plan.advice import IF_KEPT_ON
+
     e, b, o = rec.expected, rec.baseline, rec.bidirectional_off
 
     def ms(d: dict[str, float], k: str) -> str:
@@ -172,6 +175,8 @@ def _run_notes(rec: Recommendation) -> list[str]:
 
 def _saturated_line(sat: dict[str, Any]) -> str:
     """What each configuration saturates (health section of its runs)."""
+    from kvplan.plan.advice_runs import RESOURCE_NAMES
+
     counts, reps = sat.get("saturated_replications") or {}, sat.get("replications") or {}
 
     def name(key: str, r: str) -> str:

@@ -8,7 +8,9 @@ from typing import Any
 
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
+from kvplan.sim.alloc import TRIM_EVERY_CHUNKS, release_free_memory
 from kvplan.sim.engine import ChunkSink, ProgressHook, simulate, thread_counters
+from kvplan.sim.events import EventChunk
 from kvplan.sim.health import BUSY_FRACTION, compute_health
 from kvplan.sim.results import Result, build_result
 from kvplan.sim.scenario import Policy, Scenario, as_scenario
@@ -50,12 +52,24 @@ def _run(scenario: Scenario, seed: int, keep: bool, sink: TurnSink | None, progr
 
     def consumer(plan: ConversationPlan) -> ChunkSink:
         streams.append(RunStream(plan.offsets, plan.turns, sink=sink, keep_turns=keep))
-        return streams[0].consume
+        release_free_memory()  # the plan's temporaries (sim/alloc.py)
+        consume = streams[0].consume
+        chunks = [0]
+
+        def on_chunk(ch: EventChunk) -> None:
+            consume(ch)
+            chunks[0] += 1
+            if chunks[0] % TRIM_EVERY_CHUNKS == 0:
+                release_free_memory()
+
+        return on_chunk
 
     rs, plan, ctx = simulate(scenario, seed, consumer=consumer, progress=progress, keep=keep)
     stream = streams[0]
     stream.finish()
-    return _derive(scenario, seed, rs, plan, ctx, stream)
+    result = _derive(scenario, seed, rs, plan, ctx, stream)
+    release_free_memory()
+    return result
 
 
 def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream: RunStream) -> Result:
@@ -104,6 +118,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
     if not ctx.log.keep:  # a streamed run: the driver's per-turn lists go before the end-of-run derivation
         del ctx.driver
         gc.collect()
+        release_free_memory()
     result = build_result(scenario, seed, stream, events, bytes_all, extra, list(rs.notes) + _policy_notes(scenario))
     health = compute_health(result.summary, stream.agg.waits(), scenario, rs.per_byte_s, held)
     return result.with_run_context({"health": health})

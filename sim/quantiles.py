@@ -159,20 +159,34 @@ class LogSketch:
         return x_lo + (h - lo) * (x_hi - x_lo)
 
 
+#: values per compressed block of an exact column (:class:`ColumnStat`): 512 KiB of float64
+BLOCK_VALUES = 65_536
+
 class ColumnStat:
     """Count, mean and percentiles of one per-turn column, fed in release (row) order.
 
     ``exact``: the column is kept and every statistic equals NumPy/pandas on the whole column bit for bit.
     Otherwise an exact count and sum are kept (and, with ``quantiles``, a :class:`LogSketch`): O(1) memory.
+
+    An exact column is kept losslessly compressed: each full block of :data:`BLOCK_VALUES` values is
+    byte-shuffled (the k-th bytes of all values together: signs, exponents and leading mantissa bytes repeat)
+    and compressed with zstd (level 1, pyarrow's codec), the last partial block stays as it is; :meth:`column`
+    gives back the very same float64 values. A 1M-turn run's eight columns take ~60% of their 61 MiB (an
+    all-zero column almost nothing), for ~0.1 CPU s per million values both ways.
     """
 
-    def __init__(self, exact: bool, quantiles: bool = True, capacity: int = 0) -> None:
+    def __init__(self, exact: bool, quantiles: bool = True, capacity: int = 0,
+                 opened: list[tuple[ColumnStat, np.ndarray]] | None = None) -> None:
         self.exact = exact
-        # an exact column is one growing buffer (``capacity``: the values expected, e.g. the planned turns), not
-        # a list of batches joined at the end: joining a million values left the batches' freed memory resident
-        # beside the joined copy (the 1M-turn run's peak)
-        self._buf = np.empty(max(capacity, 0) if exact else 0)
+        # the column decompressed last, shared by the columns of one run (``opened``): the summary reads a
+        # column's mean and percentiles one after another, so each is decompressed once, one at a time
+        self._open: list[tuple[ColumnStat, np.ndarray]] = [] if opened is None else opened
+        # the block being filled (``capacity``: the values expected, e.g. the planned turns: a small run's
+        # column is one buffer of that size, never compressed)
+        self._buf = np.empty(min(max(capacity, 0), BLOCK_VALUES) if exact else 0)
         self._len = 0
+        self._blocks: list[bytes] = []  # full blocks, shuffled and compressed
+        self._packed = 0  # values in ``_blocks``
         self.sketch = LogSketch() if quantiles and not exact else None
         self.quantiles = quantiles
         self.n = 0
@@ -182,13 +196,21 @@ class ColumnStat:
         """Fold a batch in (NaN values count for nothing but are kept in an exact column)."""
         v = np.asarray(values, dtype=np.float64)
         if self.exact:  # copied in: ``values`` may be a view of a whole frame's 2-D block
-            end = self._len + len(v)
-            if end > len(self._buf):
-                grown = np.empty(max(end, 2 * len(self._buf), 1024))
-                grown[: self._len] = self._buf[: self._len]
-                self._buf = grown
-            self._buf[self._len:end] = v
-            self._len = end
+            if self._open and self._open[0][0] is self:
+                self._open.clear()
+            i, m = 0, len(v)
+            while i < m:
+                if self._len == len(self._buf):
+                    if len(self._buf) >= BLOCK_VALUES:
+                        self._pack()
+                    else:
+                        grown = np.empty(min(max(self._len + m - i, 2 * len(self._buf), 1024), BLOCK_VALUES))
+                        grown[: self._len] = self._buf[: self._len]
+                        self._buf = grown
+                take = min(len(self._buf) - self._len, m - i)
+                self._buf[self._len:self._len + take] = v[i:i + take]
+                self._len += take
+                i += take
             return
         ok = v[~np.isnan(v)]
         self.n += len(ok)
@@ -197,11 +219,37 @@ class ColumnStat:
         if self.sketch is not None:
             self.sketch.add(ok)
 
+    def _pack(self) -> None:
+        """Compress the full block (byte-shuffled) and start an empty one."""
+        import pyarrow as pa
+
+        n = self._len
+        shuffled = self._buf[:n].view(np.uint8).reshape(n, 8).T.copy()
+        self._blocks.append(pa.Codec("zstd", compression_level=1).compress(shuffled, asbytes=True))
+        self._packed += n
+        self._len = 0
+
     def column(self) -> np.ndarray:
         """The kept column (exact mode only)."""
         if not self.exact:
             raise ValueError("the column was not kept (sketch mode)")
-        return self._buf[: self._len]
+        if not self._blocks:
+            return self._buf[: self._len]
+        if self._open and self._open[0][0] is self:
+            return self._open[0][1]
+        self._open.clear()  # the previous column's whole copy goes first
+        import pyarrow as pa
+
+        codec = pa.Codec("zstd", compression_level=1)
+        out = np.empty(self._packed + self._len)
+        for k, blob in enumerate(self._blocks):
+            a = k * BLOCK_VALUES
+            raw = codec.decompress(blob, decompressed_size=8 * BLOCK_VALUES, asbytes=True)
+            out[a:a + BLOCK_VALUES].view(np.uint8).reshape(BLOCK_VALUES, 8)[:] = (
+                np.frombuffer(raw, dtype=np.uint8).reshape(8, BLOCK_VALUES).T)
+        out[self._packed:] = self._buf[: self._len]
+        self._open.append((self, out))
+        return out
 
     def count(self) -> int:
         """Non-NaN values."""
@@ -228,5 +276,9 @@ class ColumnStat:
 
     def free(self) -> None:
         """Drop the kept column (its statistics are no longer needed)."""
+        if self._open and self._open[0][0] is self:
+            self._open.clear()
         self._buf = np.empty(0)
         self._len = 0
+        self._blocks = []
+        self._packed = 0

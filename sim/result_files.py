@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.atomic_dir import open_result_dir, write_result_dir_files
+from kvplan.sim.alloc import release_free_memory
 from kvplan.sim.events import Release, RouterResult
 from kvplan.sim.scenario import Scenario
 
@@ -165,7 +166,10 @@ class ResultDirWriter:
         self.lock, self.stage = open_result_dir(out, result_file_names(None, fmt), overwrite, inputs=self.inputs)
         self._pq: Any = None
         self._csv: Any = None
-        self._pending: list[pd.DataFrame] = []
+        self._schema: Any = None
+        # released turns not yet in a row group, as Arrow tables converted on arrival (the frames are not kept):
+        # a row group is a zero-copy slice of their concatenation, so no frame is ever joined or copied again
+        self._pending: list[Any] = []
         self._pending_rows = 0
         self._rows = 0
 
@@ -180,27 +184,39 @@ class ResultDirWriter:
                 self._csv.write(body.encode())
         self._rows += len(turns)
         if "parquet" in self.formats:
-            self._pending.append(turns)
-            self._pending_rows += len(turns)
-            while self._pending_rows >= ROW_GROUP_ROWS:
-                self._flush_parquet(ROW_GROUP_ROWS)
+            import pyarrow as pa
+
+            if self._schema is None:
+                self._schema = turns_arrow_schema()
+            for i in range(0, len(turns), ROW_GROUP_ROWS):  # a kept run's whole frame: one group's rows at a time
+                part = turns.iloc[i:i + ROW_GROUP_ROWS]
+                self._pending.append(pa.Table.from_pandas(part, schema=self._schema,
+                                                          preserve_index=False).replace_schema_metadata())
+                self._pending_rows += len(part)
+                while self._pending_rows >= ROW_GROUP_ROWS:
+                    self._flush_parquet(ROW_GROUP_ROWS)
 
     def _flush_parquet(self, n: int | None) -> None:
+        """Write the first ``n`` pending rows (all: None) as one row group. The group is a slice of the pending
+        tables' chunks, written as it stands: the file's bytes do not depend on how its rows are chunked (a row
+        group's column chunk is at most 512 KiB of PLAIN or dictionary data, below the 1 MiB page and dictionary
+        limits, so no page boundary falls at a chunk boundary)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if self._schema is None:
+            self._schema = turns_arrow_schema()
         if self._pq is None:
-            self._pq = pq.ParquetWriter(self.stage / "turns.parquet", turns_arrow_schema(), compression="zstd")
+            self._pq = pq.ParquetWriter(self.stage / "turns.parquet", self._schema, compression="zstd")
         if not self._pending:
             return
-        rows = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
-        n = len(rows) if n is None else n
-        head, rest = rows.iloc[:n], rows.iloc[n:]
-        if len(head):
-            table = pa.Table.from_pandas(head, schema=turns_arrow_schema(), preserve_index=False).replace_schema_metadata()
-            self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
-        self._pending = [rest.reset_index(drop=True)] if len(rest) else []
-        self._pending_rows = len(rest)
+        rows = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        n = rows.num_rows if n is None else n
+        if n:
+            self._pq.write_table(rows.slice(0, n), row_group_size=ROW_GROUP_ROWS)
+        rest = rows.slice(n)
+        self._pending = [rest] if rest.num_rows else []
+        self._pending_rows = rest.num_rows
 
     def _close_turns(self) -> None:
         if "csv" in self.formats:
@@ -220,7 +236,9 @@ class ResultDirWriter:
         try:
             self._close_turns()
             staged = {f"turns.{f}": self.stage / f"turns.{f}" for f in self.formats}
+            release_free_memory()  # the last row group's (sim/alloc.py)
             staged.update(_stage_pinned(result.pinned_series(), self.stage, self.formats))
+            release_free_memory()  # the pinned file's slices and pages
             files: dict[str, bytes] = {}
             files["scenario.yaml"] = yaml.safe_dump(
                 result.scenario.model_dump(mode="json", exclude_none=True), sort_keys=False

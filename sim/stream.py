@@ -11,9 +11,10 @@ typed chunk to :class:`RunStream`, which
   ``turns.parquet``/``turns.csv`` writers) and to the summary aggregates;
 * accumulates counters and the pinned/held change points as they happen.
 
-Memory: the in-flight events, the reorder buffer, and the pinned/held change points (4 per turn, 17 bytes
-each, sorted once at the end; a large streamed run folds the held ones into their statistics as it goes,
-:class:`StepStats`, and keeps only the pinned ones, which ``pinned.parquet`` needs). The columns behind
+Memory: the in-flight events, the reorder buffer, and the pinned change points (2 per turn, 17 bytes each,
+sorted once at the end into ``pinned.*``). A kept run keeps the held change points too; a streamed run folds
+them into their statistics as it goes (:class:`StepStats`: up to the exact threshold one 8-byte product per
+change, summed at the end as the one-shot mean is; above it O(1)). The columns behind
 means and percentiles (TTFT, TPOT, P leg, prefill queue, D queue, link wait, pull times) are kept only while
 the run is planned with at most
 :data:`~kvplan.sim.quantiles.EXACT_PERCENTILE_MAX_TURNS` turns (then exact, bit for bit); a larger run
@@ -55,13 +56,15 @@ class SeriesBuffer:
 
     Three growing NumPy buffers (``capacity``: the points expected, e.g. two per planned turn; a buffer's
     unused tail costs no memory until written), not lists of per-chunk arrays: a million points joined at the
-    end left the freed parts resident beside the joined copies.
+    end left the freed parts resident beside the joined copies. ``compact``: the changes are kept as int32 while
+    every one converts back to the same float64 bit for bit (token counts do; a -0.0, a fraction or a value
+    beyond int32 switches the buffer to float64 for good): 13 bytes per point instead of 17.
     """
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int = 0, compact: bool = False) -> None:
         cap = max(capacity, 0)
         self._t = np.empty(cap)
-        self._d = np.empty(cap)
+        self._d = np.empty(cap, dtype=np.int32 if compact else np.float64)
         self._o = np.empty(cap, dtype=np.int8)
         self._n = 0
 
@@ -71,6 +74,16 @@ class SeriesBuffer:
         if not m:
             return
         n, end = self._n, self._n + m
+        if self._d.dtype != np.float64:
+            d64 = np.asarray(delta, dtype=np.float64)
+            with np.errstate(invalid="ignore"):
+                small = d64.astype(self._d.dtype)
+            if np.array_equal(small.astype(np.float64).view(np.int64), d64.view(np.int64)):
+                delta = small
+            else:  # not exactly representable: float64 from now on
+                wide = np.empty(len(self._d))
+                wide[:n] = self._d[:n]
+                self._d = wide
         if end > len(self._t):
             size = max(end, 2 * len(self._t), 4096)
             for name in ("_t", "_d", "_o"):
@@ -119,7 +132,10 @@ class SeriesBuffer:
         np.take(t, idx, out=t_out)
         del t
         self._t = np.empty(0)
-        np.take(d, idx, out=level)
+        if d.dtype == np.float64:
+            np.take(d, idx, out=level)
+        else:  # compact: each change converts back exactly
+            level[:] = d[idx]
         del d, idx
         self._d = np.empty(0)
         self._n = 0
@@ -132,13 +148,20 @@ class StepStats:
 
     Change points are buffered like :class:`SeriesBuffer`'s and folded in, sorted the same way (time, releases
     first, then log order), as soon as :meth:`advance` is told that no later change can come before time
-    ``w``; what stays buffered is bounded by the changes still in flight. Levels are summed exactly (the
-    changes are integers) and divided by ``divisor`` before integrating, as the one-shot statistics do; the
-    integral's float rounding differs from theirs (partial sums per batch), deterministically.
+    ``w``; what stays buffered is bounded by the changes still in flight. Levels are the running sum of the
+    changes in that order, divided by ``divisor`` before integrating, as the one-shot statistics do.
+
+    ``exact=False`` (a run above the exact threshold): the integral is summed per batch, O(1) memory; its float
+    rounding differs from the one-shot's (partial sums per batch), deterministically. ``exact=True``: each
+    interval's ``level x duration`` is kept (8 bytes per change, against 17 for a buffered change point) and summed
+    once at the end as the one-shot ``(v * dt).sum()`` sums them (same values, same order, same NumPy pairwise
+    sum), so mean and peak equal :func:`kvplan.sim.results._time_weighted_mean` and the maximum over the sorted
+    series bit for bit.
     """
 
-    def __init__(self, divisor: float) -> None:
+    def __init__(self, divisor: float, exact: bool = False, capacity: int = 0) -> None:
         self.divisor = divisor
+        self.exact = exact
         self.buf = SeriesBuffer()  # the changes still in flight: small, no capacity hint
         self.level = 0.0  # exact running level (sum of changes)
         self.last_t = float("nan")  # time and scaled level of the last change folded in
@@ -146,6 +169,19 @@ class StepStats:
         self.integral = 0.0
         self.peak = float("-inf")
         self.n = 0
+        self.folded_to = float("-inf")  # every change before this time is folded in
+        self.misordered = 0  # changes that came before ``folded_to`` (a broken promise to :meth:`advance`)
+        self._prod = np.empty(max(capacity, 0) if exact else 0)  # exact: level x duration of each interval
+        self._n_prod = 0
+
+    def _keep_products(self, p: np.ndarray) -> None:
+        n, end = self._n_prod, self._n_prod + len(p)
+        if end > len(self._prod):
+            grown = np.empty(max(end, 2 * len(self._prod), 4096))
+            grown[:n] = self._prod[:n]
+            self._prod = grown
+        self._prod[n:end] = p
+        self._n_prod = end
 
     def advance(self, w: float) -> None:
         """Fold in every buffered change before ``w`` (no change still to come may precede ``w``)."""
@@ -153,18 +189,29 @@ class StepStats:
             return
         t, d, o = self.buf.arrays()
         now = t < w
+        if self.folded_to > float("-inf"):
+            self.misordered += int(np.count_nonzero(t < self.folded_to))
+        self.folded_to = max(self.folded_to, w)
         if not now.any():
             return
         t, d, o = t[now], d[now], o[now]  # copies: the buffer keeps the later ones
         self.buf.keep(~now)
         idx = np.lexsort((o, t))
         t, d = t[idx], d[idx]
-        level = np.cumsum(d)
-        level += self.level
+        if self.exact and self.n:  # the one-shot cumsum's additions exactly: the running level, then each change
+            level = np.cumsum(np.concatenate(([self.level], d)))[1:]
+        else:
+            level = np.cumsum(d)
+            level += self.level
         v = level / self.divisor
-        if self.n:
-            self.integral += self.last_v * (float(t[0]) - self.last_t)
-        self.integral += float((v[:-1] * np.diff(t)).sum())
+        if self.exact:
+            if self.n:
+                self._keep_products(np.array([self.last_v]) * (t[:1] - self.last_t))
+            self._keep_products(v[:-1] * np.diff(t))
+        else:
+            if self.n:
+                self.integral += self.last_v * (float(t[0]) - self.last_t)
+            self.integral += float((v[:-1] * np.diff(t)).sum())
         self.level, self.last_t, self.last_v = float(level[-1]), float(t[-1]), float(v[-1])
         self.peak = max(self.peak, float(v.max()))
         self.n += len(t)
@@ -176,6 +223,13 @@ class StepStats:
             return 0.0, 0.0
         if t_end <= 0:
             return 0.0, self.peak
+        if self.misordered and self.exact:  # a change came before what advance() was promised: not the one-shot order
+            raise RuntimeError(f"internal error: {self.misordered} change points came after later ones were folded in")
+        if self.exact:  # the last interval runs to t_end: the one-shot's dt = diff(append(t, max(t_end, t[-1])))
+            self._keep_products(np.array([self.last_v]) * (np.array([max(t_end, self.last_t)]) - self.last_t))
+            total = self._prod[:self._n_prod].sum()
+            self._prod, self._n_prod = np.empty(0), 0
+            return float(total / t_end), self.peak
         tail = self.last_v * (max(t_end, self.last_t) - self.last_t)
         return (self.integral + tail) / t_end, self.peak
 
@@ -198,8 +252,8 @@ class RunStream:
         self.buffer: list[pd.DataFrame] = []  # finished turns not yet released (a later conversation's)
         self.watermark = 0  # every conversation below this one is over
         planned = int(self.remaining.sum())
-        self.pinned = SeriesBuffer(2 * planned)  # a pin and its release per turn (an estimate: buffers grow)
-        self.held = SeriesBuffer(2 * planned)  # P's hold and its release per turn
+        self.pinned = SeriesBuffer(2 * planned, compact=True)  # a pin and its release per turn (buffers grow)
+        self.held = SeriesBuffer(2 * planned if keep_turns else 0)  # P's hold and its release per turn (kept runs)
         self._holding: dict[int, float] = {}  # turn key -> bytes P holds for D (turns between P_DONE and P_UNHOLD)
         self.counts: dict[str, int] = {"pins": 0, "unpins": 0, "d_preemptions": 0, "p_lease_expiries": 0,
                                        "p2d_failed_reads": 0, "turns": 0, "conversations": 0}
@@ -212,8 +266,9 @@ class RunStream:
         self.t_max_active = float("-inf")  # over every event but retention releases
         # exact percentiles (columns kept) up to exact_max_turns planned turns, a quantile sketch above
         self.agg = TurnAggregates(exact=planned <= exact_max_turns, capacity=planned)
-        # a streamed run above that size keeps only the held series' statistics, folded in as the run goes
-        self.held_stats = StepStats(divisor=GIB) if not keep_turns and not self.agg.exact else None
+        # a streamed run keeps only the held series' statistics, folded in as the run goes: above that size in O(1)
+        # memory, up to it exactly (one product per change, summed at the end as the one-shot mean sums them)
+        self.held_stats = None if keep_turns else StepStats(GIB, exact=self.agg.exact, capacity=2 * planned)
         self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
         self._done_t = float("-inf")  # latest P_DONE time: every change still to come is at or after it
 
@@ -316,7 +371,9 @@ class RunStream:
         """Fold in the held changes no later change can precede: P_DONE is logged at the current time and a
         P_UNHOLD (even a lapse noticed late) at or after its own P_DONE, so every change still to come is at
         or after min(latest P_DONE, earliest P_DONE of a hold still outstanding)."""
-        with_bytes = hold & (held_bytes > 0)
+        # exact: every hold bounds what is still to come (a lapse of an empty hold is a zero change, but its place
+        # in the sorted series still sets the intervals summed)
+        with_bytes = hold if stats.exact else hold & (held_bytes > 0)
         for t, k in zip(ch.t_s[with_bytes].tolist(), key[with_bytes].tolist(), strict=True):
             heapq.heappush(self._hold_heap, (t, k))
         if hold.any():
@@ -395,7 +452,8 @@ class TurnAggregates:
 
     def __post_init__(self) -> None:
         """One statistic per column of :data:`STAT_COLUMNS`."""
-        self.cols = {name: ColumnStat(self.exact, q, self.capacity) for name, q in STAT_COLUMNS.items()}
+        opened: list[tuple[ColumnStat, np.ndarray]] = []  # one decompressed column at a time (ColumnStat.column)
+        self.cols = {name: ColumnStat(self.exact, q, self.capacity, opened) for name, q in STAT_COLUMNS.items()}
 
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.cols[name].add(np.asarray(values, dtype=np.float64))

@@ -208,3 +208,79 @@ def test_summary_of_an_older_run_reads_back_as_exact() -> None:
     s = Summary.from_dict(old)
     assert s.percentile_method == "exact" and s.percentile_relative_error == 0.0
     assert "percentile_method" not in s.run and s.to_dict() == d
+
+
+def test_an_exact_column_kept_compressed_gives_back_the_same_values() -> None:
+    """An exact column above one block is kept byte-shuffled and zstd-compressed: the values, NaN and signed zeros
+    included, come back bit for bit, and so do its mean and percentiles."""
+    from kvplan.sim.quantiles import BLOCK_VALUES
+
+    rng = np.random.default_rng(5)
+    x = rng.lognormal(-2, 1.5, 3 * BLOCK_VALUES + 1234)
+    x[rng.integers(0, len(x), 500)] = np.nan
+    x[rng.integers(0, len(x), 500)] = 0.0
+    x[rng.integers(0, len(x), 50)] = -0.0
+    opened: list[tuple[ColumnStat, np.ndarray]] = []
+    col, other = ColumnStat(True, capacity=len(x), opened=opened), ColumnStat(True, capacity=len(x), opened=opened)
+    cuts = np.sort(rng.integers(0, len(x), 40))
+    for part in np.split(x, cuts):
+        col.add(part)
+        other.add(part[::-1])
+    assert len(col._blocks) == 3
+    assert np.array_equal(col.column().view(np.int64), x.view(np.int64))
+    assert col.mean(0.0) == float(pd.Series(x).mean())
+    for q in QS:
+        assert col.percentile(q) == float(np.percentile(x[~np.isnan(x)], q))
+    assert np.array_equal(other.column().view(np.int64), np.concatenate([p[::-1] for p in np.split(x, cuts)]).view(np.int64))
+    assert len(opened) == 1 and opened[0][0] is other  # one column decompressed at a time
+    col.add(np.array([1.0]))  # a later value is seen
+    assert col.column()[-1] == 1.0 and len(col.column()) == len(x) + 1
+    col.free()
+    assert not opened and not len(col.column())  # freed, the open copy with it
+
+
+def test_the_exact_fold_of_a_step_series_equals_the_one_shot_mean_and_peak() -> None:
+    """StepStats(exact=True), folded in batches as advance() allows, gives the one-shot time-weighted mean (the
+    products summed as numpy sums them over the sorted series) and peak bit for bit."""
+    from kvplan.sim.results import _time_weighted_mean
+    from kvplan.sim.stream import GIB, SeriesBuffer, StepStats
+
+    rng = np.random.default_rng(11)
+    n = 20_000
+    t0 = np.sort(rng.uniform(0, 1000, n))
+    size = rng.integers(1, 10**9, n).astype(np.float64)
+    t1 = t0 + rng.exponential(5, n)
+    one = SeriesBuffer()
+    stats = StepStats(GIB, exact=True)
+    order = np.argsort(np.concatenate([t0, t1]), kind="stable")
+    ev_t, ev_d = np.concatenate([t0, t1])[order], np.concatenate([size, -size])[order]
+    ev_o = np.where(ev_d > 0, 1, 0)
+    for part in np.array_split(np.arange(2 * n), 37):  # changes arrive in time order; each batch bounds the next
+        t, d, o = ev_t[part], ev_d[part], ev_o[part]
+        for buf in (one, stats.buf):
+            buf.add(t[o == 1], d[o == 1], 1)
+            buf.add(t[o == 0], d[o == 0], 0)
+        stats.advance(float(t[-1]))
+    t, level = one.steps()
+    level /= GIB
+    t_end = float(ev_t[-1]) + 3.0
+    assert stats.mean_peak(t_end) == (_time_weighted_mean(t, level, t_end), float(level.max()))
+
+
+def test_a_compact_series_buffer_sorts_to_the_same_steps_bit_for_bit() -> None:
+    """SeriesBuffer(compact=True) keeps token changes as int32 while they convert back exactly; a -0.0, a fraction
+    or a value beyond int32 switches it to float64: the sorted steps equal the float64 buffer's bit for bit."""
+    from kvplan.sim.stream import SeriesBuffer
+
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 5_000, 200).astype(np.float64) for _ in range(5)]
+    for tail in ([-0.0, 3.0], [2.5], [2.0**40], []):
+        plain, compact = SeriesBuffer(), SeriesBuffer(100, compact=True)
+        for d in [*batches, np.array(tail)]:
+            t = np.round(rng.uniform(0, 50, len(d)), 1)
+            for buf in (plain, compact):
+                buf.add(t, d, 1)
+                buf.add(t, -d, 0)
+        assert (compact._d.dtype == np.int32) == (not tail)
+        for a, b in zip(plain.steps(), compact.steps(), strict=True):
+            assert np.array_equal(a.view(np.int64), b.view(np.int64))

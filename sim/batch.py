@@ -44,6 +44,7 @@ from kvplan.sim.request import Request
 
 _heappush: Final = heappush  # C statics in the compiled build (a module attribute is a lookup per call)
 _heappop: Final = heappop
+_sum: Final = sum  # the builtin: compiled, ``sum(x)`` is a lookup in builtins per call
 
 
 class BatchOwner(Protocol):
@@ -127,7 +128,7 @@ class DecodeBatch:
         """Blocks the members hold during step ``s`` (closed form)."""
         bs = self.bs
         t = s % bs
-        extra = sum(self._res[bs - t:]) if t else 0
+        extra = _sum(self._res[bs - t:]) if t else 0
         return self._q_sum + self.batch * (s // bs) + extra
 
     def in_progress_step(self) -> int:

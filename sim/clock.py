@@ -103,8 +103,14 @@ class SimEnv(simpy.Environment):
         soon = self._soon
         self._soon_on = True
         try:
-            while q and q[0][0] < stop:
-                t, _prio, _eid, event = heap_pop(q)
+            while q:
+                # typed reads of the entry (compiled: a C double and a tuple item, not generic indexing and unpacking)
+                head: tuple[float, ...] = q[0]
+                if not head[0] < stop:
+                    break
+                entry: tuple[Any, ...] = heap_pop(q)
+                t: float = entry[0]
+                event = entry[3]
                 self._now = t
                 if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
                     w: Wake = event

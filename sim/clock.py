@@ -217,10 +217,14 @@ def heap_pop(q: list[Any]) -> Any:
     pos = 0
     child = 1
     while child < end:
+        smaller: tuple[float, ...] = q[child]  # each entry read once per level
         right = child + 1
-        if right < end and not _before(q[child], q[right]):
-            child = right
-        q[pos] = q[child]
+        if right < end:
+            other: tuple[float, ...] = q[right]
+            if not _before(smaller, other):
+                child = right
+                smaller = other
+        q[pos] = smaller
         pos = child
         child = 2 * pos + 1
     while pos > 0:

@@ -59,7 +59,6 @@ from kvplan.sim.request import D2P, HOST2P, Request
 from kvplan.sim.retention import read_declined
 from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.shared import SharedPrefixes
-from kvplan.sim.xfer import Reads
 
 
 class PrefillNode(Scheduler):
@@ -70,7 +69,6 @@ class PrefillNode(Scheduler):
         super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
         self.ctx = ctx
         self.env = ctx.env
-        self.reads: Reads = ctx.reads  # typed: direct calls (compiled), no lookup on the run state per read
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s
         self.fail_on_decline = cfg.fail_on_decline
@@ -290,8 +288,8 @@ class PrefillNode(Scheduler):
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.reads.total_bytes(D2P, tokens)))
-        self.charge_thread(self.reads.start(self.idx, d, D2P, tokens, done))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
+        self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
@@ -305,8 +303,8 @@ class PrefillNode(Scheduler):
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.reads.total_bytes(HOST2P, tokens)))
-        self.charge_thread(self.reads.start(self.idx, d, HOST2P, tokens, done))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
+        self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
     def before_evict(self, want: int) -> None:
         """The pool is short: leases past their deadline free their blocks first."""

@@ -82,6 +82,7 @@ class PrefillNode(Scheduler):
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
+        self.costs = cfg.costs  # P's prefill step cost (its TP)
         self._pc = NativePrefill(cfg.costs)  # read every step: a plain copy (models/formulas.py)
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from heapq import heappop, heappush
 from typing import Final, Protocol
 
 from kvplan.models.costs import (
@@ -37,13 +36,12 @@ from kvplan.models.costs import (
 )
 from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import SimEnv, call_later
+from kvplan.sim.clock import SimEnv, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
-_heappush: Final = heappush  # C statics in the compiled build (a module attribute is a lookup per call)
-_heappop: Final = heappop
+_sum: Final = sum  # the builtin: compiled, ``sum(x)`` is a lookup in builtins per call
 
 
 class BatchOwner(Protocol):
@@ -93,7 +91,7 @@ class DecodeBatch:
         self._q_sum = 0
         self._res = [0] * block_size
         self.fin_sum = 0  # blocks the members will hold at their last step
-        self._finish_heap: list[tuple[int, int, Request]] = []
+        self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.heap_push, seq, r)
         self._seq = 0
         self._active = False
         self._gen = 0
@@ -127,7 +125,7 @@ class DecodeBatch:
         """Blocks the members hold during step ``s`` (closed form)."""
         bs = self.bs
         t = s % bs
-        extra = sum(self._res[bs - t:]) if t else 0
+        extra = _sum(self._res[bs - t:]) if t else 0
         return self._q_sum + self.batch * (s // bs) + extra
 
     def in_progress_step(self) -> int:
@@ -163,7 +161,7 @@ class DecodeBatch:
         r.d_rem = rem
         self.running[r] = None
         self.owner.joined(r)
-        _heappush(self._finish_heap, (self.step + rem, self._seq, r))
+        heap_push(self._finish_heap, (float(self.step + rem), self._seq, r))
 
     def _remove(self, r: Request) -> int:
         """Drop a member; returns the steps it completed in this stay."""
@@ -333,7 +331,7 @@ class DecodeBatch:
         if heap and heap[0][0] <= step:
             self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
-            _, seq, r = _heappop(heap)
+            _, seq, r = heap_pop(heap)
             if r.d_seq != seq:
                 continue  # preempted since
             self._remove(r)
@@ -460,8 +458,8 @@ class DecodeBatch:
             self._first_steps(joined, t_first, key0)
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
-            _heappop(heap)
-        end = heap[0][0]
+            heap_pop(heap)
+        end = int(heap[0][0])
         if self.exact or late or (preempted and self._join_q) or owner.admission_held:
             # a late joiner joins at the next boundary; so does one a preempting step kept out, and the owner admits
             # there (vLLM schedules no waiting request in a step that preempted, and takes it in the next:

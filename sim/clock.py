@@ -89,7 +89,7 @@ class SimEnv(simpy.Environment):
         q = self._queue
         if not q:
             raise EmptySchedule()
-        t, _prio, _eid, event = _heap_pop(q)
+        t, _prio, _eid, event = heap_pop(q)
         self._now = t
         _fire(self, event)
 
@@ -103,8 +103,14 @@ class SimEnv(simpy.Environment):
         soon = self._soon
         self._soon_on = True
         try:
-            while q and q[0][0] < stop:
-                t, _prio, _eid, event = _heap_pop(q)
+            while q:
+                # typed reads of the entry (compiled: a C double and a tuple item, not generic indexing and unpacking)
+                head: tuple[float, ...] = q[0]
+                if not head[0] < stop:
+                    break
+                entry: tuple[Any, ...] = heap_pop(q)
+                t: float = entry[0]
+                event = entry[3]
                 self._now = t
                 if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
                     w: Wake = event
@@ -134,7 +140,7 @@ class SimEnv(simpy.Environment):
         while i < len(soon):
             if q and q[0][0] <= now and q[0][1] < _NORMAL:
                 for fn in soon[i:]:
-                    _heap_push(q, (now, _NORMAL, self._soon_eid, Wake(fn)))
+                    heap_push(q, (now, _NORMAL, self._soon_eid, Wake(fn)))
                     self._soon_eid += 1
                 break
             fn = soon[i]
@@ -167,7 +173,9 @@ def _fire(env: SimEnv, event: Any) -> None:
 # event)``: ids are unique, so the entries are totally ordered and any valid heap pops them in the same order;
 # SimPy's own ``schedule``/``step`` (heapq) keep working on it. Compiled, an entry's time is read as a C double
 # and compared natively; heapq compares tuples through Python's generic rich comparison (two float compares
-# per pair), about a fifth of the model's instructions.
+# per pair), about a fifth of the model's instructions. The model's other heaps use it too (D's finishes,
+# a link's flows, D's pin deadlines): any heap of tuples whose first item is a float and whose entries are
+# all different (a unique id second), popped only through :func:`heap_pop`.
 
 def _before(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """``a < b`` for two queue entries: by time, then (same time) as tuples (priority, then id)."""
@@ -178,7 +186,7 @@ def _before(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return bool(a < b)
 
 
-def _heap_push(q: list[Any], item: Any) -> None:
+def heap_push(q: list[Any], item: Any) -> None:
     """``heapq.heappush(q, item)``."""
     if not _COMPILED:
         _push(q, item)
@@ -196,7 +204,7 @@ def _heap_push(q: list[Any], item: Any) -> None:
     q[pos] = entry
 
 
-def _heap_pop(q: list[Any]) -> Any:
+def heap_pop(q: list[Any]) -> Any:
     """``heapq.heappop(q)`` (``q`` not empty)."""
     if not _COMPILED:
         return _pop(q)
@@ -209,10 +217,14 @@ def _heap_pop(q: list[Any]) -> Any:
     pos = 0
     child = 1
     while child < end:
+        smaller: tuple[float, ...] = q[child]  # each entry read once per level
         right = child + 1
-        if right < end and not _before(q[child], q[right]):
-            child = right
-        q[pos] = q[child]
+        if right < end:
+            other: tuple[float, ...] = q[right]
+            if not _before(smaller, other):
+                child = right
+                smaller = other
+        q[pos] = smaller
         pos = child
         child = 2 * pos + 1
     while pos > 0:
@@ -230,7 +242,7 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    _heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
+    heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:
@@ -242,7 +254,7 @@ def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:
     if env._soon_on and not (q and q[0][0] <= env._now):
         env._soon.append(fn)
     else:
-        _heap_push(q, (env._now + 0.0, _NORMAL, _next(env._eid), Wake(fn)))
+        heap_push(q, (env._now + 0.0, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
@@ -251,10 +263,10 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
     A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
     ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
     can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
-    _heap_push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
+    heap_push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
 
 
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    _heap_push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))
+    heap_push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))

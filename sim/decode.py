@@ -67,9 +67,10 @@ from kvplan.sim.ports import Wiring
 from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
 from kvplan.sim.retention_policy import RetentionPolicy
-from kvplan.sim.router import KVParams
+from kvplan.sim.router import KVParams, Router
 from kvplan.sim.scheduler import prefix_hit, record_preemption, reserve
 from kvplan.sim.shared import SharedPrefixes
+from kvplan.sim.xfer import Reads
 
 
 class DecodeNode:
@@ -78,6 +79,9 @@ class DecodeNode:
     def __init__(self, ctx: Wiring, idx: int, cfg: DecodeConfig, conv_offsets: Sequence[int]) -> None:
         self.ctx = ctx
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
+        # the run's router and reads, typed (compiled: direct calls, no lookup on the run state per use)
+        self.router: Router = ctx.router
+        self.reads: Reads = ctx.reads
         self.env = ctx.env
         self.idx = idx
         self.caching = cfg.prefix_caching
@@ -493,8 +497,8 @@ class DecodeNode:
             pnode.release_hold(r, HOLD_READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, ctx.reads.total_bytes(P2D, tokens)))
-        self.batch.charge_thread(ctx.reads.start(r.p_node, self.idx, P2D, tokens, done))
+        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, self.reads.total_bytes(P2D, tokens)))
+        self.batch.charge_thread(self.reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
@@ -573,7 +577,7 @@ class DecodeNode:
             self.pool.pinned += blocks
             self.rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
             if not r.last:  # the conversation's last lookup is behind it: an entry would never be read
-                ctx.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
+                self.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
         ctx.driver.d_done(r)

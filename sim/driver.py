@@ -34,6 +34,7 @@ from kvplan.sim.evlog import EV_ARRIVE, EV_ROUTER, RowBuffer
 from kvplan.sim.node_config import DriverConfig
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import Request
+from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival
 from kvplan.sim.workload import ConversationPlan
 
@@ -65,6 +66,7 @@ class Driver:
         self, ctx: Wiring, cfg: DriverConfig, plan: ConversationPlan, closed_loop: ClosedLoopArrival | None
     ) -> None:
         self.ctx = ctx
+        self.router: Router = ctx.router  # typed: direct calls (compiled), no lookup on the run state per turn
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan
@@ -111,13 +113,12 @@ class Driver:
             self._at_p(c, i, t_arrival)
 
     def _at_p(self, c: int, i: int, t_arrival: float) -> None:
-        ctx = self.ctx
         self.source.reached_p(c, i)
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
         log = self.rows
         log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, self.output[i]))
-        res, params = ctx.router.lookup(c, t_arrival, self.send_id)
+        res, params = self.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, EV_ROUTER, c, turn, -1, res, 0))
         r = Request(c, turn, i, prompt, self.output[i], params)
         if self.reuse is not None:
@@ -128,7 +129,7 @@ class Driver:
 
     def _submit(self, r: Request) -> None:
         """The P leg reaches the chosen P's engine (aggregated mode overrides it: the chosen replica)."""
-        self.ctx.prefill[self.ctx.router.pick_prefill(r.conv)].submit(r)
+        self.ctx.prefill[self.router.pick_prefill(r.conv)].submit(r)
 
     def p_done(self, r: Request) -> None:
         """P leg finished (or failed): start the D leg after its overhead, or move on."""
@@ -141,7 +142,7 @@ class Driver:
             self._at_d(r)
 
     def _at_d(self, r: Request) -> None:
-        d = self.ctx.router.pick_decode(r.conv)
+        d = self.router.pick_decode(r.conv)
         if self.handoff:
             self._handoff(r, d)
         else:

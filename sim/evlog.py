@@ -1,17 +1,23 @@
 """The event log's write side: each event packed as one fixed-size binary row the moment it is emitted.
 
-``RowBuffer.append((t_s, kind, conv, turn, node, a, b))`` packs the row into a growing ``bytearray`` with
-one ``struct`` call (little-endian ``d q q q q d d``, 56 bytes: the layout of :data:`ROW_FORMAT`), so a
-run never holds Python tuples for its events and a flush is one zero-copy ``numpy.frombuffer``
-(``events.EventLog.flush``). Compiled with the hot path (sim/native.py), an emit site passes the row
-without building a tuple object. Values are converted exactly as NumPy's typed columns would convert
-them (floats to IEEE doubles, integers and IntEnum members to int64).
+``RowBuffer.append((t_s, kind, conv, turn, node, a, b))`` packs the row (little-endian ``d q q q q d d``, 56
+bytes: the layout of :data:`ROW_FORMAT`), so a run never holds Python tuples for its events and a flush is one
+zero-copy ``numpy.frombuffer`` (``events.EventLog.flush``). Compiled with the hot path (sim/native.py), an emit
+site passes the row without building a tuple object and the row is written field by field into a
+``librt.strings.BytesWriter`` (mypyc's runtime library, installed with mypy: each ``write_f64_le`` /
+``write_i64_le`` is an inline C store, no Python object per value); interpreted, one ``struct.pack_into`` call
+packs it into a growing ``bytearray``. Both give the same bytes: values are converted exactly as NumPy's typed
+columns would convert them (floats to IEEE doubles, integers and IntEnum members to int64).
 """
 
 from __future__ import annotations
 
 import struct
 from typing import Final
+
+_COMPILED: Final = not __file__.endswith(".py")  # see sim/clock.py
+if _COMPILED:  # mypyc's runtime library (a dependency of mypy, so of every compiled build)
+    from librt.strings import BytesWriter, write_f64_le, write_i64_le
 
 ROW_FORMAT: Final = "<dqqqqdd"  # t_s, kind, conv, turn, node, a, b
 ROW_BYTES: Final = struct.calcsize(ROW_FORMAT)
@@ -80,15 +86,30 @@ HOLD_END: Final = 3
 class RowBuffer:
     """Packed rows appended since the last :meth:`take`."""
 
-    __slots__ = ("buf", "n", "cap")
+    __slots__ = ("buf", "n", "cap", "w")
 
     def __init__(self, cap_rows: int = 4096) -> None:
         self.cap = max(cap_rows, 1)
-        self.buf = bytearray(self.cap * ROW_BYTES)
         self.n = 0
+        if _COMPILED:
+            self.w = BytesWriter()
+            self.buf = bytearray()
+        else:
+            self.buf = bytearray(self.cap * ROW_BYTES)
 
     def append(self, row: Row) -> None:
         """Pack one event ``(t_s, kind, conv, turn, node, a, b)``."""
+        if _COMPILED:  # seven inline stores (the writer grows itself)
+            w = self.w
+            write_f64_le(w, row[0])
+            write_i64_le(w, row[1])
+            write_i64_le(w, row[2])
+            write_i64_le(w, row[3])
+            write_i64_le(w, row[4])
+            write_f64_le(w, row[5])
+            write_f64_le(w, row[6])
+            self.n += 1
+            return
         if self.n == self.cap:
             self.buf.extend(bytes(self.cap * ROW_BYTES))  # double the capacity
             self.cap *= 2
@@ -98,15 +119,23 @@ class RowBuffer:
     def __len__(self) -> int:
         return self.n
 
+    def _packed(self) -> bytes:
+        """The rows not yet taken (a copy)."""
+        if _COMPILED:
+            return self.w.getvalue()
+        return bytes(memoryview(self.buf)[: self.n * ROW_BYTES])
+
     def take(self) -> bytes:
         """The packed rows so far (a copy), and start over (the buffer's memory is kept for reuse)."""
-        data = bytes(memoryview(self.buf)[: self.n * ROW_BYTES])  # one copy
+        data = self._packed()  # one copy
         self.n = 0
+        if _COMPILED:
+            self.w.truncate(0)
         return data
 
     def rows(self) -> list[Row]:
         """The rows not yet taken, unpacked (for readers of the unflushed tail; not the hot path)."""
         out: list[Row] = []
-        for r in struct.iter_unpack(ROW_FORMAT, bytes(self.buf[: self.n * ROW_BYTES])):
+        for r in struct.iter_unpack(ROW_FORMAT, self._packed()):
             out.append((r[0], r[1], r[2], r[3], r[4], r[5], r[6]))
         return out

@@ -58,7 +58,9 @@ def bucket_value(key: int) -> float:
 
 # A tree node is ``[count of its key range, lower half, upper half]``; a list built top-down by :func:`insert`
 # and never changed afterwards, so every older version stays valid. Empty subtrees are the one node EMPTY,
-# its own children, so that walks need no test for a missing child.
+# its own children, so that walks need no test for a missing child. The walks below read a node's items into
+# annotated locals (``c: int = n[0]``, ``lo: Node = n[1]``): compiled, that is a checked unbox, and what follows
+# is native list and integer code instead of Python's generic item access and arithmetic on ``Any``.
 Node = list[Any]
 EMPTY: Final[Node] = [0, None, None]
 EMPTY[1] = EMPTY
@@ -81,13 +83,15 @@ def insert(root: Node | None, key: int, c: int) -> Node:
     """A new version of ``root`` with ``c`` more at ``key`` (path copying; ``root`` is unchanged)."""
     off = key - KEY_MIN
     r = root if root is not None else EMPTY
-    top: Node = [c + r[0], r[1], r[2]]
+    n0: int = r[0]
+    top: Node = [c + n0, r[1], r[2]]
     new = top
     half = KEY_SPAN >> 1
     while half:
         side = 2 if off & half else 1
-        ch = new[side]
-        nxt: Node = [c + ch[0], ch[1], ch[2]]
+        ch: Node = new[side]
+        n0 = ch[0]
+        nxt: Node = [c + n0, ch[1], ch[2]]
         new[side] = nxt
         new = nxt
         half >>= 1
@@ -134,9 +138,11 @@ def kth_key1(old: Node | None, new: Node | None, skip: int, k: int, base: int = 
     o = old if old is not None else EMPTY
     n = new if new is not None else EMPTY
     while half:
-        nl = n[1]
-        ol = o[1]
-        left = nl[0] - ol[0]
+        nl: Node = n[1]
+        ol: Node = o[1]
+        c_new: int = nl[0]
+        c_old: int = ol[0]
+        left = c_new - c_old
         if base <= skip < base + half:
             left -= 1
         if k < left:
@@ -157,7 +163,9 @@ def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, fl
     """
     o = old if old is not None else EMPTY
     n = new if new is not None else EMPTY
-    total = n[0] - o[0] - (skip != NO_SKIP)
+    c_new: int = n[0]
+    c_old: int = o[0]
+    total = c_new - c_old - (skip != NO_SKIP)
     if total <= 0:
         return math.nan, math.nan
     k = (total - 1) >> 1
@@ -168,9 +176,11 @@ def stay_stats(old: Node | None, new: Node | None, skip: int) -> tuple[float, fl
     hi = top = 0
     split = top_done = False
     while half:
-        nl = n[1]
-        ol = o[1]
-        left = nl[0] - ol[0]
+        nl: Node = n[1]
+        ol: Node = o[1]
+        c_new = nl[0]
+        c_old = ol[0]
+        left = c_new - c_old
         if base <= skip < base + half:
             left -= 1
         if k < left:

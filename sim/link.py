@@ -19,13 +19,9 @@ NIXL telemetry ``postDuration``/``xferDuration`` (VLLM_BEHAVIOUR.md 2.6).
 from __future__ import annotations
 
 from collections.abc import Callable
-from heapq import heappop, heappush
 from typing import Final
 
-from kvplan.sim.clock import SimEnv, call_later
-
-_heappush: Final = heappush  # C statics in the compiled build (a module attribute is a lookup per call)
-_heappop: Final = heappop
+from kvplan.sim.clock import SimEnv, call_later, heap_pop, heap_push
 
 EPS_S: Final = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
@@ -65,7 +61,7 @@ class Link:
             on_done(0.0)
             return
         self._advance()
-        _heappush(self._heap, (self._v + nbytes, key, self.env.now, on_done))
+        heap_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
             self.frac = 1.0 / len(self._heap)
             self._reschedule()
@@ -99,7 +95,7 @@ class Link:
         now = self.env.now
         finished = []
         while heap and heap[0][0] - self._v <= slack:
-            finished.append(_heappop(heap))
+            finished.append(heap_pop(heap))
         if self.fabric is None or not self.fabric.reshare(self):
             if heap:
                 self.frac = 1.0 / len(heap)

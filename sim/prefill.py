@@ -30,6 +30,7 @@ import math
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
+from kvplan.models.formulas import NativePrefill
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_first, call_later, call_soon
 from kvplan.sim.evlog import (
@@ -81,7 +82,8 @@ class PrefillNode(Scheduler):
         self._lease_seq = 0
         self._blocked = False
         self._wake_at = float("inf")
-        self._pc = cfg.costs
+        self.costs = cfg.costs  # P's prefill step cost (its TP)
+        self._pc = NativePrefill(cfg.costs)  # read every step: a plain copy (models/formulas.py)
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         # the health section's prefill_engine_thread: the posting work, and that plus the forwards it serialises

@@ -30,11 +30,8 @@ is a router miss (``sim/router.py`` :: ``Router.lookup``), the pin itself is unt
 from __future__ import annotations
 
 from collections.abc import Iterator
-from heapq import heappop, heappush
-from typing import Final
 
-_heappush: Final = heappush  # C statics in the compiled build (a module attribute is a lookup per call)
-_heappop: Final = heappop
+from kvplan.sim.clock import heap_pop, heap_push
 
 
 def pin_deadline_s(finish_s: float, hold_s: float) -> float:
@@ -96,7 +93,7 @@ class Retention:
         self.pins[pid] = Pin(conv, tokens, blocks, expiry_s)
         old = self.of_conv.get(conv)
         self.of_conv[conv] = pid
-        _heappush(self._heap, (expiry_s, pid))
+        heap_push(self._heap, (expiry_s, pid))
         return pid, old
 
     def alive(self, pid: int, now: float) -> bool:
@@ -109,7 +106,7 @@ class Retention:
         pin = self.pins.get(pid)
         if pin is not None:
             pin.expiry_s = expiry_s
-            _heappush(self._heap, (expiry_s, pid))
+            heap_push(self._heap, (expiry_s, pid))
 
     def lru_evictable(self) -> Iterator[int]:
         """Pin ids no read holds, oldest first (pins are created in finish order)."""
@@ -132,7 +129,7 @@ class Retention:
         """(deadline, pin id) of every pin whose deadline has passed and that no read holds."""
         heap = self._heap
         while heap and is_due(now, heap[0][0]):
-            expiry, pid = _heappop(heap)
+            expiry, pid = heap_pop(heap)
             pin = self.pins.get(pid)
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
                 yield expiry, pid

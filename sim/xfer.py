@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvplan.models.costs import post_time_s, prep_time_s, xfer_time_s
-from kvplan.models.formulas import TransferParams
+from kvplan.models.formulas import NativeTransfer, TransferParams
 from kvplan.sim.clock import call_later
 from kvplan.sim.link import Link
 from kvplan.sim.request import D2P, HOST2P, P2D
@@ -59,7 +59,8 @@ class Reads:
         self.regions: int = ctx.regions
         self.block_size: int = ctx.block_size
         # the reader pays: D reads P's blocks (P2D) with D's transfer costs, P reads D's (D2P, HOST2P) with P's
-        self.cost: dict[int, Any] = {P2D: ctx.d_costs.transfer, D2P: ctx.costs.transfer, HOST2P: ctx.costs.transfer}
+        p2d, d2p = NativeTransfer(ctx.d_costs.transfer), NativeTransfer(ctx.costs.transfer)  # plain copies: read per read
+        self.cost: dict[int, NativeTransfer] = {P2D: p2d, D2P: d2p, HOST2P: d2p}
         self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
         self.seq = 0
 

@@ -330,7 +330,9 @@ def _wait_for(pred: Any, timeout_s: float = 60.0) -> bool:
     return False
 
 
-LONG = SCENARIO.replace("conversations: 8", "conversations: 4000").replace("rate_per_s: 1.0", "rate_per_s: 20.0")
+# long enough to be signalled mid-run: with 4,000 conversations (8,000 turns, ~0.2 s of simulation compiled) the
+# run sometimes committed its result within the 0.3 s the test waits after the staging folder appears
+LONG = SCENARIO.replace("conversations: 8", "conversations: 40000").replace("rate_per_s: 1.0", "rate_per_s: 20.0")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])

@@ -45,6 +45,6 @@ def test_disaggregated_slices_per_role() -> None:
     # P's KV bytes at P's TP, D's cost model at D's TP
     assert p.bytes_per_block == kv_bytes_per_token_all_ranks(rs.arch, 2) * rs.arch.block_size_tokens
     rs_p, rs_d = ctx.roles
-    assert p._pc == rs_p.costs.prefill and d.costs == rs_d.costs and rs_p.costs != rs_d.costs
+    assert p.costs == rs_p.costs.prefill and d.costs == rs_d.costs and rs_p.costs != rs_d.costs
     assert p.pool.capacity == rs_p.prefill_capacity_tokens // rs.arch.block_size_tokens
     assert d.pool.capacity == rs_d.decode_capacity_tokens // rs.arch.block_size_tokens

@@ -193,8 +193,12 @@ def heap_push(q: list[Any], item: Any) -> None:
         return
     entry: tuple[float, ...] = item
     q.append(entry)
-    pos = len(q) - 1
-    while pos > 0:  # heapq's _siftdown(q, 0, pos)
+    _settle(q, len(q) - 1, entry)
+
+
+def _settle(q: list[Any], pos: int, entry: tuple[float, ...]) -> None:
+    """Put ``entry`` at ``pos`` or, while it is before its parent, above (heapq's ``_siftdown(q, 0, pos)``)."""
+    while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent: tuple[float, ...] = q[parent_pos]
         if not _before(entry, parent):
@@ -227,14 +231,7 @@ def heap_pop(q: list[Any]) -> Any:
         q[pos] = smaller
         pos = child
         child = 2 * pos + 1
-    while pos > 0:
-        parent_pos = (pos - 1) >> 1
-        parent: tuple[float, ...] = q[parent_pos]
-        if not _before(last, parent):
-            break
-        q[pos] = parent
-        pos = parent_pos
-    q[pos] = last
+    _settle(q, pos, last)
     return top
 
 

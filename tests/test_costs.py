@@ -415,3 +415,19 @@ def test_hardware_presets_all_resolve_a_profile() -> None:
         assert isinstance(node, Node)
         prof, _ = resolve_profile(get_model("llama-3.1-8b"), node, 1, None)
         assert prof.component_status and prof.costs.transfer.per_byte_s > 0, name
+
+
+def test_native_parameter_copies_carry_every_protocol_field() -> None:
+    """NativePrefill / NativeTransfer restate the Protocols' fields for the compiled step loop: a field added to a
+    Protocol (and to the cost models) must be added to its copy too, with the same value."""
+    from kvplan.models.formulas import NativePrefill, NativeTransfer, PrefillParams, TransferParams
+    from kvplan.models.profile import load_profile
+
+    costs = load_profile("p5en-qwen3-32b").costs
+    for native, proto, src in ((NativePrefill, PrefillParams, costs.prefill), (NativeTransfer, TransferParams,
+                                                                                 costs.transfer)):
+        fields = [f for f in proto.__annotations__ if not f.startswith("_")]
+        copy = native(src)  # type: ignore[arg-type]
+        missing = [f for f in fields if not hasattr(copy, f)]
+        assert not missing, (native.__name__, missing)
+        assert all(getattr(copy, f) == getattr(src, f) for f in fields)

@@ -19,8 +19,11 @@ approximation). Each prediction has a sensitivity band: the same prediction with
 and decode scaled by the prior's stated error, x(1-e) and x(1+e) (e: the kernel prior's worst fit error against
 aiconfigurator, per component; --band-error sets one e for both), with, per case, how many measurements lie
 inside it and which points are knife edges (band > 2x wide, or > 2x the scaling: the answer depends on the
-prior's error). --json prints the same as {"cases": [...]} (per point predicted_low / predicted_high, in_band,
-knife_edge; per case band); --markdown the per-case summary table. Offline; nothing is fitted to these cases."""
+prior's error). A serving run also has its seed spread: the lowest and highest prediction under seeds 0-3
+(arrival times, sampled prompt lengths, random routing draws), the sampling spread of a run that long, of which
+the measured run is one draw. --json prints the same as {"cases": [...]} (per point predicted_low /
+predicted_high, in_band, knife_edge, seed_low / seed_high, in_seed_spread; per case band and seed_spread);
+--markdown the per-case summary table. Offline; nothing is fitted to these cases."""
 
 
 def band_cell(p: dict[str, Any]) -> str:
@@ -29,6 +32,13 @@ def band_cell(p: dict[str, Any]) -> str:
         return "-"
     cell = f"{p['predicted_low']:.2f}-{p['predicted_high']:.2f}" + ("" if p["in_band"] else " *")
     return cell + (" KNIFE EDGE" if p["knife_edge"] else "")
+
+
+def seed_cell(p: dict[str, Any]) -> str:
+    """A point's seed-spread column: ``low-high``, ``*`` when the measurement is outside."""
+    if p.get("seed_low") is None:
+        return "-"
+    return f"{p['seed_low']:.2f}-{p['seed_high']:.2f}" + ("" if p["in_seed_spread"] else " *")
 
 
 def _print_case(c: dict[str, Any]) -> None:
@@ -40,14 +50,18 @@ def _print_case(c: dict[str, Any]) -> None:
     s = c["summary"]
     src = c["source"]
     t = Table(title=f"{c['name']}: {c['title']}", title_justify="left")
-    for col in ("point", "metric", "measured", "predicted", "rel_error", "band"):
+    spread = c.get("seed_spread")
+    seeds = spread is not None and not spread["deterministic"]  # a column of one value each says nothing
+    cols = ("point", "metric", "measured", "predicted", "rel_error", "band") + (("seeds 0-3",) if seeds else ())
+    for col in cols:
         t.add_column(col, justify="left" if col in ("point", "metric") else "right")
     for p in c["points"]:
         pred = f"{p['predicted']:.2f}" if p["predicted"] is not None else "-"
         err = f"{p['rel_error']:+.1%}" if p["rel_error"] is not None else "-"
-        t.add_row(p["label"], p["metric"], f"{p['measured']:.2f}", pred, err, band_cell(p))
+        t.add_row(p["label"], p["metric"], f"{p['measured']:.2f}", pred, err, band_cell(p),
+                  *((seed_cell(p),) if seeds else ()))
     for why in c["not_expressible"]:
-        t.add_row("not expressible", why, "", "", "", "")
+        t.add_row("not expressible", why, *([""] * (len(cols) - 2)))
     con.print(t)
     con.print(f"  source: {src['repository']} {src['path']} @ {src['commit']} ({src['licence']})")
     con.print(f"  status: {c['status']}; profile: {c['profile'] or '-'}; predicts: {c['predicts']}")
@@ -58,6 +72,10 @@ def _print_case(c: dict[str, Any]) -> None:
     if band is not None:
         con.print(f"  band: {band['line']}", markup=False, highlight=False)
         for note in band["notes"][1:] if band["scaling"] is None else band["notes"]:
+            con.print(f"    {note}", markup=False, highlight=False)
+    if spread is not None:
+        con.print(f"  seed spread: {spread['line']}", markup=False, highlight=False)
+        for note in spread["notes"]:
             con.print(f"    {note}", markup=False, highlight=False)
     con.print("")
 
@@ -86,4 +104,5 @@ def register(app: typer.Typer) -> None:
         for c in results:
             _print_case(c)
         typer.echo("band: low-high of the prediction with GPU compute x(1-e) and x(1+e); * measured outside; "
-                   "KNIFE EDGE: the answer depends on the prior's error")
+                   "KNIFE EDGE: the answer depends on the prior's error; seeds 0-3: lowest-highest prediction over "
+                   "four seeds (a finite run's sampling spread), * measured outside")

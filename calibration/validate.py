@@ -9,6 +9,8 @@ README there). Every prediction goes through the profile resolution a simulation
 * ``decode_curve``: :func:`~kvplan.models.costs.decode_step_time_s` at the point's batch and context;
 * ``serving``: a simulation of the run (:func:`kvplan.sim.api.run`): single-turn requests with the measured
   input/output lengths, closed loop at the measured concurrency or open loop at the measured rate, seed 0;
+  and its **seed spread**: the same run under seeds :data:`SPREAD_SEEDS` (arrival times, sampled prompt lengths,
+  random routing draws), the sampling spread of a finite run, of which the measured run is one draw too;
 * ``published``: the P5en points of ``kvplan reproduce``, reported as fitted, in-sample.
 
 Every predicted curve point and serving statistic also gets a sensitivity band (:mod:`.validate_band`): the
@@ -23,6 +25,7 @@ its measured points with no prediction and says why; what a case can only approx
 
 from __future__ import annotations
 
+import json
 import math
 from importlib import resources
 from pathlib import Path
@@ -40,6 +43,8 @@ MAX_CASE_BYTES = 256 * 1024
 #: Most engine-side prompt lengths a run may list (the inline bound of an empirical distribution).
 MAX_ENGINE_INPUT_VALUES = 10_000
 SEED = 0
+#: Seeds of a serving run's seed spread (the prediction is SEED's): four draws of the run's random parts.
+SPREAD_SEEDS = (0, 1, 2, 3)
 #: Measured serving metric -> (``summary.json`` key or ``latency``, unit label). Every key is a contract of the case files.
 SERVING_METRICS: dict[str, str] = {
     "ttft_mean_ms": "ttft_mean_s",
@@ -218,7 +223,7 @@ def _decode_curve(case: Case, rs: Any, spec: BandSpec | None) -> list[dict[str, 
     return out
 
 
-def run_scenario(case: Case, run: Run, gpu_costs: Any = None) -> Any:
+def run_scenario(case: Case, run: Run, gpu_costs: Any = None, seed: int = SEED) -> Any:
     """The scenario a serving run stands for: the case's deployment (the run's own fields over it), single-turn
     requests as measured: the nominal prompt length, or one drawn per request from the run's
     ``engine_input_tokens`` (what the engine prefilled, when the client reported another length).
@@ -247,7 +252,7 @@ def run_scenario(case: Case, run: Run, gpu_costs: Any = None) -> Any:
         "output_tokens": {"dist": "constant", "value": run.output_tokens},
         "turn_gap_s": {"dist": "constant", "value": 0},
     }
-    data["seed"] = SEED
+    data["seed"] = seed
     if gpu_costs is not None:
         data["costs"] = {**dict(data.get("costs") or {}), "prefill": gpu_costs.prefill.model_dump(mode="python"),
                          "decode": gpu_costs.decode.model_dump(mode="python")}
@@ -264,6 +269,52 @@ def _metrics_ms(res: Any) -> dict[str, float]:
 
 def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
+
+
+def _seed_spread(case: Case, r: Run, nominal: dict[str, float], notes: list[str]) -> list[dict[str, float]]:
+    """The run's metrics under every seed of :data:`SPREAD_SEEDS` (``nominal``: SEED's, already simulated)."""
+    from kvplan.sim.api import run as simulate
+
+    out = []
+    for seed in SPREAD_SEEDS:
+        if seed == SEED:
+            out.append(nominal)
+            continue
+        try:
+            out.append(_metrics_ms(simulate(run_scenario(case, r, seed=seed), seed)))
+        except KvplanInputError as exc:
+            notes.append(f"no seed {seed} draw for {r.label}: {exc}")
+    return out
+
+
+def seed_fields(measured: float, draws: list[float | None]) -> dict[str, Any]:
+    """A point's seed-spread keys: ``seed_low`` / ``seed_high`` (the lowest / highest prediction over the seeds)
+    and ``in_seed_spread`` (the measurement within them); None without every draw."""
+    vals = [v for v in draws if v is not None and math.isfinite(v)]
+    if len(vals) < len(SPREAD_SEEDS):
+        return {"seed_low": None, "seed_high": None, "in_seed_spread": None}
+    lo, hi = min(vals), max(vals)
+    return {"seed_low": round(lo, 4), "seed_high": round(hi, 4), "in_seed_spread": bool(lo <= measured <= hi)}
+
+
+def case_seed_spread(points: list[dict[str, Any]], notes: list[str]) -> dict[str, Any] | None:
+    """The case's ``seed_spread``: how many measurements lie within the spread of the seeds, and the widest."""
+    spread = [p for p in points if p.get("seed_low") is not None]
+    if not spread:
+        return None
+    inside = sum(1 for p in spread if p["in_seed_spread"])
+    widest = max(spread, key=lambda p: p["seed_high"] / p["seed_low"] if p["seed_low"] > 0 else math.inf)
+    width = widest["seed_high"] / widest["seed_low"] - 1 if widest["seed_low"] > 0 else math.inf
+    seeds = f"{SPREAD_SEEDS[0]}-{SPREAD_SEEDS[-1]}"
+    line = f"measured within the spread of seeds {seeds} at {inside} of {len(spread)} points; "
+    if width < 1e-9:
+        line += "every seed gives the same prediction (nothing in these runs is drawn at random)"
+    else:
+        line += (f"widest: {widest['label']} {widest['metric']} {widest['seed_low']:.4g}-{widest['seed_high']:.4g} "
+                 f"(+{width:.1%}): the sampling spread of a run this long (arrival times, sampled prompt lengths, "
+                 "random routing), of which the measured run is one draw")
+    return {"seeds": list(SPREAD_SEEDS), "points_with_spread": len(spread), "inside": inside,
+            "deterministic": width < 1e-9, "notes": notes, "line": line}
 
 
 def _run_band(case: Case, r: Run, sc: Any, band_error: float | None,
@@ -292,11 +343,12 @@ def _run_band(case: Case, r: Run, sc: Any, band_error: float | None,
 
 
 def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
-             band_notes: list[str]) -> tuple[list[dict[str, Any]], BandSpec | None]:
+             band_notes: list[str], seed_notes: list[str]) -> tuple[list[dict[str, Any]], BandSpec | None]:
     from kvplan.sim.api import run as simulate
 
     out = []
     first: BandSpec | None = None
+    done: dict[str, tuple[Any, ...]] = {}  # repeated runs of one setup (the same scenario) are simulated once
     for r in case.runs:
         unknown = set(r.measured) - set(SERVING_METRICS)
         if unknown:
@@ -305,7 +357,11 @@ def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
         res = sc = None
         spec: BandSpec | None = None
         sides: list[dict[str, float]] = []
-        if rs is not None:
+        draws: list[dict[str, float]] = []
+        same = json.dumps(r.model_dump(mode="json", exclude={"label", "measured"}), sort_keys=True)
+        if rs is not None and same in done:
+            res, pred, spec, sides, draws = done[same]
+        elif rs is not None:
             try:
                 sc = run_scenario(case, r)
                 res = simulate(sc, SEED)
@@ -316,13 +372,17 @@ def _serving(case: Case, rs: Any, why_not: list[str], band_error: float | None,
             if cut:
                 why_not.append(f"{'no prediction for ' if cut == r.requests else ''}{r.label}: {cut} of {r.requests} "
                                f"requests exceed the model's context limit (vLLM rejects them; kvplan does not send them)")
-            pred = _metrics_ms(res)
-            spec, sides = _run_band(case, r, sc, band_error, band_notes)
+            if same not in done:
+                pred = _metrics_ms(res)
+                spec, sides = _run_band(case, r, sc, band_error, band_notes)
+                draws = _seed_spread(case, r, pred, seed_notes)
+                done[same] = (res, pred, spec, sides, draws)
             first = first or spec
         for metric, measured in r.measured.items():
             point = _point(r.label, metric, measured, _finite(pred.get(metric)))
             low, high = (_finite(sides[0].get(metric)), _finite(sides[1].get(metric))) if sides else (None, None)
-            out.append(_banded(point, low, high, spec))
+            out.append({**_banded(point, low, high, spec),
+                        **seed_fields(measured, [_finite(d.get(metric)) for d in draws])})
     return out, first
 
 
@@ -355,6 +415,7 @@ def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]
     not_expr = list(case.not_expressible)
     profile = None
     band_notes: list[str] = []
+    seed_notes: list[str] = []
     spec: BandSpec | None = None
     no_band: str | None = None
     if case.kind == "published":
@@ -372,10 +433,11 @@ def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]
             spec = band_spec(rs, band_error) if rs is not None else None
             points = _prefill_curve(case, sc, rs, spec) if case.kind == "prefill_curve" else _decode_curve(case, rs, spec)
         else:
-            points, spec = _serving(case, rs, not_expr, band_error, band_notes)
+            points, spec = _serving(case, rs, not_expr, band_error, band_notes, seed_notes)
             if spec is None and no_band is None:
                 no_band = "; ".join(band_notes) or "no run was simulated"
         status = "not expressible" if rs is None else ("fitted, in-sample" if case.in_sample else "predicted, not fitted")
+    points = [p if "seed_low" in p else {**p, **seed_fields(p["measured"], [])} for p in points]  # one schema
     return {
         "name": case.name,
         "title": case.title,
@@ -392,6 +454,7 @@ def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]
         "points": points,
         "summary": _summary(points),
         "band": case_band(points, spec, no_band, band_notes),
+        "seed_spread": case_seed_spread(points, seed_notes),
     }
 
 
@@ -422,12 +485,21 @@ def _band_summary(band: dict[str, Any] | None) -> str:
             + (f", **{edges} knife edge{'s' if edges > 1 else ''}**" if edges else ""))
 
 
+def _seed_summary(spread: dict[str, Any] | None) -> str:
+    """The markdown table's seed-spread cell: measurements within the spread of the seeds, or that none moves."""
+    if spread is None:
+        return "-"
+    if spread["deterministic"]:
+        return "no random part"
+    return f"{spread['inside']}/{spread['points_with_spread']} within"
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """The per-case summary as a Markdown table (what the README shows): the first not-expressible item per case,
-    and how many measurements lie inside the sensitivity band, with its knife edges."""
+    how many measurements lie inside the sensitivity band, with its knife edges, and within the seed spread."""
     lines = [
-        "| case | status | profile | points predicted | MAPE | max abs error | not expressible | band |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | status | profile | points predicted | MAPE | max abs error | not expressible | band | seeds 0-3 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["summary"]
@@ -437,6 +509,6 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         why = ne[0] + (f" (+{len(ne) - 1} more)" if len(ne) > 1 else "") if ne else "-"
         lines.append(
             f"| `{r['name']}` | {r['status']} | {r['profile'] or '-'} | {s['predicted']}/{s['points']} | {mape} | {mx} "
-            f"| {why.replace('|', '/')} | {_band_summary(r.get('band'))} |"
+            f"| {why.replace('|', '/')} | {_band_summary(r.get('band'))} | {_seed_summary(r.get('seed_spread'))} |"
         )
     return "\n".join(lines) + "\n"

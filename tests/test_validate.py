@@ -28,10 +28,10 @@ from kvplan.sim.scenario import scenario_from_dict
 
 CASE_KEYS = {
     "name", "title", "kind", "status", "source", "setup", "scenario", "profile", "predicts", "in_sample",
-    "not_expressible", "modelled", "points", "summary", "band",
+    "not_expressible", "modelled", "points", "summary", "band", "seed_spread",
 }
 POINT_KEYS = ["label", "metric", "measured", "predicted", "rel_error", "predicted_low", "predicted_high", "in_band",
-              "knife_edge"]
+              "knife_edge", "seed_low", "seed_high", "in_seed_spread"]
 REQUIRED = {
     "dynamo-qwen3-32b-prefill", "dynamo-qwen3-32b-decode", "dynamo-qwen3-32b-1p1d", "llmd-1p1d-a100-llama-3.1-8b",
     "p5en-published",
@@ -63,6 +63,14 @@ def test_validate_json_keys_and_every_case(capsys: pytest.CaptureFixture[str]) -
             if p["predicted_low"] is not None:  # the band brackets the point; in_band says where the measurement is
                 assert p["predicted_low"] <= p["predicted"] <= p["predicted_high"]
                 assert p["in_band"] == (p["predicted_low"] <= p["measured"] <= p["predicted_high"])
+            if p["seed_low"] is not None:  # the seed spread holds the prediction (seed 0 is one of its seeds)
+                assert p["seed_low"] <= p["predicted"] <= p["seed_high"]
+                assert p["in_seed_spread"] == (p["seed_low"] <= p["measured"] <= p["seed_high"])
+        spread = c["seed_spread"]
+        if c["kind"] == "serving" and c["summary"]["predicted"]:
+            assert spread["points_with_spread"] == c["summary"]["predicted"] and spread["seeds"] == [0, 1, 2, 3]
+        else:
+            assert spread is None and all(p["seed_low"] is None for p in c["points"])
         band = c["band"]
         if c["status"] == "predicted, not fitted":  # every predicted point of a predicted case has its band
             assert band["points_with_band"] == c["summary"]["predicted"] and band["line"].startswith("measured inside")
@@ -100,13 +108,16 @@ def test_markdown_has_one_row_per_case(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["validate", "--markdown"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("| case |") and len(lines) == 2 + len(case_names())
-    # the existing columns as they were, the band's after them
-    assert lines[0] == ("| case | status | profile | points predicted | MAPE | max abs error | not expressible | band |")
+    # the existing columns as they were, the band's and the seed spread's after them
+    assert lines[0] == ("| case | status | profile | points predicted | MAPE | max abs error | not expressible | band "
+                        "| seeds 0-3 |")
     row = next(ln for ln in lines if ln.startswith("| `llmd-1p1d-a100-llama-3.1-8b`"))
-    assert row.rstrip(" |").endswith("/12 inside") and row.count(" | ") == 7
+    assert row.rstrip(" |").endswith("/12 within") and "/12 inside |" in row and row.count(" | ") == 8
+    fixed = next(ln for ln in lines if ln.startswith("| `mooncake-vllm-1p1d-h800-qwen3-8b`"))
+    assert fixed.endswith("| no random part |")
     edge = validate_case(knife_edge_case())
     (cell,) = [ln for ln in markdown_table([edge]).splitlines()[2:]]
-    assert cell.rstrip(" |").endswith("knife edges**")  # the band cell names a case's knife edges
+    assert cell.rsplit(" | ", 1)[0].endswith("knife edges**")  # the band cell names a case's knife edges
 
 
 def test_unresolvable_case_keeps_points_and_says_why() -> None:
@@ -514,3 +525,57 @@ def test_heterogeneous_tp_run_has_no_band_and_says_why() -> None:
     assert r["summary"]["predicted"] == len(case.runs[0].measured)  # the point is predicted
     assert all(p["predicted_low"] is None for p in r["points"])
     assert r["band"]["line"].startswith("no band") and "different TP" in r["band"]["line"]
+
+
+def test_seed_spread_is_the_run_under_other_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving run's seed spread is the lowest and highest of its simulations under seeds 0-3 (what a finite run's
+    random parts, here uniform random routing and sampled prompt lengths, move); a run whose random parts are none
+    (closed loop, fixed lengths) says every seed gives the same. Repeated runs of one setup are simulated once."""
+    import kvplan.sim.api as api
+
+    calls: list[int | None] = []
+    real = api.run
+
+    def counting(sc: Any, seed: int | None = None, **kw: Any) -> Any:
+        calls.append(seed)
+        return real(sc, seed, **kw)
+
+    monkeypatch.setattr(api, "run", counting)
+    case = load_case("llmd-1p1d-a100-llama-3.1-8b")
+    r = validate_case(case)
+    assert len(case.runs) == 2 and case.runs[0].model_dump(exclude={"label", "measured"}) == case.runs[1].model_dump(
+        exclude={"label", "measured"})
+    assert sorted(calls) == [0, 0, 0, 1, 2, 3]  # one setup: nominal + 2 band sides (seed 0) + seeds 1-3, once
+    by = _by(r)
+    x = case.runs[0]
+    draws = [real(run_scenario(case, x, seed=k), k).summary["tpot_mean_s"] * 1e3 for k in (0, 1, 2, 3)]
+    p = by[(x.label, "tpot_mean_ms")]
+    assert p["seed_low"] == pytest.approx(min(draws), abs=1e-3) and p["seed_high"] == pytest.approx(max(draws), abs=1e-3)
+    assert p["seed_high"] > p["seed_low"]  # random routing moves it
+    assert by[(case.runs[1].label, "tpot_mean_ms")]["seed_low"] == p["seed_low"]  # the repeated run: the same draws
+    assert r["seed_spread"]["deterministic"] is False and "one draw" in r["seed_spread"]["line"]
+    assert run_scenario(case, x, seed=2).seed == 2
+    fixed = validate_case(load_case("mooncake-vllm-1p1d-h800-qwen3-8b"))
+    assert fixed["seed_spread"]["deterministic"] is True and "same prediction" in fixed["seed_spread"]["line"]
+    assert all(p["seed_low"] == p["seed_high"] == p["predicted"] for p in fixed["points"])
+
+
+def test_seed_fields_need_every_draw() -> None:
+    from kvplan.calibration.validate import seed_fields
+
+    assert seed_fields(5.0, [4.0, 6.0, 5.5, 4.5]) == {"seed_low": 4.0, "seed_high": 6.0, "in_seed_spread": True}
+    assert seed_fields(7.0, [4.0, 6.0, 5.5, 4.5])["in_seed_spread"] is False
+    assert seed_fields(5.0, [4.0, None, 5.5, 4.5]) == {"seed_low": None, "seed_high": None, "in_seed_spread": None}
+
+
+def test_text_output_has_the_seed_column_only_where_seeds_differ(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--case", "llmd-2p1d-a100-llama-3.1-8b", "--case", "mooncake-vllm-1p1d-h800-qwen3-8b"]) == 0
+    out = capsys.readouterr().out
+    llmd, mooncake = out.split("mooncake-vllm-1p1d-h800-qwen3-8b:")
+
+    def header(text: str) -> str:
+        return next(line for line in text.splitlines() if "point" in line and "measured" in line)
+
+    assert "seeds 0-3" in header(llmd) and "seed spread: measured within" in llmd
+    assert "band" in header(mooncake) and "seeds 0-3" not in header(mooncake)
+    assert "every seed gives the same prediction" in mooncake

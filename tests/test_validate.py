@@ -533,11 +533,11 @@ def test_seed_spread_is_the_run_under_other_seeds(monkeypatch: pytest.MonkeyPatc
     (closed loop, fixed lengths) says every seed gives the same. Repeated runs of one setup are simulated once."""
     import kvplan.sim.api as api
 
-    calls: list[int | None] = []
+    calls: list[int] = []
     real = api.run
 
     def counting(sc: Any, seed: int | None = None, **kw: Any) -> Any:
-        calls.append(seed)
+        calls.append(-1 if seed is None else seed)
         return real(sc, seed, **kw)
 
     monkeypatch.setattr(api, "run", counting)

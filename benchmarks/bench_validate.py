@@ -3,8 +3,9 @@
 Runs exactly the documented command (``kvplan validate --json``) in a fresh process (imports included, as a
 user would time it), twice, checks that both runs print byte-identical JSON, and writes
 benchmarks/results/validate.json with the wall times and each case's summary (status, points predicted,
-MAPE, max error) and its sensitivity band (measurements inside it, knife edges; ``validate_band``: two more
-simulations per serving run).
+MAPE, max error), its sensitivity band (measurements inside it, knife edges; ``validate_band``: two more
+simulations per serving run) and its seed spread (measurements within it; three more simulations per serving
+setup).
 
     .venv/bin/python benchmarks/bench_validate.py
 """
@@ -43,7 +44,10 @@ def main() -> None:
     case_rows: list[dict[str, Any]] = [
         {"name": c["name"], "status": c["status"], "profile": c["profile"], **c["summary"],
          "band_inside": (c["band"] or {}).get("inside"), "band_points": (c["band"] or {}).get("points_with_band"),
-         "knife_edges": len((c["band"] or {}).get("knife_edges", []))} for c in cases
+         "knife_edges": len((c["band"] or {}).get("knife_edges", [])),
+         "seed_inside": (c["seed_spread"] or {}).get("inside"),
+         "seed_points": (c["seed_spread"] or {}).get("points_with_spread"),
+         "seed_deterministic": (c["seed_spread"] or {}).get("deterministic")} for c in cases
     ]
     result: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "cpus": os.cpu_count()},
@@ -63,7 +67,10 @@ def main() -> None:
         mape = f"{c['mape_pct']:.1f}%" if c["mape_pct"] is not None else "-"
         band = f", band: {c['band_inside']}/{c['band_points']} inside, {c['knife_edges']} knife edges" \
             if c["band_points"] else ""
-        print(f"  {c['name']}: {c['status']}, {c['predicted']}/{c['points']} predicted, MAPE {mape}{band}")
+        seeds = "" if not c["seed_points"] else (
+            ", seeds 0-3: no random part" if c["seed_deterministic"]
+            else f", seeds 0-3: {c['seed_inside']}/{c['seed_points']} within")
+        print(f"  {c['name']}: {c['status']}, {c['predicted']}/{c['points']} predicted, MAPE {mape}{band}{seeds}")
     print(f"wrote {dest.relative_to(REPO)}")
 
 

@@ -4,7 +4,11 @@ One :class:`Evaluator` per capacity plan runs every candidate with the same repl
 (:func:`kvplan.sim.seeds.replication_seeds`, the seeds of ``compare`` and sweeps, so that the same deployment
 and load give the same rows in both), and keeps each candidate's mean metrics. A candidate meets the SLO when
 the mean TTFT p90 over the replications is at most the SLO, at most 1% of turns errored (``compare``'s rule)
-and no run failed.
+and no run failed, **judged on a longer run**: a candidate whose first run meets the SLO is simulated again with
+:data:`kvplan.plan.steady.EXTEND_FACTOR` x its conversations at the same rate (more when retention needs them,
+:func:`kvplan.plan.steady.longer_conversations`), and its metrics are that run's (``judged_conversations``;
+``first_run_*`` keep the first), because a load at or beyond capacity meets a TTFT SLO over a short run while its
+queue is still growing (:mod:`kvplan.plan.steady`). A trace replay keeps its own clock and is judged as it runs.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from kvplan.plan.executor import run_tasks
-from kvplan.sim.scenario import Scenario
+from kvplan.plan.steady import FIRST_KEY, SECOND_KEY, growing, longer_conversations, retention_unsteady
+from kvplan.sim.scenario import Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
 
 MAX_ERROR_SHARE = 0.01
+MAX_CONVERSATIONS = 200_000  # bound on one run when the rate or the judging run grows (the horizon is kept otherwise)
 Metrics = dict[str, float]
 
 
@@ -35,7 +41,8 @@ def metrics_of(rows: list[dict[str, Any]]) -> Metrics:
     p90 = [float(r["ttft_p90_s"]) for r in ok]
     out: Metrics = {k: _mean(ok, k) for k in ("ttft_mean_s", "ttft_p50_s", "hit_rate", "prefill_utilization",
                                              "steady_served_turns_per_s", "errors", "turns", "pinned_kv_gib_peak",
-                                             "steady_pinned_kv_gib_mean")}
+                                             "steady_pinned_kv_gib_mean", "conversation_span_p90_s", "retention_steady",
+                                             FIRST_KEY, SECOND_KEY)}
     out["ttft_p90_s"] = float(np.mean(p90)) if ok and len(ok) == len(rows) else math.inf
     out["ttft_p90_s_sd"] = float(np.std(p90, ddof=1)) if len(p90) > 1 else math.nan
     # the router-TTL rule needs the worst replication's p99 of arrival -> P's decision on this very run
@@ -54,8 +61,11 @@ class Evaluator:
     """Runs override sets x replications through the executor, memoised by the overrides, with progress."""
 
     def __init__(self, base: Scenario, reps: int, workers: int, backend: str,
-                 progress: Callable[[int, int], None] | None) -> None:
+                 progress: Callable[[int, int], None] | None, slo_s: float | None = None) -> None:
+        """``slo_s``: the SLO candidates are judged against (their first run meeting it sends them to the longer
+        run, module docstring); None: every candidate is judged on its first run."""
         self.base, self.reps, self.workers, self.backend, self.progress = base, reps, workers, backend, progress
+        self.slo_s = slo_s if base.workload.trace is None else None
         self.key = json.dumps(base.model_dump(mode="json"), sort_keys=True)
         self.seeds = replication_seeds(base.seed, reps)
         self.cache: dict[str, Metrics] = {}
@@ -63,7 +73,44 @@ class Evaluator:
         self.total = 0
 
     def many(self, variants: list[dict[str, Any]]) -> list[Metrics]:
-        """The metrics of each override set (simulated once per distinct set, in parallel)."""
+        """The metrics of each override set (simulated once per distinct set, in parallel): its first run's, or,
+        when that run meets the SLO, its longer run's (module docstring)."""
+        keys = [json.dumps(v, sort_keys=True) for v in variants]
+        fresh = [k for k in dict.fromkeys(keys) if k not in self.cache]
+        self._simulate(variants)
+        if self.slo_s is not None:
+            by_key = dict(zip(keys, variants, strict=True))
+            longer = {k: self._longer(by_key[k], self.cache[k]) for k in fresh if meets(self.cache[k], self.slo_s)}
+            for k in fresh:
+                self.cache[k] = {**self.cache[k], "judged_conversations": float(self._conversations(by_key[k]))}
+            self._simulate(list(longer.values()))
+            for k, v in longer.items():
+                first = self.cache[k]
+                judged = dict(self.cache[json.dumps(v, sort_keys=True)])
+                judged.update({"judged_conversations": float(v["workload.conversations"]),
+                               "first_run_conversations": float(self._conversations(by_key[k])),
+                               "first_run_ttft_p90_s": first["ttft_p90_s"],
+                               "first_run_ttft_growing": float(growing(first)),
+                               "first_run_retention_unsteady": float(retention_unsteady(first))})
+                self.cache[k] = judged
+        return [self.cache[k] for k in keys]
+
+    def _conversations(self, variant: dict[str, Any]) -> int:
+        return int(variant.get("workload.conversations", self.base.workload.conversations))
+
+    def _longer(self, variant: dict[str, Any], first: Metrics) -> dict[str, Any]:
+        """``variant`` with the conversations of its judging run."""
+        sc = with_overrides(self.base, variant)
+        arr = sc.workload.arrival
+        rate = getattr(arr, "rate_per_s", None)
+        ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional and sc.deployment.mode != "aggregated" else 0.0
+        span = first.get("conversation_span_p90_s", math.nan)
+        n = longer_conversations(self._conversations(variant), rate, ttl, span if math.isfinite(span) else 0.0,
+                                 MAX_CONVERSATIONS)
+        return {**variant, "workload.conversations": n}
+
+    def _simulate(self, variants: list[dict[str, Any]]) -> None:
+        """Simulate every override set not yet cached (replications in parallel) and cache its first-run metrics."""
         keys = [json.dumps(v, sort_keys=True) for v in variants]
         todo = {k: v for k, v in zip(keys, variants, strict=True) if k not in self.cache}
         rows: dict[str, list[dict[str, Any]]] = {k: [{} for _ in range(self.reps)] for k in todo}
@@ -80,7 +127,6 @@ class Evaluator:
             run_tasks(self.base, self.key, tasks, on_result, self.backend, self.workers)
         for k, rs in rows.items():
             self.cache[k] = metrics_of(rs)
-        return [self.cache[k] for k in keys]
 
     def one(self, variant: dict[str, Any]) -> Metrics:
         """The metrics of one override set."""

@@ -75,6 +75,9 @@ def run_extras(result: Any) -> dict[str, float]:
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
     ``arrival_span_s`` (= t_b) and ``conversation_span_p90_s`` (p90 of first to last arrival of a conversation):
     the run reaches a steady state at a TTL only when ``arrival_span_s >= TTL + conversation_span_p90_s``.
+    ``retention_steady``: 1 when retention is off or the arrival span reaches TTL + p90 conversation span, else 0;
+    ``steady_ttft_mean_first_s`` / ``steady_ttft_mean_second_s``: :func:`_steady_halves` (both read by
+    :mod:`kvplan.plan.steady`).
     ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
     ``steady_served_turns_per_s``: turns finished without error inside the steady window over its length (the
     basis every cost per million turns uses, :mod:`kvplan.plan.pricing`; ``served_turns_per_s`` when the window
@@ -126,7 +129,24 @@ def run_extras(result: Any) -> dict[str, float]:
     out["reuse_rate"] = float(reused.mean()) if len(follow) else 0.0
     if "tpot_mean_s" not in s:
         out["tpot_mean_s"] = tpot_mean_s(ok)
+    out["retention_steady"] = float(not sc.policy.bidirectional or sc.deployment.mode == "aggregated"
+                                    or t_b >= ttl + span_p90)
+    out.update(_steady_halves(ok, s.get("steady_window_start_s"), s.get("steady_window_end_s")))
     return out
+
+
+def _steady_halves(ok: Any, start: float | None, end: float | None) -> dict[str, float]:
+    """Mean TTFT of the turns arriving in the first and in the second half of the steady window (``sim/health.py``;
+    NaN without one, e.g. a closed loop, or with no turn in a half): the trend :mod:`kvplan.plan.steady` reads."""
+    nan = float("nan")
+    if start is None or end is None or not end > start:
+        return {"steady_ttft_mean_first_s": nan, "steady_ttft_mean_second_s": nan}
+    mid = (float(start) + float(end)) / 2
+    t = ok["arrival_s"].to_numpy(dtype=float)
+    ttft = ok["ttft_s"].to_numpy(dtype=float)
+    halves = ((t >= float(start)) & (t < mid), (t >= mid) & (t <= float(end)))
+    means = [float(ttft[h].mean()) if h.any() else nan for h in halves]
+    return {"steady_ttft_mean_first_s": means[0], "steady_ttft_mean_second_s": means[1]}
 
 
 def tpot_mean_s(turns: Any) -> float:

@@ -79,11 +79,16 @@ def test_capacity_answer_meets_the_slo_and_one_fewer_does_not(planned: tuple[Pat
     chosen = next(c for c in on["ttl_candidates"] if c.get("meets_slo"))
     assert on["router_ttl_s"] == int(on["decoder_kv_blocks_ttl_s"] - 5 - chosen["p_decide_p99_s"])
     assert on["router_ttl_s"] < on["decoder_kv_blocks_ttl_s"]
-    # independent simulation: the answer meets the SLO, one P fewer and one D fewer miss it
-    assert _p90(sc, _bidir_ov(on, x, y)) * 1000 <= SLO_MS
-    assert _p90(sc, _bidir_ov(on, x - 1, y)) * 1000 > SLO_MS
-    assert _p90(sc, _bidir_ov(on, x, y - 1)) * 1000 > SLO_MS
-    assert {c["xpyd"] for c in on["neighbour_checks"]} == {f"{x - 1}P{y}D", f"{x}P{y - 1}D"}
+    # independent simulation of the runs that judged them: the answer meets the SLO (on its longer run: a first run
+    # meeting the SLO is simulated again 4x as long, plan/steady.py), one P fewer and one D fewer miss it
+    first = SCENARIO["workload"]["conversations"]
+    assert on["first_run_conversations"] == first and on["judged_conversations"] >= 4 * first
+    assert _p90(sc, {**_bidir_ov(on, x, y), "workload.conversations": on["judged_conversations"]}) * 1000 <= SLO_MS
+    checks = {c["xpyd"]: c for c in on["neighbour_checks"]}
+    assert set(checks) == {f"{x - 1}P{y}D", f"{x}P{y - 1}D"}
+    for nx, ny in ((x - 1, y), (x, y - 1)):
+        n = checks[f"{nx}P{ny}D"]["judged_conversations"]
+        assert _p90(sc, {**_bidir_ov(on, nx, ny), "workload.conversations": n}) * 1000 > SLO_MS
     assert on["smallest_verified"] and not any(c["meets_slo"] for c in on["neighbour_checks"])
     # the other columns carry their neighbour checks too, and the policy they assumed
     off, agg = plan["without_bidirectional"], plan["aggregated"]
@@ -93,18 +98,21 @@ def test_capacity_answer_meets_the_slo_and_one_fewer_does_not(planned: tuple[Pat
 
 
 def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tuple[Path, dict[str, Any]]) -> None:
-    """Same deployment, load and seeds: the same runs, priced on the same steady-state basis."""
+    """Same deployment, load, run length and seeds: the same runs, priced on the same steady-state basis (an answer's
+    figures are those of the run that judged it, ``judged_conversations`` long)."""
     from kvplan.plan.compare import compare
 
     path, plan = planned
     sc = load_scenario(path)
     off = plan["without_bidirectional"]
     at = with_overrides(sc, {"deployment.prefill_nodes": off["prefill_nodes"],
-                             "deployment.decode_nodes": off["decode_nodes"]})
+                             "deployment.decode_nodes": off["decode_nodes"],
+                             "workload.conversations": int(off["judged_conversations"])})
     agg = plan["aggregated"]
     # a P/D deployment with as many GPUs as the aggregated answer: compare's aggregated row is that answer
     n = agg["replicas"]
-    same_gpus = with_overrides(sc, {"deployment.prefill_nodes": max(n - 1, 1), "deployment.decode_nodes": 1})
+    same_gpus = with_overrides(sc, {"deployment.prefill_nodes": max(n - 1, 1), "deployment.decode_nodes": 1,
+                                    "workload.conversations": int(agg["judged_conversations"])})
     rows = compare(at, ["off"], replications=REPS)
     assert rows[0]["usd_per_million_turns"] == pytest.approx(off["usd_per_million_turns_at_rate"], rel=1e-12)
     if n >= 2:

@@ -1,0 +1,71 @@
+"""Does a run show the steady state its answer claims? The check ``capacity`` and ``compare`` apply before they trust
+a candidate that meets the SLO, and the longer run they use when it does not.
+
+A planner simulates each candidate for the scenario's arrival horizon (its conversations / rate). That run can
+meet a TTFT SLO and still say nothing about the deployment: at a load near or over capacity the queue is still
+growing when the run ends (an engine busy over 99% of the window, its TTFT p90 ~1 s after 100 s and ~29 s after
+400 s), and with retention on, D's pool fills with pins only once the run is longer than the TTL plus a
+conversation's span. Two signs, both read from the run itself (:func:`kvplan.plan.executor.run_extras`):
+
+* **TTFT still growing** over the steady window (the second half of the arrivals, ``sim/health.py``): the mean
+  TTFT of turns arriving in its second half above :data:`GROWTH_RATIO` x that of its first half plus
+  :data:`GROWTH_MIN_S` (a queue in steady state has no trend; a transient or an overload has one);
+* **retention not in steady state**: bidirectional on and the arrival span shorter than the TTL plus the p90
+  conversation span (``run_extras``' definition: until then pins only accumulate).
+
+Either sign sends the candidate to one longer run (:func:`longer_conversations`: :data:`EXTEND_FACTOR` x the
+conversations at the same rate, or enough for twice TTL + span of arrivals, at most ``MAX_CONVERSATIONS``), and the
+candidate is judged on that run. ASSUMPTIONS (of this check, not of the model): the two thresholds, and that a run
+4x longer shows what a transient hid (a load within a few percent of capacity can still pass a 4x run and miss a
+16x one: the answer then holds for runs of that length, and the plan says which length judged it). A trace
+replay keeps its own clock and is not extended (its answers say so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+GROWTH_RATIO = 1.5
+GROWTH_MIN_S = 0.05
+EXTEND_FACTOR = 4
+FIRST_KEY, SECOND_KEY = "steady_ttft_mean_first_s", "steady_ttft_mean_second_s"
+
+
+def _num(m: Mapping[str, Any], key: str) -> float:
+    v = m.get(key)
+    return float(v) if v is not None else math.nan
+
+
+def growing(m: Mapping[str, Any]) -> bool:
+    """True when the mean TTFT of the steady window's second half exceeds its first half's by the margin."""
+    first, second = _num(m, FIRST_KEY), _num(m, SECOND_KEY)
+    return math.isfinite(first) and math.isfinite(second) and second > GROWTH_RATIO * first + GROWTH_MIN_S
+
+
+def retention_unsteady(m: Mapping[str, Any]) -> bool:
+    """True when retention is on and the arrivals end before TTL + p90 conversation span (``retention_steady`` 0)."""
+    v = m.get("retention_steady")
+    return v is not None and math.isfinite(float(v)) and float(v) < 1.0
+
+
+def why_longer(m: Mapping[str, Any]) -> str | None:
+    """Why a run (its row, or the mean of its replications' rows) cannot vouch for its steady state; None if it can."""
+    reasons = []
+    if growing(m):
+        reasons.append(f"TTFT still growing over the steady window (mean {_num(m, FIRST_KEY):.3g} s in its first half, "
+                       f"{_num(m, SECOND_KEY):.3g} s in its second)")
+    if retention_unsteady(m):
+        reasons.append("retention not in steady state (arrivals end before TTL + p90 conversation span)")
+    return "; ".join(reasons) or None
+
+
+def longer_conversations(conversations: int, rate_per_s: float | None, ttl_s: float, span_p90_s: float,
+                         cap: int) -> int:
+    """Conversations of the longer run: ``EXTEND_FACTOR`` x, and at ``rate_per_s`` enough for ``2 (TTL + span)`` of
+    arrivals, at most ``cap``."""
+    n = EXTEND_FACTOR * conversations
+    if rate_per_s and math.isfinite(ttl_s + span_p90_s):
+        n = max(n, math.ceil(rate_per_s * 2 * (ttl_s + span_p90_s)))
+    return int(min(max(n, conversations), cap))

@@ -50,17 +50,6 @@ def retention_unsteady(m: Mapping[str, Any]) -> bool:
     return v is not None and math.isfinite(float(v)) and float(v) < 1.0
 
 
-def why_longer(m: Mapping[str, Any]) -> str | None:
-    """Why a run (its row, or the mean of its replications' rows) cannot vouch for its steady state; None if it can."""
-    reasons = []
-    if growing(m):
-        reasons.append(f"TTFT still growing over the steady window (mean {_num(m, FIRST_KEY):.3g} s in its first half, "
-                       f"{_num(m, SECOND_KEY):.3g} s in its second)")
-    if retention_unsteady(m):
-        reasons.append("retention not in steady state (arrivals end before TTL + p90 conversation span)")
-    return "; ".join(reasons) or None
-
-
 def longer_conversations(conversations: int, rate_per_s: float | None, ttl_s: float, span_p90_s: float,
                          cap: int) -> int:
     """Conversations of the longer run: ``EXTEND_FACTOR`` x, and at ``rate_per_s`` enough for ``2 (TTL + span)`` of

@@ -165,10 +165,13 @@ def render_text(plan: Any, what: str) -> list[str]:
         at_max = m.get("usd_per_million_turns_at_max_rate")
         usd_rate = m.get("usd_per_million_turns_at_rate")
         billed = f"{m['billed_nodes']:g} node{'' if m['billed_nodes'] == 1 else 's'}"
+        judged = m.get("judged_conversations")
+        over = (f" over {judged:,.0f} conversations (first run of {m['first_run_conversations']:,.0f}: "
+                f"{_human(m['first_run_ttft_p90_ms'])})" if judged and m.get("first_run_ttft_p90_ms") is not None else "")
         out.append(
             f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {billed}, ${m['usd_per_hour']:.1f}/h):{pol} "
             f"TTFT p90 "
-            f"{_human(m['ttft_p90_ms'])}, hit rate {m['hit_rate']:.1%}"
+            f"{_human(m['ttft_p90_ms'])}{over}, hit rate {m['hit_rate']:.1%}"
             + (f"; max load {'>= ' if m['max_rate_capped'] else ''}{mx:.3g}/s" if mx is not None else "")
             + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
             + (f", ${at_max:,.0f} at max load" if at_max is not None else "")

@@ -68,6 +68,9 @@ from kvplan.units import si_s
 WAIT_S = 1.0
 BUSY_FRACTION = 0.9
 NEAR_FRACTION = 0.95  # a resource this busy warns even before requests wait on it
+FULL_MARGIN = 0.005  # busy within this of the whole window: it never idled (a busy share over 1 is a step straddling
+# the window's edges)
+_BUSY_OVER_WINDOW = ("prefill_compute", "decode_engine_thread", "prefill_engine_thread")  # busy shares of a time window
 RETENTION_SHARE = 0.5
 
 
@@ -249,7 +252,15 @@ def compute_health(
                         f"and pins, {dkv['pinned_peak_fraction']:.0%} pinned): admission to D waited "
                         f"{dkv['wait_p90_s']:.3g} s at p90")
     for k, v in resources.items():
-        if not v["saturated"] and NEAR_FRACTION <= v["utilization"] < 1.0:
+        if v["saturated"] or v["utilization"] < NEAR_FRACTION:
+            continue
+        if k == "prefill_compute" and dep.mode == "aggregated":
+            continue  # an aggregated engine steps while any request decodes: busy is not its load
+        if k in _BUSY_OVER_WINDOW and v["utilization"] >= 1.0 - FULL_MARGIN:
+            warnings.append(f"{labels[k]} {min(v['utilization'], 1.0):.1%} of the steady window: at or over "
+                            "capacity (it never idled, so its queue never emptied); a run this long understates the "
+                            "steady-state waits")
+        else:
             warnings.append(f"{labels[k]} {v['utilization']:.1%}: close to saturation (a little more load and "
                             "requests queue)")
     status = "saturated" if saturated else ("warning" if errors or warnings else "ok")
@@ -309,8 +320,9 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                          f"{fmt_s(r['wait_p90_s'])} at p90")
     if not health["saturated"]:
         pc = res["prefill_compute"]
-        busy = (f"{pc['utilization']:.0%} (busiest engine; mean {pc['utilization_mean']:.0%})"
-                if pc.get("engines_over_busy") is not None and pc.get("engines", 1) > 1 else f"{pc['utilization']:.0%}")
+        u, um = min(pc["utilization"], 1.0), min(pc["utilization_mean"], 1.0)  # > 1: a step straddling the edges
+        busy = (f"{u:.0%} (busiest engine; mean {um:.0%})"
+                if pc.get("engines_over_busy") is not None and pc.get("engines", 1) > 1 else f"{u:.0%}")
         lines.append(f"health: nothing saturated (prefill {busy} busy over the "
                      f"{res['prefill_compute'].get('utilization_window', 'run').split(' (')[0]}, decode KV "
                      f"peak {res['decode_kv']['utilization']:.0%} of the pool (pinned "

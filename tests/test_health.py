@@ -250,3 +250,27 @@ def test_busiest_prefill_engine_share_is_reported_beside_the_mean() -> None:
     assert s["health"]["resources"]["prefill_compute"]["utilization"] == top
     assert s["health"]["resources"]["prefill_compute"]["utilization_mean"] == mean
     assert s["prefill_steady_engines_over_busy"] == 0
+
+
+def test_a_prefill_engine_busy_the_whole_window_warns_that_it_is_at_capacity() -> None:
+    """A P engine busy for the whole steady window never emptied its queue: a run that short says nothing saturated
+    only because no request has waited a second yet; the health section says so (printing at most 100%: a busy
+    share over 1 is a step straddling the window's edges). An aggregated engine as busy warns nothing: it steps while
+    any request decodes, so its busy share is not its load."""
+    from kvplan.sim.health import Waits, compute_health
+    from kvplan.sim.scenario import as_scenario
+
+    summary = {"prefill_utilization": 0.9, "prefill_utilization_steady": 1.008, "prefill_utilization_steady_max": 1.011,
+               "prefill_steady_engines_over_busy": 3, "steady_window_start_s": 50.0, "steady_window_end_s": 100.0}
+    waits = Waits(span_s=150.0, prefill=(0.4, 0.1), decode=(0.0, 0.0), link=(0.0, 0.0))
+    h = compute_health(summary, waits, as_scenario(small(deployment={"prefill_nodes": 3, "decode_nodes": 1})), 0.0)
+    assert h["saturated"] == [] and h["status"] == "warning"
+    (w,) = [w for w in h["warnings"] if w.startswith("prefill compute busy")]
+    assert "100.0% of the steady window: at or over capacity" in w
+    line = next(x for x in health_lines(h) if "nothing saturated" in x)
+    assert "prefill 100% (busiest engine; mean 100%)" in line and "101%" not in line
+    near = compute_health({**summary, "prefill_utilization_steady_max": 0.96}, waits,
+                          as_scenario(small(deployment={"prefill_nodes": 3, "decode_nodes": 1})), 0.0)
+    assert any("96.0%: close to saturation" in w for w in near["warnings"])
+    agg = as_scenario(small(deployment={"mode": "aggregated", "replicas": 3}))
+    assert not any(w.startswith("prefill compute") for w in compute_health(summary, waits, agg, 0.0)["warnings"])

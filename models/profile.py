@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,7 +40,7 @@ class Profile(BaseModel):
     )
     fit_report: dict[str, Any] = Field(default_factory=dict, description="Residuals, MAPE per metric, ...")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Sources, sha256, vLLM version.")
-    status: str = Field(
+    status: Literal["calibrated", "prior", "composed", "proxy", "unreliable"] = Field(
         default="calibrated",
         description="calibrated | prior | composed | proxy | unreliable (a fit that failed its self-check; see fit_report)",
     )
@@ -143,8 +143,24 @@ def load_profile(name_or_path: str | Path) -> Profile:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise input_error(f"{path}: field '{loc}'", err["msg"]) from None
+    _check_complete(data, path)
     check_profile_bounds(profile, f"profile {path.name}")
     return profile
+
+
+#: The cost components every profile file gives in full (a missing one would load as all-zero costs: free compute
+#: or free transfers, labelled with the profile's status). A scenario's inline ``costs:`` may be partial (it
+#: overrides a resolved profile); a profile is the whole cost model.
+PROFILE_COMPONENTS = ("prefill", "decode", "transfer", "overhead")
+
+
+def _check_complete(data: Any, path: Path) -> None:
+    """One-line error naming the first cost component a profile file leaves out or gives empty."""
+    costs = data.get("costs") if isinstance(data, dict) else None
+    for comp in PROFILE_COMPONENTS:
+        if not isinstance(costs, dict) or not costs.get(comp):
+            raise input_error(f"{path}: field 'costs.{comp}'", "is missing or empty (it would load as zero costs)",
+                              "re-create the profile with kvplan calibrate or kvplan profile derive")
 
 
 def save_profile(profile: Profile, path: str | Path, *, overwrite: bool = False, inputs: Any = ()) -> None:

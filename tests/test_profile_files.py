@@ -1,0 +1,41 @@
+"""A profile file is the whole cost model: a component it leaves out would load as zero costs (free prefill, free
+transfers) under the profile's own status, and an unknown status would pass as whatever a reader assumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.app.cli import main
+from kvplan.models.profile import PROFILE_COMPONENTS, _profiles_dir
+
+
+@pytest.mark.parametrize("comp", PROFILE_COMPONENTS)
+@pytest.mark.parametrize("how", ["missing", "empty"])
+def test_a_profile_without_a_cost_component_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        comp: str, how: str) -> None:
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    if how == "missing":
+        del data["costs"][comp]
+    else:
+        data["costs"][comp] = {}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"field 'costs.{comp}'" in err[0] and "zero costs" in err[0]
+
+
+def test_an_unknown_status_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    data["status"] = "trust-me"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "status" in err[0]
+    data["status"] = "calibrated"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 0  # the shipped profile itself loads

@@ -162,6 +162,10 @@ def _published(path: Path, model: str, hardware: str, tp: int, out: Path, includ
         progress=None if json_out else (lambda msg: console().print(msg)),
     )
     save_profile(fit.profile, out, overwrite=overwrite, inputs=[path])
+    if fit.profile.status == "unreliable":
+        from kvplan.app.output import warn_unreliable
+
+        warn_unreliable(fit.report.get("unreliable_reasons", []), out)
     if json_out:
         typer.echo(json.dumps(json_safe(fit.report), indent=2, sort_keys=True))
         return

@@ -179,7 +179,28 @@ def calibrate(
     base_costs = base.costs if base is not None else None
     res = _result(results, base_values, base_src, obs, sources, arch, node.name, tp, vllm_version, base_costs,
                   lows["prefill.weight_read_s"])
-    return _unchecked(res) if bench or multiturn else res
+    reasons = ([UNCHECKED_REASON] if bench or multiturn else []) + fit_misses(results)
+    return _unreliable(res, reasons) if reasons else res
+
+
+#: A direct fit whose residuals leave a metric's MAPE above this (percent) does not reproduce its own input: it is
+#: written ``unreliable`` (the tolerance of calibrate --scenario's self-check, calibration/sim_fit.py).
+MAX_FIT_MAPE_PCT = 15.0
+
+
+def fit_misses(results: list[FitResult]) -> list[str]:
+    """Why a direct fit does not reproduce the data it was fitted on: a metric whose MAPE exceeds
+    :data:`MAX_FIT_MAPE_PCT`, or a fit whose every estimated parameter sits on a bound (the data pushed each one
+    as far as it may go: none was fitted)."""
+    out = []
+    for r in results:
+        out += [f"{r.target} {k}: the fitted profile misses its own input by MAPE {v:.1f}% (limit "
+                f"{MAX_FIT_MAPE_PCT:g}%)" for k, v in r.mape_pct.items() if math.isfinite(v) and v > MAX_FIT_MAPE_PCT]
+        est = [p for p in r.params if p.status != "held"]
+        if est and all(p.status == "at_bound" for p in est):
+            out.append(f"{r.target}: every estimated parameter is at a bound of the fit "
+                       f"({', '.join(p.name for p in est)}): the data ask for values the bounds forbid")
+    return out
 
 
 #: Why a --bench/--multiturn fit without --scenario is not a calibration (issue 19).
@@ -190,13 +211,14 @@ UNCHECKED_REASON = (
 )
 
 
-def _unchecked(res: CalibrationResult) -> CalibrationResult:
-    """The result with status ``unreliable``: a direct fit of serving statistics that nothing has checked."""
+def _unreliable(res: CalibrationResult, reasons: list[str]) -> CalibrationResult:
+    """The result with status ``unreliable`` and its ``reasons`` (a direct fit of serving statistics that nothing
+    has checked, or a fit that does not reproduce its own input)."""
     report = dict(res.report)
-    report["unreliable_reasons"] = [UNCHECKED_REASON]
+    report["unreliable_reasons"] = reasons
     notes = ["FITTED" + n[len("CALIBRATED"):] if n.startswith("CALIBRATED") else n for n in res.profile.notes]
     prof = res.profile.model_copy(update={"status": "unreliable", "fit_report": report,
-                                          "notes": [*notes, "UNRELIABLE: " + UNCHECKED_REASON]})
+                                          "notes": [*notes, *("UNRELIABLE: " + r for r in reasons)]})
     return CalibrationResult(profile=prof, report=report, fits=res.fits)
 
 

@@ -283,6 +283,22 @@ def _posterior(obj: _Objective, x: np.ndarray, sol: Any) -> tuple[list[dict[str,
     return params, uncertainty
 
 
+#: The tensor-parallel size of the published benchmark's deployment (an assumption the profile's notes state).
+PUBLISHED_TP = 8
+
+
+def _misses(report: dict[str, Any]) -> list[str]:
+    """Each published point (and the ON/OFF ratio) the fitted profile leaves outside its acceptance tolerance."""
+    out = [f"{r['model']} {r['series']} at {r['prompt_tokens']} tokens: simulated {r['simulated_ms']:.4g} ms vs "
+           f"published {r['published_ms']:.4g} ms ({r['rel_error']:+.1%}, tolerance {r['tolerance']:.0%})"
+           for r in report["points"] if not r["within"]]
+    ratio = report.get("ttft_ratio_at_longest_prompt")
+    if ratio is not None and not ratio["within"]:
+        out.append(f"ON/OFF TTFT ratio at {ratio['prompt_tokens']} tokens: {ratio['rel_error']:+.1%} (tolerance "
+                   f"{ratio['tolerance']:.0%})")
+    return out
+
+
 def _report(obj: _Objective, pts: pd.DataFrame, specs: list[ParamSpec], sol: Any, nfev: int,
             params: list[dict[str, Any]], final: Series) -> dict[str, Any]:
     """The profile's ``fit_report``: method, per-point errors, MAPE, parameters, optimiser state."""
@@ -390,8 +406,13 @@ def fit_published(
     # the reported numbers go through the public run() path
     final = simulate_series(model, obj.sizes, costs=costs, aggregation=agg, fast=False)
     report = _report(obj, pts, specs, sol, nfev, params, final)
+    reasons = _misses(report)
+    if reasons:  # the fit does not reproduce the points it was fitted on: not a calibration (as calibrate --scenario)
+        report["unreliable_reasons"] = reasons
+    # the write-up's deployment is TP8 (assumed, notes): a fit at another TP gets its own name, not the shipped one's
+    name = f"{hardware}-{model}" if tp == PUBLISHED_TP else f"{hardware}-{model}-tp{tp}"
     profile = Profile(
-        name=f"{hardware}-{model}", model=model, hardware=hardware, tensor_parallel_size=tp, costs=costs,
+        name=name, model=model, hardware=hardware, tensor_parallel_size=tp, costs=costs,
         uncertainty=uncertainty, fit_report=report,
         provenance={
             "sources": [{"file": source_name, "sha256": source_sha256, "what": PUBLISHED_SOURCE}],
@@ -404,7 +425,7 @@ def fit_published(
             "compute_prior": compute_status,
             "prefill_gpu_scales": {"linear": values[LINEAR_SCALE], "attention": values[ATTENTION_SCALE]},
         },
-        status="calibrated",
+        status="unreliable" if reasons else "calibrated",
         component_status={
             "prefill.gpu": f"{compute_status}, linear x {values[LINEAR_SCALE]:.3f}, attention x "
                            f"{values[ATTENTION_SCALE]:.3f} (calibrated on the published P5en points)",

@@ -41,7 +41,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -423,7 +423,7 @@ def _base_gpu_scales(rs: Any) -> tuple[float, float, float]:
 def _profile(base: Scenario, rs: Any, costs: CostModel, values: dict[str, float], report: dict[str, Any],
              reasons: list[str], sources: list[dict[str, Any]], free: list[str]) -> Profile:
     files = ", ".join(os.path.basename(s["file"]) for s in sources) or "the runs"
-    status = "unreliable" if reasons else "calibrated"
+    status: Literal["calibrated", "unreliable"] = "unreliable" if reasons else "calibrated"
     lin, att, dec = _base_gpu_scales(rs)
     cs = dict(rs.profile.component_status) or {"prefill.gpu": rs.profile.name, "decode.gpu": rs.profile.name}
     for comp, n in (("prefill.gpu", "prefill.gpu_scale"), ("decode.gpu", "decode.gpu_scale"),

@@ -71,6 +71,15 @@ class ModelArch(BaseModel):
             raise input_error(f"model {self.name}", "mla models need mla_latent_dim > 0")
         if self.kv_cache_dtype == "fp8_ds_mla" and self.attention != "mla":
             raise input_error(f"model {self.name}.kv_cache_dtype", "fp8_ds_mla is only for mla models")
+        if self.attention == "gqa" and (self.num_kv_heads > self.num_q_heads or self.num_q_heads % self.num_kv_heads):
+            raise input_error(f"model {self.name}.num_kv_heads",
+                              f"{self.num_kv_heads} KV heads for {self.num_q_heads} query heads: grouped-query attention "
+                              "shares each KV head among a whole number of query heads",
+                              "give a divisor of num_q_heads (num_q_heads itself for multi-head attention)")
+        if self.params_active > self.params_total:
+            raise input_error(f"model {self.name}.params_active",
+                              f"{self.params_active:.4g} active parameters exceed the {self.params_total:.4g} in total",
+                              "params_active counts the parameters one token uses (<= params_total)")
         return self
 
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kvplan.errors import input_error
+from kvplan.errors import KvplanInputError, input_error
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -59,8 +59,17 @@ def resolve_preset(name_or_spec: str | Mapping[str, object] | T, presets: Mappin
     if isinstance(name_or_spec, Mapping):
         check_spec_numbers(name_or_spec, cls, what)
     try:
-        return cls.model_validate(name_or_spec)
+        obj = cls.model_validate(name_or_spec)
     except ValidationError as exc:
         err = exc.errors()[0]
+        inner = (err.get("ctx") or {}).get("error")
+        if isinstance(inner, KvplanInputError):  # a model validator's own one-line error: as it was raised
+            raise inner from None
         loc = ".".join(str(p) for p in err["loc"])
         raise input_error(f"{what}.{loc}" if loc else what, err["msg"]) from None
+    name = getattr(obj, "name", None)
+    if isinstance(name, str) and name in presets and obj != presets[name]:
+        # profiles, priors and calibrations attach to a preset's name: an inline spec under it would get them
+        raise input_error(f"{what}.name", f"'{name}' is the name of a preset, and this inline spec differs from it",
+                          f"give your {what} its own name (or use the preset '{name}' as it is)")
+    return obj

@@ -260,7 +260,8 @@ def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None,
     base: Profile | None = load_profile(requested) if requested is not None else None
     if base is not None:
         check_reliable(base, allow_unreliable, "profile")
-    if base is not None and base.model == arch.name and base.tensor_parallel_size == tp and base.status != "prior":
+    if (base is not None and base.model == arch.name and base.hardware == node.name and base.tensor_parallel_size == tp
+            and base.status != "prior"):
         check_bounds(base.costs, arch, node, tp, f"profile {base.name}")
         return base, [*base.notes]
     if base is None:

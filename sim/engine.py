@@ -282,10 +282,11 @@ def simulate(
                           "(every first turn is longer), so there is nothing to simulate",
                           "shorten prefix_tokens/user_tokens/output_tokens (a trace: workload.trace.overlong: truncate, "
                           "or a window with requests in it)")
-    check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens)
+    dep = scenario.deployment
+    check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens,
+                                     dep.decode_kv_capacity_tokens is not None, dep.prefill_kv_capacity_tokens is not None)
     on_chunk = consumer(plan) if consumer is not None else None
     env = SimEnv()
-    dep = scenario.deployment
     aggregated = dep.mode == "aggregated"
     n_p, n_d = (dep.replicas, 1) if aggregated else (dep.prefill_nodes, dep.decode_nodes)
     router = Router(node_setup.router_config(scenario, n_p, n_d, seed))

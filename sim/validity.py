@@ -23,24 +23,42 @@ from kvplan.errors import input_error
 from kvplan.models.arch import ModelArch
 
 
+def _tp_ok(arch: ModelArch, tp: int) -> bool:
+    return arch.num_q_heads % tp == 0 and not (
+        arch.attention == "gqa" and arch.num_kv_heads % tp and tp % arch.num_kv_heads)
+
+
+def valid_tensor_parallel_sizes(arch: ModelArch, up_to: int = 64) -> list[int]:
+    """The TP sizes up to ``up_to`` vLLM accepts for ``arch`` (:func:`check_tensor_parallel`'s rules)."""
+    return [tp for tp in range(1, up_to + 1) if _tp_ok(arch, tp)]
+
+
 def check_tensor_parallel(arch: ModelArch, tp: int, where: str = "deployment.tensor_parallel_size") -> None:
-    """Refuse a TP size vLLM would refuse for this architecture."""
+    """Refuse a TP size vLLM would refuse for this architecture (the fix names the sizes it accepts)."""
+    if _tp_ok(arch, tp):
+        return
+    sizes = valid_tensor_parallel_sizes(arch, max(16, tp))
+    fix = f"use one of {', '.join(map(str, sizes))}"
     if arch.num_q_heads % tp:
         raise input_error(
-            where, f"{tp} does not divide {arch.name}'s {arch.num_q_heads} attention heads (vLLM refuses to start)",
-            "use a divisor such as 1, 2, 4 or 8",
-        )
-    if arch.attention == "gqa" and arch.num_kv_heads % tp and tp % arch.num_kv_heads:
-        raise input_error(
-            where, f"{tp} neither divides nor is a multiple of {arch.name}'s {arch.num_kv_heads} KV heads "
-            "(vLLM cannot shard or replicate them)", "use a divisor or a multiple of the KV heads",
-        )
+            where, f"{tp} does not divide {arch.name}'s {arch.num_q_heads} attention heads (vLLM refuses to start)", fix)
+    raise input_error(
+        where, f"{tp} neither divides nor is a multiple of {arch.name}'s {arch.num_kv_heads} KV heads "
+        "(vLLM cannot shard or replicate them)", fix)
+
+
+#: What sizes a KV pool when the scenario does not set it (vLLM's memory accounting, models/memory.py).
+_POOL_FIX = ("raise deployment.gpu_memory_utilization or the tensor-parallel size (the pool is what vLLM's memory "
+             "accounting leaves after the weights), or shorten the workload")
 
 
 def check_pools_hold_largest_request(
-    plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int
+    plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int,
+    decode_set: bool = True, prefill_set: bool = True,
 ) -> None:
-    """Refuse a run whose largest request cannot fit D's KV pool (prompt + output) or P's (prompt)."""
+    """Refuse a run whose largest request cannot fit D's KV pool (prompt + output) or P's (prompt). ``*_set``: the
+    scenario gives that pool's size (the error names the field), else vLLM's memory accounting sized it (the error
+    says what moves it)."""
     if not len(plan.prompt_tokens):
         return
     need_d = int(np.max(plan.prompt_tokens + plan.output_tokens))
@@ -48,15 +66,16 @@ def check_pools_hold_largest_request(
     # whole blocks: a partly used block is held whole
     if -(-need_d // block_size) * block_size > decode_capacity_tokens:
         raise input_error(
-            "deployment.decode_kv_capacity_tokens",
+            "deployment.decode_kv_capacity_tokens" if decode_set else "D's KV pool",
             f"D's KV pool of {decode_capacity_tokens:,} tokens cannot hold the largest request ({need_d:,} tokens);"
-            " vLLM refuses to start when the pool cannot hold one request", "raise it or shorten the workload",
+            " vLLM refuses to start when the pool cannot hold one request",
+            "raise it or shorten the workload" if decode_set else _POOL_FIX,
         )
     if -(-need_p // block_size) * block_size > prefill_capacity_tokens:
         raise input_error(
-            "deployment.prefill_kv_capacity_tokens",
+            "deployment.prefill_kv_capacity_tokens" if prefill_set else "P's KV pool",
             f"P's KV pool of {prefill_capacity_tokens:,} tokens cannot hold the largest prompt ({need_p:,} tokens)",
-            "raise it or shorten the workload",
+            "raise it or shorten the workload" if prefill_set else _POOL_FIX,
         )
 
 

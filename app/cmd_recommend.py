@@ -113,28 +113,31 @@ def render_text(rec: Recommendation) -> list[str]:
     knobs = (f"decoder_kv_blocks_ttl = {rec.decoder_kv_blocks_ttl_s} s, kv_recompute_threshold = "
              f"{rec.kv_recompute_threshold_tokens} tokens, router TTL = {rec.router_ttl_s} s")
     # retention off: the TTL, threshold and router TTL are not part of the advice, only a marked conditional line
+    why_off = (f"INCONCLUSIVE: {rec.inconclusive}" if rec.inconclusive else
+               "retention does not lower TTFT for this workload at this load"
+               if rec.binding_constraint.startswith("turn-gap") else f"retention held back by {rec.binding_constraint}")
     head = ([f"{knobs}, bidirectional_kv_xfer = true"] if rec.bidirectional else
-            ["bidirectional_kv_xfer = false: retention does not lower TTFT for this workload at this load (see why:)",
-             f"  {IF_KEPT_ON}{knobs}"])
+            [f"bidirectional_kv_xfer = false: {why_off} (see why:)", f"  {IF_KEPT_ON}{knobs}"])
     lines = [
         *head,
         *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms, pinned KV "
            f"mean {rec.best_policy['pinned_kv_gib_mean']:.1f} GiB; `kvplan compare` for the whole table)"]
           if rec.best_policy else []),
         "",
-        f"{'':24}{'recommended':>18}{'vLLM defaults':>18}{'bidirectional off':>20}",
+        f"{'':24}{'recommended':>22}{'vLLM defaults':>22}{'bidirectional off':>22}",
     ]
     for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"), ("ttft_p99_s", "TTFT p99"),
-                    ("ttft_mean_s", "TTFT mean")):
-        lines.append(f"{name:24}{ms(e, k):>18}{ms(b, k):>18}{ms(o, k):>20}")
-    lines.append(f"{'hit rate':24}{e['hit_rate']:>18.1%}{b['hit_rate']:>18.1%}{o['hit_rate']:>20.1%}")
+                    ("ttft_mean_s", "TTFT mean")):  # a column is 22 wide with at least one space before its value
+        lines.append(f"{name:24}" + "".join(f" {ms(d, k):>21}" for d in (e, b, o)))
+    lines.append(f"{'hit rate':24}{e['hit_rate']:>22.1%}{b['hit_rate']:>22.1%}{o['hit_rate']:>22.1%}")
     h = rec.decode_hbm
     lines += [
-        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>9.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
-        f"{b['pinned_kv_gib_mean']:>9.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>11.1f}/{0.0:<8.1f}",
-        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>18.0f}"
-        f"{h['decode_batch_capacity_at_vllm_defaults']:>18.0f}{h['decode_batch_capacity_without_retention']:>20.0f}",
-        f"(±: 95% CI over replications; decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
+        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>13.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
+        f"{b['pinned_kv_gib_mean']:>13.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>13.1f}/{0.0:<8.1f}",
+        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>22.0f}"
+        f"{h['decode_batch_capacity_at_vllm_defaults']:>22.0f}{h['decode_batch_capacity_without_retention']:>22.0f}",
+        f"({'±: 95% CI over replications' if rec.inputs.get('replications', 2) > 1 else 'one replication: no CI'}; "
+        f"decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
         + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
         _saturated_line(rec.saturation or {}),
         "",

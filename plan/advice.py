@@ -168,6 +168,8 @@ class Recommendation:
     binding_constraint: str
     rationale: tuple[str, ...]
     retention_off: bool = False
+    #: why retention is off when its gain is unresolved by the replications ('' when the evidence decided)
+    inconclusive: str = ""
     rules: tuple[str, ...] = RULES
     assumptions: tuple[str, ...] = ASSUMPTIONS
     warnings: tuple[str, ...] = ()
@@ -545,7 +547,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     gaps = setup.gaps.text() if setup.gaps is not None else "no follow-up turns"
     choice = choose_ttl(Evidence(curve, off_m["ttft_mean_s"], unlimited, mean_ci(col(st.unlimited, "hit_rate"))[0],
                                  setup.budget, gaps, setup.be.local_prefix_tokens,
-                                 setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text()))
+                                 setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text(),
+                                 len(st.off)))
     warnings: list[str] = []
     slo = apply_slo(choice, curve, off_m, setup.slo_ms, warnings)
     rec = choice.chosen
@@ -636,6 +639,7 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
                        f"(it must stay below decoder_kv_blocks_ttl - {setup.margin:g} s - P's decision delay)"},
         expected=shown(exp_m), baseline=shown(def_m), bidirectional_off=shown(off_m), decode_hbm=hbm,
         binding_constraint=binding_txt, rationale=tuple(choice.rationale), retention_off=choice.retention_off,
+        inconclusive=choice.inconclusive,
         warnings=tuple(warnings), ttl_curve=tuple(c.curve_row() for c in curve),
         threshold_check={"analytic_break_even_tokens": be.tokens, "verdict": be.verdict,
                          "local_prefix_tokens": be.local_prefix_tokens, "tail_tokens": be.tail_tokens,

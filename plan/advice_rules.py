@@ -172,6 +172,7 @@ class Evidence:
     local_prefix_tokens: int
     gap_p10_s: float = math.nan  # the workload's or trace's p10 turn gap (s)
     off_saturated: str = ""  # what bidirectional off saturates ('' = nothing)
+    replications: int = 1
 
 
 @dataclass
@@ -182,6 +183,9 @@ class TtlChoice:
     retention_off: bool
     binding: str
     rationale: list[str] = field(default_factory=list)
+    #: retention off because its gain is not resolved by the replications, not because it is absent (a phrase for
+    #: the headline, '' otherwise)
+    inconclusive: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,8 @@ def choose_ttl(ev: Evidence) -> TtlChoice:
     if ev.curve and all(c.saturated for c in ev.curve):
         return _all_saturated(ev)
     if not significant_gain(ev.unlimited, ev.off_mean_s):
+        if material_unresolved(ev.unlimited, ev.off_mean_s):
+            return _inconclusive(ev, "unlimited retention", ev.unlimited)
         return TtlChoice(None, True, TURN_GAPS, [
             f"Even unlimited retention does not lower mean TTFT materially (gain {human_s(ev.unlimited[0])} vs "
             f"{human_s(ev.off_mean_s)} with bidirectional off): pulls are not faster than recomputing here, or "
@@ -235,8 +241,42 @@ def choose_ttl(ev: Evidence) -> TtlChoice:
         return _reaching(ev, reach[0], target)
     significant = [c for c in feasible if c.significant]
     if not significant:
+        unresolved = [c for c in feasible if material_unresolved(c.benefit, ev.off_mean_s)]
+        if unresolved:
+            best = max(unresolved, key=lambda c: c.benefit_s)
+            return _inconclusive(ev, f"TTL {best.ttl_s:g} s", best.benefit)
         return _retention_down(ev)
     return _best_attainable(ev, significant)
+
+
+def material_unresolved(d: Gain, scale: float) -> bool:
+    """``d`` = (mean, ci) of a TTFT gain: material on its mean (> 1% of ``scale``) but its 95% CI reaches 0."""
+    mean, ci = d
+    return bool(math.isfinite(mean) and mean > MATERIAL_FRACTION * scale and math.isfinite(ci) and mean - ci <= 0)
+
+
+def replications_to_resolve(d: Gain, n: int) -> int:
+    """Replications that would put a gain's 95% CI half-width below its mean, at the spread these ``n`` showed
+    (the half-width shrinks as t(n-1) / sqrt(n)); at least twice ``n``."""
+    mean, ci = d
+    if n < 2 or not (math.isfinite(ci) and ci > 0 and mean > 0):
+        return max(2 * n, 3)
+    sd = ci * math.sqrt(n) / t_quantile_975(n)
+    m = n
+    while m < 10_000 and t_quantile_975(m) * sd / math.sqrt(m) >= mean:
+        m += 1
+    return max(m, 2 * n)
+
+
+def _inconclusive(ev: Evidence, what: str, gain: Gain) -> TtlChoice:
+    n = ev.replications
+    need = replications_to_resolve(gain, n)
+    return TtlChoice(None, True, TURN_GAPS, [
+        f"INCONCLUSIVE: {what} lowers mean TTFT by {human_s(gain[0])} on average ({human_s(ev.off_mean_s)} with "
+        f"bidirectional off), but with {n} replications its 95% CI (+-{human_s(gain[1])}) includes no gain: the "
+        f"replications disagree too much to tell. Rerun with --replications {need} or more (at the spread seen here); "
+        "until then this advice keeps vLLM's plain P/D (bidirectional off), the setting that needs no evidence."],
+        inconclusive=f"retention's TTFT gain is not resolved by {n} replications (rerun with --replications {need})")
 
 
 def _reaching(ev: Evidence, rec: TtlCandidate, target: float) -> TtlChoice:

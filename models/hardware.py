@@ -288,3 +288,10 @@ def gpu_key(gpu: GPU) -> str:
         if g.name == gpu.name:
             return key
     return gpu.name
+
+
+def nixl_backend(link: Link, kv_transport: str = "rdma") -> str:
+    """The NIXL backend a NixlConnector deployment on ``link`` names in ``kv_connector_extra_config.backends``:
+    ``LIBFABRIC`` over EFA (AWS's libfabric EFA provider), else ``UCX`` (NIXL's default: RoCE/InfiniBand, and the TCP
+    transport a ``kv_transport: tcp`` deployment or a ``-tcp`` preset models)."""
+    return "LIBFABRIC" if kv_transport == "rdma" and link.name.startswith("efa-") else "UCX"

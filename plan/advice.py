@@ -48,6 +48,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import numpy as np
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.models.hardware import nixl_backend
 from kvplan.plan.advice_report import (
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
@@ -206,9 +207,10 @@ def recommendation_inputs(sc: Scenario, replications: int, ttl_grid: Sequence[fl
 
 
 def kv_transfer_config(bidirectional: bool, ttl_s: int, threshold: int, failure_policy: str,
-                       cross_layer_blocks: bool = False) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` JSON for one server (identical on P and D, VLLM_BEHAVIOUR.md 1.1)."""
-    extra: dict[str, Any] = {"bidirectional_kv_xfer": bidirectional, "backends": ["LIBFABRIC"]}
+                       cross_layer_blocks: bool = False, backend: str = "LIBFABRIC") -> dict[str, Any]:
+    """The ``--kv-transfer-config`` JSON for one server (identical on P and D, VLLM_BEHAVIOUR.md 1.1); ``backend``:
+    the deployment's NIXL backend (:func:`kvplan.models.hardware.nixl_backend`)."""
+    extra: dict[str, Any] = {"bidirectional_kv_xfer": bidirectional, "backends": [backend]}
     if cross_layer_blocks:
         extra[VLLM_FLAG] = True
     if bidirectional:  # with bidirectional off the knobs are unused (and the newest code applies a set
@@ -422,6 +424,10 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
     for name, v in (("--slo-ttft-p90-ms", slo_ms), ("--decode-hbm-budget-gib", budget)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise input_error(name, f"must be a positive number, got {v!r}")
+    if sc.deployment.mode == "aggregated":  # as capacity and compare refuse it
+        raise input_error("deployment.mode", "recommend tunes bidirectional KV transfer between prefill and decode "
+                          "nodes, which aggregated replicas do not have",
+                          "give the P/D deployment (kvplan compare runs the same GPUs as aggregated replicas beside it)")
     rs = resolve(sc)
     pol = sc.policy
     pairs = trace_pairs(sc)
@@ -626,7 +632,9 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
                     warnings: list[str], disagreements: list[str], extra: dict[str, Any]) -> Recommendation:
     exp_m, def_m, off_m = ms
     be, threshold = setup.be, thr.tokens
-    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute", setup.sc.deployment.cross_layer_blocks)
+    dep = setup.sc.deployment
+    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute", dep.cross_layer_blocks,
+                             nixl_backend(setup.rs.node.link, dep.kv_transport))
 
     def shown(m: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in m.items() if not k.startswith(("kv_pull", "d_queue"))}

@@ -74,3 +74,28 @@ def test_recommend_headline_matches_the_reason(tmp_path: Any, capsys: pytest.Cap
     row = next(line for line in out if line.startswith("TTFT p99"))
     assert "s ±" in row and all(len(cell) > 0 for cell in row[24:].split("  ") if cell)
     assert " s6" not in row and " s1" not in row  # no two cells run together
+
+
+def test_the_deployable_config_names_the_deployments_nixl_backend() -> None:
+    from kvplan.models.hardware import get_hardware, nixl_backend
+    from kvplan.plan.advice import kv_transfer_config
+
+    assert nixl_backend(get_hardware("p5en").link) == "LIBFABRIC"
+    assert nixl_backend(get_hardware("p5en").link, "tcp") == "UCX"  # kv_transport: tcp
+    assert nixl_backend(get_hardware("p5en-tcp").link) == "UCX"
+    assert nixl_backend(get_hardware("h800").link) == "UCX"  # RoCE
+    cfg = kv_transfer_config(True, 60, 64, "recompute", backend="UCX")
+    assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
+
+
+def test_recommend_refuses_an_aggregated_scenario(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from kvplan.app.cli import main
+
+    path = tmp_path / "agg.yaml"
+    path.write_text(yaml.safe_dump({**REC, "deployment": {"mode": "aggregated", "replicas": 2,
+                                                          "tensor_parallel_size": 8}}))
+    assert main(["recommend", str(path), "--replications", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: deployment.mode: recommend tunes bidirectional")

@@ -39,3 +39,15 @@ def test_an_unknown_status_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     data["status"] = "calibrated"
     path.write_text(json.dumps(data))
     assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 0  # the shipped profile itself loads
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--tokens", "100000"], "--tokens"),  # Qwen3-32B serves 40,960 tokens
+    (["--tokens", "30000", "--cached-tokens", "30000"], "--cached-tokens + --tokens"),
+    (["--tokens", "100", "--context", "50000"], "--context"),
+    (["--tokens", "100", "--batch", "1000", "--context", "40000"], "--batch"),  # 40M tokens of KV vs a 3.7M pool
+])
+def test_cost_refuses_what_no_server_serves(capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
+    assert main(["cost", "--model", "qwen3-32b", "--hardware", "p5en", "--tp", "8", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {field}: ")

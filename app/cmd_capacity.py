@@ -145,7 +145,9 @@ def _human(ms: float | None) -> str:
 def render_text(plan: Any, what: str) -> list[str]:
     """The plan as lines (the CLI prints them)."""
     load = f"{plan.rate_per_s:g} conversations/s" if plan.rate_per_s is not None else "the trace's clock"
-    out = [f"{what} at {load}, TTFT p90 SLO {_human(plan.slo_ttft_p90_ms)}, ${plan.usd_per_node_hour:g}/node-hour"
+    price = (f"${plan.usd_per_node_hour:g}/node-hour" if plan.usd_per_node_hour is not None else
+             "no price known for this hardware (--usd-per-node-hour gives one)")
+    out = [f"{what} at {load}, TTFT p90 SLO {_human(plan.slo_ttft_p90_ms)}, {price}"
            + (f", {plan.turns_per_conversation:.2f} turns/conversation" if plan.turns_per_conversation > 0 else "")]
     for name, m in (("bidirectional on", plan.with_bidirectional), ("bidirectional off", plan.without_bidirectional),
                     ("aggregated", plan.aggregated)):
@@ -169,7 +171,8 @@ def render_text(plan: Any, what: str) -> list[str]:
         over = (f" over {judged:,.0f} conversations (first run of {m['first_run_conversations']:,.0f}: "
                 f"{_human(m['first_run_ttft_p90_ms'])})" if judged and m.get("first_run_ttft_p90_ms") is not None else "")
         out.append(
-            f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {billed}, ${m['usd_per_hour']:.1f}/h):{pol} "
+            f"{name}: {m['xpyd']} ({m['gpus']} GPUs = {billed}"
+            + (f", ${m['usd_per_hour']:.1f}/h" if m.get("usd_per_hour") is not None else "") + f"):{pol} "
             f"TTFT p90 "
             f"{_human(m['ttft_p90_ms'])}{over}, hit rate {m['hit_rate']:.1%}"
             + (f"; max load {'>= ' if m['max_rate_capped'] else ''}{mx:.3g}/s" if mx is not None else "")

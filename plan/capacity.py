@@ -87,7 +87,7 @@ class CapacityPlan:
 
     rate_per_s: float | None
     slo_ttft_p90_ms: float
-    usd_per_node_hour: float
+    usd_per_node_hour: float | None  # None: no price known for the hardware (sizing needs none; costs are null)
     turns_per_conversation: float
     with_bidirectional: dict[str, Any]
     without_bidirectional: dict[str, Any]
@@ -357,19 +357,21 @@ def _gpus(sc: Scenario, ov: dict[str, Any]) -> int:
             + v.decode_nodes * (v.decode_tensor_parallel_size or v.tensor_parallel_size))
 
 
-def _answer(pick: Pick, nodes: int, usd: float, rate: float | None, max_rate: tuple[float, bool] | None,
+def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_rate: tuple[float, bool] | None,
             ev: Evaluator) -> dict[str, Any]:
     m = pick.metrics
     gpus = _gpus(ev.base, pick.overrides)
     billed = node_equivalents(gpus, get_hardware(ev.base.hardware).gpus_per_node)
     out: dict[str, Any] = {
-        "meets_slo": True, "nodes": nodes, "gpus": gpus, "billed_nodes": billed, "usd_per_hour": billed * usd,
+        "meets_slo": True, "nodes": nodes, "gpus": gpus, "billed_nodes": billed,
+        "usd_per_hour": billed * usd if usd is not None else None,
         "ttft_p90_ms": m["ttft_p90_s"] * 1000, "ttft_p50_ms": m["ttft_p50_s"] * 1000,
         "ttft_mean_ms": m["ttft_mean_s"] * 1000, "hit_rate": m["hit_rate"],
         "turns_per_conversation": m["turns_per_conversation"], "prefill_utilization": m["prefill_utilization"],
         "steady_served_turns_per_s": m["steady_served_turns_per_s"], "errors": m["errors"],
         "pinned_kv_gib_peak": m["pinned_kv_gib_peak"],
-        "usd_per_million_turns_at_rate": usd_per_million_turns(billed, usd, m["steady_served_turns_per_s"]),
+        "usd_per_million_turns_at_rate": (usd_per_million_turns(billed, usd, m["steady_served_turns_per_s"])
+                                          if usd is not None else None),
         # the run that judged it (capacity_eval: a first run meeting the SLO is simulated again, longer)
         "judged_conversations": m.get("judged_conversations"), "first_run_conversations": m.get("first_run_conversations"),
         "first_run_ttft_p90_ms": m["first_run_ttft_p90_s"] * 1000 if "first_run_ttft_p90_s" in m else None,
@@ -381,7 +383,7 @@ def _answer(pick: Pick, nodes: int, usd: float, rate: float | None, max_rate: tu
                          "workload.conversations": conversations_for(ev.base, lo)}) if lo != rate else m
         out.update({"max_sustainable_rate_per_s": lo, "max_rate_capped": capped,
                     "usd_per_million_turns_at_max_rate": usd_per_million_turns(
-                        billed, usd, at_max["steady_served_turns_per_s"])})
+                        billed, usd, at_max["steady_served_turns_per_s"]) if usd is not None else None})
     else:
         out.update({"max_sustainable_rate_per_s": None, "max_rate_capped": None,
                     "usd_per_million_turns_at_max_rate": None})
@@ -418,7 +420,7 @@ class _Inputs:
     sc: Scenario
     rate: float | None
     slo_s: float
-    usd: float
+    usd: float | None
     max_nodes: int
     ttl_grid: tuple[float, ...]
 
@@ -450,15 +452,13 @@ def _validate(scenario: Scenario | dict[str, Any] | str | Path, rate_per_s: floa
                           f"clock skew + {MIN_ROUTER_TTL_S:g} s of router TTL up to the time bound), got {ttl_grid!r}",
                           "e.g. 60,120,240")
     usd = usd_per_node_hour if usd_per_node_hour is not None else get_hardware(sc.hardware).usd_per_hour
-    if usd is None:
-        raise input_error("--usd-per-node-hour", f"no on-demand price is known for hardware '{sc.hardware}'",
-                          "pass --usd-per-node-hour")
-    if not (math.isfinite(usd) and usd >= 0):
+    if usd is not None and not (math.isfinite(usd) and usd >= 0):
         raise input_error("--usd-per-node-hour", f"must be >= 0, got {usd!r}")
     arr = sc.workload.arrival
     rate = None if trace or isinstance(arr, ClosedLoopArrival) else float(
         rate_per_s if rate_per_s is not None else arr.rate_per_s)
-    return _Inputs(sc, rate, slo_ttft_p90_ms / 1000, float(usd), max_nodes, tuple(sorted(set(grid))))
+    return _Inputs(sc, rate, slo_ttft_p90_ms / 1000, float(usd) if usd is not None else None, max_nodes,
+                   tuple(sorted(set(grid))))
 
 
 def max_simulations(max_nodes: int, n_ttls: int, replications: int, max_rate: bool) -> int:

@@ -85,3 +85,26 @@ def test_compare_max_rate_is_judged_on_longer_runs() -> None:
     at_two = with_overrides(sc, {**aggregated_overrides(3, row["settings"]["deployment.routing"]),
                                  "workload.conversations": EXTEND_FACTOR * 200})
     assert run_row(at_two, seed)["ttft_p90_s"] > SLO_S
+
+
+def test_capacity_sizes_hardware_without_a_known_price(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    """Sizing needs no price: on hardware with no on-demand price the plan has its deployments and null costs."""
+    import json
+
+    import yaml
+
+    from kvplan.app.cli import main
+
+    sc = {**AT_CAPACITY, "hardware": "p6-b200", "workload": {**AT_CAPACITY["workload"], "conversations": 40,
+                                                              "arrival": {"kind": "poisson", "rate_per_s": 0.4}}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    assert main(["capacity", str(path), "--slo-ttft-p90-ms", "3000", "--replications", "1", "--no-max-rate",
+                 "--max-nodes", "4", "--ttl-grid", "30", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["usd_per_node_hour"] is None
+    off = plan["without_bidirectional"]
+    assert off["meets_slo"] and off["usd_per_hour"] is None and off["usd_per_million_turns_at_rate"] is None
+    assert main(["capacity", str(path), "--slo-ttft-p90-ms", "3000", "--replications", "1", "--no-max-rate",
+                 "--max-nodes", "4", "--ttl-grid", "30"]) == 0
+    assert "no price known for this hardware" in capsys.readouterr().out

@@ -44,7 +44,9 @@ def print_summary(
     rows = [
         ("turns (failed)", f"{s['turns']} ({s['errors']})"),
         ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in TTFT_KEYS)),
-        ("hit rate (follow-up turns reusing retained KV)", f"{s['hit_rate']:.1%}"),
+        # a router hit: the follow-up's context was still held (D's pin or P's cache); how much of it the prompt
+        # could reuse is the tokens row (workload.history may leave none valid)
+        ("hit rate (follow-ups whose context was still held)", f"{s['hit_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
         ("pulled / recomputed / local-hit tokens",
          f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),

@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
             from kvplan.atomic import atomic_write_bytes
 
             fig = compare_figure(rows)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True).encode(), "--html",
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True, div_id="kvplan-compare").encode(), "--html",
                                overwrite=overwrite, inputs=inputs)
         if json_out:
             sys.stdout.write(compare_json(rows) + "\n")

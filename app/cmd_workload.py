@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
             from kvplan.atomic import atomic_write_bytes
 
             fig = stats_figure(tr, stats)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs="cdn").encode(), "--html", inputs=[trace],
+            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, div_id="kvplan-workload").encode(), "--html", inputs=[trace],
                                overwrite=overwrite)
 
     @wl.command("fit")

@@ -107,7 +107,9 @@ def write_html(figures: Sequence[go.Figure], path: str | Path, title: str = "kvp
     kvplan's output rule (``overwrite`` replaces a file kvplan did not write; never one of ``inputs``)."""
     out = Path(path)
     parts = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)
+        # a fixed div id per figure: plotly's default is a random UUID, and the same run must give the same bytes
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"kvplan-figure-{i}")
+        for i, fig in enumerate(figures)
     ]
     html = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>" + "".join(parts)
     html += "</body></html>\n"

@@ -103,8 +103,8 @@ def register(app: typer.Typer) -> None:
             from kvplan.atomic import atomic_write_bytes
 
             fig = compare_figure(rows)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, full_html=True, div_id="kvplan-compare").encode(), "--html",
-                               overwrite=overwrite, inputs=inputs)
+            page = fig.to_html(include_plotlyjs=True, full_html=True, div_id="kvplan-compare")
+            atomic_write_bytes(html, page.encode(), "--html", overwrite=overwrite, inputs=inputs)
         if json_out:
             sys.stdout.write(compare_json(rows) + "\n")
             return

@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
             from kvplan.atomic import atomic_write_bytes
 
             fig = stats_figure(tr, stats)
-            atomic_write_bytes(html, fig.to_html(include_plotlyjs=True, div_id="kvplan-workload").encode(), "--html", inputs=[trace],
-                               overwrite=overwrite)
+            page = fig.to_html(include_plotlyjs=True, div_id="kvplan-workload")
+            atomic_write_bytes(html, page.encode(), "--html", inputs=[trace], overwrite=overwrite)
 
     @wl.command("fit")
     def fit(

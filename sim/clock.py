@@ -235,11 +235,14 @@ def heap_pop(q: list[Any]) -> Any:
     return top
 
 
-def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None:
-    """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order."""
+def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> Wake:
+    """Call ``fn(event)`` ``delay`` seconds from now (``delay >= 0``), in SimPy's event order; returns the event
+    ``fn`` will get (a timer superseded by a later one knows itself by it: no closure per wake-up)."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), Wake(fn)))
+    w = Wake(fn)
+    heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), w))
+    return w
 
 
 def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:

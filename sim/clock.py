@@ -48,14 +48,35 @@ _COMPILED: Final = not __file__.endswith(".py")
 
 
 class Wake:
-    """A triggered, successful SimPy event with callbacks and no value."""
+    """A triggered, successful SimPy event with one callback and no value.
 
-    __slots__ = ("callbacks", "_ok", "_value")
+    It holds its callback itself (``fn``, None once processed) instead of a list of them: one object per
+    wake-up, not two. SimPy's own ``step`` sees the event it expects through ``callbacks``, ``_ok`` and
+    ``_value``."""
+
+    __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[[Any], None]) -> None:
-        self.callbacks: list[Callable[[Any], None]] | None = [fn]
-        self._ok = True
-        self._value: object = None
+        self.fn: Callable[[Any], None] | None = fn
+
+    @property
+    def callbacks(self) -> list[Callable[[Any], None]] | None:
+        """SimPy's callback list: the one callback, None once the event is processed."""
+        return None if self.fn is None else [self.fn]
+
+    @callbacks.setter
+    def callbacks(self, value: list[Callable[[Any], None]] | None) -> None:
+        if value is not None and len(value) > 1:
+            raise ValueError("a Wake has one callback")
+        self.fn = value[0] if value else None
+
+    @property
+    def _ok(self) -> bool:
+        return True
+
+    @property
+    def _value(self) -> object:
+        return None
 
 
 class SimEnv(simpy.Environment):
@@ -114,11 +135,10 @@ class SimEnv(simpy.Environment):
                 self._now = t
                 if type(event) is Wake:  # ours (call_later/call_first): always ok, callbacks never stop the run
                     w: Wake = event
-                    callbacks = w.callbacks
-                    w.callbacks = None
-                    if callbacks is not None:
-                        for cb in callbacks:
-                            cb(w)
+                    fn = w.fn
+                    w.fn = None  # processed
+                    if fn is not None:
+                        fn(w)
                 else:
                     _fire(self, event)
                 if soon:

@@ -334,7 +334,9 @@ class DecodeBatch:
         if heap and heap[0][0] <= step:
             self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
-            _, seq, r = heap_pop(heap)
+            entry: tuple[float, int, Request] = heap_pop(heap)  # typed: native reads of the request
+            seq = entry[1]
+            r = entry[2]
             if r.d_seq != seq:
                 continue  # preempted since
             self._remove(r)

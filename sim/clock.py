@@ -25,7 +25,7 @@ unboxed float, instead of a dictionary lookup returning an untyped object (``env
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
 from itertools import count
 from typing import Any, Final
@@ -42,7 +42,9 @@ _NORMAL: Final = NORMAL
 _URGENT: Final = URGENT
 _push: Final = heappush
 _pop: Final = heappop
-_next: Final = next  # the builtin: compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call
+# the builtin (compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call), typed to return the id as the
+# object it is: compiled, an ``int`` result would be unboxed and boxed again (a second int object) for the entry
+_next: Final[Callable[[Iterator[int]], object]] = next
 # compiled, the queue's heap operations are the typed ones below (see _before); interpreted, heapq's C functions
 _COMPILED: Final = not __file__.endswith(".py")
 

@@ -33,7 +33,9 @@ class Link:
     crosses its NICs); the :class:`Fabric` lowers it when other links share a NIC.
     """
 
-    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_timer", "_on_timer", "frac", "nics", "fabric", "bytes_sent")
+    __slots__ = (
+        "env", "per_byte_s", "_heap", "_v", "_last_t", "_timer", "_on_timer", "frac", "nics", "fabric", "bytes_sent",
+    )
 
     def __init__(
         self, env: SimEnv, per_byte_s: float, nics: tuple[int, int] = (0, 1), fabric: Fabric | None = None

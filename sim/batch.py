@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Protocol
 
 from kvplan.models.costs import (
     DecodeCost,
@@ -41,8 +41,6 @@ from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
-
-_sum: Final = sum  # the builtin: compiled, ``sum(x)`` is a lookup in builtins per call
 
 
 class BatchOwner(Protocol):
@@ -127,8 +125,10 @@ class DecodeBatch:
     def alloc(self, s: int) -> int:
         """Blocks the members hold during step ``s`` (closed form)."""
         bs = self.bs
-        t = s % bs
-        extra = _sum(self._res[bs - t:]) if t else 0
+        res = self._res
+        extra = 0
+        for i in range(bs - s % bs, bs):  # the residues that took a block more (compiled: a C loop, no slice)
+            extra += res[i]
         return self._q_sum + self.batch * (s // bs) + extra
 
     def in_progress_step(self) -> int:

@@ -39,6 +39,7 @@ _RESCHEDULED: Final = EventPriority(-1)  # SimPy's: an event interrupted by Stop
 
 # C statics in the compiled build: a module global (an imported name included) is a dictionary lookup per use
 _NORMAL: Final = NORMAL
+_INF: Final = float("inf")
 _URGENT: Final = URGENT
 _push: Final = heappush
 _pop: Final = heappop
@@ -94,6 +95,7 @@ class SimEnv(simpy.Environment):
     _soon_on: bool  # run_until is stepping: call_soon may defer
     _soon_eid: int  # ids of deferred calls that must enter the queue after all: below every SimPy id, in order
     _far: list[Any]  # call_later_far's entries not yet in the queue, all after its head (a heap; see call_later_far)
+    _far_t: float  # the time of the far heap's head (inf: empty)
 
     def __init__(self, initial_time: float = 0.0) -> None:
         super().__init__(float(initial_time))
@@ -103,6 +105,7 @@ class SimEnv(simpy.Environment):
         self._soon_on = False
         self._soon_eid = -(2**62)
         self._far = []
+        self._far_t = _INF
 
     @property
     def now(self) -> float:
@@ -135,7 +138,11 @@ class SimEnv(simpy.Environment):
                 if not head[0] < stop:
                     break
                 entry: tuple[Any, ...] = heap_pop(q)
-                if self._far:
+                if q:
+                    nxt: tuple[float, ...] = q[0]
+                    if self._far_t <= nxt[0]:  # the far heap's head may be next (a plain float test per event)
+                        _next_far(self)
+                else:
                     _next_far(self)
                 t: float = entry[0]
                 event = entry[3]
@@ -182,6 +189,7 @@ def _next_far(env: SimEnv) -> None:
     q = env._queue
     if far and (not q or _before(far[0], q[0])):
         heap_push(q, heap_pop(far))
+        env._far_t = far[0][0] if far else _INF
 
 
 def _fire(env: SimEnv, event: Any) -> None:
@@ -293,7 +301,9 @@ def call_later_far(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None
     entry: Any = (env._now + delay, _NORMAL, _next(env._eid), Wake(fn))
     q = env._queue
     if env._soon_on and q and _before(q[0], entry):
-        heap_push(env._far, entry)
+        far = env._far
+        heap_push(far, entry)
+        env._far_t = far[0][0]
     else:
         heap_push(q, entry)
 

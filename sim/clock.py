@@ -230,10 +230,7 @@ def _before(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 
 def heap_push(q: list[Any], item: Any) -> None:
-    """``heapq.heappush(q, item)``."""
-    if not _COMPILED:
-        _push(q, item)
-        return
+    """``heapq.heappush(q, item)`` (interpreted, it is heapq's: see below)."""
     entry: tuple[float, ...] = item
     q.append(entry)
     _settle(q, len(q) - 1, entry)
@@ -252,9 +249,7 @@ def _settle(q: list[Any], pos: int, entry: tuple[float, ...]) -> None:
 
 
 def heap_pop(q: list[Any]) -> Any:
-    """``heapq.heappop(q)`` (``q`` not empty)."""
-    if not _COMPILED:
-        return _pop(q)
+    """``heapq.heappop(q)`` (``q`` not empty; interpreted, it is heapq's: see below)."""
     last: tuple[float, ...] = q.pop()
     if not q:
         return last
@@ -276,6 +271,11 @@ def heap_pop(q: list[Any]) -> Any:
         child = 2 * pos + 1
     _settle(q, pos, last)
     return top
+
+
+if not _COMPILED:  # interpreted, heapq's C functions themselves: no Python call around each push and pop
+    heap_push = _push  # type: ignore[assignment]
+    heap_pop = _pop  # type: ignore[assignment]
 
 
 def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> Wake:

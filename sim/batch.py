@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Final, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from kvplan.models.costs import (
     DecodeCost,
@@ -36,12 +37,10 @@ from kvplan.models.costs import (
 )
 from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import SimEnv, call_later, heap_pop, heap_push
+from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
-
-_sum: Final = sum  # the builtin: compiled, ``sum(x)`` is a lookup in builtins per call
 
 
 class BatchOwner(Protocol):
@@ -94,7 +93,9 @@ class DecodeBatch:
         self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.heap_push, seq, r)
         self._seq = 0
         self._active = False
-        self._gen = 0
+        self._gen = 0  # plans made (a stretch's plan is cached per (time, plan): in_progress_step)
+        self._timer: Wake | None = None  # the pending boundary wake-up (an earlier one is superseded)
+        self._on_timer: Callable[[object], None] = self._on_boundary  # bound once: no closure per wake-up
         self._plan_t0 = 0.0
         self._plan_n = 0
         self._plan_first = 0.0
@@ -124,8 +125,10 @@ class DecodeBatch:
     def alloc(self, s: int) -> int:
         """Blocks the members hold during step ``s`` (closed form)."""
         bs = self.bs
-        t = s % bs
-        extra = _sum(self._res[bs - t:]) if t else 0
+        res = self._res
+        extra = 0
+        for i in range(bs - s % bs, bs):  # the residues that took a block more (compiled: a C loop, no slice)
+            extra += res[i]
         return self._q_sum + self.batch * (s // bs) + extra
 
     def in_progress_step(self) -> int:
@@ -305,16 +308,16 @@ class DecodeBatch:
 
     def _schedule(self, n: int) -> None:
         self._gen += 1
-        gen = self._gen
         self._plan_n = n
         self._base = self.step
         self._last_n = n
         dt = self._plan_t0 + self._steps_time(n) - self.env.now
-        call_later(self.env, max(dt, 0.0), lambda _e: self._on_boundary(gen, n))
+        self._timer = call_later(self.env, max(dt, 0.0), self._on_timer)
 
-    def _on_boundary(self, gen: int, n: int) -> None:
-        if gen != self._gen:
-            return
+    def _on_boundary(self, e: object) -> None:
+        if e is not self._timer:
+            return  # superseded: the stretch was cut or re-planned since
+        n = self._plan_n  # the stretch's length (set with the timer, changed only by a later plan or here)
         self.step += n
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
         self._last_step_start = self._plan_t0 + self._steps_time(n - 1)
@@ -331,7 +334,9 @@ class DecodeBatch:
         if heap and heap[0][0] <= step:
             self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
-            _, seq, r = heap_pop(heap)
+            entry: tuple[float, int, Request] = heap_pop(heap)  # typed: native reads of the request
+            seq = entry[1]
+            r = entry[2]
             if r.d_seq != seq:
                 continue  # preempted since
             self._remove(r)

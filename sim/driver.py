@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvplan.sim.clock import call_later
+from kvplan.sim.clock import call_later, call_later_far
 from kvplan.sim.evlog import EV_ARRIVE, EV_ROUTER, RowBuffer
 from kvplan.sim.node_config import DriverConfig
 from kvplan.sim.ports import Wiring
@@ -108,7 +108,7 @@ class Driver:
         env = self.env
         delay = t_arrival - env.now + self.p_leg
         if delay > 0:
-            call_later(env, delay, lambda _e: self._at_p(c, i, t_arrival))
+            call_later_far(env, delay, lambda _e: self._at_p(c, i, t_arrival))  # a turn gap away, mostly
         else:
             self._at_p(c, i, t_arrival)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from kvplan.sim.clock import SimEnv, call_later, heap_pop, heap_push
+from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 
 EPS_S: Final = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
@@ -33,7 +33,9 @@ class Link:
     crosses its NICs); the :class:`Fabric` lowers it when other links share a NIC.
     """
 
-    __slots__ = ("env", "per_byte_s", "_heap", "_v", "_last_t", "_gen", "frac", "nics", "fabric", "bytes_sent")
+    __slots__ = (
+        "env", "per_byte_s", "_heap", "_v", "_last_t", "_timer", "_on_timer", "frac", "nics", "fabric", "bytes_sent",
+    )
 
     def __init__(
         self, env: SimEnv, per_byte_s: float, nics: tuple[int, int] = (0, 1), fabric: Fabric | None = None
@@ -43,7 +45,8 @@ class Link:
         self._heap: list[tuple[float, int, float, Callable[[float], None]]] = []  # (finish V, key, start t, cb)
         self._v = 0.0  # bytes served to each active flow since the link was created
         self._last_t = 0.0
-        self._gen = 0
+        self._timer: Wake | None = None  # the pending completion wake-up (an earlier one is superseded)
+        self._on_timer: Callable[[object], None] = self._complete  # bound once: no closure per wake-up
         self.frac = 1.0
         self.nics = nics  # (source egress, destination ingress)
         self.fabric = fabric
@@ -79,15 +82,14 @@ class Link:
         self._reschedule()
 
     def _reschedule(self) -> None:
-        self._gen += 1
+        self._timer = None
         if not self._heap:
             return
         delay = max(self._heap[0][0] - self._v, 0.0) * self.per_byte_s / self.frac
-        gen = self._gen
-        call_later(self.env, delay, lambda _e: self._complete(gen))
+        self._timer = call_later(self.env, delay, self._on_timer)
 
-    def _complete(self, gen: int) -> None:
-        if gen != self._gen:
+    def _complete(self, e: object) -> None:
+        if e is not self._timer:
             return  # superseded by a later arrival or departure
         self._advance()
         heap = self._heap

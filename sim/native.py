@@ -1,7 +1,7 @@
 """The compiled build of the simulator's hot path: the same source, compiled by mypyc, used only when current.
 
 The model's hot modules (:data:`HOT_MODULES`: the request record, the prefill and decode engines, the decode
-batch, block pools, retention, links, router and driver) are plain typed Python. ``kvplan native build``
+batch, block pools, retention and its policy, links, router and driver) are plain typed Python. ``kvplan native build``
 (run by ``python3 dev.py``) compiles exactly those files with mypyc (the compiler shipped with mypy,
 ``pip install 'kvplan[native]'``) into a cache directory (``$KVPLAN_NATIVE_DIR``, else inside the virtual
 environment) named by a digest of *every* source file of the ``kvplan`` package (plus the Python and mypyc
@@ -47,6 +47,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.blocks",
     "kvplan.sim.batch",
     "kvplan.sim.retention",
+    "kvplan.sim.retention_policy",
     "kvplan.sim.shared",
     "kvplan.sim.link",
     "kvplan.sim.xfer",

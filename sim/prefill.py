@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_step_time_s
@@ -84,6 +85,9 @@ class PrefillNode(Scheduler):
         self._wake_at = float("inf")
         self.costs = cfg.costs  # P's prefill step cost (its TP)
         self._pc = NativePrefill(cfg.costs)  # read every step: a plain copy (models/formulas.py)
+        # the loop's wake-ups, bound once (a bound method made per step is an object and, compiled, an attribute lookup)
+        self._on_step_done: Callable[[object], None] = self._step_done
+        self._on_woken: Callable[[object], None] = self._woken
         self.busy_s = 0.0
         self.thread_free_s = 0.0  # the engine thread is busy posting reads until then (sim/xfer.py)
         # the health section's prefill_engine_thread: the posting work, and that plus the forwards it serialises
@@ -131,7 +135,7 @@ class PrefillNode(Scheduler):
     def _kick(self) -> None:
         if self._idle:
             self._idle = False
-            call_soon(self.env, self._woken)
+            call_soon(self.env, self._on_woken)
 
     def _start(self, _e: object) -> None:
         self._next_step(True)
@@ -175,7 +179,7 @@ class PrefillNode(Scheduler):
                 stall = wait
             if self.post_serial and self.thread_free_s > free0:
                 self.thread_busy_s += dt  # this step posted reads: its forward runs after them, on the thread
-            call_later(env, dt + stall if stall > 0 else dt, self._step_done)
+            call_later(env, dt + stall if stall > 0 else dt, self._on_step_done)
             return
 
     def _can_schedule(self, r: Request) -> bool:

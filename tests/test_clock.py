@@ -15,7 +15,7 @@ import pytest
 import simpy
 from simpy.core import EmptySchedule
 
-from kvplan.sim.clock import SimEnv, call_at, call_first, call_later, call_soon
+from kvplan.sim.clock import SimEnv, call_at, call_first, call_later, call_later_far, call_soon
 
 ENVS = (simpy.Environment, SimEnv)
 Trace = list[tuple[float, str]]
@@ -241,3 +241,52 @@ def test_call_soon_orders_as_call_later_with_no_delay(seed: int) -> None:
     assert len(ref) > 10
     assert program(soon=True, sliced=True) == ref
     assert program(soon=True, sliced=False) == ref  # outside run_until call_soon queues like call_later
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_call_later_far_orders_as_call_later(seed: int) -> None:
+    """``call_later_far`` runs what ``call_later`` runs, in the same order at the same times, with near and far
+    wake-ups mixed (ties at the same time, zero delays, URGENT starts, ``call_soon``), inside ``run_until`` sliced
+    and outside it; SimPy's ``peek`` sees the next event throughout, and nothing is left behind at the end."""
+    def program(far: bool, sliced: bool) -> tuple[list[tuple[float, int]], list[float]]:
+        env = SimEnv()
+        rng = random.Random(seed)
+        log: list[tuple[float, int]] = []
+        peeks: list[float] = []
+        n = [0]
+
+        def act(_e: object) -> None:
+            n[0] += 1
+            me = n[0]
+            log.append((env.now, me))
+            if me > 400:
+                return
+            for _ in range(rng.randint(1, 2)):
+                k = rng.random()
+                if k < 0.3:
+                    d = rng.choice((0.0, 2.0, 3.5, 7.0))
+                    (call_later_far if far else call_later)(env, d, act)
+                elif k < 0.4:
+                    call_first(env, act)
+                elif k < 0.5:
+                    call_soon(env, act)
+                else:
+                    call_later(env, rng.choice((0.0, 0.25, 0.5, 1.0)), act)
+
+        for _ in range(3):
+            call_later(env, 0.0, act)
+        if sliced:
+            stop = 0.6
+            while env.peek() < float("inf"):
+                peeks.append(env.peek())
+                env.run_until(stop)
+                stop += 0.6
+        else:
+            env.run()
+        assert not env._far and not env._queue
+        return log, peeks
+
+    ref = program(far=False, sliced=True)
+    assert len(ref[0]) > 50
+    assert program(far=True, sliced=True) == ref
+    assert program(far=True, sliced=False)[0] == ref[0]  # outside run_until it queues like call_later

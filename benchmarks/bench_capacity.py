@@ -30,7 +30,8 @@ TARGET_S = 180.0
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
     keys = ("meets_slo", "xpyd", "nodes", "gpus", "ttft_p90_ms", "hit_rate", "decoder_kv_blocks_ttl_s", "router_ttl_s",
             "kv_recompute_threshold_tokens", "max_sustainable_rate_per_s", "usd_per_million_turns_at_rate",
-            "usd_per_million_turns_at_max_rate", "neighbour_checks", "smallest_verified", "note")
+            "usd_per_million_turns_at_max_rate", "neighbour_checks", "smallest_verified", "note", "judged_conversations",
+            "first_run_conversations", "first_run_ttft_p90_ms")
     return {k: m.get(k) for k in keys if k in m}
 
 

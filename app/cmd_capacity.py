@@ -3,6 +3,7 @@ transfer, aggregated replicas) for a scenario, a preset or a trace."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -142,6 +143,13 @@ def _human(ms: float | None) -> str:
     return "-" if ms is None else human_s(ms / 1000)
 
 
+def _p90_or_why(ms: float | None) -> str:
+    """A neighbour's p90, or why it has none (no TTL of the grid could run there, or its runs failed)."""
+    if ms is None or not math.isfinite(ms):
+        return "not simulated: every TTL skipped or its runs failed"
+    return _human(ms)
+
+
 def render_text(plan: Any, what: str) -> list[str]:
     """The plan as lines (the CLI prints them)."""
     load = f"{plan.rate_per_s:g} conversations/s" if plan.rate_per_s is not None else "the trace's clock"
@@ -161,7 +169,7 @@ def render_text(plan: Any, what: str) -> list[str]:
         if name == "aggregated":
             pol = f" routing {m['routing']};"
         checks = ", ".join(f"{c.get('xpyd') or str(c['replicas']) + ' replicas'} "
-                           f"{'meets' if c['meets_slo'] else 'misses'} ({_human(c['ttft_p90_ms'])})"
+                           f"{'meets' if c['meets_slo'] else 'misses'} ({_p90_or_why(c['ttft_p90_ms'])})"
                            for c in m["neighbour_checks"])
         mx = m.get("max_sustainable_rate_per_s")
         at_max = m.get("usd_per_million_turns_at_max_rate")

@@ -153,11 +153,18 @@ def shown_ci(row: Mapping[str, Any], key: str) -> float | None:
     return float(ci) if isinstance(ci, float) and math.isfinite(ci) else None
 
 
+#: Shares (0..1) whose CI is shown as its range clipped to 0-100% (a t interval of 2 replications can be wider)
+SHARES = frozenset({"hit_rate", "reuse_rate"})
+
+
 def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -> str:
     v = row.get(key)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     ci = shown_ci(row, key)
+    if ci is not None and key in SHARES:
+        lo, hi = max(v - ci, 0.0), min(v + ci, 1.0)
+        return f"{v * scale:{fmt}} [{lo * scale:{fmt}}-{hi * scale:{fmt}}]"
     return f"{v * scale:{fmt}}" + (f" ±{ci * scale:{fmt}}" if ci is not None else "")
 
 
@@ -230,7 +237,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
     reps = rows[0]["replications"]
     seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
-    ci = f"± 95% CI over {reps} replications" if reps > 1 else "no ±: one replication has no CI"
+    ci = (f"± 95% CI over {reps} replications (shares: the CI as a range within 0-100%)" if reps > 1
+          else "no ±: one replication has no CI")
     out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "

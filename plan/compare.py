@@ -149,7 +149,9 @@ def parse_policies(text: str | Sequence[str] | None) -> list[str]:
     for n in names:
         base, _, arg = n.partition(":")
         if base not in POLICY_HELP:
-            raise input_error("--policies", f"unknown policy '{n}'", f"use some of {', '.join(DEFAULT_POLICIES)}")
+            raise input_error("--policies", f"unknown policy '{n}'",
+                              f"use some of {', '.join(DEFAULT_POLICIES)} (also lease:no_end and "
+                              f"aggregated:<routing>, routing one of {', '.join(ROUTINGS)})")
         if arg and not ((base == "aggregated" and arg in ROUTINGS) or (base == "lease" and arg == "no_end")):
             raise input_error("--policies", f"'{n}': only aggregated takes a routing suffix ({', '.join(ROUTINGS)}) "
                               "and lease ':no_end'")

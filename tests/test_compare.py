@@ -300,11 +300,15 @@ def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> No
     from kvplan.app.dash_compare import compare_display_frame
 
     text = render_text([_text_row("off", 3, 0.0), _text_row("ttl", 3, 0.01)])
-    for label in ("TTFT p50", "TPOT mean", "hit rate %", "pinned KV mean GiB", "errors", "prefill/engine util %"):
+    for label in ("TTFT p50", "TPOT mean", "pinned KV mean GiB", "errors", "prefill/engine util %"):
         line = next(ln for ln in text if ln.startswith(label))
         assert line.count("±") == 2, line
     assert "500.0 ms ±0.0 ms" in next(ln for ln in text if ln.startswith("TTFT p50"))
-    assert "50.0 ±0.0" in next(ln for ln in text if ln.startswith("hit rate %"))
+    # a share's CI is its range clipped to 0-100% (a t interval of few replications can be wider than the scale)
+    hit = next(ln for ln in text if ln.startswith("hit rate %"))
+    assert hit.count("[") == 2 and "50.0 [50.0-50.0]" in hit, hit
+    wide = render_text([{**_text_row("off", 2, 0.0), "hit_rate": 0.6, "hit_rate_ci95": 3.177}])
+    assert "60.0 [0.0-100.0]" in next(ln for ln in wide if ln.startswith("hit rate %"))
     assert any(ln.startswith("(± 95% CI over 3 replications") for ln in text)
     single = render_text([_text_row("off", 1, math.nan), _text_row("ttl", 1, 0.0)])
     assert not any("±" in ln for ln in single if not ln.startswith("(")), single

@@ -60,10 +60,10 @@ import numpy as np
 
 from kvplan.errors import input_error
 from kvplan.models.hardware import get_hardware
-from kvplan.plan.capacity_eval import MAX_CONVERSATIONS, Evaluator, Metrics, meets
+from kvplan.plan.capacity_eval import Evaluator, Metrics, meets
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.plan.screen import screen_scenarios
-from kvplan.plan.steady import EXTEND_FACTOR
+from kvplan.plan.steady import EXTEND_FACTOR, MAX_CONVERSATIONS
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import MAX_SIM_TIME_S, ClosedLoopArrival, Scenario, as_scenario, with_overrides
 
@@ -375,6 +375,10 @@ def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_r
         # the run that judged it (capacity_eval: a first run meeting the SLO is simulated again, longer)
         "judged_conversations": m.get("judged_conversations"), "first_run_conversations": m.get("first_run_conversations"),
         "first_run_ttft_p90_ms": m["first_run_ttft_p90_s"] * 1000 if "first_run_ttft_p90_s" in m else None,
+        # what the first run showed of its own unsteadiness (plan/steady.py: reported, not the trigger)
+        "first_run_ttft_growing": bool(m["first_run_ttft_growing"]) if "first_run_ttft_growing" in m else None,
+        "first_run_retention_unsteady": (bool(m["first_run_retention_unsteady"])
+                                         if "first_run_retention_unsteady" in m else None),
         **pick.policy,
     }
     if max_rate is not None and rate is not None:

@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from kvplan.plan.executor import run_tasks
-from kvplan.plan.steady import FIRST_KEY, SECOND_KEY, growing, longer_conversations, retention_unsteady
+from kvplan.plan.steady import FIRST_KEY, SECOND_KEY, growing, judging_conversations, retention_unsteady
 from kvplan.sim.scenario import Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
 
 MAX_ERROR_SHARE = 0.01
-MAX_CONVERSATIONS = 200_000  # bound on one run when the rate or the judging run grows (the horizon is kept otherwise)
 Metrics = dict[str, float]
 
 
@@ -100,14 +99,8 @@ class Evaluator:
 
     def _longer(self, variant: dict[str, Any], first: Metrics) -> dict[str, Any]:
         """``variant`` with the conversations of its judging run."""
-        sc = with_overrides(self.base, variant)
-        arr = sc.workload.arrival
-        rate = getattr(arr, "rate_per_s", None)
-        ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional and sc.deployment.mode != "aggregated" else 0.0
         span = first.get("conversation_span_p90_s", math.nan)
-        n = longer_conversations(self._conversations(variant), rate, ttl, span if math.isfinite(span) else 0.0,
-                                 MAX_CONVERSATIONS)
-        return {**variant, "workload.conversations": n}
+        return {**variant, "workload.conversations": judging_conversations(with_overrides(self.base, variant), span)}
 
     def _simulate(self, variants: list[dict[str, Any]]) -> None:
         """Simulate every override set not yet cached (replications in parallel) and cache its first-run metrics."""

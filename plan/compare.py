@@ -70,7 +70,6 @@ from kvplan.plan.advice import (
 from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
 from kvplan.plan.advice_runs import saturation
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
-from kvplan.plan.capacity_eval import MAX_CONVERSATIONS
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
     BEST_RULE,
@@ -82,7 +81,7 @@ from kvplan.plan.compare_rules import (
 )
 from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
-from kvplan.plan.steady import longer_conversations
+from kvplan.plan.steady import judging_conversations
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
@@ -319,13 +318,11 @@ def _judged(batch: _Batch, base: Scenario, v: dict[str, Any], rows: list[dict[st
     """The SLO test of override set ``v`` whose first runs gave ``rows``: a first run meeting it is judged on a
     longer run (:mod:`kvplan.plan.steady`, as ``capacity`` does), so that a load at capacity does not pass over a
     run too short for its queue to grow."""
-    if not _meets(_aggregate(rows), slo_s) or base.workload.trace is not None:
-        return _meets(_aggregate(rows), slo_s)
-    sc = with_overrides(base, v)
-    ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional and sc.deployment.mode != "aggregated" else 0.0
+    first = _meets(_aggregate(rows), slo_s)
+    if not first or base.workload.trace is not None:
+        return first
     spans = [float(r["conversation_span_p90_s"]) for r in rows if r.get("conversation_span_p90_s") is not None]
-    rate = getattr(sc.workload.arrival, "rate_per_s", None)
-    n = longer_conversations(sc.workload.conversations, rate, ttl, max(spans, default=0.0), MAX_CONVERSATIONS)
+    n = judging_conversations(with_overrides(base, v), max(spans, default=0.0))
     key = ("longer", json.dumps(v, sort_keys=True))
     return _meets(_aggregate(batch.run({key: {**v, "workload.conversations": n}})[key]), slo_s)
 

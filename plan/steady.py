@@ -13,12 +13,15 @@ conversation's span. Two signs, both read from the run itself (:func:`kvplan.pla
 * **retention not in steady state**: bidirectional on and the arrival span shorter than the TTL plus the p90
   conversation span (``run_extras``' definition: until then pins only accumulate).
 
-Either sign sends the candidate to one longer run (:func:`longer_conversations`: :data:`EXTEND_FACTOR` x the
-conversations at the same rate, or enough for twice TTL + span of arrivals, at most ``MAX_CONVERSATIONS``), and the
-candidate is judged on that run. ASSUMPTIONS (of this check, not of the model): the two thresholds, and that a run
-4x longer shows what a transient hid (a load within a few percent of capacity can still pass a 4x run and miss a
-16x one: the answer then holds for runs of that length, and the plan says which length judged it). A trace
-replay keeps its own clock and is not extended (its answers say so).
+Every candidate whose first run meets the SLO goes to one longer run (:func:`judging_conversations`:
+:data:`EXTEND_FACTOR` x the conversations at the same rate, or enough for twice TTL + span of arrivals, at most
+:data:`MAX_CONVERSATIONS`) and is judged on that run; the two signs are reported with the answer (``first_run_*``),
+not used as the trigger: near utilisation 1 the TTFT trend over a 100 s window is too weak to tell a transient from
+an overload, and an aggregated engine's busy share is no load measure (it steps while any request decodes).
+ASSUMPTIONS (of this check, not of the model): the two thresholds, and that a run 4x longer shows what a transient
+hid (a load within a few percent of capacity can still pass a 4x run and miss a 16x one: the answer then holds for
+runs of that length, and the plan says which length judged it). A trace replay keeps its own clock and is not
+extended (its answers say so).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from kvplan.sim.scenario import Scenario
+
+MAX_CONVERSATIONS = 200_000  # bound on one run when the rate or the judging run grows
 GROWTH_RATIO = 1.5
 GROWTH_MIN_S = 0.05
 EXTEND_FACTOR = 4
@@ -51,10 +57,18 @@ def retention_unsteady(m: Mapping[str, Any]) -> bool:
 
 
 def longer_conversations(conversations: int, rate_per_s: float | None, ttl_s: float, span_p90_s: float,
-                         cap: int) -> int:
+                         cap: int = MAX_CONVERSATIONS) -> int:
     """Conversations of the longer run: ``EXTEND_FACTOR`` x, and at ``rate_per_s`` enough for ``2 (TTL + span)`` of
     arrivals, at most ``cap``."""
     n = EXTEND_FACTOR * conversations
     if rate_per_s and math.isfinite(ttl_s + span_p90_s):
         n = max(n, math.ceil(rate_per_s * 2 * (ttl_s + span_p90_s)))
     return int(min(max(n, conversations), cap))
+
+
+def judging_conversations(sc: Scenario, span_p90_s: float) -> int:
+    """Conversations of the run that judges scenario ``sc`` (its first run's p90 conversation span ``span_p90_s``):
+    :func:`longer_conversations` at its rate, with its TTL when retention is on (P/D with bidirectional)."""
+    ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional and sc.deployment.mode != "aggregated" else 0.0
+    rate = getattr(sc.workload.arrival, "rate_per_s", None)
+    return longer_conversations(sc.workload.conversations, rate, ttl, span_p90_s if math.isfinite(span_p90_s) else 0.0)

@@ -68,6 +68,7 @@ def test_a_load_at_capacity_is_judged_on_the_longer_run() -> None:
     assert not meets(judged, SLO_S) and judged["ttft_p90_s"] > 10  # the queue kept growing
     assert judged["judged_conversations"] == EXTEND_FACTOR * 200 and judged["first_run_conversations"] == 200
     assert judged["first_run_ttft_p90_s"] == pytest.approx(first["ttft_p90_s"])
+    assert judged["first_run_retention_unsteady"] == 0.0  # aggregated: no retention (the sign is reported only)
     ok = Evaluator(sc, 1, 1, "local", None, SLO_S).one(aggregated_overrides(4, "round_robin"))
     assert meets(ok, SLO_S) and ok["judged_conversations"] == EXTEND_FACTOR * 200  # one more replica holds
 

@@ -22,6 +22,9 @@ import numpy as np
 from kvplan.errors import input_error
 from kvplan.models.arch import ModelArch
 
+#: Largest TP size a refusal lists (a scenario's bound, ``Deployment.tensor_parallel_size`` <= 64).
+MAX_LISTED_TP = 64
+
 
 def _tp_ok(arch: ModelArch, tp: int) -> bool:
     return arch.num_q_heads % tp == 0 and not (
@@ -37,7 +40,7 @@ def check_tensor_parallel(arch: ModelArch, tp: int, where: str = "deployment.ten
     """Refuse a TP size vLLM would refuse for this architecture (the fix names the sizes it accepts)."""
     if _tp_ok(arch, tp):
         return
-    sizes = valid_tensor_parallel_sizes(arch, max(16, tp))
+    sizes = valid_tensor_parallel_sizes(arch, min(max(16, tp), MAX_LISTED_TP))  # bounded: --tp may be any integer
     fix = f"use one of {', '.join(map(str, sizes))}"
     if arch.num_q_heads % tp:
         raise input_error(

@@ -65,3 +65,10 @@ def test_an_unset_pool_too_small_names_what_sizes_it(tmp_path: Any) -> None:
         run(sc)
     msg = str(exc.value)
     assert "decode_kv_capacity_tokens" not in msg and "gpu_memory_utilization" in msg
+
+
+def test_a_huge_tp_is_refused_at_once() -> None:
+    """The sizes a refusal lists are bounded, whatever --tp says (a listing up to the given TP never ended)."""
+    arch = MODEL_PRESETS["qwen3-32b"]
+    with pytest.raises(KvplanInputError, match=r"use one of 1, 2, 4, 8, 16, 32, 64$"):
+        check_tensor_parallel(arch, 999_999_999)

@@ -103,6 +103,7 @@ def register(app: typer.Typer) -> None:
 def render_text(rec: Recommendation) -> list[str]:
     """Human-readable lines of a recommendation (the CLI prints them)."""
     from kvplan.plan.advice import IF_KEPT_ON
+    from kvplan.plan.advice_rules import TURN_GAPS
 
     e, b, o = rec.expected, rec.baseline, rec.bidirectional_off
 
@@ -115,7 +116,7 @@ def render_text(rec: Recommendation) -> list[str]:
     # retention off: the TTL, threshold and router TTL are not part of the advice, only a marked conditional line
     why_off = (f"INCONCLUSIVE: {rec.inconclusive}" if rec.inconclusive else
                "retention does not lower TTFT for this workload at this load"
-               if rec.binding_constraint.startswith("turn-gap") else f"retention held back by {rec.binding_constraint}")
+               if rec.binding_constraint.startswith(TURN_GAPS) else f"retention held back by {rec.binding_constraint}")
     head = ([f"{knobs}, bidirectional_kv_xfer = true"] if rec.bidirectional else
             [f"bidirectional_kv_xfer = false: {why_off} (see why:)", f"  {IF_KEPT_ON}{knobs}"])
     lines = [

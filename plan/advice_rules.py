@@ -262,7 +262,8 @@ def replications_to_resolve(d: Gain, n: int) -> int:
     if n < 2 or not (math.isfinite(ci) and ci > 0 and mean > 0):
         return max(2 * n, 3)
     sd = ci * math.sqrt(n) / t_quantile_975(n)
-    m = n
+    # t(m-1) > 1.96 always, so no m below (1.96 sd / mean)^2 resolves it: start there, a few t quantiles at most
+    m = max(n, int((1.96 * sd / mean) ** 2))
     while m < 10_000 and t_quantile_975(m) * sd / math.sqrt(m) >= mean:
         m += 1
     return max(m, 2 * n)

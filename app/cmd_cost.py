@@ -38,26 +38,6 @@ def _pool_tokens(arch: Any, gpu: Any, tp: int, chunk_tokens: int) -> int | None:
         return None
 
 
-def _check_fits(arch: Any, tokens: int, cached: int, batch: int, ctx: int, ctx_given: bool, pool: int | None) -> None:
-    """Refuse what no vLLM server of this model serves: a context beyond ``max_model_len`` (vLLM rejects the request,
-    as simulate does) and a decode batch whose KV is larger than one instance's pool (it could never be resident)."""
-    from kvplan.errors import input_error
-
-    limit = arch.max_model_len
-    if cached + tokens > limit:
-        what = "--tokens" if not cached else "--cached-tokens + --tokens"
-        raise input_error(what, f"{cached + tokens:,} tokens exceed {arch.name}'s context of {limit:,} (vLLM rejects "
-                          "the request)", f"stay within {limit:,} tokens")
-    if ctx > limit:
-        raise input_error("--context", f"{ctx:,} tokens exceed {arch.name}'s context of {limit:,}",
-                          f"stay within {limit:,} tokens")
-    if pool is not None and batch * ctx > pool:
-        raise input_error("--batch" if ctx_given or batch > 1 else "--context",
-                          f"{batch:,} sequences of {ctx:,} tokens hold {batch * ctx:,} tokens of KV, more than the "
-                          f"{pool:,}-token KV pool of one instance (vLLM's memory accounting at the defaults)",
-                          "give a batch that fits the pool (kvplan memory shows it)")
-
-
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
@@ -98,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.models.profile import load_profile
         from kvplan.models.resolve import resolve_profile
         from kvplan.sim.tp import rank_plan
-        from kvplan.sim.validity import check_cost_request
+        from kvplan.sim.validity import check_cost_fits, check_cost_request
         from kvplan.sim.xfer import read_phases, read_time_s
 
         check_cost_request(tokens, cached_tokens, chunk_tokens, batch, context)
@@ -132,7 +112,7 @@ def register(app: typer.Typer) -> None:
         desc = reads[cross_layer][0]
         ctx = context if context is not None else cached_tokens + tokens
         pool = _pool_tokens(arch, node.gpu, n_tp, chunk_tokens)
-        _check_fits(arch, tokens, cached_tokens, batch, ctx, context is not None, pool)
+        check_cost_fits(arch, tokens, cached_tokens, batch, ctx, context is not None, pool)
         out: dict[str, Any] = {
             "prefill_s": prefill_time_s(c.prefill, tokens, cached_tokens, chunk_tokens),
             "kv_transfer_s": reads[cross_layer][2],

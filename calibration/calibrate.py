@@ -72,6 +72,7 @@ from kvplan.calibration.parsers import (
     parse_prometheus,
 )
 from kvplan.calibration.published_priors import costs_from_values
+from kvplan.calibration.sim_fit import SELF_CHECK_TOLERANCE
 from kvplan.errors import input_error
 from kvplan.inputfile import DEFAULT_MAX_BYTES, check_file
 from kvplan.models.arch import (
@@ -184,8 +185,8 @@ def calibrate(
 
 
 #: A direct fit whose residuals leave a metric's MAPE above this (percent) does not reproduce its own input: it is
-#: written ``unreliable`` (the tolerance of calibrate --scenario's self-check, calibration/sim_fit.py).
-MAX_FIT_MAPE_PCT = 15.0
+#: written ``unreliable`` (the tolerance of calibrate --scenario's self-check).
+MAX_FIT_MAPE_PCT = SELF_CHECK_TOLERANCE * 100
 
 
 def fit_misses(results: list[FitResult]) -> list[str]:

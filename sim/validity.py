@@ -106,3 +106,22 @@ def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int, batch
     if -(-tokens // chunk_tokens) > MAX_COST_CHUNKS:
         raise input_error("--chunk-tokens", f"{chunk_tokens} splits {tokens:,} tokens into more than "
                           f"{MAX_COST_CHUNKS:,} chunks", "use vLLM's max_num_batched_tokens (e.g. 8192)")
+
+
+def check_cost_fits(arch: ModelArch, tokens: int, cached: int, batch: int, ctx: int, ctx_given: bool,
+                    pool: int | None) -> None:
+    """Refuse what no vLLM server of this model serves: a context beyond ``max_model_len`` (vLLM rejects the request,
+    as simulate does) and a decode batch whose KV is larger than one instance's pool (it could never be resident)."""
+    limit = arch.max_model_len
+    if cached + tokens > limit:
+        what = "--tokens" if not cached else "--cached-tokens + --tokens"
+        raise input_error(what, f"{cached + tokens:,} tokens exceed {arch.name}'s context of {limit:,} (vLLM rejects "
+                          "the request)", f"stay within {limit:,} tokens")
+    if ctx > limit:
+        raise input_error("--context", f"{ctx:,} tokens exceed {arch.name}'s context of {limit:,}",
+                          f"stay within {limit:,} tokens")
+    if pool is not None and batch * ctx > pool:
+        raise input_error("--batch" if ctx_given or batch > 1 else "--context",
+                          f"{batch:,} sequences of {ctx:,} tokens hold {batch * ctx:,} tokens of KV, more than the "
+                          f"{pool:,}-token KV pool of one instance (vLLM's memory accounting at the defaults)",
+                          "give a batch that fits the pool (kvplan memory shows it)")

@@ -24,7 +24,6 @@ keeps exact counts and sums and a mergeable quantile sketch per column instead (
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -269,7 +268,9 @@ class RunStream:
         # a streamed run keeps only the held series' statistics, folded in as the run goes: above that size in O(1)
         # memory, up to it exactly (one product per change, summed at the end as the one-shot mean sums them)
         self.held_stats = None if keep_turns else StepStats(GIB, exact=self.agg.exact, capacity=2 * planned)
-        self._hold_heap: list[tuple[float, int]] = []  # (P_DONE time, turn key) of holds with bytes (lazy deletion)
+        # turn key -> P_DONE time of each outstanding hold that bounds what is still to come (exact: every hold;
+        # otherwise those with bytes): the earliest of them is how far the held statistics may be folded in
+        self._hold_since: dict[int, float] = {}
         self._done_t = float("-inf")  # latest P_DONE time: every change still to come is at or after it
 
     # --- consuming -------------------------------------------------------------------------------------
@@ -374,14 +375,17 @@ class RunStream:
         # exact: every hold bounds what is still to come (a lapse of an empty hold is a zero change, but its place
         # in the sorted series still sets the intervals summed)
         with_bytes = hold if stats.exact else hold & (held_bytes > 0)
-        for t, k in zip(ch.t_s[with_bytes].tolist(), key[with_bytes].tolist(), strict=True):
-            heapq.heappush(self._hold_heap, (t, k))
+        holding = self._holding
+        # the outstanding holds: those already bounding and still held, then this chunk's (a hold released in this
+        # same chunk bounds nothing); a key keeps its earliest P_DONE time (reversed: the first one wins)
+        since = {k: t for k, t in self._hold_since.items() if k in holding}
+        fresh = {k: t for k, t in zip(key[with_bytes][::-1].tolist(), ch.t_s[with_bytes][::-1].tolist(), strict=True)
+                 if k in holding and k not in since}
+        since.update(fresh)
+        self._hold_since = since
         if hold.any():
             self._done_t = max(self._done_t, float(ch.t_s[hold].max()))
-        heap = self._hold_heap
-        while heap and heap[0][1] not in self._holding:
-            heapq.heappop(heap)
-        stats.advance(min(self._done_t, heap[0][0]) if heap else self._done_t)
+        stats.advance(min(self._done_t, min(since.values())) if since else self._done_t)
 
     def _advance(self) -> None:
         n = len(self.remaining)
@@ -400,11 +404,14 @@ class RunStream:
         if not ready.any():
             self.buffer = [rows]
             return
-        out = rows[ready]
-        order = np.lexsort((out["turn"].to_numpy(), out["conversation_id"].to_numpy()))
-        out = out.iloc[order].reset_index(drop=True)
-        rest = rows[~ready]
-        self.buffer = [rest.reset_index(drop=True)] if len(rest) else []
+        at = np.flatnonzero(ready)
+        at = at[np.lexsort((rows["turn"].to_numpy()[at], rows["conversation_id"].to_numpy()[at]))]
+        if len(at) == len(rows) and (len(at) < 2 or bool((np.diff(at) == 1).all())):
+            out = rows.reset_index(drop=True)  # all of them, already in order: no copy
+        else:
+            out = rows.take(at).reset_index(drop=True)
+        rest = np.flatnonzero(~ready)
+        self.buffer = [rows.take(rest).reset_index(drop=True)] if len(rest) else []
         self.counts["turns"] += len(out)
         self.counts["conversations"] += int(out["conversation_id"].nunique())
         self.agg.add(out)
@@ -467,21 +474,28 @@ class TurnAggregates:
             self.sums[c] = self.sums.get(c, 0) + int(t[c].sum())
         follow = t["turn"].to_numpy() >= 2
         self.follow_up += int(follow.sum())
-        self.reused += int((dec[follow].isin(["pull", "local", "recompute_below_threshold", "host_pull"])).sum())
-        ok = t[dec != "error"]
-        self._keep("ttft", ok["ttft_s"].dropna().to_numpy())
-        self._keep("tpot", ok["tpot_s"].dropna().to_numpy())
-        self._keep("p_leg", ok["p_leg_s"].to_numpy())
-        self._keep("prefill_queue", ok["prefill_queue_s"].to_numpy())
-        self._keep("d_queue", ok["d_queue_s"].to_numpy())
-        self._keep("link_wait", (ok["kv_pull_s"] + ok["p2d_transfer_s"]).to_numpy())
-        if len(ok):
-            self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, ok["arrival_s"].min()]))
-            self.ok_finish_max = float(np.nanmax([self.ok_finish_max, ok["finish_s"].max()]))
-        self.n_ok += len(ok)
-        pull = t[dec == "pull"]
-        self._keep("kv_pull", pull["kv_pull_s"].to_numpy())
-        self._keep("d2p_xfer", pull["d2p_xfer_s"].to_numpy())
+        reuse = dec.isin(["pull", "local", "recompute_below_threshold", "host_pull"]).to_numpy()
+        self.reused += int((reuse & follow).sum())
+        ok = (dec != "error").to_numpy()  # masks on the columns read, not copies of the frame
+
+        def col(name: str, mask: np.ndarray) -> np.ndarray:
+            return t[name].to_numpy()[mask]
+
+        ttft, tpot = col("ttft_s", ok), col("tpot_s", ok)
+        self._keep("ttft", ttft[~np.isnan(ttft)])
+        self._keep("tpot", tpot[~np.isnan(tpot)])
+        self._keep("p_leg", col("p_leg_s", ok))
+        self._keep("prefill_queue", col("prefill_queue_s", ok))
+        self._keep("d_queue", col("d_queue_s", ok))
+        self._keep("link_wait", col("kv_pull_s", ok) + col("p2d_transfer_s", ok))
+        n_ok = int(ok.sum())
+        if n_ok:
+            self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, _min_skipna(col("arrival_s", ok))]))
+            self.ok_finish_max = float(np.nanmax([self.ok_finish_max, _max_skipna(col("finish_s", ok))]))
+        self.n_ok += n_ok
+        pull = (dec == "pull").to_numpy()
+        self._keep("kv_pull", col("kv_pull_s", pull))
+        self._keep("d2p_xfer", col("d2p_xfer_s", pull))
 
     def drop_summary_columns(self) -> None:
         """Free the kept columns only the summary's means and percentiles read (health's stay)."""
@@ -502,6 +516,18 @@ class TurnAggregates:
     def column(self, name: str) -> np.ndarray:
         """A kept column, concatenated (exact mode)."""
         return self.cols[name].column()
+
+
+def _min_skipna(x: np.ndarray) -> float:
+    """``pd.Series.min()``: the smallest value that is not NaN, NaN if there is none."""
+    x = x[~np.isnan(x)]
+    return float(x.min()) if len(x) else float("nan")
+
+
+def _max_skipna(x: np.ndarray) -> float:
+    """``pd.Series.max()``: the largest value that is not NaN, NaN if there is none."""
+    x = x[~np.isnan(x)]
+    return float(x.max()) if len(x) else float("nan")
 
 
 def decision_names() -> list[str]:

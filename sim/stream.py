@@ -326,14 +326,19 @@ class RunStream:
         if not len(ev):
             return
         key = self.offsets[ev.conv] + ev.turn.astype(np.int64) - 1
-        uniq, inv = np.unique(key, return_inverse=True)
-        flags = np.zeros(len(uniq), dtype=np.int64)
+        lo, hi = int(key.min()), int(key.max())
+        if hi - lo <= 4 * len(key) + 4096:  # the pending turns are a window of the run's: a slot per key, no sort
+            inv = key - lo
+            flags = np.zeros(hi - lo + 1, dtype=np.int64)
+        else:
+            inv = np.unique(key, return_inverse=True)[1]
+            flags = np.zeros(int(inv.max()) + 1, dtype=np.int64)
         bits = _BITS[ev.kind]
         # P holds the prompt for D only when P_DONE carried bytes (aggregated serving holds nothing, logs no P_UNHOLD)
         bits[(ev.kind == int(Ev.P_DONE)) & (getattr(ev, col(Ev.P_DONE, "held_bytes")) <= 0)] = 0
         np.bitwise_or.at(flags, inv, bits)
         if final:
-            done = np.ones(len(uniq), dtype=bool)
+            done = np.ones(len(flags), dtype=bool)
         else:
             over = (flags & (_FIN | _ERR)) != 0
             unheld = ((flags & _HOLD) == 0) | ((flags & _UNHOLD) != 0)

@@ -82,6 +82,13 @@ def register(app: typer.Typer) -> None:
             writer.abort()
             raise
         writer.commit(result)
+        if trace is not None and scenario is None:  # said (after the run: an input error stays one line)
+            dep = sc.deployment
+            typer.echo(f"note: --trace without a scenario replays the trace on the embedded default deployment "
+                       f"({dep.prefill_nodes}P{dep.decode_nodes}D {sc.hardware} {sc.model}, TP "
+                       f"{dep.tensor_parallel_size}, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
+                       f"{dep.max_num_batched_tokens}); give a scenario YAML with your deployment to replay it "
+                       "on yours", err=True)
         print_summary(result, out, as_json=json_out, verbose=verbose, files=names)
 
 

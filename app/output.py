@@ -87,6 +87,10 @@ def print_summary(
         c.print(f"{len(result.notes)} modelling assumptions behind the profile and costs: --verbose lists them")
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
+    for key, n in sorted((s.get("trace") or {}).items()):
+        if key.endswith("_zero_replayed_as_1") and n:
+            c.print(f"note: {n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "
+                    "(a request has at least one prompt and one generated token)", markup=False)
     if out is not None:
         names = files or ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml"]
         c.print(f"wrote {out}/{names[0]}, {', '.join(names[1:])}")

@@ -638,6 +638,11 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
     """The parsed content of a scenario or grid YAML file (size-bounded, safe loader, one-line errors)."""
     p = Path(path)
     if not p.is_file():
+        if p.is_dir():
+            raise input_error(str(p), f"is a directory, not a {what} file", f"pass the {what} YAML file itself")
+        if p.exists():  # a FIFO, socket or device: reading it could block or never end
+            raise input_error(str(p), f"is not a regular file, so it was not read as a {what}",
+                              "copy it to a regular YAML file first")
         raise input_error(str(p), f"no such {what} file")
     if p.stat().st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")

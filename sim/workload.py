@@ -327,11 +327,18 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
             f"workload.trace '{source.path}'", f"arrivals span {float(np.max(arrival)):.3g} s after time_scale "
             f"(more than {MAX_SIM_TIME_S:.0e} s of simulated time)", "raise time_scale or set window_s",
         )
-    prompt = np.maximum(df["input_tokens"].to_numpy(dtype=np.int64)[order], 1)
-    out = np.maximum(df["output_tokens"].to_numpy(dtype=np.int64)[order], 1)
+    raw_prompt = df["input_tokens"].to_numpy(dtype=np.int64)[order]
+    raw_out = df["output_tokens"].to_numpy(dtype=np.int64)[order]
+    # a request is at least one prompt token and one generated token (vLLM samples at least one token: its
+    # max_tokens >= 1); a trace's 0 (Mooncake logs output_length 0 for some requests) is replayed as 1, and said
+    prompt, out = np.maximum(raw_prompt, 1), np.maximum(raw_out, 1)
     report = dict(report)
     report.update({"format": sel.format, "sha256": sel.sha256, "source": sel.source,
                    "requests_replayed": int(len(df)), "sessions_replayed": int(n)})
+    for name, raw in (("input_tokens", raw_prompt), ("output_tokens", raw_out)):
+        zeros = int(np.count_nonzero(raw < 1))
+        if zeros:  # only when it happened: reports of traces without zeros are unchanged
+            report[f"{name}_zero_replayed_as_1"] = zeros
     return ConversationPlan(
         start_s=arrival[offsets[:-1]],
         turns=turns,

@@ -109,3 +109,34 @@ def test_missing_scenario_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_bad_flag_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--out", str(tmp_path / "o"), "--seed", "abc"]) == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_scenario_that_is_no_regular_file_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           kind: str) -> None:
+    import os
+
+    p = tmp_path / "sc.yaml"
+    if kind == "fifo":
+        os.mkfifo(p)  # reading it would block: refused by stat, never opened
+    else:
+        p.mkdir()
+    assert main(["simulate", str(p), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert ("is not a regular file" if kind == "fifo" else "is a directory") in err, err
+    assert "no such" not in err
+
+
+def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}\n'
+                     '{"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n')
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "embedded default deployment" in captured.err and "max_num_seqs 8" in captured.err
+    assert "1 trace requests with output_tokens 0 were replayed with 1" in captured.out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trace"]["output_tokens_zero_replayed_as_1"] == 1
+    assert "input_tokens_zero_replayed_as_1" not in summary["trace"]
+    assert pd.read_parquet(out / "turns.parquet")["output_tokens"].tolist() == [1, 5]

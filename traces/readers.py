@@ -353,7 +353,7 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         "expected a CSV with the header " + ",".join(CSV_HEADER) + " (or Azure's " + ",".join(AZURE_HEADER)
         + ", or LMBench's " + ",".join(LMBENCH_HEADER[:2]) + ",...), Mooncake JSONL (timestamp, input_length, "
         "output_length, hash_ids), RAGPulse JSONL (with session_id) or a multi-turn stats JSON array; or set "
-        "the format (workload.trace.format, --format)",
+        "the format (a scenario's workload.trace.format; --format of `kvplan workload show/fit`)",
     )
 
 

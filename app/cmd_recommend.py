@@ -143,8 +143,7 @@ def render_text(rec: Recommendation) -> list[str]:
         _saturated_line(rec.saturation or {}),
         "",
         f"binding constraint: {rec.binding_constraint}",
-        *([f"SLO TTFT p90 {rec.slo['ttft_p90_ms']:g} ms: {'met' if rec.slo['met'] else 'NOT met'} "
-           f"({rec.slo['expected_ttft_p90_ms']:.0f} ms expected)"] if rec.slo else []),
+        *([_slo_line(rec.slo)] if rec.slo else []),
         *[f"why: {r}" for r in rec.rationale],
         *_run_notes(rec),
         *[f"rule: {r}" for r in rec.rules],
@@ -192,3 +191,17 @@ def _saturated_line(sat: dict[str, Any]) -> str:
 
     return (f"saturated: recommended {names('recommended')}; vLLM defaults {names('vllm_defaults')}; "
             f"bidirectional off {names('bidirectional_off')}")
+
+
+def _slo_line(slo: dict[str, Any]) -> str:
+    """The SLO verdict and the run that judged it (longer than the scenario's when the first run met it)."""
+    line = (f"SLO TTFT p90 {slo['ttft_p90_ms']:g} ms: {'met' if slo['met'] else 'NOT met'} "
+            f"({slo['expected_ttft_p90_ms']:.0f} ms expected")
+    n, first = slo.get("judged_conversations"), slo.get("first_run_conversations")
+    if n is not None and first is not None and n > first:
+        line += (f" over {n:,} conversations at the scenario's rate; {slo['first_run_ttft_p90_ms']:.0f} ms over "
+                 f"its {first:,}")
+    elif "judged_conversations" in slo and n is None:
+        line += ", over the trace as it runs"
+    return line + ")"
+

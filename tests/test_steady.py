@@ -109,3 +109,28 @@ def test_capacity_sizes_hardware_without_a_known_price(capsys: pytest.CaptureFix
     assert main(["capacity", str(path), "--slo-ttft-p90-ms", "3000", "--replications", "1", "--no-max-rate",
                  "--max-nodes", "4", "--ttl-grid", "30"]) == 0
     assert "no price known for this hardware" in capsys.readouterr().out
+
+
+def test_recommend_judges_its_slo_on_the_longer_run() -> None:
+    """3P2D bidirectional at 2 conv/s meets a 2 s TTFT p90 over the scenario's 200 conversations and not over 800:
+    recommend says NOT met, with both runs, and the verdict reproduces by simulating the recommended configuration."""
+    from kvplan.plan.advice import recommend
+    from kvplan.sim.seeds import replication_seeds
+
+    sc = with_overrides(scenario_from_dict(AT_CAPACITY), {"policy.bidirectional": True, "deployment.prefill_nodes": 3,
+                                                          "deployment.decode_nodes": 2})
+    rec = recommend(sc, replications=2, ttl_grid=[60, 480], slo_ttft_p90_ms=SLO_S * 1000, workers=1)
+    slo = rec.slo
+    assert slo["first_run_conversations"] == 200 and slo["first_run_ttft_p90_ms"] <= SLO_S * 1000
+    assert slo["judged_conversations"] == EXTEND_FACTOR * 200
+    assert not slo["met"] and slo["expected_ttft_p90_ms"] > SLO_S * 1000
+    assert any("not over 800" in w for w in rec.warnings)
+    # the longer run's verdict is a simulation of what was recommended, same seed
+    final = ({"policy.bidirectional": False} if not rec.bidirectional else
+             {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": float(rec.decoder_kv_blocks_ttl_s),
+              "policy.router_ttl_s": float(rec.router_ttl_s),
+              "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
+              "policy.kv_load_failure_policy": "recompute"})
+    longer = with_overrides(sc, {**final, "workload.conversations": EXTEND_FACTOR * 200})
+    p90 = [run_row(longer, seed)["ttft_p90_s"] for seed in replication_seeds(sc.seed, 2)]
+    assert sum(p90) / 2 * 1000 == pytest.approx(slo["expected_ttft_p90_ms"])

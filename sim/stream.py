@@ -142,6 +142,68 @@ class SeriesBuffer:
         return t_out, level
 
 
+class OutstandingHolds:
+    """The holds P keeps for D (a turn between its P_DONE and its P_UNHOLD), keyed by turn, as three small arrays
+    sorted by key: the bytes held and the earliest P_DONE time among the hold's bounding records (inf: none).
+
+    Each chunk's holds are added, then its releases taken, with the semantics of a dict ``key -> bytes`` updated with
+    the holds and popped by the releases: a later hold of the same key replaces the bytes (its time keeps the
+    earliest), a release of a key not held, or a second release of one key, gives NaN. Only the outstanding holds
+    are kept (the transfers in flight), so each chunk costs O(outstanding + chunk) in NumPy, not a Python step per
+    turn.
+    """
+
+    def __init__(self) -> None:
+        self.keys = np.empty(0, dtype=np.int64)
+        self.bytes = np.empty(0)
+        self.since = np.empty(0)
+
+    def __len__(self) -> int:
+        """Holds outstanding."""
+        return len(self.keys)
+
+    def add(self, keys: np.ndarray, held: np.ndarray, since: np.ndarray) -> None:
+        """Holds ``keys`` of ``held`` bytes, in log order (``since``: each record's P_DONE time, inf when it
+        bounds nothing)."""
+        if not len(keys):
+            return
+        k = np.concatenate((self.keys, keys))
+        order = np.argsort(k, kind="stable")  # equal keys stay in log order (the outstanding ones first)
+        k = k[order]
+        new_key = np.empty(len(k), dtype=bool)
+        new_key[0] = True
+        np.not_equal(k[1:], k[:-1], out=new_key[1:])
+        starts = np.flatnonzero(new_key)
+        last = np.empty(len(k), dtype=bool)  # the last record of each key: its bytes win
+        last[-1] = True
+        last[:-1] = new_key[1:]
+        self.keys = k[starts]
+        self.bytes = np.concatenate((self.bytes, held))[order][last]
+        self.since = np.minimum.reduceat(np.concatenate((self.since, since))[order], starts)
+
+    def release(self, keys: np.ndarray) -> np.ndarray:
+        """The bytes of each released key (NaN when not held, or already released earlier in ``keys``); the keys
+        found are no longer outstanding."""
+        n = len(self.keys)
+        out = np.full(len(keys), np.nan)
+        if not n or not len(keys):
+            return out
+        pos = np.minimum(np.searchsorted(self.keys, keys), n - 1)
+        found = self.keys[pos] == keys
+        first = np.zeros(len(keys), dtype=bool)  # a key released twice: its first release takes the bytes
+        first[np.unique(keys, return_index=True)[1]] = True
+        take = found & first
+        out[take] = self.bytes[pos[take]]
+        keep = np.ones(n, dtype=bool)
+        keep[pos[take]] = False
+        self.keys, self.bytes, self.since = self.keys[keep], self.bytes[keep], self.since[keep]
+        return out
+
+    def earliest(self) -> float:
+        """The earliest P_DONE time of a bounding hold still outstanding (inf: none)."""
+        return float(self.since.min()) if len(self.since) else float("inf")
+
+
 class StepStats:
     """Time-weighted integral and peak of a step function, folded in while the run goes (bounded memory).
 
@@ -253,7 +315,7 @@ class RunStream:
         planned = int(self.remaining.sum())
         self.pinned = SeriesBuffer(2 * planned, compact=True)  # a pin and its release per turn (buffers grow)
         self.held = SeriesBuffer(2 * planned if keep_turns else 0)  # P's hold and its release per turn (kept runs)
-        self._holding: dict[int, float] = {}  # turn key -> bytes P holds for D (turns between P_DONE and P_UNHOLD)
+        self._holds = OutstandingHolds()  # P's holds for D: turns between P_DONE and P_UNHOLD
         self.counts: dict[str, int] = {"pins": 0, "unpins": 0, "d_preemptions": 0, "p_lease_expiries": 0,
                                        "p2d_failed_reads": 0, "turns": 0, "conversations": 0}
         self.releases = {int(k): 0 for k in Release}
@@ -268,9 +330,6 @@ class RunStream:
         # a streamed run keeps only the held series' statistics, folded in as the run goes: above that size in O(1)
         # memory, up to it exactly (one product per change, summed at the end as the one-shot mean sums them)
         self.held_stats = None if keep_turns else StepStats(GIB, exact=self.agg.exact, capacity=2 * planned)
-        # turn key -> P_DONE time of each outstanding hold that bounds what is still to come (exact: every hold;
-        # otherwise those with bytes): the earliest of them is how far the held statistics may be folded in
-        self._hold_since: dict[int, float] = {}
         self._done_t = float("-inf")  # latest P_DONE time: every change still to come is at or after it
 
     # --- consuming -------------------------------------------------------------------------------------
@@ -363,34 +422,23 @@ class RunStream:
         series = self.held if self.held_stats is None else self.held_stats.buf
         series.add(ch.t_s[hold], held_bytes[hold], 1)
         key = self.offsets[ch.conv] + ch.turn.astype(np.int64) - 1
-        self._holding.update(zip(key[hold].tolist(), held_bytes[hold].tolist(), strict=True))
+        # a hold bounds what is still to come when it has bytes, or always in exact mode (a lapse of an empty hold
+        # is a zero change, but its place in the sorted series still sets the intervals summed)
+        exact = self.held_stats is None or self.held_stats.exact
+        bounds = hold if exact else hold & (held_bytes > 0)
+        self._holds.add(key[hold], held_bytes[hold], np.where(bounds[hold], ch.t_s[hold], np.inf))
         if unhold.any():
-            b = np.array([self._holding.pop(x, np.nan) for x in key[unhold].tolist()], dtype=np.float64)
+            b = self._holds.release(key[unhold])
             series.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
             self.unhold_tokens += float(ch.a[unhold].sum())
             self.unhold_bytes += float(np.nansum(b))
-        if self.held_stats is not None:
-            self._advance_held(self.held_stats, ch, hold, key, held_bytes)
-
-    def _advance_held(self, stats: StepStats, ch: EventChunk, hold: np.ndarray, key: np.ndarray,
-                      held_bytes: np.ndarray) -> None:
-        """Fold in the held changes no later change can precede: P_DONE is logged at the current time and a
-        P_UNHOLD (even a lapse noticed late) at or after its own P_DONE, so every change still to come is at
-        or after min(latest P_DONE, earliest P_DONE of a hold still outstanding)."""
-        # exact: every hold bounds what is still to come (a lapse of an empty hold is a zero change, but its place
-        # in the sorted series still sets the intervals summed)
-        with_bytes = hold if stats.exact else hold & (held_bytes > 0)
-        holding = self._holding
-        # the outstanding holds: those already bounding and still held, then this chunk's (a hold released in this
-        # same chunk bounds nothing); a key keeps its earliest P_DONE time (reversed: the first one wins)
-        since = {k: t for k, t in self._hold_since.items() if k in holding}
-        fresh = {k: t for k, t in zip(key[with_bytes][::-1].tolist(), ch.t_s[with_bytes][::-1].tolist(), strict=True)
-                 if k in holding and k not in since}
-        since.update(fresh)
-        self._hold_since = since
         if hold.any():
             self._done_t = max(self._done_t, float(ch.t_s[hold].max()))
-        stats.advance(min(self._done_t, min(since.values())) if since else self._done_t)
+        if self.held_stats is not None:
+            # P_DONE is logged at the current time and a P_UNHOLD (even a lapse noticed late) at or after its own
+            # P_DONE, so every change still to come is at or after min(latest P_DONE, earliest P_DONE of a bounding
+            # hold still outstanding): fold in everything before that
+            self.held_stats.advance(min(self._done_t, self._holds.earliest()))
 
     def _advance(self) -> None:
         n = len(self.remaining)

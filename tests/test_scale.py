@@ -284,3 +284,39 @@ def test_series_buffer_grows_sorts_and_keeps_in_order() -> None:
     t, level = buf.steps()
     assert t.tolist() == [1.0, 2.0, 2.0, 3.0] and level.tolist() == [3.0, 0.0, 5.0, 0.0]  # release first at t=2
     assert len(buf) == 0 and len(buf.steps()[0]) == 0
+
+
+def test_outstanding_holds_behave_like_the_dict_they_replace() -> None:
+    """OutstandingHolds (sim/stream.py) against a dict updated with each chunk's holds and popped by its releases,
+    with the earliest bounding P_DONE time per outstanding key: random chunks with repeated keys, releases of keys
+    never held, double releases, holds released in the same chunk."""
+    import numpy as np
+
+    from kvplan.sim.stream import OutstandingHolds
+
+    rng = np.random.default_rng(7)
+    holds = OutstandingHolds()
+    ref: dict[int, float] = {}
+    since: dict[int, float] = {}
+    t = 0.0
+    for _ in range(300):
+        n_h, n_r = int(rng.integers(0, 12)), int(rng.integers(0, 12))
+        keys = rng.integers(0, 40, n_h)
+        held = rng.choice([0.0, 1.0, 2.5, 1e9], n_h)
+        times = t + np.sort(rng.random(n_h))
+        bound = rng.random(n_h) < 0.7
+        t += 1.0
+        holds.add(keys, held, np.where(bound, times, np.inf))
+        for k, b, tt, bd in zip(keys.tolist(), held.tolist(), times.tolist(), bound.tolist(), strict=True):
+            ref[k] = b
+            if bd:
+                since[k] = min(since.get(k, np.inf), tt)
+        rel = rng.integers(0, 45, n_r)
+        got = holds.release(rel)
+        want = np.array([ref.pop(k, np.nan) for k in rel.tolist()])
+        for k in rel.tolist():
+            if k not in ref:
+                since.pop(k, None)
+        assert np.array_equal(got, want, equal_nan=True)
+        assert holds.keys.tolist() == sorted(ref) and holds.bytes.tolist() == [ref[k] for k in sorted(ref)]
+        assert holds.earliest() == min((since[k] for k in ref if k in since), default=np.inf)

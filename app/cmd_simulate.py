@@ -57,21 +57,26 @@ def register(app: typer.Typer) -> None:
         from kvplan.atomic_dir import check_result_dir
         from kvplan.plan.grid import scenario_input_files
         from kvplan.sim.api import run
-        from kvplan.sim.defaults import default_scenario
+        from kvplan.sim.defaults import default_scenario, trace_replay_scenario
         from kvplan.sim.results import ResultDirWriter, result_file_names
         from kvplan.sim.scenario import load_scenario, with_overrides
 
         names = result_file_names(None, fmt)
         inputs: list[Path | str | None] = [scenario, trace]
         check_result_dir(out, names, overwrite, inputs=inputs)  # before any work: never lose a user's files
-        sc = load_scenario(scenario) if scenario is not None else default_scenario()
-        if trace is not None and sc.workload.trace is not None:
-            from kvplan.errors import input_error
+        if scenario is not None:
+            sc = load_scenario(scenario)
+            if trace is not None:
+                if sc.workload.trace is not None:
+                    from kvplan.errors import input_error
 
-            raise input_error("--trace", f"the scenario already replays workload.trace '{sc.workload.trace.path}'",
-                              "remove one of them")
-        if trace is not None:
-            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+                    raise input_error("--trace", f"the scenario already replays workload.trace "
+                                      f"'{sc.workload.trace.path}'", "remove one of them")
+                sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        elif trace is not None:  # the trace on the scenario defaults, as the dashboard replays one
+            sc = trace_replay_scenario(str(trace))
+        else:
+            sc = default_scenario()
         if allow_unreliable:
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         writer = ResultDirWriter(out, fmt, overwrite, inputs=[*inputs, *scenario_input_files(sc)])
@@ -84,10 +89,11 @@ def register(app: typer.Typer) -> None:
         writer.commit(result)
         if trace is not None and scenario is None:  # said (after the run: an input error stays one line)
             dep = sc.deployment
-            typer.echo(f"note: --trace without a scenario replays the trace on the embedded default deployment "
+            typer.echo(f"note: --trace without a scenario replays the trace on the scenario defaults "
                        f"({dep.prefill_nodes}P{dep.decode_nodes}D {sc.hardware} {sc.model}, TP "
                        f"{dep.tensor_parallel_size}, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
-                       f"{dep.max_num_batched_tokens}); give a scenario YAML with your deployment to replay it "
+                       f"{dep.max_num_batched_tokens}, bidirectional {'on' if sc.policy.bidirectional else 'off'}); "
+                       "give a scenario YAML with your deployment to replay it "
                        "on yours", err=True)
         print_summary(result, out, as_json=json_out, verbose=verbose, files=names)
 

@@ -32,7 +32,7 @@ from kvplan.models.hardware import HARDWARE_PRESETS
 from kvplan.models.profile import shipped_profiles
 from kvplan.sim import presets
 from kvplan.sim.api import run
-from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark
+from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark, trace_replay_scenario
 from kvplan.sim.scenario import Policy, Scenario, scenario_from_dict, with_overrides
 
 # --- constants ---------------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         if not inputs.trace_path:
             raise input_error("trace file", "none given", "upload a trace file (or type a path under the directory "
                               "the dashboard serves, with `kvplan dashboard --serve-dir DIR`)")
-        base = scenario_from_dict({"workload": {"trace": {"path": inputs.trace_path}}}, where="trace replay")
+        base = trace_replay_scenario(inputs.trace_path)  # the same as `kvplan simulate --trace` without a scenario
     elif inputs.workload == PUBLISHED:
         base = published_benchmark(model=inputs.model)
     else:

@@ -202,6 +202,10 @@ def _policy_notes(scenario: Scenario) -> list[str]:
         notes.append(history_assumption(wl) if _weka(wl.trace.path, wl.trace.format) else
                      f"workload.history {wl.history} on a trace that records sizes, not tokens: what each prompt "
                      "repeats of the previous context is this assumption, not the trace's")
+    if wl.trace is not None and wl.arrival.kind == "closed_loop":
+        notes.append(f"{NO_EFFECT} workload.arrival closed_loop ({wl.arrival.clients} clients) does not pace a trace "
+                     "replay: the trace brings its own clock (its timestamps, or a weka session's start and think "
+                     "times after each answer)")
     kind = scenario.policy.retention.kind
     if kind != "ttl" and scenario.deployment.mode != "aggregated":
         notes.append(f"policy.retention {kind}: a proposal, not vLLM behaviour (assumptions in sim/retention_policy.py)")

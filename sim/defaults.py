@@ -50,3 +50,12 @@ def published_benchmark(model: str = "qwen3-32b", prefix_tokens: int = 24000, bi
 def default_scenario() -> Scenario:
     """The scenario ``kvplan simulate`` runs when none is given: the published benchmark at 24k, ON."""
     return published_benchmark()
+
+
+def trace_replay_scenario(path: str) -> Scenario:
+    """What ``kvplan simulate --trace F`` (no scenario) and the dashboard's trace replay run: the trace on the
+    scenario's field defaults (1P1D p5en Qwen3-32B TP8, ``max_num_seqs`` 1024, bidirectional on with vLLM's TTL and
+    threshold; ``kvplan simulate --help`` lists them). Not the published benchmark's deployment: its
+    ``max_num_seqs`` 8 and closed loop of 2 clients were that benchmark's, and a trace brings its own clock."""
+    return scenario_from_dict({"workload": {"trace": {"path": str(path)}}}, where="trace replay")
+

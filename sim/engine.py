@@ -310,7 +310,9 @@ def simulate(
         ctx.shared_group = np.ascontiguousarray(plan.shared_group, dtype=np.int64).data
         ctx.shared_tokens = np.ascontiguousarray(plan.shared_tokens, dtype=np.int64).data
     arrival = scenario.workload.arrival
-    closed = arrival if isinstance(arrival, ClosedLoopArrival) else None
+    # a trace brings its own clock (its arrival times, or weka's session starts and think times after each answer):
+    # a closed loop of the scenario does not pace it (said as a "no effect" note, sim/api.py)
+    closed = arrival if isinstance(arrival, ClosedLoopArrival) and scenario.workload.trace is None else None
     driver_cfg = node_setup.driver_config(scenario, ctx)
     if aggregated:
         from kvplan.sim import aggregated as agg

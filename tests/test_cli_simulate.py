@@ -134,7 +134,7 @@ def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: p
     out = tmp_path / "o"
     assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "embedded default deployment" in captured.err and "max_num_seqs 8" in captured.err
+    assert "on the scenario defaults" in captured.err and "max_num_seqs 1024" in captured.err
     assert "1 trace requests with output_tokens 0 were replayed with 1" in captured.out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trace"]["output_tokens_zero_replayed_as_1"] == 1

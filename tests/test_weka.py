@@ -245,3 +245,18 @@ def test_directory_replays_every_file_with_distinct_sessions(tmp_path: Path) -> 
     assert tr.n_requests == 14 and tr.n_sessions == 4
     s = run({"policy": {"bidirectional": True}, "workload": {"trace": {"path": str(tmp_path)}}}).summary
     assert s["turns"] == 14 and s["conversations"] == 4 and s["trace"]["files"] == 2
+
+
+def test_a_closed_loop_does_not_pace_a_trace() -> None:
+    """A scenario's closed loop (the published benchmark's 2 clients) left with a weka trace: the trace keeps its own
+    clock (session starts, think times after each answer), the turns are those of the open replay, and the ignored
+    setting is said. Before, the clients paced the sessions (a sub-agent recorded at 6 s started at 0.36 s)."""
+    base = {"model": "qwen3-32b", "hardware": "p5en", "policy": {"bidirectional": True},
+            "workload": {"trace": {"path": str(SMALL), "format": "weka"}}}
+    closed = {**base, "workload": {**base["workload"],
+                                   "arrival": {"kind": "closed_loop", "clients": 1, "max_active_conversations": 1}}}
+    a, b = run(base), run(closed)
+    pd_cols = ["arrival_s", "ttft_s", "finish_s", "decision"]
+    assert a.turns[pd_cols].equals(b.turns[pd_cols])
+    assert any(n.startswith("no effect: workload.arrival closed_loop") for n in b.notes)
+    assert not any("workload.arrival" in n for n in a.notes)

@@ -41,6 +41,13 @@ Definitions (ASSUMPTIONS of this report, not of the model):
 * The waits are the TTFT components of ``turns.csv``: ``prefill_queue_s`` (P), ``d_queue_s`` (admission
   to D, waiting for KV blocks or a batch slot), ``kv_pull_s`` + ``p2d_transfer_s`` (links).
 * A resource at least :data:`NEAR_FRACTION` busy that requests did not (yet) wait on is a warning.
+* A pool (decode KV, P's KV held for D) is also **saturated** when its queue waited more than :data:`WAIT_S`
+  at p90 and its peak (decode: pinned) share plus one mean request's share (``request_fraction``: the mean
+  prompt over one node's pool) reaches 1: **no room for a request** (``no_room_for_a_request``) although the pool
+  is never :data:`BUSY_FRACTION` full: one 10k-token pin in an 18k-token pool stops every next 10k-token
+  request until it expires (Qwen3-32B at TP1 on an H100). With several nodes the peak share is the
+  deployment's (all nodes) and the request's one node's: an approximation. P's request share is priced at
+  D's KV bytes per token (they differ only with heterogeneous TP and a KV-head count below it).
 * Decode saturation is **by retention** when pinned (retained) KV holds at least half of the pool on
   average: the pool is full of finished conversations' KV, not of running requests.
 * P's KV pool (``prefill_held_kv``) holds each prompt from the end of its prefill until D has read it
@@ -106,15 +113,18 @@ def waits_of(turns: pd.DataFrame) -> Waits:
     )
 
 
-def _prefill_held(summary: dict[str, Any], waits: Waits) -> dict[str, Any]:
-    """P's KV pool held for D's reads: peak and mean of the held series over P's capacity, and P's queue."""
+def _prefill_held(summary: dict[str, Any], waits: Waits, prompt_mean: float, nodes: int) -> dict[str, Any]:
+    """P's KV pool held for D's reads: peak and mean of the held series over P's capacity, one mean prompt's share
+    of one P's pool, and P's queue."""
     cap = float(summary.get("prefill_kv_capacity_gib") or 0.0)
     peak = float(summary.get("p_held_kv_gib_peak") or 0.0)
     mean = float(summary.get("p_held_kv_gib_mean") or 0.0)
+    prompt_gib = prompt_mean * float(summary.get("kv_bytes_per_token_all_ranks") or 0.0) / 1024**3
     return {
         "utilization": peak / cap if cap > 0 else 0.0,
         "held_mean_fraction": mean / cap if cap > 0 else 0.0,
         "capacity_gib": cap,
+        "request_fraction": prompt_gib * max(nodes, 1) / cap if cap > 0 else 0.0,
         "lease_expiries": int(summary.get("p_lease_expiries") or 0),
         "wait_p90_s": waits.prefill[0],
         "wait_mean_s": waits.prefill[1],
@@ -140,6 +150,17 @@ def _thread(summary: dict[str, Any], role: str, wait: tuple[float, float], windo
     }
 
 
+def _saturated(r: dict[str, Any]) -> bool:
+    """Waited on and busy; a pool (it has a ``request_fraction``) also when it had no room for a mean request."""
+    waited = r["wait_p90_s"] > WAIT_S
+    if "request_fraction" in r:  # a pool: full for the next request before it is BUSY_FRACTION full
+        r["no_room_for_a_request"] = bool(waited and r["request_fraction"] > 0
+                                          and r["utilization"] + r["request_fraction"] >= 1.0)
+        if r["no_room_for_a_request"]:
+            return True
+    return bool(waited and r["utilization"] >= BUSY_FRACTION)
+
+
 def compute_health(
     summary: dict[str, Any], turns: pd.DataFrame | Waits, scenario: Scenario, per_byte_s: float,
     prefill_held: tuple[int, int] | None = None,
@@ -163,6 +184,9 @@ def compute_health(
         per_rank = max(summary.get("d2p_bytes", 0), summary.get("p2d_bytes", 0)) / tp
         link_util = per_rank * per_byte_s / (links * span)
     used = summary.get("decode_kv_used_peak_fraction")
+    turns_n = int(summary.get("turns") or 0)
+    prompt_mean = float(summary.get("prompt_tokens") or 0) / turns_n if turns_n else 0.0
+    d_tokens = float(summary.get("decode_kv_capacity_tokens") or 0.0)  # one D's pool
     windowed = summary.get("prefill_utilization_steady")
     busiest = summary.get("prefill_utilization_steady_max")
     window = (f"steady window ({float(summary['steady_window_start_s']):.6g} to "
@@ -187,10 +211,11 @@ def compute_health(
             "pinned_peak_fraction": pinned_peak / cap if cap > 0 else 0.0,
             "pinned_mean_fraction": pinned_mean / cap if cap > 0 else 0.0,
             "capacity_gib": cap,
+            "request_fraction": prompt_mean / d_tokens if d_tokens > 0 else 0.0,
             "wait_p90_s": waits.decode[0],
             "wait_mean_s": waits.decode[1],
         },
-        "prefill_held_kv": _prefill_held(summary, waits),
+        "prefill_held_kv": _prefill_held(summary, waits, prompt_mean, dep.prefill_nodes),
         "link": {
             "utilization": link_util,
             "wait_p90_s": waits.link[0],
@@ -206,7 +231,7 @@ def compute_health(
         "held_fraction_end": held / capacity if capacity > 0 else float("nan"), "evictable": True,
     }}
     for name, r in resources.items():
-        r["saturated"] = bool(r["wait_p90_s"] > WAIT_S and r["utilization"] >= BUSY_FRACTION)
+        r["saturated"] = _saturated(r)
         if name.endswith("_engine_thread") and r["utilization"] >= 1.0:
             # its arrivals demand more thread time than there is: a backlog grows whatever queue it shows in (on D
             # with room in the pool the reads wait on the thread, in first_decode_s, not in d_queue_s)
@@ -277,6 +302,13 @@ def compute_health(
     }
 
 
+def _no_room(r: dict[str, Any], what: str) -> str:
+    """The clause of a pool saturated for lack of room for the next request (not for being nearly full)."""
+    if not r.get("no_room_for_a_request") or r["utilization"] >= BUSY_FRACTION:
+        return ""
+    return f", and a mean {what} needs {r['request_fraction']:.0%} of one node's pool: no room for the next one"
+
+
 def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> list[str]:
     """One line per finding: saturation (binding resource first), failures with their cause, warnings."""
     if not health:
@@ -292,13 +324,15 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                    f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak"
                    if r.get("by_retention") else f"running requests fill it (held peak {r['utilization']:.0%}, pinned peak "
                    f"{r['pinned_peak_fraction']:.0%})")
-            lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB; admission to D waited "
+            lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB{_no_room(r, 'request')}; "
+                         "admission to D waited "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (lower decoder_kv_blocks_ttl_s, see `kvplan recommend`, "
                          "or add D)")
         elif name == "prefill_held_kv":
             why = (" (backpressure: D cannot admit them yet)" if r.get("backpressure_from_decode") else "")
             lines.append(f"SATURATED prefill KV pool{bind}: prompts held for D's reads fill {r['utilization']:.0%} of "
-                         f"{r['capacity_gib']:.0f} GiB at peak{why}; P's queue waited {fmt_s(r['wait_p90_s'])} at p90 "
+                         f"{r['capacity_gib']:.0f} GiB at peak{_no_room(r, 'prompt')}{why}; P's queue waited "
+                         f"{fmt_s(r['wait_p90_s'])} at p90 "
                          f"({r['lease_expiries']} leases lapsed)")
         elif name == "prefill_compute":
             over = r.get("engines_over_busy")

@@ -274,3 +274,27 @@ def test_a_prefill_engine_busy_the_whole_window_warns_that_it_is_at_capacity() -
     assert any("96.0%: close to saturation" in w for w in near["warnings"])
     agg = as_scenario(small(deployment={"mode": "aggregated", "replicas": 3}))
     assert not any(w.startswith("prefill compute") for w in compute_health(summary, waits, agg, 0.0)["warnings"])
+
+
+def test_a_pin_that_leaves_no_room_for_the_next_request_saturates_the_pool() -> None:
+    """Qwen3-32B at TP1 on H100s (vLLM's pool ~18k tokens), single-turn 10k-token requests, vLLM's TTL: each finished
+    request's pin holds 57% of D's pool for 480 s and the next request cannot be admitted until it expires, though the
+    pool is never 90% full. Before, health said "nothing saturated" and blamed prefill compute (0.2% busy) for a
+    TTFT p90 of hours; now D's pool is saturated by retention and binds, P's held pool is its backpressure."""
+    sc = {"model": "qwen3-32b", "hardware": "p5",
+          "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1},
+          "workload": {"conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 0.05},
+                       "turns": {"dist": "constant", "value": 1},
+                       "prefix_tokens": {"dist": "constant", "value": 10000},
+                       "output_tokens": {"dist": "constant", "value": 300}}}
+    res = run(sc)
+    h = res.summary["health"]
+    dkv = h["resources"]["decode_kv"]
+    assert dkv["pinned_peak_fraction"] < 0.9 and dkv["pinned_peak_fraction"] + dkv["request_fraction"] >= 1.0
+    assert dkv["no_room_for_a_request"] and dkv["saturated"] and dkv["by_retention"]
+    assert h["binding_resource"] == "decode_kv" and h["status"] == "saturated"
+    assert h["resources"]["prefill_held_kv"].get("backpressure_from_decode")
+    assert "no room for the next one" in "\n".join(health_lines(h))
+    # the same without retention: no pins, nothing saturated by retention
+    off = run({**sc, "policy": {"bidirectional": False}}).summary["health"]
+    assert not off["resources"]["decode_kv"]["no_room_for_a_request"]

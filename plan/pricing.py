@@ -15,7 +15,8 @@ import math
 
 #: The statement every output that prices a deployment prints next to its figure.
 COST_BASIS = ("cost basis: nodes (GPUs / GPUs per node) x $/node-hour over the turns served per hour in the steady "
-              "state (turns finished inside the steady window, ramp-up and drain excluded)")
+              "state (turns finished inside the steady window, ramp-up and drain excluded; a closed loop, with no "
+              "arrival window: its active span)")
 
 
 def node_equivalents(gpus: int, gpus_per_node: int) -> float:

@@ -338,3 +338,21 @@ def test_advice_and_compare_report_the_steady_window_utilisation() -> None:
     (off,) = compare(sc, ["off"], replications=1)
     assert off["prefill_utilization_steady"] == row[PREFILL_UTILIZATION_COLUMN]
     assert off["prefill_utilization"] == row["prefill_utilization"]
+
+
+def test_a_closed_loop_is_priced_over_its_active_span() -> None:
+    """The published benchmark is a closed loop (2 clients): its last new conversation starts ~12 s in, so the
+    arrival-based window [t_b / 2, t_b] held a handful of first turns and priced off and ttl alike (42,227 $ per M
+    turns each, though ttl serves more turns per second). The window is now the active span: the rate is every
+    finished turn over first arrival -> last response."""
+    from kvplan.plan.executor import run_extras
+    from kvplan.sim.api import run
+    from kvplan.sim.defaults import published_benchmark
+
+    for on in (False, True):
+        res = run(published_benchmark(bidirectional=on))
+        x = run_extras(res)
+        t = res.turns[res.turns["decision"] != "error"]
+        span = float(res.turns["finish_s"].max() - res.turns["arrival_s"].min())
+        assert x["steady_served_turns_per_s"] == pytest.approx(t["finish_s"].notna().sum() / span)
+        assert x["steady_window_s"] == pytest.approx(span)

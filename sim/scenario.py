@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
-from kvplan.sim.scenario_base import _Frozen
+from kvplan.sim.scenario_base import _Frozen, number_string_hint
 from kvplan.sim.scenario_handoff import Handoff
 from kvplan.sim.scenario_retention import (  # the policy.retention and policy.offload sections, re-exported
     LeaseRetention as LeaseRetention,
@@ -523,8 +523,7 @@ def _check_cost_value(comp: str, key: str, value: Any) -> None:
     if value is None and key == "context_attention_s":
         return
     if isinstance(value, str):
-        raise ValueError(f"{where} is the string '{value[:40]}', not a number (YAML 1.1 reads 5e-4 as a string: "
-                         "write 5.0e-4)")
+        raise ValueError(f"{where} {number_string_hint(value)}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where} is {type(value).__name__}, not a number")
     if isinstance(value, int) and abs(value) > 10**15:  # before float(): a 4,000-digit int overflows

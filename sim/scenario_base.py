@@ -9,6 +9,7 @@ written before the field was added. A scenario that sets such a field dumps it a
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, ClassVar
@@ -30,6 +31,23 @@ def _numeric(annotation: Any) -> tuple[bool, bool]:
     return False, False
 
 
+
+def number_string_hint(value: str) -> str:
+    """Why a number field's YAML string is refused, and how to write it: YAML 1.1 (PyYAML) reads a float only
+    with a dot in the mantissa and a sign in the exponent, so ``5e-4`` and ``1.0e30`` are strings; the hint gives
+    the form it reads (``5.0e-4``, ``1.0e+30``)."""
+    try:
+        v = float(value)
+    except ValueError:
+        return f"is the string '{value[:40]}', not a number"
+    if not math.isfinite(v):
+        return f"is the string '{value[:40]}', not a finite number"
+    mant, exp = f"{v:e}".split("e")
+    mant = mant.rstrip("0")
+    mant += "0" if mant.endswith(".") else ""
+    return (f"is the string '{value[:40]}', not a number (YAML 1.1 reads a float only with a dot and a signed "
+            f"exponent: write {mant}e{exp[0]}{int(exp[1:])})")
+
 class _Frozen(BaseModel):
     # finite numbers only: .inf/.nan in any float field is an error naming it (allow_inf_nan=False)
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -49,8 +67,7 @@ class _Frozen(BaseModel):
             if isinstance(value, bool):
                 raise ValueError(f"[[{key}]] is {str(value).lower()}, not a number (a bool is not a count)")
             if isinstance(value, str):
-                raise ValueError(f"[[{key}]] is the string '{value[:40]}', not a number (YAML 1.1 reads 5e-4 as a "
-                                 "string: write 5.0e-4)")
+                raise ValueError(f"[[{key}]] {number_string_hint(value)}")
             if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
                 raise ValueError(f"[[{key}]] is an integer of {value.bit_length()} bits, beyond any bound of this field")
         return data

@@ -140,3 +140,15 @@ def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: p
     assert summary["trace"]["output_tokens_zero_replayed_as_1"] == 1
     assert "input_tokens_zero_replayed_as_1" not in summary["trace"]
     assert pd.read_parquet(out / "turns.parquet")["output_tokens"].tolist() == [1, 5]
+
+
+@pytest.mark.parametrize(("text", "hint"), [("5e-4", "write 5.0e-4"), ("1.0e30", "write 1.0e+30"),
+                                            ("2E6", "write 2.0e+6")])
+def test_a_yaml_number_string_is_refused_with_the_form_yaml_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  text: str, hint: str) -> None:
+    p = tmp_path / "sc.yaml"
+    p.write_text(f"workload:\n  arrival: {{kind: poisson, rate_per_s: {text}}}\n")
+    assert main(["simulate", str(p), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "rate_per_s" in err and hint in err, err
+    assert yaml.safe_load(hint.split()[-1]) == float(text)  # the suggested form is a float to YAML

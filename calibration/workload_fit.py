@@ -184,12 +184,16 @@ def fit_workload(
     sessions = df.groupby("session_id", sort=False)
     n_sessions = int(sessions.ngroups)
     depth = sessions["turn"].max().to_numpy()  # the simulator's conversation is a chain
-    first_in = df.loc[df["turn"] == 1, "input_tokens"].to_numpy()
+    # a request is at least one prompt and one generated token: a trace's 0 is replayed as 1 (sim/workload.py), and
+    # fitted as 1 (simulate refuses a draw of 0 tokens); counted in the report
+    raw_first_in = df.loc[df["turn"] == 1, "input_tokens"].to_numpy()
+    first_in = np.maximum(raw_first_in, 1)
     # without any service time the arrival-to-arrival gap is used as it is (reported)
     pairs = turn_pairs(trace, service_time_fn if service_time_fn is not None else _no_service)
     new_tok = pairs["new_tokens"].to_numpy(dtype=float)
     clipped = float((new_tok < 0).mean()) if new_tok.size else 0.0
-    outputs = df["output_tokens"].to_numpy(dtype=float)
+    raw_outputs = df["output_tokens"].to_numpy(dtype=float)
+    outputs = np.maximum(raw_outputs, 1.0)
     idle = pairs["idle_s"].to_numpy(dtype=float)
     idle = idle[np.isfinite(idle)]
     positive = idle[idle > 0]
@@ -224,13 +228,15 @@ def fit_workload(
             "note": "the follow-up probability is captured by this distribution: "
             "P(turn k+1 | turn k) = P(turns > k) / P(turns >= k)",
         },
-        "prefix_tokens": {"definition": "input tokens of turn-1 requests", "n": int(first_in.size)},
+        "prefix_tokens": {"definition": "input tokens of turn-1 requests (0 taken as 1)", "n": int(first_in.size),
+                          "zero_taken_as_1": int((raw_first_in < 1).sum())},
         "user_tokens": {
             "definition": "child_in - parent_in - parent_out over linked pairs, clipped at 0",
             "n": int(new_tok.size),
             "clipped_share": clipped,
         },
-        "output_tokens": {"n": int(outputs.size)},
+        "output_tokens": {"n": int(outputs.size), "zero_taken_as_1": int((raw_outputs < 1).sum()),
+                          "definition": "output tokens of every request (0 taken as 1, as a replay does)"},
         "turn_gap": {
             "definition": "idle gap = arrival-to-arrival gap - parent service time",
             "service_time": _service_description(df, service_time_fn),

@@ -514,3 +514,23 @@ def test_trace_reader_is_the_bounded_reader_of_inputfile(tmp_path: Path) -> None
         assert str(trace_err.value).startswith(f"{f}: ") and needle in str(trace_err.value)
     with pytest.raises(KvplanInputError, match=r"^--trace: file not found"):
         read_bytes(tmp_path / "none.jsonl", 10, "--trace")
+
+
+def test_workload_fit_of_a_trace_with_zero_tokens_simulates(tmp_path: Path) -> None:
+    """A trace request with output_tokens 0 is replayed with 1; the fitted workload takes it as 1 too (it wrote an
+    empirical output list with a 0 that `simulate` refused: 'a draw of 0 rounds to 0'), and its report counts it."""
+    import json
+
+    import yaml
+
+    from kvplan.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,1000,0\nb,5,2000,50\na,10,1300,100\n")
+    out = tmp_path / "w.yaml"
+    assert main(["workload", "fit", str(trace), "--out", str(out)]) == 0
+    wl = yaml.safe_load(out.read_text())["workload"]
+    assert min(wl["output_tokens"]["values"]) >= 1
+    report = json.loads((tmp_path / "w.fit.json").read_text())
+    assert report["output_tokens"]["zero_taken_as_1"] == 1
+    assert main(["simulate", str(out), "--out", str(tmp_path / "run")]) == 0

@@ -9,6 +9,7 @@ Never mutate a scenario: build variants with :func:`with_overrides`, which re-va
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -655,8 +656,54 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML file (size-bounded, safe loader, one-line errors)."""
-    return scenario_from_dict(read_yaml_file(path), where=str(Path(path)))
+    """Read and validate a scenario YAML file (size-bounded, safe loader, one-line errors). A relative file path
+    inside it (``workload.trace.path``, an empirical distribution's ``path``, a ``profile`` JSON) is the file's
+    neighbour: :func:`resolve_relative_paths`."""
+    data = read_yaml_file(path)
+    if isinstance(data, dict):
+        data = resolve_relative_paths(data, Path(path).parent)
+    return scenario_from_dict(data, where=str(Path(path)))
+
+
+def _near(value: str, base_dir: Path) -> str:
+    """``value`` resolved beside the scenario: absolute as given; relative, the file in ``base_dir`` when it exists
+    there, else the one relative to the working directory when that exists (what older scenarios relied on), else
+    the path in ``base_dir`` (so that the error names where it was looked for). A path found is made absolute, so
+    the ``scenario.yaml`` a result records replays from anywhere."""
+    p = Path(value)
+    if p.is_absolute() or not value:
+        return value
+    near = base_dir / p
+    if near.exists():
+        return os.path.abspath(near)
+    if p.exists():
+        return os.path.abspath(p)
+    return str(near)
+
+
+def resolve_relative_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A copy of scenario mapping ``data`` whose relative file paths are resolved by :func:`_near`: the trace's,
+    every empirical distribution's and a ``profile`` that names a JSON file (a preset name stays a name)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: walk(v) for k, v in node.items()}
+            if out.get("dist") == "empirical" and isinstance(out.get("path"), str):
+                out["path"] = _near(out["path"], base_dir)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out = walk(data)
+    wl = out.get("workload")
+    trace = wl.get("trace") if isinstance(wl, dict) else None
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+        trace["path"] = _near(trace["path"], base_dir)
+    prof = out.get("profile")
+    if isinstance(prof, str) and (prof.endswith(".json") or "/" in prof or os.sep in prof):
+        out["profile"] = _near(prof, base_dir)
+    return out
 
 
 def as_scenario(scenario: Scenario | Mapping[str, Any] | str | Path) -> Scenario:

@@ -152,3 +152,28 @@ def test_a_yaml_number_string_is_refused_with_the_form_yaml_reads(tmp_path: Path
     err = capsys.readouterr().err
     assert "rate_per_s" in err and hint in err, err
     assert yaml.safe_load(hint.split()[-1]) == float(text)  # the suggested form is a float to YAML
+
+
+def test_relative_paths_in_a_scenario_are_its_neighbours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative trace/empirical path inside a scenario is resolved beside the scenario file, not the working
+    directory (which silently replayed another file of the same name), and recorded absolute in the result's
+    scenario.yaml, which then replays from anywhere."""
+    header = "session_id,timestamp_s,input_tokens,output_tokens\n"
+    (tmp_path / "proj" / "traces").mkdir(parents=True)
+    (tmp_path / "proj" / "traces" / "t.csv").write_text(header + "a,0,1000,50\na,10,1300,50\na,20,1600,50\n")
+    (tmp_path / "proj" / "vals.txt").write_text("2\n3\n")
+    sc = tmp_path / "proj" / "sc.yaml"
+    sc.write_text("workload:\n  trace: {path: traces/t.csv}\n")
+    emp = tmp_path / "proj" / "emp.yaml"
+    emp.write_text("workload:\n  conversations: 3\n  turns: {dist: empirical, path: vals.txt}\n")
+    (tmp_path / "cwd" / "traces").mkdir(parents=True)
+    (tmp_path / "cwd" / "traces" / "t.csv").write_text(header + "z,0,500,10\n")  # the decoy
+    monkeypatch.chdir(tmp_path / "cwd")
+    out = tmp_path / "o"
+    assert main(["simulate", str(sc), "--out", str(out), "--format", "csv"]) == 0
+    assert len(pd.read_csv(out / "turns.csv")) == 3  # the neighbour's 3 turns, not the decoy's 1
+    recorded = yaml.safe_load((out / "scenario.yaml").read_text())["workload"]["trace"]["path"]
+    assert Path(recorded).is_absolute() and Path(recorded) == tmp_path / "proj" / "traces" / "t.csv"
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", str(out / "scenario.yaml"), "--out", str(tmp_path / "again"), "--format", "csv"]) == 0
+    assert main(["simulate", str(emp), "--out", str(tmp_path / "e"), "--format", "csv"]) == 0

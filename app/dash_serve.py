@@ -47,7 +47,8 @@ def _refused(typed: str) -> KvplanInputError:
 
 
 def served_path(typed: str) -> str:
-    """The real path of ``typed`` when it is a regular file under the served directory, else a one-line
+    """The real path of ``typed`` when it is a regular file under the served directory (or a weka trace
+    directory there, every file of it under the directory too), else a one-line
     :class:`KvplanInputError` that says the same for every path outside (nothing is opened to decide)."""
     root = serve_dir()
     if root is None:
@@ -66,6 +67,18 @@ def served_path(typed: str) -> str:
         st = os.stat(real)
     except OSError:
         raise _refused(typed) from None
+    if stat.S_ISDIR(st.st_mode):  # a weka trace directory: every file it replays must lie under the root too
+        from kvplan.traces.weka import weka_files
+
+        try:
+            files = weka_files(real)
+        except KvplanInputError:
+            raise _refused(typed) from None
+        for f in files:
+            inner = os.path.realpath(f)
+            if os.path.commonpath([inner, str(root)]) != str(root) or not os.path.isfile(inner):
+                raise _refused(typed)
+        return real
     if not stat.S_ISREG(st.st_mode):
         raise _refused(typed)
     return real

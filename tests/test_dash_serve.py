@@ -106,3 +106,21 @@ def test_serve_env_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert serve_env(tmp_path)[dash_serve.SERVE_DIR_ENV] == os.path.realpath(tmp_path)
     with pytest.raises(KvplanInputError, match="--serve-dir"):
         check_serve_dir(tmp_path / "nope")
+
+
+def test_a_weka_directory_under_the_root_is_served_and_one_reaching_outside_is_not(served: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The README's `a directory is weka` holds in the dashboard: a folder of kv-cache-tester JSON files under the
+    served directory replays; one holding a symlink to a JSON file outside it is refused like any outside path."""
+    good = served / "agent"
+    good.mkdir()
+    (good / "a.json").write_bytes((TRACES / "weka_small.json").read_bytes())
+    assert dash_serve.served_path("agent") == os.path.realpath(good)
+    bad = served / "agent_bad"
+    bad.mkdir()
+    (tmp_path / "outside.json").write_bytes((TRACES / "weka_small.json").read_bytes())
+    os.symlink(tmp_path / "outside.json", bad / "b.json")
+    with pytest.raises(KvplanInputError):
+        dash_serve.served_path("agent_bad")
+    at = _whatif("agent")
+    assert not at.exception and not at.error, _page_text(at)

@@ -244,7 +244,7 @@ METRIC_LABELS = {
     "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99", "ttft_mean_s": "TTFT mean",
     "hit_rate": "hit rate", "errors": "failed turns", "pinned_kv_gib_mean": "pinned decode KV mean",
     "pinned_kv_gib_peak": "pinned decode KV peak", "prefill_utilization": "prefill utilisation (whole run)",
-    "prefill_utilization_steady": "prefill utilisation (steady window)",
+    "prefill_utilization_steady": "prefill utilisation (steady window; a closed loop: its active span)",
     "decode_batch_capacity": "decode batch capacity",
 }
 

@@ -251,9 +251,10 @@ def test_a_closed_loop_does_not_pace_a_trace() -> None:
     """A scenario's closed loop (the published benchmark's 2 clients) left with a weka trace: the trace keeps its own
     clock (session starts, think times after each answer), the turns are those of the open replay, and the ignored
     setting is said. Before, the clients paced the sessions (a sub-agent recorded at 6 s started at 0.36 s)."""
-    base = {"model": "qwen3-32b", "hardware": "p5en", "policy": {"bidirectional": True},
-            "workload": {"trace": {"path": str(SMALL), "format": "weka"}}}
-    closed = {**base, "workload": {**base["workload"],
+    trace: dict[str, Any] = {"path": str(SMALL), "format": "weka"}
+    base: dict[str, Any] = {"model": "qwen3-32b", "hardware": "p5en", "policy": {"bidirectional": True},
+                            "workload": {"trace": trace}}
+    closed = {**base, "workload": {"trace": trace,
                                    "arrival": {"kind": "closed_loop", "clients": 1, "max_active_conversations": 1}}}
     a, b = run(base), run(closed)
     pd_cols = ["arrival_s", "ttft_s", "finish_s", "decision"]

@@ -63,7 +63,16 @@ SCREEN_COLUMNS = [
     "screen_cost",
 ]
 # How far the simulator may be from the screen before the point is listed as a disagreement.
-TOLERANCES = {"hit_rate": 0.05, "steady_pinned_kv_gib_mean": 0.20, "prefill_utilization": 0.15}
+TOLERANCES = {"hit_rate": 0.05, "steady_pinned_kv_gib_mean": 0.20, "prefill_utilization_steady": 0.15,
+              "prefill_utilization": 0.15}
+#: The simulator's P busy share the screen's prefill utilisation is held against, first present first: the mean over
+#: P engines over the steady window (the second half of the arrivals; what the screen's steady-state per-node
+#: ``lambda x E[prefill time] / nodes`` predicts), else the whole-run share (0 to the last response, diluted by the
+#: ramp-up and the drain; only a closed loop, which the screen does not rate, has no window).
+UTILIZATION_COLUMNS = ("prefill_utilization_steady", "prefill_utilization")
+#: The simulator's P busy share judged for saturation, first present first: the busiest P engine's over the steady
+#: window (the health section's figure), the engines' mean there, else the whole-run share.
+SATURATION_COLUMNS = ("prefill_utilization_steady_max", "prefill_utilization_steady", "prefill_utilization")
 #: Why a closed loop is not screened (the sweep prints it when it has such points).
 CLOSED_LOOP_DECLINED = (
     "closed-loop points are not screened (NaN): the arrival rate is not an input there, throughput = clients / "
@@ -433,16 +442,35 @@ def _axis_cell(v: Any) -> Any:
     return json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v
 
 
+def _metric(row: dict[str, Any] | pd.Series, k: str) -> float | None:
+    """A per-run key ``k`` of ``row``, or the ``k_mean`` column of an aggregate; None when absent, null or NaN."""
+    v = row.get(k, row.get(f"{k}_mean"))
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if np.isnan(x) else x
+
+
+def _first(row: dict[str, Any] | pd.Series, keys: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of ``keys`` that ``row`` has a value for, with the value."""
+    for k in keys:
+        v = _metric(row, k)
+        if v is not None:
+            return k, v
+    return None
+
+
 def simulator_saturated(row: dict[str, Any] | pd.Series) -> bool:
-    """Whether a simulated run is saturated: P busy >= 95% of its active time, or a mean wait above 1 s in
-    P's queue or for decode KV blocks (per-run keys, or the ``_mean`` columns of an aggregate)."""
-
-    def get(k: str) -> float:
-        v = row.get(k, row.get(f"{k}_mean", 0.0))
-        return 0.0 if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
-
-    return (get("prefill_utilization") >= SATURATED_UTILIZATION or get("prefill_queue_mean_s") > SATURATED_QUEUE_S
-            or get("d_queue_mean_s") > SATURATED_QUEUE_S)
+    """Whether a simulated run is saturated: P busy >= 95% over the steady window (the busiest engine, as the health
+    section judges; the whole run only when there is no window, :data:`SATURATION_COLUMNS`), or a mean wait above
+    1 s in P's queue or for decode KV blocks (per-run keys, or the ``_mean`` columns of an aggregate)."""
+    util = _first(row, SATURATION_COLUMNS)
+    return ((util is not None and util[1] >= SATURATED_UTILIZATION)
+            or (_metric(row, "prefill_queue_mean_s") or 0.0) > SATURATED_QUEUE_S
+            or (_metric(row, "d_queue_mean_s") or 0.0) > SATURATED_QUEUE_S)
 
 
 def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -450,14 +478,17 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``point, metric, screen, simulator, tolerance``. Hit rate and prefill utilisation compare in
     absolute terms, steady pinned KV relatively (and only above 0.5 GiB); ``feasible`` compares the
-    screen's verdict with :func:`simulator_saturated`.
+    screen's verdict with :func:`simulator_saturated`. The screen's prefill utilisation is a steady-state
+    figure: it is held against the simulator's over the steady window, ``prefill_utilization_steady`` (the
+    whole-run ``prefill_utilization`` only for a run without one, :data:`UTILIZATION_COLUMNS`; the metric is
+    named after the column compared), and since the simulator's is an achieved busy share, which cannot exceed 1,
+    the screen's offered load is capped at 1 for the comparison (the listed screen value is its own).
     """
     rows: list[dict[str, Any]] = []
     sim = summary.set_index("point")
     pairs = [
         ("hit_rate", "screen_hit_rate", False),
         ("steady_pinned_kv_gib_mean", "screen_pinned_kv_gib_mean", True),
-        ("prefill_utilization", "screen_prefill_utilization", False),
     ]
     for _, s in screen.iterrows():
         p = int(s["point"])
@@ -472,6 +503,12 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             a, b = float(s[scol]), float(m[col])
             bad = (abs(a - b) > tol * max(abs(b), 1e-12) and max(abs(a), abs(b)) > 0.5) if rel else abs(a - b) > tol
             if bad:
+                rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
+        util = _first({k: m[f"{k}_mean"] for k in UTILIZATION_COLUMNS if f"{k}_mean" in m.index}, UTILIZATION_COLUMNS)
+        if util is not None and pd.notna(s["screen_prefill_utilization"]):
+            metric, b = util
+            a, tol = float(s["screen_prefill_utilization"]), TOLERANCES[metric]
+            if abs(min(a, 1.0) - b) > tol:
                 rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
         sat = simulator_saturated({str(k): v for k, v in m.items()})
         if pd.notna(s["screen_feasible"]) and bool(s["screen_feasible"]) == sat:

@@ -513,7 +513,8 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
         for p, grp in dis.groupby("point")
     }
     keep = ["point", *grid.axis_names]
-    sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_mean")
+    sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_steady_mean",
+                            "prefill_utilization_mean")
                 if c in summary.columns]
     rep = scr.merge(summary[["point", *sim_cols]], on="point", how="left")
     rep["disagreements"] = [txt.get(int(p), "") for p in rep["point"]]

@@ -1,0 +1,78 @@
+"""The sweep's screen-vs-simulator report (review 2): like is compared with like, and a point the screen cannot
+rate or the simulator did not judge is said to be so rather than listed as a disagreement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvplan.plan.screen import compare_screen, simulator_saturated
+from kvplan.plan.sweep import run_grid
+
+#: One P saturated by 5 conversations/s of 8,000-token prompts (the review's g2 grid, shortened): the screen's
+#: offered load is ~2.2, P is ~99% busy over the steady window, but only ~56% over the whole run (ramp-up, drain).
+SATURATED: dict[str, Any] = {
+    "base": {
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "prefill_prefix_caching": False},
+        "workload": {
+            "conversations": 300,
+            "arrival": {"kind": "poisson", "rate_per_s": 5.0},
+            "turns": {"dist": "constant", "value": 3},
+            "prefix_tokens": {"dist": "constant", "value": 8000},
+            "turn_gap_s": {"dist": "exponential", "mean": 20},
+        },
+    },
+    "axes": {"policy.decoder_kv_blocks_ttl_s": [30]},
+    "replications": 1,
+}
+
+
+def _screen_row(util: float, feasible: int = 1) -> pd.DataFrame:
+    return pd.DataFrame([{"point": 0, "screen_hit_rate": float("nan"), "screen_pinned_kv_gib_mean": float("nan"),
+                          "screen_prefill_utilization": util, "screen_feasible": feasible}])
+
+
+def test_screen_utilisation_is_held_against_the_steady_window(tmp_path: Path) -> None:
+    """The screen's steady-state P utilisation was compared with the simulator's whole-run share (diluted by the
+    ramp-up and the drain) and the simulator said to win: ``prefill_utilization(screen=2.164, simulator=0.5588)``
+    while P was 99% busy over the steady window. Now the steady-window figure is compared (and named)."""
+    run_grid(SATURATED, out=tmp_path / "r.parquet")
+    rep = pd.read_parquet(tmp_path / "r.screen.parquet").iloc[0]
+    assert rep["screen_prefill_utilization"] > 1.5 and rep["prefill_utilization_mean"] < 0.7
+    assert rep["prefill_utilization_steady_mean"] > 0.95
+    assert "prefill_utilization" not in rep["disagreements"]  # neither the whole-run nor the steady figure
+    assert "feasible" not in rep["disagreements"]  # both say saturated
+
+
+def test_compare_screen_names_the_figure_it_compares() -> None:
+    steady = pd.DataFrame([{"point": 0, "prefill_utilization_mean": 0.30, "prefill_utilization_steady_mean": 0.80,
+                            "prefill_utilization_steady_max_mean": 0.80}])
+    dis = compare_screen(_screen_row(0.45), steady)
+    assert dis[["metric", "screen", "simulator"]].values.tolist() == [["prefill_utilization_steady", 0.45, 0.80]]
+    assert compare_screen(_screen_row(0.78), steady).empty  # close to the steady figure, far from the whole run
+    # a run without a steady window (NaN: a closed loop) falls back to the whole-run share, named so
+    whole = steady.assign(prefill_utilization_steady_mean=float("nan"), prefill_utilization_steady_max_mean=float("nan"))
+    assert compare_screen(_screen_row(0.78), whole)["metric"].tolist() == ["prefill_utilization"]
+    # an offered load above 1 agrees with an achieved busy share at 1 (it cannot exceed 1); the listed value is the
+    # screen's own
+    sat = pd.DataFrame([{"point": 0, "prefill_utilization_mean": 0.36, "prefill_utilization_steady_mean": 0.9986,
+                         "prefill_utilization_steady_max_mean": 0.9986}])
+    assert compare_screen(_screen_row(2.164, feasible=0), sat).empty
+    low = sat.assign(prefill_utilization_steady_mean=0.6, prefill_utilization_steady_max_mean=0.6)
+    assert compare_screen(_screen_row(2.164, feasible=1), low)["screen"].tolist() == [2.164]
+
+
+def test_saturation_is_judged_over_the_steady_window() -> None:
+    """A run whose P was busy 99.9% of the steady window but 36% of the whole run (short queue waits) is saturated;
+    the busiest engine is judged (as the health section does)."""
+    run = {"prefill_utilization": 0.36, "prefill_utilization_steady": 0.999, "prefill_utilization_steady_max": 0.999,
+           "prefill_queue_mean_s": 0.2, "d_queue_mean_s": 0.0}
+    assert simulator_saturated(run)
+    assert simulator_saturated({**run, "prefill_utilization_steady": 0.7})  # the mean hides one busy engine
+    assert not simulator_saturated({**run, "prefill_utilization_steady": 0.7, "prefill_utilization_steady_max": 0.8})
+    # no window (a closed loop: null): the whole-run figure
+    assert simulator_saturated({**run, "prefill_utilization": 0.97, "prefill_utilization_steady": None,
+                                "prefill_utilization_steady_max": None})
+    assert not simulator_saturated({**run, "prefill_utilization_steady": None, "prefill_utilization_steady_max": None})

@@ -158,10 +158,12 @@ def register(app: typer.Typer) -> None:
                                overwrite=overwrite, inputs=[*inputs, *g.input_files()])
             c.print(f"wrote {csv_out}")
         scr = pd.read_parquet(screen_path(out))
-        if scr["screen_feasible"].isna().any():
-            from kvplan.plan.screen import CLOSED_LOOP_DECLINED
+        from kvplan.plan.screen import CLOSED_LOOP_DECLINED, TRACE_DECLINED
 
-            c.print(f"analytic screen: {int(scr['screen_feasible'].isna().sum())} {CLOSED_LOOP_DECLINED}")
+        declined = scr["screen_declined"] if "screen_declined" in scr.columns else pd.Series("", index=scr.index)
+        for kind, why in (("closed loop", CLOSED_LOOP_DECLINED), ("trace", TRACE_DECLINED)):
+            if (n_declined := int((declined == kind).sum())):
+                c.print(f"analytic screen: {n_declined} {why}")
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
             c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "
@@ -169,5 +171,7 @@ def register(app: typer.Typer) -> None:
             if show_disagreements:
                 for _, r in dis.iterrows():
                     c.print(f"  point {int(r['point'])}: {r['disagreements']}")
+        elif (declined == "trace").all():
+            c.print("analytic screen: no point screened, nothing compared with the simulator")
         else:
-            c.print("analytic screen and simulator agree on every point")
+            c.print("analytic screen and simulator agree on every point" + (" screened" if (declined != "").any() else ""))

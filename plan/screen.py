@@ -1,6 +1,7 @@
 """A fast analytic screen of a sweep grid: no queueing, vectorised numpy over every point.
 
-Per point (open-loop workloads; closed loops are declined, see :data:`CLOSED_LOOP_DECLINED`):
+Per point (open-loop workloads; closed loops are declined, see :data:`CLOSED_LOOP_DECLINED`, and so are trace
+replays in a sweep, :data:`TRACE_DECLINED`):
 
 * **hit rate** of follow-up turns: ``P(pull case) F(w_pull) + P(recompute/local case) F(w_router)`` with
   ``F`` the turn-gap CDF, ``w_pull = min(router TTL, D TTL - safety margin - clock skew - P-leg overhead)``
@@ -79,6 +80,10 @@ CLOSED_LOOP_DECLINED = (
     "(response time + think time) by Little's law and the response time is the queueing the screen leaves out; "
     "and a conversation's turn gap includes its client's other active conversations, so the turn-gap CDF does not "
     "give the hit rate (only with one conversation per client, when the gap is the think time, is it screened)")
+#: Why a trace replay is not screened (the sweep prints it when it has such points).
+TRACE_DECLINED = (
+    "trace-replay points are not screened (NaN): the screen reads the synthetic workload (arrival rate, turns, "
+    "tokens, turn gaps), which a replayed workload.trace does not use")
 SATURATED_UTILIZATION = 0.95  # simulator: P busy this share of its active time = saturated
 SATURATED_QUEUE_S = 1.0  # simulator: mean wait in P's queue or for D's KV blocks above this = saturated
 
@@ -429,9 +434,18 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
 
 
 def analytic_screen(grid: Grid) -> pd.DataFrame:
-    """The analytic screen over every point of ``grid``: ``point``, the axis values, then :data:`SCREEN_COLUMNS`."""
+    """The analytic screen over every point of ``grid``: ``point``, the axis values, :data:`SCREEN_COLUMNS`, then
+    ``screen_declined``: why the point is not screened ('trace': a ``workload.trace`` replay, every screen column
+    NaN, :data:`TRACE_DECLINED`; 'closed loop': NaN but for a hit rate with one conversation per client,
+    :data:`CLOSED_LOOP_DECLINED`), empty when it is."""
     scen = [grid.scenario(i) for i in range(grid.n_points)]
-    df = screen_scenarios(scen)
+    replay = [sc.workload.trace is not None for sc in scen]
+    df = screen_scenarios([sc for sc, r in zip(scen, replay, strict=True) if not r])
+    if any(replay):  # the synthetic fields a trace replay leaves unused are not screened: NaN rows
+        df.index = pd.Index([i for i, r in enumerate(replay) if not r])
+        df = df.reindex(range(grid.n_points)).astype(float).reset_index(drop=True)
+    df["screen_declined"] = ["trace" if r else "closed loop" if not isinstance(sc.workload.arrival, PoissonArrival)
+                             else "" for sc, r in zip(scen, replay, strict=True)]
     df.insert(0, "point", np.arange(grid.n_points, dtype=np.int64))
     for j, name in enumerate(grid.axis_names):
         df.insert(1 + j, name, [_axis_cell(grid.point_values(i)[j]) for i in range(grid.n_points)])

@@ -371,7 +371,7 @@ def _schedule(
     order = list(range(n))
     pruned: set[int] = set()
     if screen is not None:
-        cost = screen["screen_cost"].to_numpy()
+        cost = np.nan_to_num(screen["screen_cost"].to_numpy(dtype=float), nan=np.inf)  # not screened: first
         order = sorted(range(n), key=lambda i: (-cost[i], i))  # longest first: better pool balance
         if prune:
             pruned = {int(p) for p in screen.loc[screen["screen_feasible"] == 0, "point"]}

@@ -76,3 +76,43 @@ def test_saturation_is_judged_over_the_steady_window() -> None:
     assert simulator_saturated({**run, "prefill_utilization": 0.97, "prefill_utilization_steady": None,
                                 "prefill_utilization_steady_max": None})
     assert not simulator_saturated({**run, "prefill_utilization_steady": None, "prefill_utilization_steady_max": None})
+
+
+def test_a_trace_replay_is_not_screened(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """A sweep over a trace replay screened the synthetic workload it does not use (here 50 conversations/s of
+    8,000-token prompts, 'infeasible') and listed disagreements (and --prune acted on them). Now every screen column
+    is NaN, ``screen_declined`` says 'trace', nothing is compared or pruned, and the sweep says why."""
+    import yaml
+
+    from kvplan.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\n"
+                     + "".join(f"s{i},{i * 2 + k * 10},{800 + 100 * k},40\n" for i in range(6) for k in range(3)))
+    base = {**SATURATED["base"], "workload": {**SATURATED["base"]["workload"], "trace": {"path": str(trace)},
+                                              "arrival": {"kind": "poisson", "rate_per_s": 50.0}}}
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": base, "axes": {"policy.decoder_kv_blocks_ttl_s": [5, 480]},
+                                    "replications": 2}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1", "--prune", "--show-disagreements"]) == 0
+    out = capsys.readouterr().out
+    assert "2 trace-replay points are not screened" in out and "no point screened" in out
+    rep = pd.read_parquet(tmp_path / "o.screen.parquet")
+    assert rep["screen_declined"].tolist() == ["trace", "trace"]
+    screen_cols = [c for c in rep.columns if c.startswith("screen_") and c != "screen_declined"]
+    assert rep[screen_cols].isna().all().all()
+    assert (rep["disagreements"] == "").all()
+    assert pd.read_parquet(tmp_path / "o.parquet").groupby("point").size().tolist() == [2, 2]  # nothing pruned
+
+
+def test_screen_declined_names_closed_loops_and_leaves_open_loops_alone() -> None:
+    from kvplan.plan.grid import as_grid
+    from kvplan.plan.screen import analytic_screen
+
+    closed = {"kind": "closed_loop", "clients": 2, "max_active_conversations": 4}
+    g = as_grid({"base": SATURATED["base"],
+                 "axes": {"workload.arrival": [{"kind": "poisson", "rate_per_s": 5.0}, closed]}})
+    scr = analytic_screen(g)
+    assert scr["screen_declined"].tolist() == ["", "closed loop"]
+    assert scr["screen_feasible"].isna().tolist() == [False, True]

@@ -37,6 +37,7 @@ MAX_TABLE_ROWS = 40
 
 def print_summary_table(summ: Any, axes: list[str]) -> None:
     """Per-point means (axes, TTFT p50/p90 scaled for humans, hit rate, pinned peak) as a terminal table."""
+    import pandas as pd
     from rich.table import Table
 
     from kvplan.app.output import console, human_s
@@ -50,8 +51,12 @@ def print_summary_table(summ: Any, axes: list[str]) -> None:
         t.add_column(name, justify="right")
     for _, r in summ.head(MAX_TABLE_ROWS).iterrows():
         cells = [str(r[a]) for a in axes]
+        failed = "replications" in r.index and "errors" in r.index and int(r["errors"]) >= int(r["replications"])
         for k, _ in cols:
             v = r[k]
+            if pd.isna(v):  # no finished run to average (every run of the point failed), or no such figure
+                cells.append("failed" if failed else "n/a")
+                continue
             cells.append(human_s(v) if k.startswith("ttft") else f"{v:.1%}" if k == "hit_rate_mean" else f"{v:.4g}")
         t.add_row(*cells)
     console().print(t)
@@ -164,6 +169,12 @@ def register(app: typer.Typer) -> None:
         for kind, why in (("closed loop", CLOSED_LOOP_DECLINED), ("trace", TRACE_DECLINED)):
             if (n_declined := int((declined == kind).sum())):
                 c.print(f"analytic screen: {n_declined} {why}")
+        unjudged = scr["simulator_runs"] == 0 if "simulator_runs" in scr.columns else pd.Series(False, index=scr.index)
+        if (n_unjudged := int(unjudged.sum())):
+            ps = scr.loc[unjudged, "point"]
+            c.print(f"analytic screen: {n_unjudged} point{'s' * (n_unjudged > 1)} not compared, every run failed (no "
+                    f"simulator verdict): point{'s' * (n_unjudged > 1)} " + ", ".join(str(int(p)) for p in ps.head(20))
+                    + (", ..." if n_unjudged > 20 else ""))
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
             c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "
@@ -171,7 +182,8 @@ def register(app: typer.Typer) -> None:
             if show_disagreements:
                 for _, r in dis.iterrows():
                     c.print(f"  point {int(r['point'])}: {r['disagreements']}")
-        elif (declined == "trace").all():
-            c.print("analytic screen: no point screened, nothing compared with the simulator")
+        elif ((declined == "trace") | unjudged).all():
+            c.print("analytic screen: no point compared with the simulator")
         else:
-            c.print("analytic screen and simulator agree on every point" + (" screened" if (declined != "").any() else ""))
+            partial = bool((declined != "").any() or unjudged.any())
+            c.print("analytic screen and simulator agree on every point" + (" compared" if partial else ""))

@@ -487,12 +487,27 @@ def simulator_saturated(row: dict[str, Any] | pd.Series) -> bool:
             or (_metric(row, "d_queue_mean_s") or 0.0) > SATURATED_QUEUE_S)
 
 
+def finished_runs(row: dict[str, Any] | pd.Series) -> int | None:
+    """Runs of a point that finished (``replications - errors`` of an aggregate row), None when not said."""
+    reps, errors = row.get("replications"), row.get("errors")
+    if reps is None or errors is None or pd.isna(reps) or pd.isna(errors):
+        return None
+    return int(reps) - int(errors)
+
+
+def no_verdict(row: dict[str, Any] | pd.Series) -> bool:
+    """Whether every run of a point failed (an aggregate row): the simulator says nothing about it."""
+    return finished_runs(row) == 0
+
+
 def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Every (point, metric) where the simulator (per-point means) and the screen disagree; the simulator wins.
 
     Columns: ``point, metric, screen, simulator, tolerance``. Hit rate and prefill utilisation compare in
     absolute terms, steady pinned KV relatively (and only above 0.5 GiB); ``feasible`` compares the
-    screen's verdict with :func:`simulator_saturated`. The screen's prefill utilisation is a steady-state
+    screen's verdict with :func:`simulator_saturated`. A point none of whose runs finished (``errors`` equal to
+    ``replications`` in the aggregate) has no simulator verdict and is not compared (:func:`no_verdict`); with some
+    failed, the means are over the runs that finished. The screen's prefill utilisation is a steady-state
     figure: it is held against the simulator's over the steady window, ``prefill_utilization_steady`` (the
     whole-run ``prefill_utilization`` only for a run without one, :data:`UTILIZATION_COLUMNS`; the metric is
     named after the column compared), and since the simulator's is an achieved busy share, which cannot exceed 1,
@@ -509,6 +524,8 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         if p not in sim.index:
             continue
         m = sim.loc[p]
+        if no_verdict({str(k): v for k, v in m.items()}):
+            continue
         for metric, scol, rel in pairs:
             col = f"{metric}_mean"
             if col not in m.index or pd.isna(m[col]) or pd.isna(s[scol]):

@@ -40,7 +40,7 @@ from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
-from kvplan.plan.screen import analytic_screen, compare_screen, simulator_saturated
+from kvplan.plan.screen import analytic_screen, compare_screen, finished_runs, simulator_saturated
 
 __all__ = [
     "Grid",
@@ -437,7 +437,7 @@ def run_grid(
     seeds = g.seeds
     # resumed pruned points whose single replication already disagreed get their other replications
     for p in sorted(pruned):
-        if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
+        if (p, 0) in rows and _disagrees(rows[(p, 0)]):
             tasks.extend(((p, k), g.point_overrides(p), seeds[k]) for k in range(1, g.replications)
                          if (p, k) not in rows)
     collector = _Collector(g, rows, store, pruned, progress, len(rows) + len(tasks))
@@ -463,6 +463,12 @@ def _check_run_options(order: str, backend: str, workers: int) -> None:
         raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
 
 
+def _disagrees(row: dict[str, Any]) -> bool:
+    """Whether the first run of a pruned point contradicts the screen's 'saturated': it finished unsaturated (a
+    failed run has no verdict and adds no replications)."""
+    return row.get("error") is None and not simulator_saturated(row)
+
+
 class _Collector:
     """Commits each finished run, reports progress, and adds the replications of a pruned point the simulator
     finds unsaturated (the simulator wins)."""
@@ -484,7 +490,7 @@ class _Collector:
             self.store.commit(p, k, row)
         self.rows[(p, k)] = row
         more: list[Task] = []
-        if p in self.pruned and k == 0 and not simulator_saturated(row):
+        if p in self.pruned and k == 0 and _disagrees(row):
             log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
             more = [((p, j), g.point_overrides(p), self.seeds[j]) for j in range(1, g.replications)]
             self.total += len(more)
@@ -505,6 +511,8 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
     """Per point: the screen's predictions, the simulator's means and ``disagreements`` (the simulator wins).
 
     ``disagreements`` is a ';'-separated list of ``metric(screen=..., simulator=...)``; empty when they agree.
+    ``simulator_runs``: the runs of the point that finished, which the means are over (0: every run failed, the
+    simulator has no verdict and nothing is compared).
     """
     scr = analytic_screen(grid) if screen is None else screen
     dis = compare_screen(scr, summary)
@@ -517,5 +525,7 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
                             "prefill_utilization_mean")
                 if c in summary.columns]
     rep = scr.merge(summary[["point", *sim_cols]], on="point", how="left")
+    runs = {int(r["point"]): finished_runs(r) for _, r in summary.iterrows()}
+    rep["simulator_runs"] = np.array([runs.get(int(p)) or 0 for p in rep["point"]], dtype=np.int64)
     rep["disagreements"] = [txt.get(int(p), "") for p in rep["point"]]
     return rep[keep + [c for c in rep.columns if c not in keep]]

@@ -97,7 +97,7 @@ def test_a_trace_replay_is_not_screened(tmp_path: Path, monkeypatch: Any, capsys
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1", "--prune", "--show-disagreements"]) == 0
     out = capsys.readouterr().out
-    assert "2 trace-replay points are not screened" in out and "no point screened" in out
+    assert "2 trace-replay points are not screened" in out and "no point compared with the simulator" in out
     rep = pd.read_parquet(tmp_path / "o.screen.parquet")
     assert rep["screen_declined"].tolist() == ["trace", "trace"]
     screen_cols = [c for c in rep.columns if c.startswith("screen_") and c != "screen_declined"]
@@ -116,3 +116,30 @@ def test_screen_declined_names_closed_loops_and_leaves_open_loops_alone() -> Non
     scr = analytic_screen(g)
     assert scr["screen_declined"].tolist() == ["", "closed loop"]
     assert scr["screen_feasible"].isna().tolist() == [False, True]
+
+
+def test_a_failed_point_has_no_simulator_verdict(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """Point 1's run fails (P's 1e6 s step overhead runs the clock to its sentinel). It was reported
+    ``feasible(screen=0, simulator=1)`` 'the simulator wins', its table row read ``nan%``, and --prune ran its other
+    replications as if the simulator had found it unsaturated. Now it is not compared (``simulator_runs`` 0, the
+    sweep names it), the table says 'failed', and a failed first run of a pruned point adds nothing."""
+    import yaml
+
+    from kvplan.app.cli import main
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": {"workload": {"conversations": 100}},
+                                    "axes": {"costs.prefill.overhead_s": [0.001, 1.0e6]}, "replications": 2}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1", "--prune", "--show-disagreements"]) == 0
+    out = capsys.readouterr().out
+    assert "1 point not compared, every run failed (no simulator verdict): point 1" in out
+    assert "feasible(" not in out and "nan" not in out
+    row = next(line for line in out.splitlines() if line.startswith("│") and "1000000.0" in line)  # point 1's
+    assert [c.strip() for c in row.split("│")[2:-1]] == ["failed"] * 5
+    rep = pd.read_parquet(tmp_path / "o.screen.parquet")
+    assert rep["simulator_runs"].tolist() == [2, 0] and rep["screen_feasible"].tolist() == [1, 0]
+    assert (rep["disagreements"] == "").all()
+    rows = pd.read_parquet(tmp_path / "o.parquet")
+    assert rows.groupby("point").size().tolist() == [2, 1]  # pruned, and its failed run did not un-prune it
+    assert rows.loc[rows["point"] == 1, "error"].notna().all()

@@ -62,6 +62,21 @@ def print_summary_table(summ: Any, axes: list[str]) -> None:
     console().print(t)
 
 
+def runs_header(df: Any, replications: int) -> str:
+    """'N points x K replications = R runs' of the rows ``df``; with points run fewer times (``--prune``), how many
+    and the sum: '4 points x 3 replications, 2 of them pruned to 1 (--prune) = 2 x 3 + 2 x 1 = 8 runs'."""
+    per_point = df.groupby("point").size()
+    n = len(per_point)
+    counts = per_point.value_counts().sort_index(ascending=False)  # runs per point -> points
+    head = f"{n} point{'s' * (n != 1)} x {replications} replication{'s' * (replications != 1)}"
+    runs = f"{len(df)} run{'s' * (len(df) != 1)}"
+    if list(counts.index) == [replications]:
+        return f"{head} = {runs}"
+    fewer = ", ".join(f"{int(k)} of them pruned to {int(r)}" for r, k in counts.items() if r != replications)
+    terms = " + ".join(f"{int(k)} x {int(r)}" for r, k in counts.items())
+    return f"{head}, {fewer} (--prune) = {terms} = {runs}"
+
+
 def _progress_bar() -> tuple[Any, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -149,8 +164,8 @@ def register(app: typer.Typer) -> None:
 
         c = console()
         errors = int(df["error"].notna().sum())
-        c.print(f"{df['point'].nunique()} points x {int(df['replication'].max()) + 1} replications = {len(df)} runs"
-                f" ({errors} failed); wrote {out}, {summary_path(out)}, {screen_path(out)}")
+        reps = replications if replications is not None else g.replications
+        c.print(f"{runs_header(df, reps)} ({errors} failed); wrote {out}, {summary_path(out)}, {screen_path(out)}")
         if errors:
             first = df.loc[df["error"].notna()].iloc[0]
             c.print(f"first failure: point {int(first['point'])}: {first['error']}")

@@ -143,3 +143,23 @@ def test_a_failed_point_has_no_simulator_verdict(tmp_path: Path, monkeypatch: An
     rows = pd.read_parquet(tmp_path / "o.parquet")
     assert rows.groupby("point").size().tolist() == [2, 1]  # pruned, and its failed run did not un-prune it
     assert rows.loc[rows["point"] == 1, "error"].notna().all()
+
+
+def test_the_header_says_how_many_points_were_pruned(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """``--prune`` ran 2 of 4 points once: the header read '4 points x 3 replications = 8 runs'."""
+    import yaml
+
+    from kvplan.app.cli import main
+    from kvplan.app.cmd_sweep import runs_header
+
+    base = {**SATURATED["base"], "workload": {**SATURATED["base"]["workload"], "conversations": 100}}
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": base, "axes": {"workload.arrival.rate_per_s": [0.5, 50.0],
+                                                           "policy.decoder_kv_blocks_ttl_s": [30, 480]}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1", "--replications", "3", "--prune"]) == 0
+    out = capsys.readouterr().out
+    assert "4 points x 3 replications, 2 of them pruned to 1 (--prune) = 2 x 3 + 2 x 1 = 8 runs (0 failed)" in out
+    rows = pd.DataFrame({"point": [0, 0, 1, 1]})
+    assert runs_header(rows, 2) == "2 points x 2 replications = 4 runs"
+    assert runs_header(pd.DataFrame({"point": [0]}), 1) == "1 point x 1 replication = 1 run"

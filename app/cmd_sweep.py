@@ -157,9 +157,19 @@ def register(app: typer.Typer) -> None:
         check_sweep_outputs(out, overwrite, [*inputs, *g.input_files()], [("--csv", csv_out)])
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
         bar, cb = _progress_bar()
-        with bar:
-            df = run_grid(g, replications=replications, backend=backend, workers=n_workers, ray_address=ray_address,
-                          progress=cb, out=out, resume=resume, yes=yes, prune=prune, overwrite=overwrite, inputs=inputs)
+        try:
+            with bar:
+                df = run_grid(g, replications=replications, backend=backend, workers=n_workers, ray_address=ray_address,
+                              progress=cb, out=out, resume=resume, yes=yes, prune=prune, overwrite=overwrite,
+                              inputs=inputs)
+        except KeyboardInterrupt:
+            from kvplan.plan.sweep import committed_runs, parts_dir
+
+            if (kept := committed_runs(out)):
+                typer.echo(f"sweep interrupted: {kept} finished run{'s' * (kept != 1)} kept in {parts_dir(out)}/ for "
+                           f"--resume (rerun with --resume to continue; {out} and its summary and screen files are "
+                           "written together when the sweep completes)", err=True)
+            raise
         import pandas as pd
 
         c = console()

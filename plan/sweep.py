@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file, deferred_signals
+from kvplan.atomic_dir import ResultDirLock
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
@@ -457,8 +458,37 @@ def run_grid(
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     inputs = [*inputs, *g.input_files()]
-    if out_p is not None:
-        check_sweep_outputs(out_p, overwrite, inputs)
+    if out_p is None:
+        return _run(g, None, resume, order, prune, backend, workers, ray_address, progress, overwrite, inputs)
+    check_sweep_outputs(out_p, overwrite, inputs)
+    lock = _lock_out(out_p)
+    try:
+        return _run(g, out_p, resume, order, prune, backend, workers, ray_address, progress, overwrite, inputs)
+    finally:
+        lock.release()
+
+
+def _lock_out(out: Path) -> ResultDirLock:
+    """Take the lock of a sweep's outputs (``.OUT.parquet.kvplan-lock`` next to it, as ``simulate`` locks its result
+    directory: :class:`kvplan.atomic_dir.ResultDirLock`), or refuse in one line naming the sweep that holds it."""
+    lock = ResultDirLock(out, "--out")
+    try:
+        free = lock.try_acquire()
+    except OSError as exc:
+        raise input_error(f"--out {out}", f"cannot create the lock file {lock.path} ({exc.strerror or exc})") from None
+    if not free:
+        try:
+            pid = lock.path.read_text().strip() or "?"
+        except OSError:
+            pid = "?"
+        raise input_error(f"--out {out}", f"another kvplan sweep (pid {pid}) is writing it (it holds {lock.path})",
+                          "wait for it to finish or choose another --out")
+    return lock
+
+
+def _run(g: Grid, out_p: Path | None, resume: bool, order: str, prune: bool, backend: str, workers: int,
+         ray_address: str | None, progress: Progress | None, overwrite: bool, inputs: list[Any]) -> pd.DataFrame:
+    """The sweep of :func:`run_grid` once its options are checked (and, with ``out_p``, its outputs locked)."""
     fp = g.fingerprint()
     if out_p is not None and resume and not parts_dir(out_p).exists() and _final_fingerprint(out_p) == fp:
         if progress:

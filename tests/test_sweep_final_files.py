@@ -91,3 +91,29 @@ def test_an_interrupted_sweep_says_it_kept_the_finished_runs_for_resume(
     monkeypatch.setattr(sweep.PartStore, "commit", real)
     assert main(["sweep", str(grid), "--out", "r.parquet", "--workers", "1", "--resume"]) == 0
     assert {f: (tmp_path / f).read_bytes() for f in FILES} == ref
+
+
+def test_a_second_sweep_on_the_same_out_is_refused_while_the_first_runs(
+        tmp_path: Path, grid: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second sweep on the same --out was told to pass --resume while the first still ran (and, started together,
+    both wrote the files). Now the first holds ``.OUT.kvplan-lock`` (as simulate locks its result directory) and the
+    second is refused in one line naming the holder, before it touches anything."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "from kvplan.atomic_dir import ResultDirLock\n"
+         "lock = ResultDirLock('r.parquet').acquire()\nprint('held', flush=True)\ninput()\nlock.release()"],
+        cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert main(["sweep", str(grid), "--out", "r.parquet", "--workers", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --out r.parquet: another kvplan sweep (pid {holder.pid}) is writing it (it holds "
+                       f"{tmp_path / '.r.parquet.kvplan-lock'}); wait for it to finish or choose another --out"]
+        assert sorted(q.name for q in tmp_path.iterdir()) == [".r.parquet.kvplan-lock", "g.yaml"]  # nothing touched
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert main(["sweep", str(grid), "--out", "r.parquet", "--workers", "1"]) == 0  # free again
+    assert not (tmp_path / ".r.parquet.kvplan-lock").exists()  # released with the run

@@ -33,6 +33,8 @@ moment continues with --resume, recomputes nothing finished and ends with a byte
 SUMMARY_COLUMNS = (("ttft_p50_s_mean", "TTFT p50"), ("ttft_p90_s_mean", "TTFT p90"), ("hit_rate_mean", "hit rate"),
                    ("pinned_kv_gib_peak_mean", "pinned peak GiB"), ("errors_mean", "errors"))
 MAX_TABLE_ROWS = 40
+#: The screen's figures compare_screen holds against the simulator (a point with none of them is not compared).
+COMPARED_SCREEN_COLUMNS = ("screen_hit_rate", "screen_pinned_kv_gib_mean", "screen_prefill_utilization", "screen_feasible")
 
 
 def print_summary_table(summ: Any, axes: list[str]) -> None:
@@ -207,8 +209,9 @@ def register(app: typer.Typer) -> None:
             if show_disagreements:
                 for _, r in dis.iterrows():
                     c.print(f"  point {int(r['point'])}: {r['disagreements']}")
-        elif ((declined == "trace") | unjudged).all():
-            c.print("analytic screen: no point compared with the simulator")
         else:
-            partial = bool((declined != "").any() or unjudged.any())
-            c.print("analytic screen and simulator agree on every point" + (" compared" if partial else ""))
+            compared = scr[[k for k in COMPARED_SCREEN_COLUMNS if k in scr.columns]].notna().any(axis=1) & ~unjudged
+            if not compared.any():
+                c.print("analytic screen: no point compared with the simulator")
+            else:
+                c.print("analytic screen and simulator agree on every point" + ("" if compared.all() else " compared"))

@@ -163,3 +163,22 @@ def test_the_header_says_how_many_points_were_pruned(tmp_path: Path, monkeypatch
     rows = pd.DataFrame({"point": [0, 0, 1, 1]})
     assert runs_header(rows, 2) == "2 points x 2 replications = 4 runs"
     assert runs_header(pd.DataFrame({"point": [0]}), 1) == "1 point x 1 replication = 1 run"
+
+
+def test_a_sweep_whose_points_were_not_compared_does_not_say_they_agree(tmp_path: Path, monkeypatch: Any,
+                                                                        capsys: Any) -> None:
+    """Closed loops of 10 conversations per client: nothing screened, so nothing compared ('agree on every point'
+    claimed an agreement no figure backed)."""
+    import yaml
+
+    from kvplan.app.cli import main
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": {"workload": {"conversations": 20, "arrival": {
+        "kind": "closed_loop", "clients": 2, "max_active_conversations": 20}}},
+        "axes": {"policy.decoder_kv_blocks_ttl_s": [30, 480]}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 closed-loop points are not screened" in out
+    assert "no point compared with the simulator" in out and "agree" not in out

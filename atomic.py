@@ -29,6 +29,7 @@ import os
 import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,16 +64,54 @@ def _rename_new_dir(src: PathLike, dst: PathLike) -> None:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP back while the block runs (a commit step): they are delivered after it."""
+    """Hold SIGINT/SIGTERM/SIGHUP back while the block runs (a commit step): they are delivered after it.
+
+    Blocking them in this thread's signal mask is not enough when the process has other threads (a progress bar's
+    refresh thread, a pool's management thread): the kernel hands a process-directed signal to any thread that
+    does not block it, and Python runs its handler in the main thread at once. So in the main thread the Python
+    handlers are also replaced, for the block, by one that only records the signal (and, should it still be
+    called once the block is over, passes it on); the recorded signals are raised again, to the handlers of
+    before, once the block is over.
+    """
+    received: list[int] = []
+    saved: dict[int, Any] = {}
+    holding = [True]
+
+    def hold(signum: int, frame: Any) -> None:
+        if holding[0]:
+            received.append(signum)
+            return
+        _pass_on(signum, frame, saved.get(signum))
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            try:
+                saved[sig] = signal.signal(sig, hold)
+            except (ValueError, OSError):  # pragma: no cover - not settable here
+                continue
     try:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     except (AttributeError, ValueError, OSError):  # pragma: no cover - platforms without pthread_sigmask
-        yield
-        return
+        old = None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        holding[0] = False
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig in dict.fromkeys(received):
+            signal.raise_signal(sig)
+
+
+def _pass_on(signum: int, frame: Any, handler: Any) -> None:
+    """Deliver a signal to ``handler`` (a Python handler, SIG_IGN, or SIG_DFL/None: the default action)."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
 
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}

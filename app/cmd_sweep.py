@@ -33,10 +33,13 @@ moment continues with --resume, recomputes nothing finished and ends with a byte
 SUMMARY_COLUMNS = (("ttft_p50_s_mean", "TTFT p50"), ("ttft_p90_s_mean", "TTFT p90"), ("hit_rate_mean", "hit rate"),
                    ("pinned_kv_gib_peak_mean", "pinned peak GiB"), ("errors_mean", "errors"))
 MAX_TABLE_ROWS = 40
+#: The screen's figures compare_screen holds against the simulator (a point with none of them is not compared).
+COMPARED_SCREEN_COLUMNS = ("screen_hit_rate", "screen_pinned_kv_gib_mean", "screen_prefill_utilization", "screen_feasible")
 
 
 def print_summary_table(summ: Any, axes: list[str]) -> None:
     """Per-point means (axes, TTFT p50/p90 scaled for humans, hit rate, pinned peak) as a terminal table."""
+    import pandas as pd
     from rich.table import Table
 
     from kvplan.app.output import console, human_s
@@ -50,11 +53,30 @@ def print_summary_table(summ: Any, axes: list[str]) -> None:
         t.add_column(name, justify="right")
     for _, r in summ.head(MAX_TABLE_ROWS).iterrows():
         cells = [str(r[a]) for a in axes]
+        failed = "replications" in r.index and "errors" in r.index and int(r["errors"]) >= int(r["replications"])
         for k, _ in cols:
             v = r[k]
+            if pd.isna(v):  # no finished run to average (every run of the point failed), or no such figure
+                cells.append("failed" if failed else "n/a")
+                continue
             cells.append(human_s(v) if k.startswith("ttft") else f"{v:.1%}" if k == "hit_rate_mean" else f"{v:.4g}")
         t.add_row(*cells)
     console().print(t)
+
+
+def runs_header(df: Any, replications: int) -> str:
+    """'N points x K replications = R runs' of the rows ``df``; with points run fewer times (``--prune``), how many
+    and the sum: '4 points x 3 replications, 2 of them pruned to 1 (--prune) = 2 x 3 + 2 x 1 = 8 runs'."""
+    per_point = df.groupby("point").size()
+    n = len(per_point)
+    counts = per_point.value_counts().sort_index(ascending=False)  # runs per point -> points
+    head = f"{n} point{'s' * (n != 1)} x {replications} replication{'s' * (replications != 1)}"
+    runs = f"{len(df)} run{'s' * (len(df) != 1)}"
+    if list(counts.index) == [replications]:
+        return f"{head} = {runs}"
+    fewer = ", ".join(f"{int(k)} of them pruned to {int(r)}" for r, k in counts.items() if r != replications)
+    terms = " + ".join(f"{int(k)} x {int(r)}" for r, k in counts.items())
+    return f"{head}, {fewer} (--prune) = {terms} = {runs}"
 
 
 def _progress_bar() -> tuple[Any, Any]:
@@ -137,15 +159,25 @@ def register(app: typer.Typer) -> None:
         check_sweep_outputs(out, overwrite, [*inputs, *g.input_files()], [("--csv", csv_out)])
         n_workers = workers if workers > 0 else (os.cpu_count() or 1)
         bar, cb = _progress_bar()
-        with bar:
-            df = run_grid(g, replications=replications, backend=backend, workers=n_workers, ray_address=ray_address,
-                          progress=cb, out=out, resume=resume, yes=yes, prune=prune, overwrite=overwrite, inputs=inputs)
+        try:
+            with bar:
+                df = run_grid(g, replications=replications, backend=backend, workers=n_workers, ray_address=ray_address,
+                              progress=cb, out=out, resume=resume, yes=yes, prune=prune, overwrite=overwrite,
+                              inputs=inputs)
+        except KeyboardInterrupt:
+            from kvplan.plan.sweep import committed_runs, parts_dir
+
+            if (kept := committed_runs(out)):
+                typer.echo(f"sweep interrupted: {kept} finished run{'s' * (kept != 1)} kept in {parts_dir(out)}/ for "
+                           f"--resume (rerun with --resume to continue; {out} and its summary and screen files are "
+                           "written together when the sweep completes)", err=True)
+            raise
         import pandas as pd
 
         c = console()
         errors = int(df["error"].notna().sum())
-        c.print(f"{df['point'].nunique()} points x {int(df['replication'].max()) + 1} replications = {len(df)} runs"
-                f" ({errors} failed); wrote {out}, {summary_path(out)}, {screen_path(out)}")
+        reps = replications if replications is not None else g.replications
+        c.print(f"{runs_header(df, reps)} ({errors} failed); wrote {out}, {summary_path(out)}, {screen_path(out)}")
         if errors:
             first = df.loc[df["error"].notna()].iloc[0]
             c.print(f"first failure: point {int(first['point'])}: {first['error']}")
@@ -158,10 +190,18 @@ def register(app: typer.Typer) -> None:
                                overwrite=overwrite, inputs=[*inputs, *g.input_files()])
             c.print(f"wrote {csv_out}")
         scr = pd.read_parquet(screen_path(out))
-        if scr["screen_feasible"].isna().any():
-            from kvplan.plan.screen import CLOSED_LOOP_DECLINED
+        from kvplan.plan.screen import CLOSED_LOOP_DECLINED, TRACE_DECLINED
 
-            c.print(f"analytic screen: {int(scr['screen_feasible'].isna().sum())} {CLOSED_LOOP_DECLINED}")
+        declined = scr["screen_declined"] if "screen_declined" in scr.columns else pd.Series("", index=scr.index)
+        for kind, why in (("closed loop", CLOSED_LOOP_DECLINED), ("trace", TRACE_DECLINED)):
+            if (n_declined := int((declined == kind).sum())):
+                c.print(f"analytic screen: {n_declined} {why}")
+        unjudged = scr["simulator_runs"] == 0 if "simulator_runs" in scr.columns else pd.Series(False, index=scr.index)
+        if (n_unjudged := int(unjudged.sum())):
+            ps = scr.loc[unjudged, "point"]
+            c.print(f"analytic screen: {n_unjudged} point{'s' * (n_unjudged > 1)} not compared, every run failed (no "
+                    f"simulator verdict): point{'s' * (n_unjudged > 1)} " + ", ".join(str(int(p)) for p in ps.head(20))
+                    + (", ..." if n_unjudged > 20 else ""))
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
             c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "
@@ -170,4 +210,8 @@ def register(app: typer.Typer) -> None:
                 for _, r in dis.iterrows():
                     c.print(f"  point {int(r['point'])}: {r['disagreements']}")
         else:
-            c.print("analytic screen and simulator agree on every point")
+            compared = scr[[k for k in COMPARED_SCREEN_COLUMNS if k in scr.columns]].notna().any(axis=1) & ~unjudged
+            if not compared.any():
+                c.print("analytic screen: no point compared with the simulator")
+            else:
+                c.print("analytic screen and simulator agree on every point" + ("" if compared.all() else " compared"))

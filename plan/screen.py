@@ -1,6 +1,7 @@
 """A fast analytic screen of a sweep grid: no queueing, vectorised numpy over every point.
 
-Per point (open-loop workloads; closed loops are declined, see :data:`CLOSED_LOOP_DECLINED`):
+Per point (open-loop workloads; closed loops are declined, see :data:`CLOSED_LOOP_DECLINED`, and so are trace
+replays in a sweep, :data:`TRACE_DECLINED`):
 
 * **hit rate** of follow-up turns: ``P(pull case) F(w_pull) + P(recompute/local case) F(w_router)`` with
   ``F`` the turn-gap CDF, ``w_pull = min(router TTL, D TTL - safety margin - clock skew - P-leg overhead)``
@@ -63,13 +64,26 @@ SCREEN_COLUMNS = [
     "screen_cost",
 ]
 # How far the simulator may be from the screen before the point is listed as a disagreement.
-TOLERANCES = {"hit_rate": 0.05, "steady_pinned_kv_gib_mean": 0.20, "prefill_utilization": 0.15}
+TOLERANCES = {"hit_rate": 0.05, "steady_pinned_kv_gib_mean": 0.20, "prefill_utilization_steady": 0.15,
+              "prefill_utilization": 0.15}
+#: The simulator's P busy share the screen's prefill utilisation is held against, first present first: the mean over
+#: P engines over the steady window (the second half of the arrivals; what the screen's steady-state per-node
+#: ``lambda x E[prefill time] / nodes`` predicts), else the whole-run share (0 to the last response, diluted by the
+#: ramp-up and the drain; only a closed loop, which the screen does not rate, has no window).
+UTILIZATION_COLUMNS = ("prefill_utilization_steady", "prefill_utilization")
+#: The simulator's P busy share judged for saturation, first present first: the busiest P engine's over the steady
+#: window (the health section's figure), the engines' mean there, else the whole-run share.
+SATURATION_COLUMNS = ("prefill_utilization_steady_max", "prefill_utilization_steady", "prefill_utilization")
 #: Why a closed loop is not screened (the sweep prints it when it has such points).
 CLOSED_LOOP_DECLINED = (
     "closed-loop points are not screened (NaN): the arrival rate is not an input there, throughput = clients / "
     "(response time + think time) by Little's law and the response time is the queueing the screen leaves out; "
     "and a conversation's turn gap includes its client's other active conversations, so the turn-gap CDF does not "
     "give the hit rate (only with one conversation per client, when the gap is the think time, is it screened)")
+#: Why a trace replay is not screened (the sweep prints it when it has such points).
+TRACE_DECLINED = (
+    "trace-replay points are not screened (NaN): the screen reads the synthetic workload (arrival rate, turns, "
+    "tokens, turn gaps), which a replayed workload.trace does not use")
 SATURATED_UTILIZATION = 0.95  # simulator: P busy this share of its active time = saturated
 SATURATED_QUEUE_S = 1.0  # simulator: mean wait in P's queue or for D's KV blocks above this = saturated
 
@@ -420,9 +434,18 @@ def screen_scenarios(scenarios: list[Scenario]) -> pd.DataFrame:
 
 
 def analytic_screen(grid: Grid) -> pd.DataFrame:
-    """The analytic screen over every point of ``grid``: ``point``, the axis values, then :data:`SCREEN_COLUMNS`."""
+    """The analytic screen over every point of ``grid``: ``point``, the axis values, :data:`SCREEN_COLUMNS`, then
+    ``screen_declined``: why the point is not screened ('trace': a ``workload.trace`` replay, every screen column
+    NaN, :data:`TRACE_DECLINED`; 'closed loop': NaN but for a hit rate with one conversation per client,
+    :data:`CLOSED_LOOP_DECLINED`), empty when it is."""
     scen = [grid.scenario(i) for i in range(grid.n_points)]
-    df = screen_scenarios(scen)
+    replay = [sc.workload.trace is not None for sc in scen]
+    df = screen_scenarios([sc for sc, r in zip(scen, replay, strict=True) if not r])
+    if any(replay):  # the synthetic fields a trace replay leaves unused are not screened: NaN rows
+        df.index = pd.Index([i for i, r in enumerate(replay) if not r])
+        df = df.reindex(range(grid.n_points)).astype(float).reset_index(drop=True)
+    df["screen_declined"] = ["trace" if r else "closed loop" if not isinstance(sc.workload.arrival, PoissonArrival)
+                             else "" for sc, r in zip(scen, replay, strict=True)]
     df.insert(0, "point", np.arange(grid.n_points, dtype=np.int64))
     for j, name in enumerate(grid.axis_names):
         df.insert(1 + j, name, [_axis_cell(grid.point_values(i)[j]) for i in range(grid.n_points)])
@@ -433,16 +456,48 @@ def _axis_cell(v: Any) -> Any:
     return json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v
 
 
+def _metric(row: dict[str, Any] | pd.Series, k: str) -> float | None:
+    """A per-run key ``k`` of ``row``, or the ``k_mean`` column of an aggregate; None when absent, null or NaN."""
+    v = row.get(k, row.get(f"{k}_mean"))
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if np.isnan(x) else x
+
+
+def _first(row: dict[str, Any] | pd.Series, keys: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of ``keys`` that ``row`` has a value for, with the value."""
+    for k in keys:
+        v = _metric(row, k)
+        if v is not None:
+            return k, v
+    return None
+
+
 def simulator_saturated(row: dict[str, Any] | pd.Series) -> bool:
-    """Whether a simulated run is saturated: P busy >= 95% of its active time, or a mean wait above 1 s in
-    P's queue or for decode KV blocks (per-run keys, or the ``_mean`` columns of an aggregate)."""
+    """Whether a simulated run is saturated: P busy >= 95% over the steady window (the busiest engine, as the health
+    section judges; the whole run only when there is no window, :data:`SATURATION_COLUMNS`), or a mean wait above
+    1 s in P's queue or for decode KV blocks (per-run keys, or the ``_mean`` columns of an aggregate)."""
+    util = _first(row, SATURATION_COLUMNS)
+    return ((util is not None and util[1] >= SATURATED_UTILIZATION)
+            or (_metric(row, "prefill_queue_mean_s") or 0.0) > SATURATED_QUEUE_S
+            or (_metric(row, "d_queue_mean_s") or 0.0) > SATURATED_QUEUE_S)
 
-    def get(k: str) -> float:
-        v = row.get(k, row.get(f"{k}_mean", 0.0))
-        return 0.0 if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
 
-    return (get("prefill_utilization") >= SATURATED_UTILIZATION or get("prefill_queue_mean_s") > SATURATED_QUEUE_S
-            or get("d_queue_mean_s") > SATURATED_QUEUE_S)
+def finished_runs(row: dict[str, Any] | pd.Series) -> int | None:
+    """Runs of a point that finished (``replications - errors`` of an aggregate row), None when not said."""
+    reps, errors = row.get("replications"), row.get("errors")
+    if reps is None or errors is None or pd.isna(reps) or pd.isna(errors):
+        return None
+    return int(reps) - int(errors)
+
+
+def no_verdict(row: dict[str, Any] | pd.Series) -> bool:
+    """Whether every run of a point failed (an aggregate row): the simulator says nothing about it."""
+    return finished_runs(row) == 0
 
 
 def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -450,20 +505,27 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
     Columns: ``point, metric, screen, simulator, tolerance``. Hit rate and prefill utilisation compare in
     absolute terms, steady pinned KV relatively (and only above 0.5 GiB); ``feasible`` compares the
-    screen's verdict with :func:`simulator_saturated`.
+    screen's verdict with :func:`simulator_saturated`. A point none of whose runs finished (``errors`` equal to
+    ``replications`` in the aggregate) has no simulator verdict and is not compared (:func:`no_verdict`); with some
+    failed, the means are over the runs that finished. The screen's prefill utilisation is a steady-state
+    figure: it is held against the simulator's over the steady window, ``prefill_utilization_steady`` (the
+    whole-run ``prefill_utilization`` only for a run without one, :data:`UTILIZATION_COLUMNS`; the metric is
+    named after the column compared), and since the simulator's is an achieved busy share, which cannot exceed 1,
+    the screen's offered load is capped at 1 for the comparison (the listed screen value is its own).
     """
     rows: list[dict[str, Any]] = []
     sim = summary.set_index("point")
     pairs = [
         ("hit_rate", "screen_hit_rate", False),
         ("steady_pinned_kv_gib_mean", "screen_pinned_kv_gib_mean", True),
-        ("prefill_utilization", "screen_prefill_utilization", False),
     ]
     for _, s in screen.iterrows():
         p = int(s["point"])
         if p not in sim.index:
             continue
         m = sim.loc[p]
+        if no_verdict({str(k): v for k, v in m.items()}):
+            continue
         for metric, scol, rel in pairs:
             col = f"{metric}_mean"
             if col not in m.index or pd.isna(m[col]) or pd.isna(s[scol]):
@@ -472,6 +534,12 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             a, b = float(s[scol]), float(m[col])
             bad = (abs(a - b) > tol * max(abs(b), 1e-12) and max(abs(a), abs(b)) > 0.5) if rel else abs(a - b) > tol
             if bad:
+                rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
+        util = _first({k: m[f"{k}_mean"] for k in UTILIZATION_COLUMNS if f"{k}_mean" in m.index}, UTILIZATION_COLUMNS)
+        if util is not None and pd.notna(s["screen_prefill_utilization"]):
+            metric, b = util
+            a, tol = float(s["screen_prefill_utilization"]), TOLERANCES[metric]
+            if abs(min(a, 1.0) - b) > tol:
                 rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
         sat = simulator_saturated({str(k): v for k, v in m.items()})
         if pd.notna(s["screen_feasible"]) and bool(s["screen_feasible"]) == sat:

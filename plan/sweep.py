@@ -16,7 +16,10 @@ Files (when ``out`` is given): each finished run is committed at once as ``OUT.p
 final ``OUT.parquet`` is assembled from the parts in canonical order with a fixed column order and
 written atomically, so an interrupted-and-resumed sweep ends with a byte-identical file to an
 uninterrupted one. Next to it: ``OUT.summary.parquet`` (per-point mean and CI) and
-``OUT.screen.parquet`` (screen predictions, simulator means and agreement). Parts are removed once the
+``OUT.screen.parquet`` (screen predictions, simulator means and agreement). The three are computed first and
+written as one step (:func:`_write_set`: SIGINT/SIGTERM/SIGHUP wait until the last is in place, ``OUT.parquet``
+last, and the parts are retired in the same step), so an interrupted sweep leaves either the complete set or its
+finished runs in ``OUT.parts/`` for ``--resume`` (the CLI says how many). Parts are removed once the
 final files exist. Parts are crash-safe against process death, not power loss (no fsync per part).
 """
 
@@ -36,11 +39,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file
+from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file, deferred_signals
+from kvplan.atomic_dir import ResultDirLock
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
-from kvplan.plan.screen import analytic_screen, compare_screen, simulator_saturated
+from kvplan.plan.screen import analytic_screen, compare_screen, finished_runs, simulator_saturated
 
 __all__ = [
     "Grid",
@@ -168,8 +172,12 @@ class PartStore:
         shard.mkdir(exist_ok=True)
         atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode(), ledger=False)
 
-    def remove(self) -> None:
-        """Drop the parts once the final files are written (rename first, so a kill never half-deletes).
+    def _trash(self) -> Path:
+        return self.dir.with_name(f".{self.dir.name}.done")
+
+    def retire(self) -> None:
+        """Rename the parts to their trash once the final files are written (so a kill never half-deletes, and the
+        parts no longer say the sweep is unfinished); :meth:`remove` deletes them.
 
         A parts directory that came to hold a file kvplan did not write is kept as it is (with a warning).
         """
@@ -178,11 +186,27 @@ class PartStore:
             if stray is not None:
                 log.warning("%s holds '%s', which kvplan did not write: the directory is kept", self.dir, stray)
                 return
-            trash = self.dir.with_name(f".{self.dir.name}.done")
+            trash = self._trash()
             if trash.exists():
                 shutil.rmtree(trash)
             os.replace(self.dir, trash)
+
+    def remove(self) -> None:
+        """Drop the parts once the final files are written (:meth:`retire`, then delete the trash)."""
+        self.retire()
+        trash = self._trash()
+        if trash.exists() and foreign_in_parts(trash) is None:
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def committed_runs(out: str | Path) -> int:
+    """How many finished runs the parts directory of ``out`` holds (0 when there is none)."""
+    d = parts_dir(out)
+    try:
+        return sum(1 for shard in d.iterdir() if _SHARD_NAME.match(shard.name) and shard.is_dir()
+                   for f in shard.iterdir() if _PART_NAME.match(f.name))
+    except OSError:
+        return 0
 
 
 _SHARD_NAME = re.compile(r"^\d{6}$")
@@ -334,15 +358,30 @@ def check_sweep_outputs(out: str | Path, overwrite: bool = False, inputs: Iterab
                               "move it away or use another --out")
 
 
-def _write_parquet(df: pd.DataFrame, path: Path, fingerprint: str, overwrite: bool = False,
-                   inputs: Iterable[Any] = ()) -> None:
+def _parquet_bytes(df: pd.DataFrame, fingerprint: str) -> bytes:
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[FINGERPRINT_KEY] = fingerprint.encode()
     table = table.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    atomic_write_bytes(path, sink.getvalue().to_pybytes(), fsync=True, overwrite=overwrite, inputs=inputs)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _write_set(files: list[tuple[str, Path, bytes]], overwrite: bool, inputs: Iterable[Any],
+               then: Callable[[], None] | None = None) -> None:
+    """Write the final files of a sweep (flag, path, bytes; each atomically, in order) as one step: every file is
+    checked first, and SIGINT/SIGTERM/SIGHUP wait until the last is in place and ``then`` (retiring the parts) has
+    run, so an interrupt never leaves a new ``OUT.parquet`` without its summary and screen table. A SIGKILL in
+    between leaves the parts (``OUT.parts/``), which ``--resume`` finishes from; ``OUT.parquet`` goes last."""
+    inputs = list(inputs)
+    for flag, path, _ in files:
+        check_output_file(path, flag, inputs=inputs, overwrite=overwrite)
+    with deferred_signals():
+        for flag, path, data in files:
+            atomic_write_bytes(path, data, flag, fsync=True, overwrite=overwrite, inputs=inputs)
+        if then is not None:
+            then()
 
 
 def _final_fingerprint(path: Path) -> str | None:
@@ -371,7 +410,7 @@ def _schedule(
     order = list(range(n))
     pruned: set[int] = set()
     if screen is not None:
-        cost = screen["screen_cost"].to_numpy()
+        cost = np.nan_to_num(screen["screen_cost"].to_numpy(dtype=float), nan=np.inf)  # not screened: first
         order = sorted(range(n), key=lambda i: (-cost[i], i))  # longest first: better pool balance
         if prune:
             pruned = {int(p) for p in screen.loc[screen["screen_feasible"] == 0, "point"]}
@@ -419,14 +458,43 @@ def run_grid(
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     inputs = [*inputs, *g.input_files()]
-    if out_p is not None:
-        check_sweep_outputs(out_p, overwrite, inputs)
+    if out_p is None:
+        return _run(g, None, resume, order, prune, backend, workers, ray_address, progress, overwrite, inputs)
+    check_sweep_outputs(out_p, overwrite, inputs)
+    lock = _lock_out(out_p)
+    try:
+        return _run(g, out_p, resume, order, prune, backend, workers, ray_address, progress, overwrite, inputs)
+    finally:
+        lock.release()
+
+
+def _lock_out(out: Path) -> ResultDirLock:
+    """Take the lock of a sweep's outputs (``.OUT.parquet.kvplan-lock`` next to it, as ``simulate`` locks its result
+    directory: :class:`kvplan.atomic_dir.ResultDirLock`), or refuse in one line naming the sweep that holds it."""
+    lock = ResultDirLock(out, "--out")
+    try:
+        free = lock.try_acquire()
+    except OSError as exc:
+        raise input_error(f"--out {out}", f"cannot create the lock file {lock.path} ({exc.strerror or exc})") from None
+    if not free:
+        try:
+            pid = lock.path.read_text().strip() or "?"
+        except OSError:
+            pid = "?"
+        raise input_error(f"--out {out}", f"another kvplan sweep (pid {pid}) is writing it (it holds {lock.path})",
+                          "wait for it to finish or choose another --out")
+    return lock
+
+
+def _run(g: Grid, out_p: Path | None, resume: bool, order: str, prune: bool, backend: str, workers: int,
+         ray_address: str | None, progress: Progress | None, overwrite: bool, inputs: list[Any]) -> pd.DataFrame:
+    """The sweep of :func:`run_grid` once its options are checked (and, with ``out_p``, its outputs locked)."""
     fp = g.fingerprint()
     if out_p is not None and resume and not parts_dir(out_p).exists() and _final_fingerprint(out_p) == fp:
         if progress:
             total = len(pd.read_parquet(out_p))
             progress(total, total)
-        _finish_files(g, pd.read_parquet(out_p), out_p, fp, None, overwrite, inputs)
+        _write_set(_summary_files(g, pd.read_parquet(out_p), out_p, fp, None), overwrite, inputs)
         return pd.read_parquet(out_p)
     store = PartStore(out_p, g) if out_p is not None else None
     if out_p is not None:
@@ -437,7 +505,7 @@ def run_grid(
     seeds = g.seeds
     # resumed pruned points whose single replication already disagreed get their other replications
     for p in sorted(pruned):
-        if (p, 0) in rows and not simulator_saturated(rows[(p, 0)]):
+        if (p, 0) in rows and _disagrees(rows[(p, 0)]):
             tasks.extend(((p, k), g.point_overrides(p), seeds[k]) for k in range(1, g.replications)
                          if (p, k) not in rows)
     collector = _Collector(g, rows, store, pruned, progress, len(rows) + len(tasks))
@@ -445,8 +513,8 @@ def run_grid(
     keys = sorted(rows)
     df = assemble(g, keys, [rows[k] for k in keys])
     if out_p is not None and store is not None:
-        _write_parquet(df, out_p, fp, overwrite, inputs)
-        _finish_files(g, df, out_p, fp, screen, overwrite, inputs)
+        files = [*_summary_files(g, df, out_p, fp, screen), ("--out", out_p, _parquet_bytes(df, fp))]
+        _write_set(files, overwrite, inputs, then=store.retire)
         store.remove()
         return pd.read_parquet(out_p)
     return df
@@ -461,6 +529,12 @@ def _check_run_options(order: str, backend: str, workers: int) -> None:
         raise input_error("--backend", f"unknown backend '{backend}'", "use local or ray")
     if not isinstance(workers, int) or workers < 1:
         raise input_error("--workers", f"must be an integer >= 1, got {workers!r}")
+
+
+def _disagrees(row: dict[str, Any]) -> bool:
+    """Whether the first run of a pruned point contradicts the screen's 'saturated': it finished unsaturated (a
+    failed run has no verdict and adds no replications)."""
+    return row.get("error") is None and not simulator_saturated(row)
 
 
 class _Collector:
@@ -484,7 +558,7 @@ class _Collector:
             self.store.commit(p, k, row)
         self.rows[(p, k)] = row
         more: list[Task] = []
-        if p in self.pruned and k == 0 and not simulator_saturated(row):
+        if p in self.pruned and k == 0 and _disagrees(row):
             log.info("point %d: the screen predicted saturation, the simulator disagrees: running all replications", p)
             more = [((p, j), g.point_overrides(p), self.seeds[j]) for j in range(1, g.replications)]
             self.total += len(more)
@@ -493,18 +567,21 @@ class _Collector:
         return more
 
 
-def _finish_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str, screen: pd.DataFrame | None,
-                  overwrite: bool = False, inputs: Iterable[Any] = ()) -> None:
+def _summary_files(grid: Grid, df: pd.DataFrame, out: Path, fp: str,
+                   screen: pd.DataFrame | None) -> list[tuple[str, Path, bytes]]:
+    """The summary and screen files of the rows ``df`` (flag, path, bytes), computed before anything is written."""
     summ = aggregate(df, grid)
-    _write_parquet(summ, summary_path(out), fp, overwrite, inputs)
     rep = screen_report(grid, summ, screen)
-    _write_parquet(rep, screen_path(out), fp, overwrite, inputs)
+    return [("--out (summary)", summary_path(out), _parquet_bytes(summ, fp)),
+            ("--out (screen)", screen_path(out), _parquet_bytes(rep, fp))]
 
 
 def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per point: the screen's predictions, the simulator's means and ``disagreements`` (the simulator wins).
 
     ``disagreements`` is a ';'-separated list of ``metric(screen=..., simulator=...)``; empty when they agree.
+    ``simulator_runs``: the runs of the point that finished, which the means are over (0: every run failed, the
+    simulator has no verdict and nothing is compared).
     """
     scr = analytic_screen(grid) if screen is None else screen
     dis = compare_screen(scr, summary)
@@ -513,8 +590,11 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
         for p, grp in dis.groupby("point")
     }
     keep = ["point", *grid.axis_names]
-    sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_mean")
+    sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_steady_mean",
+                            "prefill_utilization_mean")
                 if c in summary.columns]
     rep = scr.merge(summary[["point", *sim_cols]], on="point", how="left")
+    runs = {int(r["point"]): finished_runs(r) for _, r in summary.iterrows()}
+    rep["simulator_runs"] = np.array([runs.get(int(p)) or 0 for p in rep["point"]], dtype=np.int64)
     rep["disagreements"] = [txt.get(int(p), "") for p in rep["point"]]
     return rep[keep + [c for c in rep.columns if c not in keep]]

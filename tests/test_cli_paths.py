@@ -47,3 +47,30 @@ def test_bad_paths_and_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "Traceback" not in _err(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert not any(p.name.endswith(".tmp") for p in tmp_path.parent.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--trace", str(TRACE), "--out", ""],
+        ["simulate", "--trace", str(TRACE), "--out="],
+        ["simulate", "", "--out", "o"],
+        ["sweep", "g.yaml", "--out", ""],
+        ["sweep", "g.yaml", "--out", "r.parquet", "--csv", ""],
+        ["compare", "--policies", "off,ttl", "--html", ""],
+        ["reproduce", "--html", ""],
+        ["workload", "show", str(TRACE), "--html", ""],
+        ["workload", "fit", str(TRACE), "--out", ""],
+        ["workload", "show", ""],
+        ["calibrate", "--bench", str(BENCH), "--bench", "", "--out", "p.json"],
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    # typer reads "" as Path("") == Path("."): simulate --out "" wrote its results into the current directory
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert err.startswith("error: ") and "\n" not in err and "is empty" in err, err
+    assert list(tmp_path.iterdir()) == []

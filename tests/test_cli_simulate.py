@@ -140,3 +140,20 @@ def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: p
     assert summary["trace"]["output_tokens_zero_replayed_as_1"] == 1
     assert "input_tokens_zero_replayed_as_1" not in summary["trace"]
     assert pd.read_parquet(out / "turns.parquet")["output_tokens"].tolist() == [1, 5]
+
+
+def test_hit_rate_without_follow_up_turns_reads_n_a(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only first turns: the table says the hit rate does not apply (it read 0.0%); summary.json keeps 0.0."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,300,20\nb,1,400,30\n")
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "hit rate" in ln)
+    assert "n/a (no follow-up turns)" in row and "%" not in row, row
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["follow_up_turns"] == 0 and summary["hit_rate"] == 0.0
+    two = tmp_path / "two.csv"
+    two.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,300,20\na,5,400,30\n")
+    assert main(["simulate", "--trace", str(two), "--out", str(tmp_path / "o2")]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "hit rate" in ln)
+    assert "n/a" not in row and "%" in row, row

@@ -514,3 +514,50 @@ def test_trace_reader_is_the_bounded_reader_of_inputfile(tmp_path: Path) -> None
         assert str(trace_err.value).startswith(f"{f}: ") and needle in str(trace_err.value)
     with pytest.raises(KvplanInputError, match=r"^--trace: file not found"):
         read_bytes(tmp_path / "none.jsonl", 10, "--trace")
+
+
+@pytest.mark.parametrize(
+    ("head", "needle"),
+    [
+        (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03+N-.", "is compressed (gzip), not a text file; decompress it first"),
+        (b"\x28\xb5\x2f\xfd\x04\x58\x89\x00\x00", "is compressed (zstd)"),
+        (b"PK\x03\x04\x14\x00\x00\x00\x08\x00", "is compressed (zip)"),
+        (b"\xfd7zXZ\x00\x00\x04\xe6\xd6\xb4F", "is compressed (xz)"),
+        (b"BZh91AY&SY\x8a\x12", "is compressed (bzip2)"),
+        (b"session_id,timestamp_s\x00\x00\x01\x02", "NUL byte: this is a binary file, not a text trace"),
+        (b"session_id,timestamp_s,input_tokens,output_tokens\n\xc3\x28,0,1,1\n", "line 2: byte 50 is not valid UTF-8"),
+    ],
+)
+def test_compressed_or_binary_trace_is_named_as_such(tmp_path: Path, head: bytes, needle: str) -> None:
+    """A gzip trace read 'cannot tell the trace format from the first record' with mojibake and no hint."""
+    f = tmp_path / "t.csv"
+    f.write_bytes(head)
+    for fmt in (None, "csv"):  # detected, or the format given (the reader decodes the whole file)
+        with pytest.raises(KvplanInputError) as exc:
+            load_trace(f, fmt)
+        msg = str(exc.value)
+        assert msg.startswith(f"{f}: ") and needle in msg and "cannot tell" not in msg and "\n" not in msg, msg
+
+
+def test_utf8_character_cut_by_the_detection_head_is_not_an_error(tmp_path: Path) -> None:
+    from kvplan.traces.readers import HEAD_BYTES
+
+    header = b"session_id,timestamp_s,input_tokens,output_tokens\n"
+    pad = HEAD_BYTES - len(header) - len(b"\xc3")  # the 2-byte 'é' of the next row straddles the head's end
+    body = b"a" * (pad - len(",0,1,1\n")) + b",0,1,1\n" + "é,1,1,1\n".encode()
+    f = tmp_path / "t.csv"
+    f.write_bytes(header + body)
+    assert detect_trace_format(f) == "csv" and load_trace(f).n_requests == 2
+
+
+def test_kernel_file_is_not_called_empty_and_never_read(tmp_path: Path) -> None:
+    """/proc files report size 0 (stat): 'file is empty' was wrong; they are refused by stat, never opened."""
+    special = Path("/proc/self/status")
+    if not special.is_file():
+        pytest.skip("no procfs")
+    with pytest.raises(KvplanInputError, match=r"special file of the kernel .* size is unknown .* not read"):
+        load_trace(special)
+    empty = tmp_path / "e.csv"
+    empty.write_bytes(b"")
+    with pytest.raises(KvplanInputError, match="file is empty"):
+        load_trace(empty)

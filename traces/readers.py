@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, json_loads
+from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, decode_head, json_loads
 from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
 from kvplan.traces.trace import (
     AZURE_HEADER,
@@ -39,6 +39,9 @@ from kvplan.traces.trace import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How much of a trace file :func:`detect_trace_format` reads to tell its format.
+HEAD_BYTES = 65536
 
 
 def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -325,7 +328,9 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         return "weka"  # a folder of kv-cache-tester traces (the only format read from a directory)
     check_file(path, max_bytes)
     with open(path, "rb") as fh:
-        head = fh.read(65536).decode("utf-8-sig", errors="replace")
+        raw = fh.read(HEAD_BYTES)
+    # compressed, binary (NUL) or not UTF-8: said as such, not as an unknown format quoting mojibake
+    head = decode_head(raw, label, complete=len(raw) < HEAD_BYTES)
     stripped = head.lstrip()
     if stripped.startswith("["):
         return "multiturn"

@@ -93,6 +93,10 @@ def print_summary(
         if key.endswith("_zero_replayed_as_1") and n:
             c.print(f"note: {n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "
                     "(a request has at least one prompt and one generated token)", markup=False)
+    unsorted = (s.get("trace") or {}).get("rows_out_of_order_sorted")
+    if unsorted:
+        c.print(f"note: {unsorted:,} trace rows were earlier than the row before them; the trace was replayed sorted "
+                "by arrival", markup=False)
     if out is not None:
         names = files or ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml"]
         c.print(f"wrote {out}/{names[0]}, {', '.join(names[1:])}")

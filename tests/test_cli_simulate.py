@@ -157,3 +157,21 @@ def test_hit_rate_without_follow_up_turns_reads_n_a(tmp_path: Path, capsys: pyte
     assert main(["simulate", "--trace", str(two), "--out", str(tmp_path / "o2")]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if "hit rate" in ln)
     assert "n/a" not in row and "%" in row, row
+
+
+def test_unsorted_lmbench_rows_are_counted_in_the_trace_report_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "lm.csv"
+    trace.write_text("prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+                     "75,20,0.04,0.5,403,1,1000.5,1001.1\n75,20,0.04,0.5,403,2,988.5,989.1\n")
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    assert "note: 1 trace rows were earlier than the row before them; the trace was replayed sorted by arrival" in (
+        capsys.readouterr().out)
+    assert json.loads((out / "summary.json").read_text())["trace"]["rows_out_of_order_sorted"] == 1
+    trace.write_text("prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+                     "75,20,0.04,0.5,403,1,988.5,989.1\n75,20,0.04,0.5,403,2,1000.5,1001.1\n")
+    assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path / "o2")]) == 0
+    assert "replayed sorted" not in capsys.readouterr().out
+    assert "rows_out_of_order_sorted" not in json.loads((tmp_path / "o2" / "summary.json").read_text())["trace"]

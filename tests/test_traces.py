@@ -561,3 +561,33 @@ def test_kernel_file_is_not_called_empty_and_never_read(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(KvplanInputError, match="file is empty"):
         load_trace(empty)
+
+
+_AZ_H = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+_LM_H = "prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+
+
+def test_unsorted_azure_is_refused_like_csv_and_mooncake(tmp_path: Path) -> None:
+    """The published Azure traces are sorted: a row earlier than the one before is refused, naming it (it was
+    sorted silently, unlike the CSV and Mooncake readers)."""
+    f = tmp_path / "az.csv"
+    f.write_text(_AZ_H + "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:40.0,396,109\n")
+    with pytest.raises(KvplanInputError) as exc:
+        load_trace(f)
+    assert str(exc.value) == (f"{f}: line 3: field 'TIMESTAMP' is '2023-11-16 18:15:40.0', earlier than "
+                              "'2023-11-16 18:15:46.6805900' on line 2; the trace must be sorted by arrival "
+                              "(non-decreasing timestamps); sort it first")
+
+
+def test_unsorted_lmbench_is_sorted_and_counted(tmp_path: Path) -> None:
+    """LMBench writes a row when its request finishes (its published files are unsorted by launch_time): sorted
+    by arrival, and the rows out of order are counted in the trace's notes; a sorted file has none."""
+    f = tmp_path / "lm.csv"
+    f.write_text(_LM_H + "75,20,0.04,0.5,403,1,1000.5,1001.1\n75,20,0.04,0.5,403,2,988.5,989.1\n"
+                 "75,20,0.04,0.5,404,1,999.0,999.5\n75,20,0.04,0.5,404,2,1003.0,1004.0\n")
+    tr = load_trace(f)
+    assert tr.requests["arrival_s"].tolist() == [0.0, 10.5, 12.0, 14.5]
+    assert tr.notes == {"rows_out_of_order": 1, "first_out_of_order_line": 3, "sorted_by": "launch_time"}
+    ok = tmp_path / "ok.csv"
+    ok.write_text(_LM_H + "75,20,0.04,0.5,403,1,988.5,989.1\n75,20,0.04,0.5,403,2,1000.5,1001.1\n")
+    assert load_trace(ok).notes == {}

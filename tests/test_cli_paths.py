@@ -74,3 +74,15 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(
     err = _err(capsys)
     assert err.startswith("error: ") and "\n" not in err and "is empty" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_model_config_is_refused_not_read_from_the_current_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["X"]}')  # a config.json in the current directory
+    monkeypatch.chdir(tmp_path)
+    argv = ["profile", "derive", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "1", "--out", "p.json"]
+    assert main([*argv, "--model-config", ""]) == 2
+    assert _err(capsys) == ("error: --model-config: is empty; give the directory of a Hugging Face model's "
+                            "config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]

@@ -68,24 +68,24 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
             "pass a smaller file (split or filter the trace) or raise max_bytes",
         )
     if st.st_size == 0:
-        if _kernel_file(path, st):  # /proc/self/status: stat says 0 bytes whatever it holds; never read here
+        if _kernel_file(st):  # /proc/self/status: stat says 0 bytes whatever it holds; never read here
             raise input_error(where, "is a special file of the kernel (/proc, /sys) whose size is unknown (stat "
                               "says 0 bytes), so it was not read", "copy its content to a regular file first")
         raise input_error(where, "file is empty", "pass a non-empty trace file")
     return st.st_size
 
 
-def _kernel_file(path: PathLike, st: os.stat_result) -> bool:
-    """Whether ``path`` (``st`` its stat) lies on the kernel's procfs or sysfs (the device of /proc or /sys), where
+def _kernel_file(st: os.stat_result) -> bool:
+    """Whether the file of stat ``st`` lies on the kernel's procfs or sysfs (the device of /proc or /sys), where
     regular files report size 0; reading one is not safe (some block until the kernel has something to say)."""
     for root in ("/proc", "/sys"):
         try:
-            if os.stat(root).st_dev == st.st_dev:
+            # a mount point only: an unmounted /sys (a plain folder of the root file system) says nothing
+            if os.path.ismount(root) and os.stat(root).st_dev == st.st_dev:
                 return True
         except OSError:
             continue
-    real = os.path.realpath(path)
-    return real.startswith(("/proc/", "/sys/"))
+    return False
 
 
 def read_bytes(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> bytes:

@@ -563,6 +563,20 @@ def test_kernel_file_is_not_called_empty_and_never_read(tmp_path: Path) -> None:
         load_trace(empty)
 
 
+def test_an_empty_file_is_empty_where_proc_is_not_mounted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a mounted /proc or /sys counts: on a system without them (a plain folder on the root file system, the
+    device of every other file there) an empty file is still 'empty', not 'a special file of the kernel'."""
+    empty = tmp_path / "e.csv"
+    empty.write_bytes(b"")
+    dev = os.stat(empty).st_dev
+    real_stat = os.stat
+    monkeypatch.setattr(os.path, "ismount", lambda p: False)
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: os.stat_result((0o40755, 0, dev, 2, 0, 0, 0, 0, 0, 0))
+                        if os.fspath(p) in ("/proc", "/sys") else real_stat(p, *a, **k))
+    with pytest.raises(KvplanInputError, match="file is empty"):
+        load_trace(empty)
+
+
 _AZ_H = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 _LM_H = "prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
 

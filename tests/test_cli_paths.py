@@ -86,3 +86,18 @@ def test_an_empty_model_config_is_refused_not_read_from_the_current_directory(
     assert _err(capsys) == ("error: --model-config: is empty; give the directory of a Hugging Face model's "
                             "config.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("args", [["workload", "fit", "{trace}", "--out", "."], ["workload", "fit", "{trace}", "--out", "/"],
+                                  ["sweep", "{grid}", "--out", "."]])
+def test_an_output_path_naming_a_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       args: list[str]) -> None:
+    """`workload fit --out .` / `--out /` and `sweep --out .` ended in a traceback (a path without a file name)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,5\na,3,150,5\n")
+    grid = tmp_path / "g.yaml"
+    grid.write_text("base: {}\naxes: {}\n")
+    argv = [a.format(trace=trace, grid=grid) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out") and err.count("\n") == 1 and "Traceback" not in err, err

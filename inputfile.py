@@ -68,8 +68,24 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
             "pass a smaller file (split or filter the trace) or raise max_bytes",
         )
     if st.st_size == 0:
+        if _kernel_file(st):  # /proc/self/status: stat says 0 bytes whatever it holds; never read here
+            raise input_error(where, "is a special file of the kernel (/proc, /sys) whose size is unknown (stat "
+                              "says 0 bytes), so it was not read", "copy its content to a regular file first")
         raise input_error(where, "file is empty", "pass a non-empty trace file")
     return st.st_size
+
+
+def _kernel_file(st: os.stat_result) -> bool:
+    """Whether the file of stat ``st`` lies on the kernel's procfs or sysfs (the device of /proc or /sys), where
+    regular files report size 0; reading one is not safe (some block until the kernel has something to say)."""
+    for root in ("/proc", "/sys"):
+        try:
+            # a mount point only: an unmounted /sys (a plain folder of the root file system) says nothing
+            if os.path.ismount(root) and os.stat(root).st_dev == st.st_dev:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def read_bytes(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> bytes:
@@ -91,9 +107,30 @@ def read_bytes(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | 
     return data
 
 
+#: Leading bytes of the compressed and archive formats a trace is often shipped in, with how to unpack one.
+COMPRESSED_MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    (b"\x1f\x8b", "gzip", "gunzip -k"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+    (b"PK\x03\x04", "zip", "unzip"),
+    (b"PK\x05\x06", "zip", "unzip"),
+    (b"\xfd7zXZ\x00", "xz", "unxz -k"),
+    (b"BZh", "bzip2", "bunzip2 -k"),
+)
+
+
+def refuse_compressed(data: bytes, field: str) -> None:
+    """Refuse bytes that start like a gzip, zstd, zip, xz or bzip2 file: named, with how to decompress it
+    (decoded as text they would only say 'not valid UTF-8' or 'cannot tell the format', with mojibake)."""
+    for magic, name, tool in COMPRESSED_MAGIC:
+        if data.startswith(magic) and (name != "bzip2" or data[4:10] == b"1AY&SY"):  # BZh + level + block magic
+            raise input_error(field, f"is compressed ({name}), not a text file",
+                              f"decompress it first (e.g. {tool} FILE) and pass the result")
+
+
 def decode_text(data: bytes, field: str) -> str:
-    """Decode the bytes of a text file as UTF-8 (a leading BOM is dropped); a NUL byte (a binary file) or
-    invalid UTF-8 is an error naming ``field`` and the line."""
+    """Decode the bytes of a text file as UTF-8 (a leading BOM is dropped); compressed data, a NUL byte (a
+    binary file) or invalid UTF-8 is an error naming ``field`` (and the line)."""
+    refuse_compressed(data, field)
     nul = data.find(b"\x00")
     if nul >= 0:
         raise input_error(field, f"byte {nul} is a NUL byte: this is a binary file, not a text trace")
@@ -104,6 +141,18 @@ def decode_text(data: bytes, field: str) -> str:
         raise input_error(
             field, f"line {line}: byte {exc.start} is not valid UTF-8", "save it as UTF-8"
         ) from None
+
+
+def decode_head(data: bytes, field: str, complete: bool) -> str:
+    """:func:`decode_text` of the first bytes of a file (``complete``: the whole file); a UTF-8 character cut by
+    the end of an incomplete head is dropped, not called invalid."""
+    if not complete:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.end == len(data) and exc.reason == "unexpected end of data":
+                data = data[: exc.start]
+    return decode_text(data, field)
 
 
 def read_text(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | None = None) -> str:
@@ -337,6 +386,7 @@ __all__ = [
     "check_array",
     "check_file",
     "check_integral",
+    "decode_head",
     "decode_text",
     "file_label",
     "find_non_finite",

@@ -31,6 +31,7 @@ from kvplan.app import (
     cmd_validate,
     cmd_workload,
 )
+from kvplan.app.flags import refuse_empty_paths
 from kvplan.errors import KvplanInputError
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command
-        rv = app(args=argv, standalone_mode=False)
+        # without standalone mode click *returns* the code of a ``typer.Exit`` raised by a command; the
+        # command tree as ``app()`` builds it, its path parameters refusing an empty value (app/flags.py)
+        rv = refuse_empty_paths(typer.main.get_command(app))(args=argv, standalone_mode=False)
         if rv == 130 and _RECEIVED:  # typer's status for any interrupt: give the signal's own
             return _interrupted(Terminated(_RECEIVED[-1]))
         if isinstance(rv, int) and not isinstance(rv, bool):

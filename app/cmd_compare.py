@@ -224,17 +224,16 @@ def health_cell(row: dict[str, Any]) -> str:
 
 def render_text(rows: list[dict[str, Any]]) -> list[str]:
     """Metrics as lines, one column per policy (the CLI prints them)."""
-    width = max(16, *(len(c) + 2 for r in rows for c in (r["policy"], health_cell(r),
-                                                          *(_time_cell(r, k) for _, k in TIME_LINES))))
-    head = f"{'':24}" + "".join(f"{r['policy']:>{width}}" for r in rows)
-    out = [head, f"{'GPUs':24}" + "".join(f"{r['gpus']:>{width}}" for r in rows),
-           f"{'health':24}" + "".join(f"{health_cell(r):>{width}}" for r in rows)]
-    for label, key in TIME_LINES:
-        out.append(f"{label:24}" + "".join(f"{_time_cell(r, key):>{width}}" for r in rows))
-    for label, key, scale, fmt in LINES:
-        if key == "max_rate_per_s_meeting_slo" and rows[0].get("slo_ttft_p90_ms") is None:
-            continue
-        out.append(f"{label:24}" + "".join(f"{_cell(r, key, scale, fmt):>{width}}" for r in rows))
+    table: list[tuple[str, list[str]]] = [
+        ("", [r["policy"] for r in rows]), ("GPUs", [str(r["gpus"]) for r in rows]),
+        ("health", [health_cell(r) for r in rows]),
+    ]
+    table.extend((label, [_time_cell(r, key) for r in rows]) for label, key in TIME_LINES)
+    table.extend((label, [_cell(r, key, scale, fmt) for r in rows]) for label, key, scale, fmt in LINES
+                 if key != "max_rate_per_s_meeting_slo" or rows[0].get("slo_ttft_p90_ms") is not None)
+    # one width for every column, at least two spaces wider than its widest cell: cells never run together
+    width = max(16, *(len(c) + 2 for _, cells in table for c in cells))
+    out = [f"{label:24}" + "".join(f"{c:>{width}}" for c in cells) for label, cells in table]
     reps = rows[0]["replications"]
     seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
     ci = (f"± 95% CI over {reps} replications (shares: the CI as a range within 0-100%)" if reps > 1

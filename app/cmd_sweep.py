@@ -144,8 +144,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.plan.sweep import check_sweep_outputs, run_grid, screen_path, summary_path
 
         if out.suffix != ".parquet":
+            example = out.with_suffix(".parquet") if out.name else Path("results.parquet")  # '.' or '/': no name
             raise input_error(f"--out {out}", "results are Parquet files", f"give a path ending in .parquet "
-                              f"(e.g. {out.with_suffix('.parquet')}); --csv {out.with_suffix('.csv')} writes a CSV too")
+                              f"(e.g. {example}); --csv {example.with_suffix('.csv')} writes a CSV too")
         inputs = grid_inputs(grid)
         check_sweep_outputs(out, overwrite, inputs, [("--csv", csv_out)])  # every output, before any work
         if backend not in ("local", "ray"):

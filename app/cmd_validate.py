@@ -23,7 +23,7 @@ prior's error). A serving run also has its seed spread: the lowest and highest p
 (arrival times, sampled prompt lengths, random routing draws), the sampling spread of a run that long, of which
 the measured run is one draw. --json prints the same as {"cases": [...]} (per point predicted_low /
 predicted_high, in_band, knife_edge, seed_low / seed_high, in_seed_spread; per case band and seed_spread);
---markdown the per-case summary table. Offline; nothing is fitted to these cases."""
+--markdown the per-case summary table (not both). A case given twice runs once. Offline; nothing is fitted to these cases."""
 
 
 def band_cell(p: dict[str, Any]) -> str:
@@ -93,7 +93,11 @@ def register(app: typer.Typer) -> None:
             "instead of each prior's stated one (an assumption you state)."),
     ) -> None:
         from kvplan.calibration.validate import json_ready, markdown_table, validate
+        from kvplan.errors import input_error
 
+        if json_out and markdown:  # before any work: one of them would be silently dropped
+            raise input_error("--json --markdown", "are two output formats, only one can be printed",
+                              "give one of them")
         results = validate(list(case), band_error)
         if json_out:
             typer.echo(json.dumps({"cases": json_ready(results)}, indent=2))

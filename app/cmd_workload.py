@@ -100,6 +100,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready
 
+        if not out.name or out.is_dir():  # '.', '/' or a directory: no file name to write to (nor to derive from)
+            raise input_error(f"--out {out}", "is a directory, not a workload YAML file", "give a file path, e.g. "
+                              "workload.yaml")
         report_path = out.with_name(out.stem + ".fit.json")
         inputs = [trace, scenario]
         check_distinct([("--out", out), ("--out (report)", report_path)])

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any, get_args
 
 from kvplan.errors import input_error
 from kvplan.plan.grid import MAX_REPLICATIONS
@@ -82,3 +85,47 @@ def common_run_flags(replications: int | None, workers: int | None, conversation
     int_range("--replications", replications, 1, MAX_REPLICATIONS)
     int_range("--workers", workers, 0, MAX_WORKERS)
     int_range("--conversations", conversations, 1, MAX_CONVERSATIONS)
+
+
+def _takes_paths(param: Any) -> bool:
+    """Whether a parameter of the Typer-built command tree holds a path (``Path``, ``Path | None``, ``list[Path]``)."""
+    desc = getattr(param, "type_descriptor", None)  # typer >= 0.20 (its own click): the Python annotation
+    if desc is not None:
+        ann = desc.annotation
+        return any(isinstance(a, type) and issubclass(a, PurePath) for a in (ann, *get_args(ann)))
+    return type(getattr(param, "type", None)).__name__ == "Path"  # typer on click: click.Path
+
+
+def _flag_name(param: Any) -> str:
+    opts = [o for o in getattr(param, "opts", []) if o.startswith("-")]
+    return max(opts, key=len) if opts else str(getattr(param, "name", "argument") or "argument").upper()
+
+
+def refuse_empty_paths(command: Any) -> Any:
+    """Make every path argument and option of the command tree refuse an empty value (``--out ""``).
+
+    Typer turns ``""`` into ``Path("")``, which is ``Path(".")``: a command would read or write the current
+    directory without being told to. The raw value is checked here, before that conversion, with the same
+    one-line error as the other flag checks. Returns ``command``.
+    """
+    subcommands = getattr(command, "commands", None)
+    if isinstance(subcommands, dict):
+        for sub in subcommands.values():
+            refuse_empty_paths(sub)
+        return command
+    for param in getattr(command, "params", []):
+        if _takes_paths(param):
+            param.process_value = _refusing_empty(param, param.process_value)
+    return command
+
+
+def _refusing_empty(param: Any, process: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    flag = _flag_name(param)
+
+    def process_value(ctx: Any, value: Any) -> Any:
+        values = value if isinstance(value, list | tuple) else (value,)
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            raise input_error(flag, "is empty", "give a path (an empty one would mean the current directory)")
+        return process(ctx, value)
+
+    return process_value

@@ -46,7 +46,9 @@ def print_summary(
         ("TTFT mean / p50 / p90 / p99", " / ".join(fmt_s(s[k]) for k in TTFT_KEYS)),
         # a router hit: the follow-up's context was still held (D's pin or P's cache); how much of it the prompt
         # could reuse is the tokens row (workload.history may leave none valid)
-        ("hit rate (follow-ups whose context was still held)", f"{s['hit_rate']:.1%}"),
+        # no follow-up turn: no rate (summary.json keeps its 0.0, a number by contract)
+        ("hit rate (follow-ups whose context was still held)",
+         "n/a (no follow-up turns)" if s.get("follow_up_turns") == 0 else f"{s['hit_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
         ("pulled / recomputed / local-hit tokens",
          f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),
@@ -91,6 +93,10 @@ def print_summary(
         if key.endswith("_zero_replayed_as_1") and n:
             c.print(f"note: {n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "
                     "(a request has at least one prompt and one generated token)", markup=False)
+    unsorted = (s.get("trace") or {}).get("rows_out_of_order_sorted")
+    if unsorted:
+        c.print(f"note: {unsorted:,} trace rows were earlier than the row before them; the trace was replayed sorted "
+                "by arrival", markup=False)
     if out is not None:
         names = files or ["turns.csv", "summary.json", "pinned.csv", "scenario.yaml"]
         c.print(f"wrote {out}/{names[0]}, {', '.join(names[1:])}")

@@ -94,6 +94,8 @@ def require_aic() -> str:
 
 def check_model_config(path: str | Path) -> dict[str, Any]:
     """Validate a local Hugging Face model directory (``config.json``) before aiconfigurator reads it."""
+    if not str(path).strip():  # Path("") is the current directory: never read a config.json found there
+        raise input_error("--model-config", "is empty", "give the directory of a Hugging Face model's config.json")
     d = Path(path)
     cfg = d / "config.json"
     if not d.is_dir() or not cfg.is_file():

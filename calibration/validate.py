@@ -459,11 +459,11 @@ def validate_case(case: Case, band_error: float | None = None) -> dict[str, Any]
 
 
 def validate(names: list[str] | None = None, band_error: float | None = None) -> list[dict[str, Any]]:
-    """Run the named cases (every shipped case when ``None`` or empty), in the order given; ``band_error``
-    replaces the stated GPU-compute errors of the band (:func:`validate_case`)."""
+    """Run the named cases (every shipped case when ``None`` or empty), in the order given, a name given twice
+    once; ``band_error`` replaces the stated GPU-compute errors of the band (:func:`validate_case`)."""
     if band_error is not None and not (math.isfinite(band_error) and 0 < band_error < 1):
         raise input_error("--band-error", f"{band_error} is not a relative error in (0, 1)", "give e.g. 0.05 for 5%")
-    chosen = names or case_names()
+    chosen = list(dict.fromkeys(names or case_names()))  # --case X --case X: X once, first-seen order
     cases = [load_case(n) for n in chosen]  # every name checked before any work
     return [validate_case(c, band_error) for c in cases]
 

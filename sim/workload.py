@@ -335,6 +335,9 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     report = dict(report)
     report.update({"format": sel.format, "sha256": sel.sha256, "source": sel.source,
                    "requests_replayed": int(len(df)), "sessions_replayed": int(n)})
+    unsorted = sel.notes.get("rows_out_of_order")
+    if unsorted:  # an LMBench file (written in finishing order) sorted by arrival; said, and counted only then
+        report["rows_out_of_order_sorted"] = int(unsorted)
     for name, raw in (("input_tokens", raw_prompt), ("output_tokens", raw_out)):
         zeros = int(np.count_nonzero(raw < 1))
         if zeros:  # only when it happened: reports of traces without zeros are unchanged

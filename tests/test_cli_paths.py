@@ -47,3 +47,57 @@ def test_bad_paths_and_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "Traceback" not in _err(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert not any(p.name.endswith(".tmp") for p in tmp_path.parent.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--trace", str(TRACE), "--out", ""],
+        ["simulate", "--trace", str(TRACE), "--out="],
+        ["simulate", "", "--out", "o"],
+        ["sweep", "g.yaml", "--out", ""],
+        ["sweep", "g.yaml", "--out", "r.parquet", "--csv", ""],
+        ["compare", "--policies", "off,ttl", "--html", ""],
+        ["reproduce", "--html", ""],
+        ["workload", "show", str(TRACE), "--html", ""],
+        ["workload", "fit", str(TRACE), "--out", ""],
+        ["workload", "show", ""],
+        ["calibrate", "--bench", str(BENCH), "--bench", "", "--out", "p.json"],
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    # typer reads "" as Path("") == Path("."): simulate --out "" wrote its results into the current directory
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert err.startswith("error: ") and "\n" not in err and "is empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_model_config_is_refused_not_read_from_the_current_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["X"]}')  # a config.json in the current directory
+    monkeypatch.chdir(tmp_path)
+    argv = ["profile", "derive", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "1", "--out", "p.json"]
+    assert main([*argv, "--model-config", ""]) == 2
+    assert _err(capsys) == ("error: --model-config: is empty; give the directory of a Hugging Face model's "
+                            "config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("args", [["workload", "fit", "{trace}", "--out", "."], ["workload", "fit", "{trace}", "--out", "/"],
+                                  ["sweep", "{grid}", "--out", "."]])
+def test_an_output_path_naming_a_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       args: list[str]) -> None:
+    """`workload fit --out .` / `--out /` and `sweep --out .` ended in a traceback (a path without a file name)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,100,5\na,3,150,5\n")
+    grid = tmp_path / "g.yaml"
+    grid.write_text("base: {}\naxes: {}\n")
+    argv = [a.format(trace=trace, grid=grid) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out") and err.count("\n") == 1 and "Traceback" not in err, err

@@ -142,6 +142,7 @@ def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: p
     assert pd.read_parquet(out / "turns.parquet")["output_tokens"].tolist() == [1, 5]
 
 
+<<<<<<< HEAD
 @pytest.mark.parametrize(("text", "hint"), [("5e-4", "write 5.0e-4"), ("1.0e30", "write 1.0e+30"),
                                             ("2E6", "write 2.0e+6")])
 def test_a_yaml_number_string_is_refused_with_the_form_yaml_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -177,3 +178,38 @@ def test_relative_paths_in_a_scenario_are_its_neighbours(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert main(["simulate", str(out / "scenario.yaml"), "--out", str(tmp_path / "again"), "--format", "csv"]) == 0
     assert main(["simulate", str(emp), "--out", str(tmp_path / "e"), "--format", "csv"]) == 0
+=======
+def test_hit_rate_without_follow_up_turns_reads_n_a(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only first turns: the table says the hit rate does not apply (it read 0.0%); summary.json keeps 0.0."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,300,20\nb,1,400,30\n")
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "hit rate" in ln)
+    assert "n/a (no follow-up turns)" in row and "%" not in row, row
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["follow_up_turns"] == 0 and summary["hit_rate"] == 0.0
+    two = tmp_path / "two.csv"
+    two.write_text("session_id,timestamp_s,input_tokens,output_tokens\na,0,300,20\na,5,400,30\n")
+    assert main(["simulate", "--trace", str(two), "--out", str(tmp_path / "o2")]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "hit rate" in ln)
+    assert "n/a" not in row and "%" in row, row
+
+
+def test_unsorted_lmbench_rows_are_counted_in_the_trace_report_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "lm.csv"
+    trace.write_text("prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+                     "75,20,0.04,0.5,403,1,1000.5,1001.1\n75,20,0.04,0.5,403,2,988.5,989.1\n")
+    out = tmp_path / "o"
+    assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 0
+    assert "note: 1 trace rows were earlier than the row before them; the trace was replayed sorted by arrival" in (
+        capsys.readouterr().out)
+    assert json.loads((out / "summary.json").read_text())["trace"]["rows_out_of_order_sorted"] == 1
+    trace.write_text("prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+                     "75,20,0.04,0.5,403,1,988.5,989.1\n75,20,0.04,0.5,403,2,1000.5,1001.1\n")
+    assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path / "o2")]) == 0
+    assert "replayed sorted" not in capsys.readouterr().out
+    assert "rows_out_of_order_sorted" not in json.loads((tmp_path / "o2" / "summary.json").read_text())["trace"]
+>>>>>>> fix-cli

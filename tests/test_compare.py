@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,26 @@ def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> No
     assert any(ln.startswith("(no ±: one replication has no CI") for ln in single)
     frame = compare_display_frame([_text_row("off", 3, 0.0), _text_row("ttl", 1, 0.0)])
     assert "±" in frame["TTFT p50"].iloc[0] and "±" not in frame["TTFT p50"].iloc[1]
+
+
+def test_compare_text_columns_never_run_together() -> None:
+    """Every cell is right-aligned in a column at least two spaces wider than the widest cell of any row: the
+    hit-rate row of 0% and 100% shares read '0.0 [0.0-0.0]100.0 [100.0-100.0]' (its width ignored those rows)."""
+    from kvplan.app.cmd_compare import render_text
+
+    rows = [{**_text_row(p, 3, 0.0), "hit_rate": h, "reuse_rate": h, "usd_per_million_turns": 1.234e9}
+            for p, h in (("off", 0.0), ("ttl", 1.0), ("ttl+cross_layer", 1.0))]
+    text = render_text(rows)
+    hit = next(ln for ln in text if ln.startswith("hit rate %"))
+    cells = [c.strip() for c in re.split(r"\s{2,}", hit[24:].strip())]
+    assert cells == ["0.0 [0.0-0.0]", "100.0 [100.0-100.0]", "100.0 [100.0-100.0]"], hit
+    table = text[:text.index(next(ln for ln in text if ln.startswith("(")))]
+    assert len({len(ln) for ln in table}) == 1, table  # one width per column, on every row
+    width = (len(table[0]) - 24) // 3
+    for ln in table:
+        for k in range(3):
+            cell = ln[24 + k * width: 24 + (k + 1) * width]
+            assert cell.startswith("  ") and cell.strip(), (ln, k)
 
 
 def test_advice_and_compare_report_the_steady_window_utilisation() -> None:

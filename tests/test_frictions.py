@@ -95,6 +95,7 @@ def test_real_azure_and_lmbench_files(shared_dir: Path) -> None:
     assert load_trace(az).format == "azure" and load_trace(az).n_requests == 19_366
     t = load_trace(lm)
     assert t.format == "lmbench" and t.n_requests == 52 and t.requests["turn"].max() == 4
+    assert t.notes["rows_out_of_order"] == 16  # written in finishing order: sorted by arrival, and counted
 
 
 def test_dashboard_hides_the_deploy_button_and_refuses_a_busy_port() -> None:

@@ -534,3 +534,94 @@ def test_workload_fit_of_a_trace_with_zero_tokens_simulates(tmp_path: Path) -> N
     report = json.loads((tmp_path / "w.fit.json").read_text())
     assert report["output_tokens"]["zero_taken_as_1"] == 1
     assert main(["simulate", str(out), "--out", str(tmp_path / "run")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("head", "needle"),
+    [
+        (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03+N-.", "is compressed (gzip), not a text file; decompress it first"),
+        (b"\x28\xb5\x2f\xfd\x04\x58\x89\x00\x00", "is compressed (zstd)"),
+        (b"PK\x03\x04\x14\x00\x00\x00\x08\x00", "is compressed (zip)"),
+        (b"\xfd7zXZ\x00\x00\x04\xe6\xd6\xb4F", "is compressed (xz)"),
+        (b"BZh91AY&SY\x8a\x12", "is compressed (bzip2)"),
+        (b"session_id,timestamp_s\x00\x00\x01\x02", "NUL byte: this is a binary file, not a text trace"),
+        (b"session_id,timestamp_s,input_tokens,output_tokens\n\xc3\x28,0,1,1\n", "line 2: byte 50 is not valid UTF-8"),
+    ],
+)
+def test_compressed_or_binary_trace_is_named_as_such(tmp_path: Path, head: bytes, needle: str) -> None:
+    """A gzip trace read 'cannot tell the trace format from the first record' with mojibake and no hint."""
+    f = tmp_path / "t.csv"
+    f.write_bytes(head)
+    for fmt in (None, "csv"):  # detected, or the format given (the reader decodes the whole file)
+        with pytest.raises(KvplanInputError) as exc:
+            load_trace(f, fmt)
+        msg = str(exc.value)
+        assert msg.startswith(f"{f}: ") and needle in msg and "cannot tell" not in msg and "\n" not in msg, msg
+
+
+def test_utf8_character_cut_by_the_detection_head_is_not_an_error(tmp_path: Path) -> None:
+    from kvplan.traces.readers import HEAD_BYTES
+
+    header = b"session_id,timestamp_s,input_tokens,output_tokens\n"
+    pad = HEAD_BYTES - len(header) - len(b"\xc3")  # the 2-byte 'é' of the next row straddles the head's end
+    body = b"a" * (pad - len(",0,1,1\n")) + b",0,1,1\n" + "é,1,1,1\n".encode()
+    f = tmp_path / "t.csv"
+    f.write_bytes(header + body)
+    assert detect_trace_format(f) == "csv" and load_trace(f).n_requests == 2
+
+
+def test_kernel_file_is_not_called_empty_and_never_read(tmp_path: Path) -> None:
+    """/proc files report size 0 (stat): 'file is empty' was wrong; they are refused by stat, never opened."""
+    special = Path("/proc/self/status")
+    if not special.is_file():
+        pytest.skip("no procfs")
+    with pytest.raises(KvplanInputError, match=r"special file of the kernel .* size is unknown .* not read"):
+        load_trace(special)
+    empty = tmp_path / "e.csv"
+    empty.write_bytes(b"")
+    with pytest.raises(KvplanInputError, match="file is empty"):
+        load_trace(empty)
+
+
+def test_an_empty_file_is_empty_where_proc_is_not_mounted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a mounted /proc or /sys counts: on a system without them (a plain folder on the root file system, the
+    device of every other file there) an empty file is still 'empty', not 'a special file of the kernel'."""
+    empty = tmp_path / "e.csv"
+    empty.write_bytes(b"")
+    dev = os.stat(empty).st_dev
+    real_stat = os.stat
+    monkeypatch.setattr(os.path, "ismount", lambda p: False)
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: os.stat_result((0o40755, 0, dev, 2, 0, 0, 0, 0, 0, 0))
+                        if os.fspath(p) in ("/proc", "/sys") else real_stat(p, *a, **k))
+    with pytest.raises(KvplanInputError, match="file is empty"):
+        load_trace(empty)
+
+
+_AZ_H = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+_LM_H = "prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,launch_time,finish_time\n"
+
+
+def test_unsorted_azure_is_refused_like_csv_and_mooncake(tmp_path: Path) -> None:
+    """The published Azure traces are sorted: a row earlier than the one before is refused, naming it (it was
+    sorted silently, unlike the CSV and Mooncake readers)."""
+    f = tmp_path / "az.csv"
+    f.write_text(_AZ_H + "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:40.0,396,109\n")
+    with pytest.raises(KvplanInputError) as exc:
+        load_trace(f)
+    assert str(exc.value) == (f"{f}: line 3: field 'TIMESTAMP' is '2023-11-16 18:15:40.0', earlier than "
+                              "'2023-11-16 18:15:46.6805900' on line 2; the trace must be sorted by arrival "
+                              "(non-decreasing timestamps); sort it first")
+
+
+def test_unsorted_lmbench_is_sorted_and_counted(tmp_path: Path) -> None:
+    """LMBench writes a row when its request finishes (its published files are unsorted by launch_time): sorted
+    by arrival, and the rows out of order are counted in the trace's notes; a sorted file has none."""
+    f = tmp_path / "lm.csv"
+    f.write_text(_LM_H + "75,20,0.04,0.5,403,1,1000.5,1001.1\n75,20,0.04,0.5,403,2,988.5,989.1\n"
+                 "75,20,0.04,0.5,404,1,999.0,999.5\n75,20,0.04,0.5,404,2,1003.0,1004.0\n")
+    tr = load_trace(f)
+    assert tr.requests["arrival_s"].tolist() == [0.0, 10.5, 12.0, 14.5]
+    assert tr.notes == {"rows_out_of_order": 1, "first_out_of_order_line": 3, "sorted_by": "launch_time"}
+    ok = tmp_path / "ok.csv"
+    ok.write_text(_LM_H + "75,20,0.04,0.5,403,1,988.5,989.1\n75,20,0.04,0.5,403,2,1000.5,1001.1\n")
+    assert load_trace(ok).notes == {}

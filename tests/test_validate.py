@@ -579,3 +579,20 @@ def test_text_output_has_the_seed_column_only_where_seeds_differ(capsys: pytest.
     assert "seeds 0-3" in header(llmd) and "seed spread: measured within" in llmd
     assert "band" in header(mooncake) and "seeds 0-3" not in header(mooncake)
     assert "every seed gives the same prediction" in mooncake
+
+
+def test_a_case_given_twice_runs_once(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--case", "dynamo-qwen3-32b-decode", "--case", "p5en-published", "--case", "dynamo-qwen3-32b-decode"]
+    assert main(["validate", "--json", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in out["cases"]] == ["dynamo-qwen3-32b-decode", "p5en-published"]
+    assert main(["validate", "--markdown", *args]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [r.split("`")[1] for r in rows] == ["dynamo-qwen3-32b-decode", "p5en-published"]
+
+
+def test_json_and_markdown_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--json", "--markdown", "--case", "dynamo-qwen3-32b-decode"]) == 2
+    cap = capsys.readouterr()
+    err = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: --json --markdown") and cap.out == "", cap

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, json_loads
+from kvplan.inputfile import DEFAULT_MAX_BYTES, _short, check_file, decode_head, json_loads
 from kvplan.traces.sessions import _chains, _frame, _link_sessions, link_prefix_chains
 from kvplan.traces.trace import (
     AZURE_HEADER,
@@ -39,6 +39,9 @@ from kvplan.traces.trace import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How much of a trace file :func:`detect_trace_format` reads to tell its format.
+HEAD_BYTES = 65536
 
 
 def _read_mooncake(text: str, label: str, min_blocks: int) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -246,8 +249,8 @@ def _read_csv(text: str, label: str) -> pd.DataFrame:
     return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
 
 
-def _csv_records(text: str, label: str, header: tuple[str, ...]) -> Iterator[tuple[str, list[str]]]:
-    """``(where, fields)`` of every data row of a CSV whose first line must be exactly ``header``."""
+def _csv_records(text: str, label: str, header: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, fields)`` of every data row of a CSV whose first line must be exactly ``header``."""
     reader = csv.reader(io.StringIO(text))
     seen = False
     try:
@@ -263,7 +266,7 @@ def _csv_records(text: str, label: str, header: tuple[str, ...]) -> Iterator[tup
                 continue
             if len(row) != len(header):
                 raise input_error(where, f"has {len(row)} fields, expected {len(header)} ({','.join(header)})")
-            yield where, [c.strip() for c in row]
+            yield reader.line_num, [c.strip() for c in row]
     except csv.Error as exc:
         raise input_error(f"{label}: line {reader.line_num}", f"malformed CSV ({exc})") from None
 
@@ -284,26 +287,42 @@ def _azure_time_s(text: str, where: str) -> float:
 def _read_azure(text: str, label: str) -> pd.DataFrame:
     """Azure LLM inference trace 2023: one request per row, no conversations (every request is its own session)."""
     ts: list[float] = []
+    lines: list[int] = []
+    shown: list[str] = []
     n_in: list[int] = []
     n_out: list[int] = []
-    for where, row in _csv_records(text, label, AZURE_HEADER):
+    for lineno, row in _csv_records(text, label, AZURE_HEADER):
+        where = f"{label}: line {lineno}"
         ts.append(_azure_time_s(row[0], where))
+        lines.append(lineno)
+        shown.append(row[0])
         n_in.append(_count(row[1], "ContextTokens", where, allow_string=True))
         n_out.append(_count(row[2], "GeneratedTokens", where, allow_string=True))
     if not ts:
         raise _no_records(label)
+    # refused like the CSV and Mooncake formats (the published Azure traces are sorted): a request out of order
+    # is more likely a damaged or concatenated file than something to reorder silently
+    _check_sorted(ts, lines, label, "TIMESTAMP", "", shown)
     return _link_sessions([str(i) for i in range(len(ts))], np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
 
 
-def _read_lmbench(text: str, label: str) -> pd.DataFrame:
+def _read_lmbench(text: str, label: str) -> tuple[pd.DataFrame, dict[str, Any]]:
     """LMBench multi-round QA output: sessions by ``user_id``, arrival ``launch_time`` (epoch s), service
-    ``finish_time - launch_time`` (measured)."""
+    ``finish_time - launch_time`` (measured).
+
+    The benchmark writes a row when its request finishes, so ``launch_time`` is not sorted in its files (the
+    published llm-d runs: 16 of 52 rows earlier than the row before): the rows are sorted by arrival, and the
+    rows earlier than the one before them are counted in ``Trace.notes["rows_out_of_order"]`` (with the
+    first one's line), which the trace report of a replay repeats."""
     ts: list[float] = []
+    lines: list[int] = []
     sess: list[str] = []
     n_in: list[int] = []
     n_out: list[int] = []
     svc: list[float] = []
-    for where, row in _csv_records(text, label, LMBENCH_HEADER):
+    for lineno, row in _csv_records(text, label, LMBENCH_HEADER):
+        where = f"{label}: line {lineno}"
+        lines.append(lineno)
         n_in.append(_count(row[0], "prompt_tokens", where, allow_string=True))
         n_out.append(_count(row[1], "generation_tokens", where, allow_string=True))
         if not row[4]:
@@ -315,7 +334,12 @@ def _read_lmbench(text: str, label: str) -> pd.DataFrame:
         svc.append(t1 - t0 if t1 >= t0 else math.nan)
     if not ts:
         raise _no_records(label)
-    return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out), np.asarray(svc))
+    back = np.flatnonzero(np.diff(np.asarray(ts, dtype=float)) < 0) + 1
+    notes: dict[str, Any] = {}
+    if back.size:  # only when it happened: a sorted file's trace (and replay report) is unchanged
+        notes = {"rows_out_of_order": int(back.size), "first_out_of_order_line": lines[int(back[0])],
+                 "sorted_by": "launch_time"}
+    return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out), np.asarray(svc)), notes
 
 
 def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> TraceFormat:
@@ -325,7 +349,9 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         return "weka"  # a folder of kv-cache-tester traces (the only format read from a directory)
     check_file(path, max_bytes)
     with open(path, "rb") as fh:
-        head = fh.read(65536).decode("utf-8-sig", errors="replace")
+        raw = fh.read(HEAD_BYTES)
+    # compressed, binary (NUL) or not UTF-8: said as such, not as an unknown format quoting mojibake
+    head = decode_head(raw, label, complete=len(raw) < HEAD_BYTES)
     stripped = head.lstrip()
     if stripped.startswith("["):
         return "multiturn"
@@ -411,7 +437,7 @@ def load_trace(
     elif fmt == "azure":
         df = _read_azure(text, label)
     elif fmt == "lmbench":
-        df = _read_lmbench(text, label)
+        df, notes = _read_lmbench(text, label)
     else:
         df = _read_csv(text, label)
     return Trace(requests=df, source=label, format=fmt, sha256=digest, linking=linking, notes=notes)

@@ -212,17 +212,20 @@ def _json_array(text: str, label: str) -> list[tuple[int, Any]]:
     return out
 
 
-def _check_sorted(times: list[float], lines: list[int], label: str, name: str, unit: str) -> None:
-    """Raise on the first timestamp that is earlier than the one before it (file order)."""
+def _check_sorted(times: list[float], lines: list[int], label: str, name: str, unit: str,
+                  shown: list[str] | None = None) -> None:
+    """Raise on the first timestamp that is earlier than the one before it (file order); ``shown``: the
+    timestamps as the file writes them, for the message (default: ``times`` and ``unit``)."""
     arr = np.asarray(times, dtype=float)
     if arr.size < 2:
         return
     bad = np.flatnonzero(np.diff(arr) < 0)
     if bad.size:
         i = int(bad[0]) + 1
+        now, before = (repr(shown[i]), repr(shown[i - 1])) if shown else (f"{arr[i]:g} {unit}", f"{arr[i - 1]:g} {unit}")
         raise input_error(
             f"{label}: line {lines[i]}",
-            f"field '{name}' is {arr[i]:g} {unit}, earlier than {arr[i - 1]:g} {unit} on line {lines[i - 1]}",
+            f"field '{name}' is {now}, earlier than {before} on line {lines[i - 1]}",
             "the trace must be sorted by arrival (non-decreasing timestamps); sort it first",
         )
 def _no_records(label: str) -> Exception:

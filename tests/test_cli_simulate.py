@@ -142,7 +142,6 @@ def test_trace_zero_lengths_are_replayed_as_1_and_said(tmp_path: Path, capsys: p
     assert pd.read_parquet(out / "turns.parquet")["output_tokens"].tolist() == [1, 5]
 
 
-<<<<<<< HEAD
 @pytest.mark.parametrize(("text", "hint"), [("5e-4", "write 5.0e-4"), ("1.0e30", "write 1.0e+30"),
                                             ("2E6", "write 2.0e+6")])
 def test_a_yaml_number_string_is_refused_with_the_form_yaml_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -178,7 +177,8 @@ def test_relative_paths_in_a_scenario_are_its_neighbours(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert main(["simulate", str(out / "scenario.yaml"), "--out", str(tmp_path / "again"), "--format", "csv"]) == 0
     assert main(["simulate", str(emp), "--out", str(tmp_path / "e"), "--format", "csv"]) == 0
-=======
+
+
 def test_hit_rate_without_follow_up_turns_reads_n_a(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only first turns: the table says the hit rate does not apply (it read 0.0%); summary.json keeps 0.0."""
     trace = tmp_path / "t.csv"
@@ -212,4 +212,3 @@ def test_unsorted_lmbench_rows_are_counted_in_the_trace_report_and_said(
     assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path / "o2")]) == 0
     assert "replayed sorted" not in capsys.readouterr().out
     assert "rows_out_of_order_sorted" not in json.loads((tmp_path / "o2" / "summary.json").read_text())["trace"]
->>>>>>> fix-cli

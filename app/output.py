@@ -49,6 +49,8 @@ def print_summary(
         # no follow-up turn: no rate (summary.json keeps its 0.0, a number by contract)
         ("hit rate (follow-ups whose context was still held)",
          "n/a (no follow-up turns)" if s.get("follow_up_turns") == 0 else f"{s['hit_rate']:.1%}"),
+        ("reuse rate (follow-ups that reused KV: local hit or pull)",
+         "n/a (no follow-up turns)" if s.get("follow_up_turns") == 0 else f"{s['reuse_rate']:.1%}"),
         ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
         ("pulled / recomputed / local-hit tokens",
          f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),

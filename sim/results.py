@@ -103,6 +103,7 @@ def summarize(stream: RunStream, series_stats: SeriesStats, extra: dict[str, Any
         "ttft_p90_s": ttft.percentile(90),
         "ttft_p99_s": ttft.percentile(99),
         "hit_rate": float(agg.reused / agg.follow_up) if agg.follow_up else 0.0,
+        "reuse_rate": float(agg.reused_kv / agg.follow_up) if agg.follow_up else 0.0,
         "pull_rate": float(decisions["pull"] / n_turns) if n_turns else 0.0,
         "follow_up_turns": int(agg.follow_up),
         "decisions": decisions,

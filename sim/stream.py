@@ -501,6 +501,7 @@ class TurnAggregates:
     sums: dict[str, int] = field(default_factory=dict)
     follow_up: int = 0
     reused: int = 0
+    reused_kv: int = 0  # follow-ups that reused any KV (local prefix hit or pull > 0)
     cols: dict[str, ColumnStat] = field(default_factory=dict)
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
@@ -529,6 +530,8 @@ class TurnAggregates:
         self.follow_up += int(follow.sum())
         reuse = dec.isin(["pull", "local", "recompute_below_threshold", "host_pull"]).to_numpy()
         self.reused += int((reuse & follow).sum())
+        kv = (t["local_hit_tokens"].to_numpy() + t["pulled_tokens"].to_numpy()) > 0
+        self.reused_kv += int((kv & follow).sum())
         ok = (dec != "error").to_numpy()  # masks on the columns read, not copies of the frame
 
         def col(name: str, mask: np.ndarray) -> np.ndarray:

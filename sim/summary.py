@@ -25,6 +25,9 @@ class Summary:
     ttft_p90_s: float
     ttft_p99_s: float
     hit_rate: float
+    # follow-ups that reused any KV of their context (a local prefix hit or a pull), whatever the decision: a
+    # router hit whose pull falls below the threshold, or whose prompt repeats nothing, reuses none
+    reuse_rate: float
     pull_rate: float
     follow_up_turns: int
     decisions: Mapping[str, int]

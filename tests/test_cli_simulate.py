@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -212,3 +213,23 @@ def test_unsorted_lmbench_rows_are_counted_in_the_trace_report_and_said(
     assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path / "o2")]) == 0
     assert "replayed sorted" not in capsys.readouterr().out
     assert "rows_out_of_order_sorted" not in json.loads((tmp_path / "o2" / "summary.json").read_text())["trace"]
+
+
+def test_reuse_rate_counts_kv_reused_not_router_hits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A threshold above every pull: each follow-up is a router hit (hit rate 100%) that recomputes everything, so
+    nothing is reused; summary.json's reuse_rate and the table say 0%, as the sweep row's run_extras reuse_rate."""
+    from kvplan.plan.executor import run_extras
+    from kvplan.sim.api import run
+
+    sc = {"model": "qwen3-32b", "hardware": "p5en",
+          "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "prefill_prefix_caching": False},
+          "policy": {"bidirectional": True, "kv_recompute_threshold_tokens": 1_000_000},
+          "workload": {"conversations": 20, "turns": {"dist": "constant", "value": 3}}}
+    r = run(sc)
+    assert r.summary["hit_rate"] == 1.0 and r.summary["reuse_rate"] == 0.0 == run_extras(r)["reuse_rate"]
+    on = run({**sc, "policy": {"bidirectional": True}})
+    assert on.summary["reuse_rate"] == run_extras(on)["reuse_rate"] > 0.9
+    p = tmp_path / "sc.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    assert main(["simulate", str(p), "--out", str(tmp_path / "o")]) == 0
+    assert re.search(r"reuse rate[^\n]*0\.0%", capsys.readouterr().out)

@@ -76,6 +76,21 @@ class NativePrefill:
         self.linear_knots_tokens: tuple[int, ...] = p.linear_knots_tokens
         self.linear_knots_s: tuple[float, ...] = p.linear_knots_s
 
+    def step_time_s(self, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+        """= :func:`prefill_step_time_s` ``(self, new_tokens, pairs, ctx_pairs)``: the same operations in the same
+        order (the same float), read from typed fields (compiled: no attribute lookup by name through the Protocol).
+        ``tests/test_costs.py`` compares the two."""
+        if self.linear_knots_tokens:
+            linear = piecewise_linear(self.linear_knots_tokens, self.linear_knots_s, new_tokens, self.per_token_s)
+        else:
+            linear = self.per_token_s * new_tokens
+            if not linear > self.weight_read_s:
+                linear = self.weight_read_s
+        c = self.context_attention_s
+        ctx_attention = self.attention_s if c is None else c
+        return self.overhead_s + (self.fixed_s + linear + self.attention_s * (pairs - ctx_pairs)
+                                  + ctx_attention * ctx_pairs)
+
 
 class NativeTransfer:
     """A plain copy of a :class:`TransferParams` (see :class:`NativePrefill`), for the reads the simulator starts."""
@@ -95,6 +110,20 @@ class NativeTransfer:
         self.handshake_s: float = p.handshake_s
         self.thread_per_descriptor_s: float = p.thread_per_descriptor_s
         self.thread_per_byte_s: float = p.thread_per_byte_s
+
+    # The formulas below restated as methods with typed reads (same operations, same order, so the same floats;
+    # ``tests/test_costs.py`` compares them): compiled, the module functions read a Protocol-typed ``cost`` by name.
+    def xfer_time_s(self, nbytes_per_rank: float, descriptors: int) -> float:
+        """= :func:`xfer_time_s` ``(self, nbytes_per_rank, descriptors)``."""
+        return self.fixed_s + self.per_descriptor_s * descriptors + self.per_byte_s * nbytes_per_rank
+
+    def post_time_s(self, descriptors: int) -> float:
+        """= :func:`post_time_s` ``(self, descriptors)``."""
+        return self.post_fixed_s + self.post_per_descriptor_s * descriptors
+
+    def prep_time_s(self, descriptors: int) -> float:
+        """= :func:`prep_time_s` ``(self, descriptors)``."""
+        return self.prep_fixed_s + self.prep_per_descriptor_s * descriptors
 
 
 def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:

@@ -30,7 +30,6 @@ import math
 from collections.abc import Callable
 
 from kvplan.errors import input_error
-from kvplan.models.costs import prefill_step_time_s
 from kvplan.models.formulas import NativePrefill
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_first, call_later, call_soon
@@ -165,7 +164,7 @@ class PrefillNode(Scheduler):
                 self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
             self._sched_t = env.now
-            dt = prefill_step_time_s(self._pc, self.new_tokens, self.pairs, self.ctx_pairs)
+            dt = self._pc.step_time_s(self.new_tokens, self.pairs, self.ctx_pairs)  # = prefill_step_time_s (typed)
             self.busy_s += dt
             self._batch = self.chunks
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;

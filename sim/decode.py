@@ -329,7 +329,7 @@ class DecodeNode:
         pid = self.retention.of_conv.get(conv)
         if pid is not None:
             return self.retention.pins[pid].tokens
-        entry = self.pool.cache.get(conv)
+        entry = self.pool.entry(conv)
         return entry[0] if entry is not None else 0
 
     def load(self) -> int:

@@ -417,3 +417,58 @@ def test_router_keeps_no_entry_after_a_conversations_last_lookup() -> None:
     trace = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_small.jsonl"
     _rs, plan, ctx = simulate(scenario_from_dict(small(workload={"trace": {"path": str(trace)}})))
     assert ctx.router.entries() < len(plan.turns)
+
+
+def test_block_pool_front_cut_matches_the_plain_lru() -> None:
+    """BlockPool keeps the LRU entry's evicted tail aside (``_trim``): random operations give the same entries, order
+    and counts as a plain OrderedDict that writes every cut into the entry."""
+    import random
+    from collections import OrderedDict
+
+    from kvplan.sim.blocks import BlockPool
+
+    rng = random.Random(7)
+    for _ in range(40):
+        bs = rng.choice([1, 4, 16])
+        pool = BlockPool(200, bs, caching=True)
+        ref: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        ref_cached = 0
+        for _ in range(300):
+            op = rng.random()
+            conv = rng.randrange(12)
+            if op < 0.35:
+                tokens = rng.randrange(0, 40 * bs)
+                pool.to_cache(conv, tokens)
+                old = ref.pop(conv, None)
+                if old is not None:
+                    ref_cached -= old[1]
+                full = (tokens // bs) * bs
+                ref[conv] = (full, full // bs)
+                ref_cached += full // bs
+            elif op < 0.55:
+                got = pool.take(conv)
+                want = ref.pop(conv, None)
+                if want is not None:
+                    ref_cached -= want[1]
+                assert got == want
+                if got is not None and rng.random() < 0.5:
+                    pool.put_back(conv, got)
+                    ref[conv] = got
+                    ref_cached += got[1]
+            elif op < 0.9:
+                need = rng.randrange(0, 30)
+                pool.evict(need)
+                deficit = need - (pool.capacity - pool.held - pool.pinned - ref_cached)
+                while deficit > 0 and ref:
+                    c, (t, b) = next(iter(ref.items()))
+                    if b > deficit:
+                        ref[c] = (t - deficit * bs, b - deficit)
+                        ref_cached -= deficit
+                        break
+                    del ref[c]
+                    ref_cached -= b
+                    deficit -= b
+            else:
+                assert pool.entry(conv) == ref.get(conv)
+            assert pool.cached == ref_cached
+        assert list(pool.cache.items()) == list(ref.items())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
 from kvplan.models.costs import (
     DecodeCost,
@@ -43,8 +42,13 @@ from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.request import Request
 
 
-class BatchOwner(Protocol):
-    """What the batch needs from its node: finishing, fitting the pool, and the room left for growth."""
+class BatchOwner:
+    """What the batch needs from its node (``DecodeNode`` subclasses it): finishing, fitting the pool, and the room
+    left for growth.
+
+    A base class, not a ``Protocol``: compiled (sim/native.py), the batch's calls into its node are native method
+    calls and its reads of ``pool``, ``static`` and ``admission_held`` field reads (through a Protocol each is a
+    lookup by name and a generic call). :class:`LoneOwner` is the owner of a batch run on its own."""
 
     pool: BlockPool
     static: int  # blocks of admitted requests outside the batch
@@ -52,18 +56,53 @@ class BatchOwner(Protocol):
 
     def finish(self, r: Request) -> None:
         """The request sampled its last token."""
+        raise NotImplementedError
 
     def fit(self, step: int) -> bool:
         """Make the batch's blocks for ``step`` fit (evicting, then preempting the newest); True if it preempted."""
+        raise NotImplementedError
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
+        raise NotImplementedError
 
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: apply the evictions that growth caused."""
+        raise NotImplementedError
 
     def resume_admission(self) -> None:
         """The step that held admission is over (and the one starting preempted nothing): admit now."""
+        raise NotImplementedError
+
+
+class LoneOwner(BatchOwner):
+    """The owner of a batch on its own (unit tests): ``pool``, ``on_finish(r)`` at each finish and
+    ``on_fit(step) -> preempted`` at each step boundary (None: nothing is ever preempted)."""
+
+    def __init__(self, pool: BlockPool, on_finish: Callable[[Request], None],
+                 on_fit: Callable[[int], bool] | None = None) -> None:
+        self.pool = pool
+        self.static = 0
+        self.admission_held = False
+        self.on_finish = on_finish
+        self.on_fit = on_fit
+
+    def finish(self, r: Request) -> None:
+        """Report the finish."""
+        self.on_finish(r)
+
+    def fit(self, step: int) -> bool:
+        """Ask ``on_fit`` (never preempts without it)."""
+        return self.on_fit(step) if self.on_fit is not None else False
+
+    def joined(self, r: Request) -> None:
+        """Nothing to account."""
+
+    def grown(self, step: int) -> None:
+        """Nothing to evict."""
+
+    def resume_admission(self) -> None:
+        """Nothing waits."""
 
 
 class DecodeBatch:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
-from kvplan.sim.batch import DecodeBatch
+from kvplan.sim.batch import BatchOwner, DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_later, call_soon
 from kvplan.sim.evlog import (
@@ -73,8 +73,8 @@ from kvplan.sim.shared import SharedPrefixes
 from kvplan.sim.xfer import Reads
 
 
-class DecodeNode:
-    """One decode instance."""
+class DecodeNode(BatchOwner):
+    """One decode instance (the owner of its decode batch)."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: DecodeConfig, conv_offsets: Sequence[int]) -> None:
         self.ctx = ctx

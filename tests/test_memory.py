@@ -472,3 +472,55 @@ def test_block_pool_front_cut_matches_the_plain_lru() -> None:
                 assert pool.entry(conv) == ref.get(conv)
             assert pool.cached == ref_cached
         assert list(pool.cache.items()) == list(ref.items())
+
+
+def test_retention_deadlines_come_out_as_from_one_heap() -> None:
+    """Retention files deadlines in an ordered list plus a heap for those out of order: ``due`` and the next-deadline
+    queries give what one heap of every (deadline, pin id) gives, with renewals and reads (random programs)."""
+    import heapq
+    import random
+
+    from kvplan.sim.retention import Retention
+
+    rng = random.Random(11)
+    for _ in range(40):
+        ret = Retention(3, 2)
+        heap: list[tuple[float, int]] = []
+        expiry: dict[int, float] = {}
+        reading: set[int] = set()
+        now = 0.0
+        for _ in range(400):
+            op = rng.random()
+            if op < 0.4:
+                t = now + (60.0 if rng.random() < 0.8 else rng.choice([0.0, 1.0, 30.0, 90.0]))
+                pid, _old = ret.add(rng.randrange(50), 10, 1, t)
+                expiry[pid] = t
+                heapq.heappush(heap, (t, pid))
+            elif op < 0.5 and expiry:
+                pid = rng.choice(list(expiry))
+                t = now + rng.choice([5.0, 60.0])
+                ret.renew(pid, t)
+                expiry[pid] = t
+                heapq.heappush(heap, (t, pid))
+            elif op < 0.55 and expiry:
+                pid = rng.choice(list(expiry))
+                ret.mark_reading(pid)
+                reading.add(pid)
+            elif op < 0.6 and expiry:
+                pid = rng.choice(list(expiry))
+                ret.pop(pid)
+                del expiry[pid]
+            else:
+                now += rng.choice([0.0, 0.5, 7.0, 40.0])
+                assert ret.next_expiry() == (heap[0][0] if heap else None)
+                assert ret.next_expiry_due(now) == (bool(heap) and heap[0][0] <= now)
+                want = []
+                while heap and heap[0][0] <= now:
+                    t, pid = heapq.heappop(heap)
+                    if pid in expiry and pid not in reading and expiry[pid] <= t:
+                        want.append((t, pid))
+                        del expiry[pid]  # released by the caller before the next entry is looked at
+                got = ret.due(now)
+                assert got == want
+                for _t, pid in got:
+                    ret.pop(pid)

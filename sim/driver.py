@@ -116,11 +116,12 @@ class Driver:
         self.source.reached_p(c, i)
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
+        output = self.output[i]
         log = self.rows
-        log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, self.output[i]))
+        log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, output))
         res, params = self.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, EV_ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params)
+        r = Request(c, turn, i, prompt, output, params)
         if self.reuse is not None:
             r.reuse = self.reuse[i]
         last = self.last_request

@@ -95,7 +95,7 @@ class Link:
         heap = self._heap
         slack = EPS_S * self.frac / self.per_byte_s
         now = self.env.now
-        finished = []
+        finished: list[tuple[float, int, float, Callable[[float], None]]] = []  # typed: native reads of the items
         while heap and heap[0][0] - self._v <= slack:
             finished.append(heap_pop(heap))
         if self.fabric is None or not self.fabric.reshare(self):

@@ -39,12 +39,13 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
+from kvplan.sim.peers import DecodePort
 from kvplan.sim.request import Request
 
 
-class BatchOwner:
-    """What the batch needs from its node (``DecodeNode`` subclasses it): finishing, fitting the pool, and the room
-    left for growth.
+class BatchOwner(DecodePort):
+    """What the batch needs from its node (``DecodeNode`` subclasses it, a decode engine: sim/peers.py): finishing,
+    fitting the pool, and the room left for growth.
 
     A base class, not a ``Protocol``: compiled (sim/native.py), the batch's calls into its node are native method
     calls and its reads of ``pool``, ``static`` and ``admission_held`` field reads (through a Protocol each is a

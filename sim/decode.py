@@ -63,6 +63,7 @@ from kvplan.sim.evlog import (
 )
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
+from kvplan.sim.peers import PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
@@ -82,6 +83,7 @@ class DecodeNode(BatchOwner):
         # the run's router and reads, typed (compiled: direct calls, no lookup on the run state per use)
         self.router: Router = ctx.router
         self.reads: Reads = ctx.reads
+        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's list (sim/peers.py: native calls)
         self.env = ctx.env
         self.idx = idx
         self.caching = cfg.prefix_caching
@@ -351,7 +353,7 @@ class DecodeNode(BatchOwner):
         req.d_node = self.idx
         self.submitted += 1
         self.rows.append((self.env.now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
-        self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
+        self.prefill_nodes[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
 
@@ -474,10 +476,9 @@ class DecodeNode(BatchOwner):
         call_at(self.env, t, lambda _e: self._try_admit())  # exactly at the deadline: it is due there
 
     def _start_p2d(self, r: Request, hit: int) -> None:
-        ctx = self.ctx
         env = self.env
         tokens = r.prompt - hit
-        pnode = ctx.prefill[r.p_node]
+        pnode = self.prefill_nodes[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
             self.rows.append((env.now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvplan.errors import input_error
 from kvplan.models.formulas import NativePrefill
@@ -54,14 +54,14 @@ from kvplan.sim.evlog import (
     REL_READ,
 )
 from kvplan.sim.node_config import PrefillConfig
+from kvplan.sim.peers import DecodePort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import D2P, HOST2P, Request
 from kvplan.sim.retention import read_declined
-from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.shared import SharedPrefixes
 
 
-class PrefillNode(Scheduler):
+class PrefillNode(PrefillPort):
     """One prefill instance (TP ranks act as one engine): the scheduler core plus the connector's decision."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: PrefillConfig) -> None:
@@ -69,6 +69,7 @@ class PrefillNode(Scheduler):
         super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
         self.ctx = ctx
         self.env = ctx.env
+        self.decode_nodes: Sequence[DecodePort] = ctx.decode  # the run's list, filled after (sim/peers.py)
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s
         self.fail_on_decline = cfg.fail_on_decline
@@ -237,7 +238,7 @@ class PrefillNode(Scheduler):
         else:
             # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
             n = min(params.remote_num_tokens, prompt, r.reuse) - local
-            dnode = ctx.decode[params.decode_node]
+            dnode = self.decode_nodes[params.decode_node]
             if n <= 0:
                 decision = DEC_LOCAL
                 dnode.release_pin(params.pin_id, REL_NOTIFIED)
@@ -280,9 +281,8 @@ class PrefillNode(Scheduler):
         return True
 
     def _start_pull(self, r: Request, d: int, pin_id: int, tokens: int) -> None:
-        ctx = self.ctx
         env = self.env
-        dnode = ctx.decode[d]
+        dnode = self.decode_nodes[d]
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
@@ -292,23 +292,22 @@ class PrefillNode(Scheduler):
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
-        self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.ctx.reads.total_bytes(D2P, tokens)))
+        self.charge_thread(self.ctx.reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
-        ctx = self.ctx
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
             self.rows.append((env.now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
-            ctx.decode[d].host_read(r.conv)
+            self.decode_nodes[d].host_read(r.conv)
             r.wait_t = env.now
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
-        self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.ctx.reads.total_bytes(HOST2P, tokens)))
+        self.charge_thread(self.ctx.reads.start(self.idx, d, HOST2P, tokens, done))
 
     def before_evict(self, want: int) -> None:
         """The pool is short: leases past their deadline free their blocks first."""

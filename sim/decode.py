@@ -561,7 +561,8 @@ class DecodeNode(BatchOwner):
         r.d_blocks = 0
         self._inflight -= 1
         r.d_state = 0
-        self.running.pop(r, None)
+        if r in self.running:
+            del self.running[r]
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.shared is not None:
             self.shared.see(r.conv)

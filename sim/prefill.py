@@ -237,7 +237,7 @@ class PrefillNode(PrefillPort):
             decision = DEC_MISS
         else:
             # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
-            n = min(params.remote_num_tokens, prompt, r.reuse) - local
+            n = min(min(params.remote_num_tokens, prompt), r.reuse) - local  # two-argument mins: native when compiled
             dnode = self.decode_nodes[params.decode_node]
             if n <= 0:
                 decision = DEC_LOCAL

@@ -193,7 +193,9 @@ class DecodeBatch:
         """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""
         bs = self.bs
         r.d_p, r.d_j, r.d_g0 = p, self.step, g0
-        q, res = divmod(p - self.step + bs - 1, bs)
+        x = p - self.step + bs - 1
+        q = x // bs  # = divmod (compiled: native integer operations, no generic call and tuple)
+        res = x % bs
         self._q_sum += q
         self._res[res] += 1
         self.fin_sum += -(-(p + rem - 1) // bs)
@@ -209,7 +211,9 @@ class DecodeBatch:
     def _remove(self, r: Request) -> int:
         """Drop a member; returns the steps it completed in this stay."""
         bs = self.bs
-        q, res = divmod(r.d_p - r.d_j + bs - 1, bs)
+        x = r.d_p - r.d_j + bs - 1
+        q = x // bs
+        res = x % bs
         self._q_sum -= q
         self._res[res] -= 1
         self.fin_sum -= -(-(r.d_p + r.d_rem - 1) // bs)

@@ -572,8 +572,7 @@ class DecodeNode(BatchOwner):
                 left, new = self._pin_shared(r, kv_tokens)
             blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
-            pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
-            self.retention.pins[pid].shared = left
+            pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry, left)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks

@@ -114,11 +114,14 @@ class Retention:
             self._fifo_i = 0
         fifo.append((expiry_s, pid))
 
-    def add(self, conv: int, tokens: int, blocks: int, expiry_s: float) -> tuple[int, int | None]:
-        """Pin blocks; returns (new pin id, the conversation's previous pin id if one was still held)."""
+    def add(self, conv: int, tokens: int, blocks: int, expiry_s: float, shared: int = 0) -> tuple[int, int | None]:
+        """Pin blocks (``shared``: see :class:`Pin`); returns (new pin id, the conversation's previous pin id if one
+        was still held)."""
         pid = self._next_id
         self._next_id += self._stride
-        self.pins[pid] = Pin(conv, tokens, blocks, expiry_s)
+        pin = Pin(conv, tokens, blocks, expiry_s)
+        pin.shared = shared
+        self.pins[pid] = pin
         old = self.of_conv.get(conv)
         self.of_conv[conv] = pid
         self._file(expiry_s, pid)

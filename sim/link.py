@@ -66,7 +66,7 @@ class Link:
         self._advance()
         heap_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
-            self.frac = 1.0 / len(self._heap)
+            self.frac = 1.0 / float(len(self._heap))  # float / float: native (float / int was a generic call)
             self._reschedule()
 
     def _advance(self) -> None:
@@ -100,7 +100,7 @@ class Link:
             finished.append(heap_pop(heap))
         if self.fabric is None or not self.fabric.reshare(self):
             if heap:
-                self.frac = 1.0 / len(heap)
+                self.frac = 1.0 / float(len(heap))
             self._reschedule()
         for _v, _k, t0, cb in finished:
             cb(now - t0)

@@ -13,12 +13,14 @@ vLLM's background handshake thread (``_background_nixl_handshake``), not on the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from kvplan.models.formulas import NativeTransfer, TransferParams
 from kvplan.sim.clock import call_later
 from kvplan.sim.link import Link
 from kvplan.sim.request import D2P, HOST2P, P2D
+
+_NODES: Final = 1 << 20  # Reads' int key of a link holds D's index below this (larger ones are not cached)
 
 
 class ReadCost:
@@ -88,6 +90,7 @@ class Reads:
         by_dir = {d: ReadCost(self.cost[d], self.plans[d], self.regions, self.block_size) for d in (D2P, P2D, HOST2P)}
         self._rc: list[ReadCost] = [by_dir[d] for d in range(len(by_dir))]
         self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
+        self._link_of: dict[int, Link] = {}  # the same links by (p * _NODES + d) * 4 + direction
         self.seq = 0
 
     def total_bytes(self, direction: int, tokens: int) -> int:
@@ -104,10 +107,15 @@ class Reads:
         tc = rc.tc
         desc, nbytes_rank, post, lat_x, pre = rc.phases(tokens)
         self.seq += 1
-        link = self.links.get((p, d, direction))
-        if link is None:  # the reader's first read from that engine: it pays the handshake
-            pre += tc.handshake_s
-            link = self.ctx.link(p, d, direction)
+        key = (p * _NODES + d) * 4 + direction  # an int key: compiled, no tuple to build and hash per read
+        link = self._link_of.get(key)
+        if link is None:
+            link = self.links.get((p, d, direction))
+            if link is None:  # the reader's first read from that engine: it pays the handshake
+                pre += tc.handshake_s
+                link = self.ctx.link(p, d, direction)
+            if d < _NODES:
+                self._link_of[key] = link
         tail = pre + tc.poll_s
         env = self.env
 

@@ -12,8 +12,6 @@ counts blocks; which request holds how many is stored on the request itself.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 
 class BlockPool:
     """Block accounting of one engine (P or D) with an optional block-granular prefix cache.
@@ -34,14 +32,16 @@ class BlockPool:
         self.held = 0  # blocks of admitted, unfinished requests
         self.pinned = 0  # blocks of finished requests kept for a remote reader (not evictable)
         self.cached = 0  # freed blocks with a known hash (evictable prefix cache)
-        self._lru: OrderedDict[int, tuple[int, int]] = OrderedDict()  # conv -> (tokens, blocks), LRU first
+        # conv -> (tokens, blocks), least recently freed first: a dict keeps insertion order, and an entry filed
+        # again is taken out first (compiled: native dictionary operations; an OrderedDict's are generic calls)
+        self._lru: dict[int, tuple[int, int]] = {}
         self.min_free = capacity_blocks
         self._front = -1  # the LRU entry's conversation while known (-1: look it up), its stored blocks, and the
         self._front_b = 0  # blocks evicted from its tail not yet written into it (only ever the LRU entry's)
         self._trim = 0
 
     @property
-    def cache(self) -> OrderedDict[int, tuple[int, int]]:
+    def cache(self) -> dict[int, tuple[int, int]]:
         """conv -> (tokens, blocks) of the prefix cache, least recently freed first (for readers outside the hot
         path: the pending cut is written into the entry first)."""
         if self._trim:
@@ -81,8 +81,9 @@ class BlockPool:
 
     def take(self, conv: int) -> tuple[int, int] | None:
         """Remove and return the conversation's cache entry (a lookup about to use or re-file it)."""
-        entry = self._lru.pop(conv, None)
+        entry = self._lru.get(conv)
         if entry is not None:
+            del self._lru[conv]
             if conv == self._front:
                 self._front = -1
                 if self._trim:

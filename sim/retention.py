@@ -151,9 +151,11 @@ class Retention:
 
     def pop(self, pid: int) -> Pin | None:
         """Remove a pin (released); None if it was already gone."""
-        pin = self.pins.pop(pid, None)
-        if pin is not None and self.of_conv.get(pin.conv) == pid:
-            del self.of_conv[pin.conv]
+        pin = self.pins.get(pid)  # get and del: native dictionary operations compiled (pop with a default is not)
+        if pin is not None:
+            del self.pins[pid]
+            if self.of_conv.get(pin.conv) == pid:
+                del self.of_conv[pin.conv]
         return pin
 
     def due(self, now: float) -> list[tuple[float, int]]:

@@ -471,3 +471,18 @@ def test_native_parameter_methods_equal_the_formulas() -> None:
         lat_x = f.xfer_time_s(tc, 0.0, desc)
         assert read_phases(tc, plan, 3, 16, tokens) == (desc, float(tokens * plan.bottleneck_bytes_per_token),
                                                        f.post_time_s(tc, desc), lat_x, f.prep_time_s(tc, desc) + lat_x)
+
+
+def test_typed_bisect_is_bisect_left() -> None:
+    """formulas._bisect_typed (the compiled build's search of a knot table) is ``bisect.bisect_left`` for a float
+    against integer knots, ties and the ends included."""
+    import random
+    from bisect import bisect_left
+
+    from kvplan.models.formulas import _bisect_typed
+
+    rng = random.Random(5)
+    for _ in range(200):
+        knots = tuple(sorted(rng.sample(range(1, 70000), rng.randint(1, 12))))
+        for x in [float(k) for k in knots] + [rng.uniform(0, 80000) for _ in range(20)] + [0.5, 1e9]:
+            assert _bisect_typed(knots, x) == bisect_left(knots, x)

@@ -63,7 +63,7 @@ from kvplan.sim.evlog import (
 )
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
-from kvplan.sim.peers import PrefillPort
+from kvplan.sim.peers import DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
@@ -84,6 +84,7 @@ class DecodeNode(BatchOwner):
         self.router: Router = ctx.router
         self.reads: Reads = ctx.reads
         self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's list (sim/peers.py: native calls)
+        self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.env = ctx.env
         self.idx = idx
         self.caching = cfg.prefix_caching
@@ -127,6 +128,13 @@ class DecodeNode(BatchOwner):
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None:
             self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, cfg.block_size)
+
+    def _driver(self) -> DriverPort:
+        """The run's driver (made after the nodes): read off the run once, at the first use."""
+        d = self._drv
+        if d is None:
+            d = self._drv = self.ctx.driver
+        return d
 
     # ---- retention ---------------------------------------------------------------------------------------
 
@@ -553,7 +561,6 @@ class DecodeNode(BatchOwner):
     def finish(self, r: Request) -> None:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
-        ctx = self.ctx
         now = env.now
         self.rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self._log_itl(r, now)
@@ -581,5 +588,5 @@ class DecodeNode(BatchOwner):
                 self.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
-        ctx.driver.d_done(r)
+        self._driver().d_done(r)
         self._try_admit()

@@ -54,7 +54,7 @@ from kvplan.sim.evlog import (
     REL_READ,
 )
 from kvplan.sim.node_config import PrefillConfig
-from kvplan.sim.peers import DecodePort, PrefillPort
+from kvplan.sim.peers import DecodePort, DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import D2P, HOST2P, Request
 from kvplan.sim.retention import read_declined
@@ -70,6 +70,7 @@ class PrefillNode(PrefillPort):
         self.ctx = ctx
         self.env = ctx.env
         self.decode_nodes: Sequence[DecodePort] = ctx.decode  # the run's list, filled after (sim/peers.py)
+        self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s
         self.fail_on_decline = cfg.fail_on_decline
@@ -131,6 +132,13 @@ class PrefillNode(PrefillPort):
         self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + work_s
         self.thread_post_s += work_s
         self.thread_busy_s += work_s
+
+    def _driver(self) -> DriverPort:
+        """The run's driver (made after the nodes): read off the run once, at the first use."""
+        d = self._drv
+        if d is None:
+            d = self._drv = self.ctx.driver
+        return d
 
     def _kick(self) -> None:
         if self._idle:
@@ -226,7 +234,6 @@ class PrefillNode(PrefillPort):
     def _decide(self, r: Request) -> bool:
         """The connector decision at scheduling time. True when the request computes now."""
         env = self.env
-        ctx = self.ctx
         r.p_decided = True
         self.decided += 1
         prompt = r.prompt
@@ -264,7 +271,7 @@ class PrefillNode(PrefillPort):
                     self.pool.held -= r.p_blocks  # nothing is computed: the blocks go back (the hit stays cached)
                     r.p_blocks = 0
                     self.pool.to_cache(r.conv, local)
-                    ctx.driver.p_done(r)
+                    self._driver().p_done(r)
                     return False
                 decision = DEC_EXPIRED
             else:
@@ -292,8 +299,9 @@ class PrefillNode(PrefillPort):
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.ctx.reads.total_bytes(D2P, tokens)))
-        self.charge_thread(self.ctx.reads.start(self.idx, d, D2P, tokens, done))
+        reads = self.ctx.reads
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, reads.total_bytes(D2P, tokens)))
+        self.charge_thread(reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
@@ -306,8 +314,9 @@ class PrefillNode(PrefillPort):
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, self.ctx.reads.total_bytes(HOST2P, tokens)))
-        self.charge_thread(self.ctx.reads.start(self.idx, d, HOST2P, tokens, done))
+        reads = self.ctx.reads
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, reads.total_bytes(HOST2P, tokens)))
+        self.charge_thread(reads.start(self.idx, d, HOST2P, tokens, done))
 
     def before_evict(self, want: int) -> None:
         """The pool is short: leases past their deadline free their blocks first."""
@@ -335,7 +344,7 @@ class PrefillNode(PrefillPort):
             heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
             if self._blocked:  # the head already waits for blocks: it may get these ones when the lease lapses
                 self._wake_at_next_lapse()
-        self.ctx.driver.p_done(r)
+        self._driver().p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------
 

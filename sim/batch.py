@@ -458,7 +458,8 @@ class DecodeBatch:
             elif not r.d_first_done:
                 r.d_first_done = True
                 log.append((t_first, EV_D_FIRST, r.conv, r.turn, self.node, 0, 0))
-        itl.pooled[key0 - KEY_MIN] -= members  # the stretch's first step is no gap for those joining with it (unpool)
+        pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
+        pooled[key0 - KEY_MIN] = pooled[key0 - KEY_MIN] - members
 
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""

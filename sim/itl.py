@@ -223,7 +223,8 @@ class ItlTracker:
         last = first + inc * (n - 1)
         if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
             self.root = insert(self.root, k, n)
-            self.pooled[k - KEY_MIN] += n * weight
+            pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
+            pooled[k - KEY_MIN] = pooled[k - KEY_MIN] + n * weight
             return
         # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
         k1 = bucket_key(last)
@@ -240,16 +241,19 @@ class ItlTracker:
 
     def _put(self, key: int, c: int, weight: int) -> None:
         self.root = insert(self.root, key, c)
-        self.pooled[key - KEY_MIN] += c * weight
+        pooled = self.pooled
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + c * weight
 
     def unpool(self, key: int, c: int) -> None:
         """``c`` requests took their first token in a step counted at ``key``: not a gap for them."""
-        self.pooled[key - KEY_MIN] -= c
+        pooled = self.pooled
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] - c
 
     def gap(self, x: float) -> int:
         """One gap outside the step series (around a preemption), pooled; returns its key for the request."""
         key = bucket_key(x)
-        self.pooled[key - KEY_MIN] += 1
+        pooled = self.pooled
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + 1
         return key
 
     def pooled_counts(self) -> dict[int, int]:

@@ -14,6 +14,7 @@ from bisect import bisect_left as _bisect_left
 from typing import Final, Protocol
 
 _bisect: Final = _bisect_left  # a C static in the compiled build (a module global is a dict lookup per call)
+_COMPILED: Final = not __file__.endswith(".py")  # see kvplan/sim/clock.py
 
 
 class PrefillParams(Protocol):
@@ -76,6 +77,21 @@ class NativePrefill:
         self.linear_knots_tokens: tuple[int, ...] = p.linear_knots_tokens
         self.linear_knots_s: tuple[float, ...] = p.linear_knots_s
 
+    def step_time_s(self, new_tokens: float, pairs: float, ctx_pairs: float = 0.0) -> float:
+        """= :func:`prefill_step_time_s` ``(self, new_tokens, pairs, ctx_pairs)``: the same operations in the same
+        order (the same float), read from typed fields (compiled: no attribute lookup by name through the Protocol).
+        ``tests/test_costs.py`` compares the two."""
+        if self.linear_knots_tokens:
+            linear = piecewise_linear(self.linear_knots_tokens, self.linear_knots_s, new_tokens, self.per_token_s)
+        else:
+            linear = self.per_token_s * new_tokens
+            if not linear > self.weight_read_s:
+                linear = self.weight_read_s
+        c = self.context_attention_s
+        ctx_attention = self.attention_s if c is None else c
+        return self.overhead_s + (self.fixed_s + linear + self.attention_s * (pairs - ctx_pairs)
+                                  + ctx_attention * ctx_pairs)
+
 
 class NativeTransfer:
     """A plain copy of a :class:`TransferParams` (see :class:`NativePrefill`), for the reads the simulator starts."""
@@ -96,12 +112,41 @@ class NativeTransfer:
         self.thread_per_descriptor_s: float = p.thread_per_descriptor_s
         self.thread_per_byte_s: float = p.thread_per_byte_s
 
+    # The formulas below restated as methods with typed reads (same operations, same order, so the same floats;
+    # ``tests/test_costs.py`` compares them): compiled, the module functions read a Protocol-typed ``cost`` by name.
+    def xfer_time_s(self, nbytes_per_rank: float, descriptors: int) -> float:
+        """= :func:`xfer_time_s` ``(self, nbytes_per_rank, descriptors)``."""
+        return self.fixed_s + self.per_descriptor_s * descriptors + self.per_byte_s * nbytes_per_rank
+
+    def post_time_s(self, descriptors: int) -> float:
+        """= :func:`post_time_s` ``(self, descriptors)``."""
+        return self.post_fixed_s + self.post_per_descriptor_s * descriptors
+
+    def prep_time_s(self, descriptors: int) -> float:
+        """= :func:`prep_time_s` ``(self, descriptors)``."""
+        return self.prep_fixed_s + self.prep_per_descriptor_s * descriptors
+
+
+def _bisect_typed(knots: tuple[int, ...], x: float) -> int:
+    """``bisect.bisect_left(knots, x)`` (the first index whose knot is not below ``x``), as typed code: compiled, the
+    builtin is a generic call comparing a float with ints through Python's rich comparison (exact here too: knots
+    are integers well below 2**53)."""
+    lo = 0
+    hi = len(knots)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if knots[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
 
 def piecewise_linear(knots: tuple[int, ...], values: tuple[float, ...], x: float, slope_after: float) -> float:
     """``values`` interpolated linearly at ``x`` over ``knots``: flat below the first, ``slope_after`` past the last."""
     if x <= knots[0]:
         return values[0]
-    j = _bisect(knots, x)
+    j = _bisect_typed(knots, x) if _COMPILED else _bisect(knots, x)
     if j >= len(knots):
         return values[-1] + slope_after * (x - knots[-1])
     k0, k1 = knots[j - 1], knots[j]
@@ -288,20 +333,19 @@ def steps_within(elapsed_s: float, first_s: float, increment_s: float) -> int:
     """Whole decode steps of an unchanged batch finished ``elapsed_s`` after its first began: the largest ``k``
     with ``k first + increment k (k - 1) / 2 <= elapsed`` (the inverse of :func:`decode_steps_time_s`).
 
-    The quadratic's root is only the first guess; the answer is settled on the series itself.
+    The quadratic's root is only the first guess; the answer is settled on the series itself (the time of ``k``
+    steps, :func:`decode_steps_time_s`'s series, written out below: compiled, a nested function was a closure
+    object and a generic call per evaluation).
     """
-
-    def t(k: int) -> float:
-        return k * first_s + increment_s * k * (k - 1) / 2
-
     if increment_s > 0:
         a = first_s - increment_s / 2
         k = int((-a + math.sqrt(a * a + 2 * increment_s * elapsed_s)) / increment_s)
     else:
         k = int(elapsed_s / first_s) if first_s > 0 else 0
     k = max(k, 0)
-    while k > 0 and t(k) > elapsed_s:
+    while k > 0 and k * first_s + increment_s * k * (k - 1) / 2 > elapsed_s:
         k -= 1
-    while t(k + 1) <= elapsed_s:
-        k += 1
-    return k
+    j = k + 1
+    while j * first_s + increment_s * j * (j - 1) / 2 <= elapsed_s:
+        j += 1
+    return j - 1

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
 from kvplan.models.costs import (
     DecodeCost,
@@ -40,11 +39,17 @@ from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
+from kvplan.sim.peers import DecodePort
 from kvplan.sim.request import Request
 
 
-class BatchOwner(Protocol):
-    """What the batch needs from its node: finishing, fitting the pool, and the room left for growth."""
+class BatchOwner(DecodePort):
+    """What the batch needs from its node (``DecodeNode`` subclasses it, a decode engine: sim/peers.py): finishing,
+    fitting the pool, and the room left for growth.
+
+    A base class, not a ``Protocol``: compiled (sim/native.py), the batch's calls into its node are native method
+    calls and its reads of ``pool``, ``static`` and ``admission_held`` field reads (through a Protocol each is a
+    lookup by name and a generic call). :class:`LoneOwner` is the owner of a batch run on its own."""
 
     pool: BlockPool
     static: int  # blocks of admitted requests outside the batch
@@ -52,18 +57,53 @@ class BatchOwner(Protocol):
 
     def finish(self, r: Request) -> None:
         """The request sampled its last token."""
+        raise NotImplementedError
 
     def fit(self, step: int) -> bool:
         """Make the batch's blocks for ``step`` fit (evicting, then preempting the newest); True if it preempted."""
+        raise NotImplementedError
 
     def joined(self, r: Request) -> None:
         """The request's admitted blocks now grow with the batch."""
+        raise NotImplementedError
 
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: apply the evictions that growth caused."""
+        raise NotImplementedError
 
     def resume_admission(self) -> None:
         """The step that held admission is over (and the one starting preempted nothing): admit now."""
+        raise NotImplementedError
+
+
+class LoneOwner(BatchOwner):
+    """The owner of a batch on its own (unit tests): ``pool``, ``on_finish(r)`` at each finish and
+    ``on_fit(step) -> preempted`` at each step boundary (None: nothing is ever preempted)."""
+
+    def __init__(self, pool: BlockPool, on_finish: Callable[[Request], None],
+                 on_fit: Callable[[int], bool] | None = None) -> None:
+        self.pool = pool
+        self.static = 0
+        self.admission_held = False
+        self.on_finish = on_finish
+        self.on_fit = on_fit
+
+    def finish(self, r: Request) -> None:
+        """Report the finish."""
+        self.on_finish(r)
+
+    def fit(self, step: int) -> bool:
+        """Ask ``on_fit`` (never preempts without it)."""
+        return self.on_fit(step) if self.on_fit is not None else False
+
+    def joined(self, r: Request) -> None:
+        """Nothing to account."""
+
+    def grown(self, step: int) -> None:
+        """Nothing to evict."""
+
+    def resume_admission(self) -> None:
+        """Nothing waits."""
 
 
 class DecodeBatch:
@@ -153,7 +193,9 @@ class DecodeBatch:
         """Member with virtual prompt ``p`` (tokens attended by its next step), ``g0`` tokens already sampled."""
         bs = self.bs
         r.d_p, r.d_j, r.d_g0 = p, self.step, g0
-        q, res = divmod(p - self.step + bs - 1, bs)
+        x = p - self.step + bs - 1
+        q = x // bs  # = divmod (compiled: native integer operations, no generic call and tuple)
+        res = x % bs
         self._q_sum += q
         self._res[res] += 1
         self.fin_sum += -(-(p + rem - 1) // bs)
@@ -169,7 +211,9 @@ class DecodeBatch:
     def _remove(self, r: Request) -> int:
         """Drop a member; returns the steps it completed in this stay."""
         bs = self.bs
-        q, res = divmod(r.d_p - r.d_j + bs - 1, bs)
+        x = r.d_p - r.d_j + bs - 1
+        q = x // bs
+        res = x % bs
         self._q_sum -= q
         self._res[res] -= 1
         self.fin_sum -= -(-(r.d_p + r.d_rem - 1) // bs)
@@ -415,7 +459,7 @@ class DecodeBatch:
                 r.d_first_done = True
                 log.append((t_first, EV_D_FIRST, r.conv, r.turn, self.node, 0, 0))
         pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
-        pooled[key0] = pooled.get(key0, 0) - members
+        pooled[key0 - KEY_MIN] = pooled[key0 - KEY_MIN] - members
 
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""

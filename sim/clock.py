@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
-from itertools import count
 from typing import Any, Final
 
 import simpy
@@ -43,6 +42,7 @@ _INF: Final = float("inf")
 _URGENT: Final = URGENT
 _push: Final = heappush
 _pop: Final = heappop
+# interpreted, the ids come from SimPy's ``count`` through the builtin (compiled: EventIds.take, see SimEnv); it is
 # the builtin (compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call), typed to return the id as the
 # object it is: compiled, an ``int`` result would be unboxed and boxed again (a second int object) for the entry
 _next: Final[Callable[[Iterator[int]], object]] = next
@@ -82,6 +82,32 @@ class Wake:
         return None
 
 
+class EventIds:
+    """SimPy's event counter (``Environment._eid``, an ``itertools.count()`` there) in the compiled build: the same
+    ids 0, 1, 2, ... to SimPy's own ``next(env._eid)`` and to :func:`call_later` and the other helpers, which take
+    them with a native call (:meth:`take`) instead of a generic call of the builtin ``next`` per scheduled event.
+    Interpreted, the environment keeps SimPy's ``count`` (``next`` on it is C code already)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    def __iter__(self) -> EventIds:
+        return self
+
+    def __next__(self) -> object:  # typed ``object``: mypyc fills the type's tp_iternext slot with it
+        n = self.n
+        self.n = n + 1
+        return n
+
+    def take(self) -> int:
+        """The next id (= ``next(self)``)."""
+        n = self.n
+        self.n = n + 1
+        return n
+
+
 class SimEnv(simpy.Environment):
     """``simpy.Environment`` with a typed clock and ``step`` (SimPy 4.1.2's, compiled with the hot path).
 
@@ -90,7 +116,8 @@ class SimEnv(simpy.Environment):
 
     _now: float
     _queue: list[Any]
-    _eid: count[int]
+    _eid: Any  # SimPy's count, or (compiled) the EventIds below
+    _ids: EventIds  # compiled: the same object as _eid (see EventIds); unset interpreted
     _soon: list[Callable[[Any], None]]  # call_soon's calls, run after the current event (see call_soon)
     _soon_on: bool  # run_until is stepping: call_soon may defer
     _soon_eid: int  # ids of deferred calls that must enter the queue after all: below every SimPy id, in order
@@ -101,6 +128,9 @@ class SimEnv(simpy.Environment):
         super().__init__(float(initial_time))
         if not (isinstance(self._queue, list) and hasattr(self._eid, "__next__")):
             raise RuntimeError(f"SimPy {getattr(simpy, '__version__', '?')} is not supported: kvplan needs SimPy 4.1")
+        if _COMPILED:
+            self._ids = EventIds(next(self._eid))  # nothing is scheduled yet: the counter's next id
+            self._eid = self._ids
         self._soon = []
         self._soon_on = False
         self._soon_eid = -(2**62)
@@ -284,7 +314,7 @@ def call_later(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> Wake:
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
     w = Wake(fn)
-    heap_push(env._queue, (env._now + delay, _NORMAL, _next(env._eid), w))
+    heap_push(env._queue, (env._now + delay, _NORMAL, (env._ids.take() if _COMPILED else _next(env._eid)), w))
     return w
 
 
@@ -298,7 +328,7 @@ def call_later_far(env: SimEnv, delay: float, fn: Callable[[Any], None]) -> None
     events only (the reference run: a dozen instead of ~190 pending turns), so its pushes and pops sift fewer levels."""
     if delay < 0:
         raise ValueError(f"Negative delay {delay}")
-    entry: Any = (env._now + delay, _NORMAL, _next(env._eid), Wake(fn))
+    entry: Any = (env._now + delay, _NORMAL, (env._ids.take() if _COMPILED else _next(env._eid)), Wake(fn))
     q = env._queue
     if env._soon_on and q and _before(q[0], entry):
         far = env._far
@@ -317,7 +347,7 @@ def call_soon(env: SimEnv, fn: Callable[[Any], None]) -> None:
     if env._soon_on and not (q and q[0][0] <= env._now):
         env._soon.append(fn)
     else:
-        heap_push(q, (env._now + 0.0, _NORMAL, _next(env._eid), Wake(fn)))
+        heap_push(q, (env._now + 0.0, _NORMAL, (env._ids.take() if _COMPILED else _next(env._eid)), Wake(fn)))
 
 
 def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
@@ -326,10 +356,11 @@ def call_at(env: SimEnv, when: float, fn: Callable[[Any], None]) -> None:
     A wake-up for a deadline (a pin's expiry, a lease's lapse) must fire *at* the deadline: with
     ``call_later(env, when - now, ...)`` the clock lands on ``now + (when - now)``, which in floating point
     can be one ulp before ``when``, so a ``deadline <= now`` check there still finds nothing due."""
-    heap_push(env._queue, (when if when > env._now else env._now, _NORMAL, _next(env._eid), Wake(fn)))
+    eid = env._ids.take() if _COMPILED else _next(env._eid)
+    heap_push(env._queue, (when if when > env._now else env._now, _NORMAL, eid, Wake(fn)))
 
 
 def call_first(env: SimEnv, fn: Callable[[Any], None]) -> None:
     """Call ``fn(event)`` now, before the NORMAL events of this instant: how SimPy starts a process
     (``Process.__init__`` schedules its ``Initialize`` event at URGENT priority)."""
-    heap_push(env._queue, (env._now, _URGENT, _next(env._eid), Wake(fn)))
+    heap_push(env._queue, (env._now, _URGENT, (env._ids.take() if _COMPILED else _next(env._eid)), Wake(fn)))

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
-from kvplan.sim.batch import DecodeBatch
+from kvplan.sim.batch import BatchOwner, DecodeBatch
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_later, call_soon
 from kvplan.sim.evlog import (
@@ -63,6 +63,7 @@ from kvplan.sim.evlog import (
 )
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
+from kvplan.sim.peers import DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import P2D, Request
 from kvplan.sim.retention import Retention
@@ -73,8 +74,8 @@ from kvplan.sim.shared import SharedPrefixes
 from kvplan.sim.xfer import Reads
 
 
-class DecodeNode:
-    """One decode instance."""
+class DecodeNode(BatchOwner):
+    """One decode instance (the owner of its decode batch)."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: DecodeConfig, conv_offsets: Sequence[int]) -> None:
         self.ctx = ctx
@@ -82,6 +83,8 @@ class DecodeNode:
         # the run's router and reads, typed (compiled: direct calls, no lookup on the run state per use)
         self.router: Router = ctx.router
         self.reads: Reads = ctx.reads
+        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's list (sim/peers.py: native calls)
+        self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.env = ctx.env
         self.idx = idx
         self.caching = cfg.prefix_caching
@@ -125,6 +128,13 @@ class DecodeNode:
         self.shared: SharedPrefixes | None = None  # prefixes shared by conversations (sim/shared.py)
         if ctx.shared_group is not None:
             self.shared = SharedPrefixes(ctx.shared_group, ctx.shared_tokens, cfg.block_size)
+
+    def _driver(self) -> DriverPort:
+        """The run's driver (made after the nodes): read off the run once, at the first use."""
+        d = self._drv
+        if d is None:
+            d = self._drv = self.ctx.driver
+        return d
 
     # ---- retention ---------------------------------------------------------------------------------------
 
@@ -329,7 +339,7 @@ class DecodeNode:
         pid = self.retention.of_conv.get(conv)
         if pid is not None:
             return self.retention.pins[pid].tokens
-        entry = self.pool.cache.get(conv)
+        entry = self.pool.entry(conv)
         return entry[0] if entry is not None else 0
 
     def load(self) -> int:
@@ -351,7 +361,7 @@ class DecodeNode:
         req.d_node = self.idx
         self.submitted += 1
         self.rows.append((self.env.now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
-        self.ctx.prefill[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
+        self.prefill_nodes[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
         self._try_admit()
 
@@ -474,10 +484,9 @@ class DecodeNode:
         call_at(self.env, t, lambda _e: self._try_admit())  # exactly at the deadline: it is due there
 
     def _start_p2d(self, r: Request, hit: int) -> None:
-        ctx = self.ctx
         env = self.env
         tokens = r.prompt - hit
-        pnode = ctx.prefill[r.p_node]
+        pnode = self.prefill_nodes[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
             self.rows.append((env.now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
@@ -552,7 +561,6 @@ class DecodeNode:
     def finish(self, r: Request) -> None:
         """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
         env = self.env
-        ctx = self.ctx
         now = env.now
         self.rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         self._log_itl(r, now)
@@ -560,7 +568,8 @@ class DecodeNode:
         r.d_blocks = 0
         self._inflight -= 1
         r.d_state = 0
-        self.running.pop(r, None)
+        if r in self.running:
+            del self.running[r]
         kv_tokens = r.prompt + r.output - 1  # the last sampled token never gets KV
         if self.shared is not None:
             self.shared.see(r.conv)
@@ -570,8 +579,7 @@ class DecodeNode:
                 left, new = self._pin_shared(r, kv_tokens)
             blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
-            pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry)
-            self.retention.pins[pid].shared = left
+            pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry, left)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks
@@ -580,5 +588,5 @@ class DecodeNode:
                 self.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
-        ctx.driver.d_done(r)
+        self._driver().d_done(r)
         self._try_admit()

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
 from kvplan.sim.clock import call_later, call_later_far
 from kvplan.sim.evlog import EV_ARRIVE, EV_ROUTER, RowBuffer
 from kvplan.sim.node_config import DriverConfig
+from kvplan.sim.peers import DecodePort, DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import Request
 from kvplan.sim.router import Router
@@ -46,20 +46,26 @@ def _view(a: np.ndarray, dtype: type[np.generic]) -> memoryview:
     return np.ascontiguousarray(a, dtype=dtype).data
 
 
-class ArrivalSource(Protocol):
-    """When turns arrive: started once, told when a turn reaches P and when a turn is over."""
+class ArrivalSource:
+    """When turns arrive: started once, told when a turn reaches P and when a turn is over.
+
+    A base class (each mode's source subclasses it), not a Protocol: compiled, the driver's two calls per turn are
+    native method calls."""
 
     def start(self) -> None:
         """Schedule the first arrivals."""
+        raise NotImplementedError
 
     def reached_p(self, c: int, i: int) -> None:
         """Request ``i`` of conversation ``c`` has just reached P (after the proxy overhead)."""
+        raise NotImplementedError
 
     def turn_over(self, c: int, i: int) -> None:
         """Request ``i`` of conversation ``c`` is finished (response done, or failed)."""
+        raise NotImplementedError
 
 
-class Driver:
+class Driver(DriverPort):
     """Sends turns to P then D and hands their timing to an :class:`ArrivalSource`."""
 
     def __init__(
@@ -67,6 +73,8 @@ class Driver:
     ) -> None:
         self.ctx = ctx
         self.router: Router = ctx.router  # typed: direct calls (compiled), no lookup on the run state per turn
+        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's engines (sim/peers.py: native calls)
+        self.decode_nodes: Sequence[DecodePort] = ctx.decode
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan
@@ -116,11 +124,12 @@ class Driver:
         self.source.reached_p(c, i)
         turn = i - self.offsets[c] + 1
         prompt = self.prompt[i]
+        output = self.output[i]
         log = self.rows
-        log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, self.output[i]))
+        log.append((t_arrival, EV_ARRIVE, c, turn, -1, prompt, output))
         res, params = self.router.lookup(c, t_arrival, self.send_id)
         log.append((t_arrival, EV_ROUTER, c, turn, -1, res, 0))
-        r = Request(c, turn, i, prompt, self.output[i], params)
+        r = Request(c, turn, i, prompt, output, params)
         if self.reuse is not None:
             r.reuse = self.reuse[i]
         last = self.last_request
@@ -129,7 +138,7 @@ class Driver:
 
     def _submit(self, r: Request) -> None:
         """The P leg reaches the chosen P's engine (aggregated mode overrides it: the chosen replica)."""
-        self.ctx.prefill[self.router.pick_prefill(r.conv)].submit(r)
+        self.prefill_nodes[self.router.pick_prefill(r.conv)].submit(r)
 
     def p_done(self, r: Request) -> None:
         """P leg finished (or failed): start the D leg after its overhead, or move on."""
@@ -146,7 +155,7 @@ class Driver:
         if self.handoff:
             self._handoff(r, d)
         else:
-            self.ctx.decode[d].submit(r)
+            self.decode_nodes[d].submit(r)
 
     def _handoff(self, r: Request, d: int) -> None:
         """The handoff stage of D ``d`` (FCFS, one at a time when serialised), then D."""
@@ -157,7 +166,7 @@ class Driver:
         if self.handoff_serialised:
             start = max(now, self.handoff_free_at[d])
             self.handoff_free_at[d] = start + cost
-        node = self.ctx.decode[d]
+        node = self.decode_nodes[d]
         delay = start + cost - now
         if delay > 0:
             call_later(env, delay, lambda _e: node.submit(r))
@@ -169,7 +178,7 @@ class Driver:
         self.source.turn_over(r.conv, r.index)
 
 
-class OpenLoop:
+class OpenLoop(ArrivalSource):
     """Conversations start at ``plan.start_s``; a follow-up arrives one turn gap after the response."""
 
     def __init__(self, driver: Driver) -> None:
@@ -204,7 +213,7 @@ class OpenLoop:
             d.arrive_at(c, i + 1, d.env.now + d.gap[i])
 
 
-class TraceReplay:
+class TraceReplay(ArrivalSource):
     """Every request on the trace's own clock, in arrival order, independent of earlier responses."""
 
     def __init__(self, driver: Driver, arrival_s: np.ndarray) -> None:
@@ -243,7 +252,7 @@ class TraceReplay:
         """Nothing: the trace's clock, not the response, sets the next arrival."""
 
 
-class ClosedLoop:
+class ClosedLoop(ArrivalSource):
     """``clients`` clients cycle round-robin over their active conversations (think time = turn gap)."""
 
     def __init__(self, driver: Driver, closed: ClosedLoopArrival) -> None:

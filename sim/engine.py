@@ -325,8 +325,9 @@ def simulate(
         d_cfg = node_setup.decode_config(scenario, rs_d.node, ctx)
         ctx.host_per_byte_s = d_cfg.retention.host_per_byte_s
         offsets = np.ascontiguousarray(plan.offsets, dtype=np.int64).data  # lease: a conversation's last turn
-        ctx.prefill = [PrefillNode(ctx, i, p_cfg) for i in range(dep.prefill_nodes)]
-        ctx.decode = [DecodeNode(ctx, i, d_cfg, offsets) for i in range(dep.decode_nodes)]
+        # filled in place: a node keeps the run's list of its peers from its construction on (sim/peers.py)
+        ctx.prefill.extend(PrefillNode(ctx, i, p_cfg) for i in range(dep.prefill_nodes))
+        ctx.decode.extend(DecodeNode(ctx, i, d_cfg, offsets) for i in range(dep.decode_nodes))
         router.bind(ctx.prefill, ctx.decode)
         ctx.driver = Driver(ctx, driver_cfg, plan, closed)
     ctx.driver.start()

@@ -211,7 +211,9 @@ class ItlTracker:
 
     def __init__(self) -> None:
         self.root: Node = EMPTY
-        self.pooled: dict[int, int] = {}
+        # pooled gap counts by bucket, at ``key - KEY_MIN`` (a list: compiled, an indexed read and write instead of
+        # a dictionary lookup with boxed keys; every key is in the tree's range)
+        self.pooled: list[int] = [0] * KEY_SPAN
 
     def add(self, first: float, inc: float, n: int, weight: int, k: int) -> None:
         """``n`` steps of durations ``first + inc * i`` (``k``: the bucket of ``first``), each a gap for ``weight``
@@ -221,8 +223,8 @@ class ItlTracker:
         last = first + inc * (n - 1)
         if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
             self.root = insert(self.root, k, n)
-            pooled = self.pooled
-            pooled[k] = pooled.get(k, 0) + n * weight
+            pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
+            pooled[k - KEY_MIN] = pooled[k - KEY_MIN] + n * weight
             return
         # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
         k1 = bucket_key(last)
@@ -240,17 +242,23 @@ class ItlTracker:
     def _put(self, key: int, c: int, weight: int) -> None:
         self.root = insert(self.root, key, c)
         pooled = self.pooled
-        pooled[key] = pooled.get(key, 0) + c * weight
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + c * weight
 
     def unpool(self, key: int, c: int) -> None:
         """``c`` requests took their first token in a step counted at ``key``: not a gap for them."""
-        self.pooled[key] = self.pooled.get(key, 0) - c
+        pooled = self.pooled
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] - c
 
     def gap(self, x: float) -> int:
         """One gap outside the step series (around a preemption), pooled; returns its key for the request."""
         key = bucket_key(x)
-        self.pooled[key] = self.pooled.get(key, 0) + 1
+        pooled = self.pooled
+        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + 1
         return key
+
+    def pooled_counts(self) -> dict[int, int]:
+        """The pooled gap counts by bucket key (the buckets whose count is not 0), in key order."""
+        return {KEY_MIN + i: c for i, c in enumerate(self.pooled) if c != 0}
 
 
 def turn_stats(spans: list[Span], extra: list[int]) -> tuple[float, float]:
@@ -273,7 +281,6 @@ def turn_stats(spans: list[Span], extra: list[int]) -> tuple[float, float]:
 
 def log_pooled(rows: RowBuffer, now: float, node: int, itl: ItlTracker) -> None:
     """One ``ITL_HIST`` row per occupied bucket of the engine's pooled gaps: ``a`` = bucket key, ``b`` = count."""
-    for key in sorted(itl.pooled):
-        c = itl.pooled[key]
+    for key, c in itl.pooled_counts().items():
         if c > 0:
             rows.append((now, EV_ITL_HIST, -1, -1, node, float(key), float(c)))

@@ -66,7 +66,7 @@ class Link:
         self._advance()
         heap_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
-            self.frac = 1.0 / len(self._heap)
+            self.frac = 1.0 / float(len(self._heap))  # float / float: native (float / int was a generic call)
             self._reschedule()
 
     def _advance(self) -> None:
@@ -95,12 +95,12 @@ class Link:
         heap = self._heap
         slack = EPS_S * self.frac / self.per_byte_s
         now = self.env.now
-        finished = []
+        finished: list[tuple[float, int, float, Callable[[float], None]]] = []  # typed: native reads of the items
         while heap and heap[0][0] - self._v <= slack:
             finished.append(heap_pop(heap))
         if self.fabric is None or not self.fabric.reshare(self):
             if heap:
-                self.frac = 1.0 / len(heap)
+                self.frac = 1.0 / float(len(heap))
             self._reschedule()
         for _v, _k, t0, cb in finished:
             cb(now - t0)

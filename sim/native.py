@@ -53,6 +53,7 @@ HOT_MODULES: tuple[str, ...] = (
     "kvplan.sim.xfer",
     "kvplan.sim.router",
     "kvplan.sim.scheduler",
+    "kvplan.sim.peers",
     "kvplan.sim.decode",
     "kvplan.sim.prefill",
     "kvplan.sim.driver",

@@ -1,10 +1,12 @@
-"""The small interfaces the nodes of the model talk through (``typing.Protocol``), below every node class.
+"""The small interfaces the nodes of the model talk through, below every node class.
 
 A node never imports another node, the driver or the run state (``sim/context.py``): it is given a
-:class:`Wiring` (the run state satisfies it) and reaches its peers through :class:`PrefillPort`,
-:class:`DecodePort` and :class:`DriverPort`, each listing only the calls that cross between them. Its
-constants come separately, as a frozen slice (``sim/node_config.py``). In the compiled build (``sim/native.py``)
-a call through a Protocol is an ordinary Python method call.
+:class:`Wiring` (the run state satisfies it, a ``typing.Protocol``) and reaches its peers through
+:class:`PrefillPort`, :class:`DecodePort` and :class:`DriverPort` (``sim/peers.py``, re-exported here), each
+listing only the calls that cross between them: base classes the nodes subclass, so that compiled
+(``sim/native.py``) a call to a peer is a native method call. Its constants come separately, as a frozen slice
+(``sim/node_config.py``). In the compiled build a call through a Protocol (:class:`Wiring`'s properties,
+:class:`EnginePort`) is an ordinary Python attribute lookup and call.
 """
 
 from __future__ import annotations
@@ -14,44 +16,12 @@ from typing import Any, Protocol
 
 from kvplan.sim.clock import SimEnv
 from kvplan.sim.events import EventLog
+from kvplan.sim.peers import DecodePort, DriverPort, PrefillPort
 from kvplan.sim.request import Request
 from kvplan.sim.router import Router
 from kvplan.sim.xfer import Reads
 
-
-class PrefillPort(Protocol):
-    """What the driver and a decode engine ask of a prefill engine."""
-
-    def submit(self, req: Request) -> None:
-        """A request reaches the engine (after the proxy/HTTP leg)."""
-
-    def d_tracks(self, r: Request) -> None:
-        """The request entered D's scheduler: D heartbeats P's lease on its held prompt."""
-
-    def release_hold(self, r: Request, why: int, at: float | None = None, kick: bool = True) -> None:
-        """Free the prompt's held blocks (D's read done, D's notification, lapse)."""
-
-
-class DecodePort(Protocol):
-    """What the driver and a prefill engine ask of a decode engine."""
-
-    def submit(self, req: Request) -> None:
-        """The D leg reaches the engine."""
-
-    def pin_alive(self, pin_id: int, now: float) -> bool:
-        """Whether the pinned blocks still exist at ``now``."""
-
-    def mark_reading(self, pin_id: int) -> None:
-        """A P worker posted a READ of these blocks: they stay until the read completes."""
-
-    def release_pin(self, pin_id: int, why: int) -> None:
-        """P released retained blocks (read done or notification)."""
-
-    def host_tokens(self, conv: int, now: float) -> int:
-        """Tokens of the conversation in the node's host offload tier."""
-
-    def host_read(self, conv: int) -> None:
-        """P read the conversation's host copy."""
+__all__ = ["DecodePort", "DriverPort", "EnginePort", "PrefillPort", "Wiring"]
 
 
 class EnginePort(Protocol):
@@ -59,16 +29,6 @@ class EnginePort(Protocol):
 
     def submit(self, req: Request) -> None:
         """A request reaches the engine."""
-
-
-class DriverPort(Protocol):
-    """What an engine tells the driver when its leg of a turn is over."""
-
-    def p_done(self, r: Request) -> None:
-        """The P leg finished (or failed)."""
-
-    def d_done(self, r: Request) -> None:
-        """D finished the response."""
 
 
 class Wiring(Protocol):

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvplan.errors import input_error
-from kvplan.models.costs import prefill_step_time_s
 from kvplan.models.formulas import NativePrefill
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import call_at, call_first, call_later, call_soon
@@ -55,14 +54,14 @@ from kvplan.sim.evlog import (
     REL_READ,
 )
 from kvplan.sim.node_config import PrefillConfig
+from kvplan.sim.peers import DecodePort, DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
 from kvplan.sim.request import D2P, HOST2P, Request
 from kvplan.sim.retention import read_declined
-from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.shared import SharedPrefixes
 
 
-class PrefillNode(Scheduler):
+class PrefillNode(PrefillPort):
     """One prefill instance (TP ranks act as one engine): the scheduler core plus the connector's decision."""
 
     def __init__(self, ctx: Wiring, idx: int, cfg: PrefillConfig) -> None:
@@ -70,6 +69,8 @@ class PrefillNode(Scheduler):
         super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
         self.ctx = ctx
         self.env = ctx.env
+        self.decode_nodes: Sequence[DecodePort] = ctx.decode  # the run's list, filled after (sim/peers.py)
+        self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s
         self.fail_on_decline = cfg.fail_on_decline
@@ -132,6 +133,13 @@ class PrefillNode(Scheduler):
         self.thread_post_s += work_s
         self.thread_busy_s += work_s
 
+    def _driver(self) -> DriverPort:
+        """The run's driver (made after the nodes): read off the run once, at the first use."""
+        d = self._drv
+        if d is None:
+            d = self._drv = self.ctx.driver
+        return d
+
     def _kick(self) -> None:
         if self._idle:
             self._idle = False
@@ -165,7 +173,7 @@ class PrefillNode(Scheduler):
                 self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
             self._sched_t = env.now
-            dt = prefill_step_time_s(self._pc, self.new_tokens, self.pairs, self.ctx_pairs)
+            dt = self._pc.step_time_s(self.new_tokens, self.pairs, self.ctx_pairs)  # = prefill_step_time_s (typed)
             self.busy_s += dt
             self._batch = self.chunks
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
@@ -226,7 +234,6 @@ class PrefillNode(Scheduler):
     def _decide(self, r: Request) -> bool:
         """The connector decision at scheduling time. True when the request computes now."""
         env = self.env
-        ctx = self.ctx
         r.p_decided = True
         self.decided += 1
         prompt = r.prompt
@@ -237,8 +244,8 @@ class PrefillNode(Scheduler):
             decision = DEC_MISS
         else:
             # only what the prompt repeats token for token is valid KV (vllm#43094: P itself does not check)
-            n = min(params.remote_num_tokens, prompt, r.reuse) - local
-            dnode = ctx.decode[params.decode_node]
+            n = min(min(params.remote_num_tokens, prompt), r.reuse) - local  # two-argument mins: native when compiled
+            dnode = self.decode_nodes[params.decode_node]
             if n <= 0:
                 decision = DEC_LOCAL
                 dnode.release_pin(params.pin_id, REL_NOTIFIED)
@@ -264,7 +271,7 @@ class PrefillNode(Scheduler):
                     self.pool.held -= r.p_blocks  # nothing is computed: the blocks go back (the hit stays cached)
                     r.p_blocks = 0
                     self.pool.to_cache(r.conv, local)
-                    ctx.driver.p_done(r)
+                    self._driver().p_done(r)
                     return False
                 decision = DEC_EXPIRED
             else:
@@ -281,9 +288,8 @@ class PrefillNode(Scheduler):
         return True
 
     def _start_pull(self, r: Request, d: int, pin_id: int, tokens: int) -> None:
-        ctx = self.ctx
         env = self.env
-        dnode = ctx.decode[d]
+        dnode = self.decode_nodes[d]
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
@@ -293,23 +299,24 @@ class PrefillNode(Scheduler):
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(D2P, tokens)))
-        self.charge_thread(ctx.reads.start(self.idx, d, D2P, tokens, done))
+        reads = self.ctx.reads
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, reads.total_bytes(D2P, tokens)))
+        self.charge_thread(reads.start(self.idx, d, D2P, tokens, done))
 
     def _start_host_pull(self, r: Request, d: int, tokens: int) -> None:
         """Read the conversation's context from D's host memory (offload tier) at host-to-NIC bandwidth."""
-        ctx = self.ctx
         env = self.env
 
         def done(xfer_s: float, post_s: float) -> None:
             self.rows.append((env.now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
-            ctx.decode[d].host_read(r.conv)
+            self.decode_nodes[d].host_read(r.conv)
             r.wait_t = env.now
             self.waiting.appendleft(r)
             self._kick()
 
-        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, ctx.reads.total_bytes(HOST2P, tokens)))
-        self.charge_thread(ctx.reads.start(self.idx, d, HOST2P, tokens, done))
+        reads = self.ctx.reads
+        self.rows.append((env.now, EV_PULL_START, r.conv, r.turn, d, tokens, reads.total_bytes(HOST2P, tokens)))
+        self.charge_thread(reads.start(self.idx, d, HOST2P, tokens, done))
 
     def before_evict(self, want: int) -> None:
         """The pool is short: leases past their deadline free their blocks first."""
@@ -337,7 +344,7 @@ class PrefillNode(Scheduler):
             heapq.heappush(self._leases, (r.p_lease_expiry, self._lease_seq, r))
             if self._blocked:  # the head already waits for blocks: it may get these ones when the lease lapses
                 self._wake_at_next_lapse()
-        self.ctx.driver.p_done(r)
+        self._driver().p_done(r)
 
     # ---- the lease on held prompts -----------------------------------------------------------------------
 

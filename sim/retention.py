@@ -7,7 +7,7 @@ request finishing as STOPPED or LENGTH_CAPPED returns ``delay_free_blocks=True``
 Pinned blocks belong to a finished request: neither evictable nor preemptable.
 
 This class only keeps the pins and their deadlines; the node moves the blocks between its pool's
-``pinned`` and ``cached`` counts. Deadlines are checked lazily (a heap), whenever blocks are needed.
+``pinned`` and ``cached`` counts. Deadlines are checked lazily (filed in time order), whenever blocks are needed.
 
 **The expiry rule, in one place** (every other module calls these functions):
 
@@ -74,26 +74,57 @@ class Pin:
         self.shared = 0  # tokens of a shared prefix (sim/shared.py) pinned once for the group, not in ``blocks``
 
 
-class Retention:
-    """The pins of one decode node, by id and by conversation, with an expiry heap."""
+def _listed(out: list[tuple[float, int]], pid: int) -> bool:
+    for entry in out:
+        if entry[1] == pid:
+            return True
+    return False
 
-    __slots__ = ("pins", "of_conv", "_heap", "_next_id", "_stride")
+
+class Retention:
+    """The pins of one decode node, by id and by conversation, with their deadlines in time order.
+
+    Deadlines are filed in two parts: a list in time order, to which a deadline is appended when it is not before
+    the last one (pins are made in finish order and vLLM's TTL is fixed, so nearly all are), and a heap for the rest
+    (a lease's deadline depends on the turn). The next deadline is the earlier of the two heads: the order of one
+    heap of all of them (entries ``(deadline, pin id)`` are all different), at O(1) instead of O(log n) for most."""
+
+    __slots__ = ("pins", "of_conv", "_fifo", "_fifo_i", "_heap", "_next_id", "_stride")
 
     def __init__(self, first_id: int, stride: int) -> None:
         self.pins: dict[int, Pin] = {}
         self.of_conv: dict[int, int] = {}
-        self._heap: list[tuple[float, int]] = []
+        self._fifo: list[tuple[float, int]] = []  # (deadline, pin id) in order, from index _fifo_i on
+        self._fifo_i = 0
+        self._heap: list[tuple[float, int]] = []  # those filed out of order (clock.heap_push)
         self._next_id = first_id  # unique across nodes: first_id + k * stride
         self._stride = stride
 
-    def add(self, conv: int, tokens: int, blocks: int, expiry_s: float) -> tuple[int, int | None]:
-        """Pin blocks; returns (new pin id, the conversation's previous pin id if one was still held)."""
+    def _file(self, expiry_s: float, pid: int) -> None:
+        """File a deadline (see the class): at the end of the ordered list unless it is before its last entry."""
+        fifo = self._fifo
+        if self._fifo_i < len(fifo):
+            last: tuple[float, int] = fifo[-1]
+            t = last[0]
+            if expiry_s < t or (expiry_s == t and pid < last[1]):
+                heap_push(self._heap, (expiry_s, pid))
+                return
+        elif fifo:
+            fifo.clear()  # all taken: start over
+            self._fifo_i = 0
+        fifo.append((expiry_s, pid))
+
+    def add(self, conv: int, tokens: int, blocks: int, expiry_s: float, shared: int = 0) -> tuple[int, int | None]:
+        """Pin blocks (``shared``: see :class:`Pin`); returns (new pin id, the conversation's previous pin id if one
+        was still held)."""
         pid = self._next_id
         self._next_id += self._stride
-        self.pins[pid] = Pin(conv, tokens, blocks, expiry_s)
+        pin = Pin(conv, tokens, blocks, expiry_s)
+        pin.shared = shared
+        self.pins[pid] = pin
         old = self.of_conv.get(conv)
         self.of_conv[conv] = pid
-        heap_push(self._heap, (expiry_s, pid))
+        self._file(expiry_s, pid)
         return pid, old
 
     def alive(self, pid: int, now: float) -> bool:
@@ -102,11 +133,11 @@ class Retention:
         return pin is not None and is_held(now, pin.expiry_s)
 
     def renew(self, pid: int, expiry_s: float) -> None:
-        """Move a pin's deadline (a lease renewal); the old heap entry is skipped when it comes up."""
+        """Move a pin's deadline (a lease renewal); the old entry is skipped when it comes up."""
         pin = self.pins.get(pid)
         if pin is not None:
             pin.expiry_s = expiry_s
-            heap_push(self._heap, (expiry_s, pid))
+            self._file(expiry_s, pid)
 
     def lru_evictable(self) -> Iterator[int]:
         """Pin ids no read holds, oldest first (pins are created in finish order)."""
@@ -120,27 +151,70 @@ class Retention:
 
     def pop(self, pid: int) -> Pin | None:
         """Remove a pin (released); None if it was already gone."""
-        pin = self.pins.pop(pid, None)
-        if pin is not None and self.of_conv.get(pin.conv) == pid:
-            del self.of_conv[pin.conv]
+        pin = self.pins.get(pid)  # get and del: native dictionary operations compiled (pop with a default is not)
+        if pin is not None:
+            del self.pins[pid]
+            if self.of_conv.get(pin.conv) == pid:
+                del self.of_conv[pin.conv]
         return pin
 
-    def due(self, now: float) -> Iterator[tuple[float, int]]:
-        """(deadline, pin id) of every pin whose deadline has passed and that no read holds."""
+    def due(self, now: float) -> list[tuple[float, int]]:
+        """(deadline, pin id) of every pin whose deadline has passed and that no read holds, in deadline order,
+        each pin once; their entries are taken (the caller releases each pin, which changes no other pin)."""
+        out: list[tuple[float, int]] = []
+        fifo = self._fifo
         heap = self._heap
-        while heap and is_due(now, heap[0][0]):
-            expiry, pid = heap_pop(heap)
+        while True:
+            i = self._fifo_i
+            if i < len(fifo):
+                entry: tuple[float, int] = fifo[i]
+                from_heap = False
+                if heap:
+                    h: tuple[float, int] = heap[0]
+                    if h[0] < entry[0] or (h[0] == entry[0] and h[1] < entry[1]):
+                        entry = h
+                        from_heap = True
+            elif heap:
+                entry = heap[0]
+                from_heap = True
+            else:
+                break
+            expiry = entry[0]
+            if not is_due(now, expiry):
+                break
+            if from_heap:
+                heap_pop(heap)
+            else:
+                self._fifo_i = i + 1
+            pid = entry[1]
             pin = self.pins.get(pid)
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
-                yield expiry, pid
-
-    def next_expiry_due(self, now: float) -> bool:
-        """Whether some deadline in the heap has passed (cheap check before :meth:`due`)."""
-        return bool(self._heap) and is_due(now, self._heap[0][0])
+                if out and _listed(out, pid):
+                    continue  # filed twice (renewed to an earlier or the same deadline): released at its first
+                out.append((expiry, pid))
+        i = self._fifo_i
+        if i > 256 and 2 * i > len(fifo):  # drop the taken front now and then (amortised O(1))
+            del fifo[:i]
+            self._fifo_i = 0
+        return out
 
     def next_expiry(self) -> float | None:
-        """The earliest deadline still in the heap (may belong to a pin already released)."""
-        return self._heap[0][0] if self._heap else None
+        """The earliest deadline still filed (may belong to a pin already released)."""
+        i = self._fifo_i
+        heap = self._heap
+        if i < len(self._fifo):
+            t = self._fifo[i][0]
+            if heap and heap[0][0] < t:
+                return heap[0][0]
+            return t
+        return heap[0][0] if heap else None
+
+    def next_expiry_due(self, now: float) -> bool:
+        """Whether some filed deadline has passed (cheap check before :meth:`due`)."""
+        i = self._fifo_i
+        if i < len(self._fifo) and is_due(now, self._fifo[i][0]):
+            return True
+        return bool(self._heap) and is_due(now, self._heap[0][0])
 
     def all_by_expiry(self) -> list[int]:
         """Every pin still held, by deadline (end of run)."""
@@ -148,4 +222,6 @@ class Retention:
 
     def clear_heap(self) -> None:
         """Forget pending deadlines (end of run)."""
+        self._fifo.clear()
+        self._fifo_i = 0
         self._heap.clear()

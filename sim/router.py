@@ -123,9 +123,10 @@ class Router:
         """Pop the conversation's entry (single use); stale entries are discarded as misses."""
         if not has_conversation_id:
             return RR_NO_CONVERSATION_ID, None
-        entry = self._map.pop(conv, None)
+        entry = self._map.get(conv)  # get and del: native dictionary operations compiled (pop with a default is not)
         if entry is None:
             return RR_NO_ENTRY, None
+        del self._map[conv]
         if now - entry.cached_at_s > self.ttl_s:
             return RR_STALE, None
         if self.renews and not self.d_nodes[entry.decode_node].renew_lease(entry, now):

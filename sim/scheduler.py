@@ -112,7 +112,7 @@ class Scheduler:
 
     def cached_tokens(self, conv: int) -> int:
         """Prefix-cached tokens of the conversation on this engine (for ``prefix_aware`` routing)."""
-        entry = self.pool.cache.get(conv)
+        entry = self.pool.entry(conv)
         return entry[0] if entry is not None else 0
 
     def load(self) -> int:

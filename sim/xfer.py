@@ -13,13 +13,39 @@ vLLM's background handshake thread (``_background_nixl_handshake``), not on the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-from kvplan.models.costs import post_time_s, prep_time_s, xfer_time_s
 from kvplan.models.formulas import NativeTransfer, TransferParams
 from kvplan.sim.clock import call_later
 from kvplan.sim.link import Link
 from kvplan.sim.request import D2P, HOST2P, P2D
+
+_NODES: Final = 1 << 20  # Reads' int key of a link holds D's index below this (larger ones are not cached)
+
+
+class ReadCost:
+    """One direction's READ cost: the reader's transfer costs (a typed copy), the rank plan's per-token figures,
+    the regions per rank and the block size. :meth:`phases` is the one composition of a read (:func:`read_phases`);
+    :class:`Reads` keeps one per direction (compiled: typed reads, no lookup by name per read)."""
+
+    __slots__ = ("tc", "sources_per_reader", "bottleneck_bytes_per_token", "total_bytes_per_token", "regions",
+                 "block_size")
+
+    def __init__(self, tc: TransferParams, plan: Any, regions: int, block_size: int) -> None:
+        self.tc: NativeTransfer = tc if isinstance(tc, NativeTransfer) else NativeTransfer(tc)
+        self.sources_per_reader: int = plan.sources_per_reader
+        self.bottleneck_bytes_per_token: int = plan.bottleneck_bytes_per_token
+        self.total_bytes_per_token: int = plan.total_bytes_per_token
+        self.regions = regions
+        self.block_size = block_size
+
+    def phases(self, tokens: int) -> tuple[int, float, float, float, float]:
+        """:func:`read_phases` of ``tokens`` tokens."""
+        tc = self.tc
+        desc = self.regions * (-(-tokens // self.block_size)) * self.sources_per_reader
+        nbytes = float(tokens * self.bottleneck_bytes_per_token)
+        lat_x = tc.xfer_time_s(0.0, desc)
+        return desc, nbytes, tc.post_time_s(desc), lat_x, tc.prep_time_s(desc) + lat_x
 
 
 def read_phases(
@@ -31,12 +57,11 @@ def read_phases(
     rank posts ``regions x blocks`` descriptors per source rank it reads from, and the bytes go through the
     read's busiest NIC. Returns (descriptors per reader rank, bytes through the busiest NIC, the post (inside
     xferDuration, reported only), xferDuration without the shared-bandwidth phase, that latency plus the
-    request creation before NIXL's timer: the unshared part of the read, handshake and poll excluded).
+    request creation before NIXL's timer: the unshared part of the read, handshake and poll excluded): the
+    formulas ``xfer_time_s(tc, 0.0, desc)``, ``post_time_s(tc, desc)`` and ``prep_time_s(tc, desc)`` of
+    ``models/formulas.py``, composed by :meth:`ReadCost.phases`.
     """
-    desc = regions * (-(-tokens // block_size)) * plan.sources_per_reader
-    nbytes = float(tokens * plan.bottleneck_bytes_per_token)
-    lat_x = xfer_time_s(tc, 0.0, desc)
-    return desc, nbytes, post_time_s(tc, desc), lat_x, prep_time_s(tc, desc) + lat_x
+    return ReadCost(tc, plan, regions, block_size).phases(tokens)
 
 
 def read_time_s(tc: TransferParams, per_byte_s: float, plan: Any, regions: int, block_size: int, tokens: int,
@@ -61,12 +86,16 @@ class Reads:
         # the reader pays: D reads P's blocks (P2D) with D's transfer costs, P reads D's (D2P, HOST2P) with P's
         p2d, d2p = NativeTransfer(ctx.d_costs.transfer), NativeTransfer(ctx.costs.transfer)  # plain copies: read per read
         self.cost: dict[int, NativeTransfer] = {P2D: p2d, D2P: d2p, HOST2P: d2p}
+        # per direction (indexed by D2P, P2D, HOST2P = 0, 1, 2) its ReadCost: typed, no dictionary lookup per read
+        by_dir = {d: ReadCost(self.cost[d], self.plans[d], self.regions, self.block_size) for d in (D2P, P2D, HOST2P)}
+        self._rc: list[ReadCost] = [by_dir[d] for d in range(len(by_dir))]
         self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
+        self._link_of: dict[int, Link] = {}  # the same links by (p * _NODES + d) * 4 + direction
         self.seq = 0
 
     def total_bytes(self, direction: int, tokens: int) -> int:
         """Bytes a read of ``tokens`` tokens moves, summed over the reader's ranks."""
-        return tokens * self.plans[direction].total_bytes_per_token
+        return tokens * self._rc[direction].total_bytes_per_token
 
     def start(self, p: int, d: int, direction: int, tokens: int, on_done: Callable[[float, float], None]) -> float:
         """Start a READ of ``tokens`` tokens; ``on_done(xfer_s, post_s)`` fires when the reader sees it.
@@ -74,13 +103,19 @@ class Reads:
         Returns the reader's engine-thread time of creating and posting it
         (:func:`kvplan.models.costs.read_thread_time_s`), which the reading engine charges to its thread (its
         steps cannot end before that work is done)."""
-        tc = self.cost[direction]
-        desc, nbytes_rank, post, lat_x, pre = read_phases(tc, self.plans[direction], self.regions, self.block_size, tokens)
+        rc = self._rc[direction]
+        tc = rc.tc
+        desc, nbytes_rank, post, lat_x, pre = rc.phases(tokens)
         self.seq += 1
-        link = self.links.get((p, d, direction))
-        if link is None:  # the reader's first read from that engine: it pays the handshake
-            pre += tc.handshake_s
-            link = self.ctx.link(p, d, direction)
+        key = (p * _NODES + d) * 4 + direction  # an int key: compiled, no tuple to build and hash per read
+        link = self._link_of.get(key)
+        if link is None:
+            link = self.links.get((p, d, direction))
+            if link is None:  # the reader's first read from that engine: it pays the handshake
+                pre += tc.handshake_s
+                link = self.ctx.link(p, d, direction)
+            if d < _NODES:
+                self._link_of[key] = link
         tail = pre + tc.poll_s
         env = self.env
 

@@ -129,26 +129,7 @@ def full_costs(**components: dict) -> dict:
 def lone_decode_owner(on_finish: Any, fit: Any = None) -> Any:
     """The owner a lone ``sim.batch.DecodeBatch`` talks to in unit tests: an unbounded block pool,
     ``on_finish(request)`` at each finish, ``fit(step) -> preempted`` (never, by default)."""
+    from kvplan.sim.batch import LoneOwner
     from kvplan.sim.blocks import BlockPool
 
-    class _Owner:
-        pool = BlockPool(10**6, 16, True)
-        static = 0
-        admission_held = False
-
-        def finish(self, r: Any) -> None:
-            on_finish(r)
-
-        def fit(self, step: int) -> bool:
-            return bool(fit(step)) if fit is not None else False
-
-        def joined(self, r: Any) -> None:
-            pass
-
-        def grown(self, step: int) -> None:
-            pass
-
-        def resume_admission(self) -> None:
-            pass
-
-    return _Owner()
+    return LoneOwner(BlockPool(10**6, 16, True), on_finish, None if fit is None else (lambda step: bool(fit(step))))

@@ -431,3 +431,58 @@ def test_native_parameter_copies_carry_every_protocol_field() -> None:
         missing = [f for f in fields if not hasattr(copy, f)]
         assert not missing, (native.__name__, missing)
         assert all(getattr(copy, f) == getattr(src, f) for f in fields)
+
+
+def test_native_parameter_methods_equal_the_formulas() -> None:
+    """The typed methods of NativePrefill / NativeTransfer (the compiled step loop's and the reads' fast path) give
+    the very floats of the module formulas they restate, and ``read_phases`` composes them as before."""
+    import random
+
+    from kvplan.models import formulas as f
+    from kvplan.models.profile import load_profile
+    from kvplan.sim.tp import rank_plan
+    from kvplan.sim.xfer import read_phases
+
+    costs = load_profile("p5en-qwen3-32b").costs
+    rng = random.Random(23)
+    pcs = [costs.prefill, costs.prefill.model_copy(update={"linear_knots_tokens": (), "linear_knots_s": ()}),
+           costs.prefill.model_copy(update={"context_attention_s": None})]
+    for pc in pcs:
+        npc = f.NativePrefill(pc)
+        for _ in range(300):
+            n = rng.randint(1, 20000)
+            ctx = rng.choice([0, rng.randint(0, 60000)])
+            pairs = f.causal_pairs(n, ctx)
+            assert npc.step_time_s(n, pairs, n * ctx) == f.prefill_step_time_s(pc, n, pairs, n * ctx)
+            assert npc.step_time_s(n, pairs) == f.prefill_step_time_s(pc, n, pairs)
+    tc = costs.transfer
+    ntc = f.NativeTransfer(tc)
+    for _ in range(300):
+        d = rng.randint(0, 100000)
+        b = rng.uniform(0.0, 1e10)
+        assert ntc.xfer_time_s(b, d) == f.xfer_time_s(tc, b, d)
+        assert ntc.post_time_s(d) == f.post_time_s(tc, d)
+        assert ntc.prep_time_s(d) == f.prep_time_s(tc, d)
+    from kvplan.models.arch import get_model
+
+    plan = rank_plan(get_model("qwen3-32b"), 8, 4)
+    for tokens in (1, 15, 16, 17, 4096, 12345):
+        desc = 3 * (-(-tokens // 16)) * plan.sources_per_reader
+        lat_x = f.xfer_time_s(tc, 0.0, desc)
+        assert read_phases(tc, plan, 3, 16, tokens) == (desc, float(tokens * plan.bottleneck_bytes_per_token),
+                                                       f.post_time_s(tc, desc), lat_x, f.prep_time_s(tc, desc) + lat_x)
+
+
+def test_typed_bisect_is_bisect_left() -> None:
+    """formulas._bisect_typed (the compiled build's search of a knot table) is ``bisect.bisect_left`` for a float
+    against integer knots, ties and the ends included."""
+    import random
+    from bisect import bisect_left
+
+    from kvplan.models.formulas import _bisect_typed
+
+    rng = random.Random(5)
+    for _ in range(200):
+        knots = tuple(sorted(rng.sample(range(1, 70000), rng.randint(1, 12))))
+        for x in [float(k) for k in knots] + [rng.uniform(0, 80000) for _ in range(20)] + [0.5, 1e9]:
+            assert _bisect_typed(knots, x) == bisect_left(knots, x)

@@ -59,7 +59,7 @@ def test_pooled_counts_weight_steps_by_members() -> None:
     k = bucket_key(0.02)
     itl.add(0.02, 0.0, 10, 3, k)
     itl.unpool(k, 2)
-    assert itl.pooled == {k: 28}
+    assert itl.pooled_counts() == {k: 28}
     assert bucket_value(k) == pytest.approx(0.02, rel=0.005)
     assert stay_stats(None, itl.root, NO_SKIP) == pytest.approx((0.02, 0.02), rel=0.005)
 

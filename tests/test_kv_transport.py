@@ -280,13 +280,14 @@ def _lone_prefill(serial: bool, idle_work_s: float, ready_s: float) -> float:
     from kvplan.sim.clock import SimEnv, call_later
     from kvplan.sim.events import EventLog
     from kvplan.sim.node_config import PrefillConfig
+    from kvplan.sim.peers import CallbackDriver
     from kvplan.sim.prefill import PrefillNode
     from kvplan.sim.request import Request
 
     env = SimEnv()
     done: list[float] = []
-    ctx = SimpleNamespace(env=env, log=EventLog(), shared_group=None,
-                          driver=SimpleNamespace(p_done=lambda r: done.append(env.now)))
+    ctx = SimpleNamespace(env=env, log=EventLog(), shared_group=None, decode=[],
+                          driver=CallbackDriver(lambda r: done.append(env.now)))
     cfg = PrefillConfig(max_num_seqs=8, max_num_batched_tokens=8192, async_scheduling=False,
                         kv_post_overlaps_forward=not serial, block_size=16, capacity_blocks=1000, prefix_caching=False,
                         bytes_per_block=1, costs=PrefillCost(fixed_s=0.01), kv_recompute_threshold_tokens=0,

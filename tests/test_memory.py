@@ -417,3 +417,110 @@ def test_router_keeps_no_entry_after_a_conversations_last_lookup() -> None:
     trace = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_small.jsonl"
     _rs, plan, ctx = simulate(scenario_from_dict(small(workload={"trace": {"path": str(trace)}})))
     assert ctx.router.entries() < len(plan.turns)
+
+
+def test_block_pool_front_cut_matches_the_plain_lru() -> None:
+    """BlockPool keeps the LRU entry's evicted tail aside (``_trim``): random operations give the same entries, order
+    and counts as a plain OrderedDict that writes every cut into the entry."""
+    import random
+    from collections import OrderedDict
+
+    from kvplan.sim.blocks import BlockPool
+
+    rng = random.Random(7)
+    for _ in range(40):
+        bs = rng.choice([1, 4, 16])
+        pool = BlockPool(200, bs, caching=True)
+        ref: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        ref_cached = 0
+        for _ in range(300):
+            op = rng.random()
+            conv = rng.randrange(12)
+            if op < 0.35:
+                tokens = rng.randrange(0, 40 * bs)
+                pool.to_cache(conv, tokens)
+                old = ref.pop(conv, None)
+                if old is not None:
+                    ref_cached -= old[1]
+                full = (tokens // bs) * bs
+                ref[conv] = (full, full // bs)
+                ref_cached += full // bs
+            elif op < 0.55:
+                got = pool.take(conv)
+                want = ref.pop(conv, None)
+                if want is not None:
+                    ref_cached -= want[1]
+                assert got == want
+                if got is not None and rng.random() < 0.5:
+                    pool.put_back(conv, got)
+                    ref[conv] = got
+                    ref_cached += got[1]
+            elif op < 0.9:
+                need = rng.randrange(0, 30)
+                pool.evict(need)
+                deficit = need - (pool.capacity - pool.held - pool.pinned - ref_cached)
+                while deficit > 0 and ref:
+                    c, (t, b) = next(iter(ref.items()))
+                    if b > deficit:
+                        ref[c] = (t - deficit * bs, b - deficit)
+                        ref_cached -= deficit
+                        break
+                    del ref[c]
+                    ref_cached -= b
+                    deficit -= b
+            else:
+                assert pool.entry(conv) == ref.get(conv)
+            assert pool.cached == ref_cached
+        assert list(pool.cache.items()) == list(ref.items())
+
+
+def test_retention_deadlines_come_out_as_from_one_heap() -> None:
+    """Retention files deadlines in an ordered list plus a heap for those out of order: ``due`` and the next-deadline
+    queries give what one heap of every (deadline, pin id) gives, with renewals and reads (random programs)."""
+    import heapq
+    import random
+
+    from kvplan.sim.retention import Retention
+
+    rng = random.Random(11)
+    for _ in range(40):
+        ret = Retention(3, 2)
+        heap: list[tuple[float, int]] = []
+        expiry: dict[int, float] = {}
+        reading: set[int] = set()
+        now = 0.0
+        for _ in range(400):
+            op = rng.random()
+            if op < 0.4:
+                t = now + (60.0 if rng.random() < 0.8 else rng.choice([0.0, 1.0, 30.0, 90.0]))
+                pid, _old = ret.add(rng.randrange(50), 10, 1, t)
+                expiry[pid] = t
+                heapq.heappush(heap, (t, pid))
+            elif op < 0.5 and expiry:
+                pid = rng.choice(list(expiry))
+                t = now + rng.choice([5.0, 60.0])
+                ret.renew(pid, t)
+                expiry[pid] = t
+                heapq.heappush(heap, (t, pid))
+            elif op < 0.55 and expiry:
+                pid = rng.choice(list(expiry))
+                ret.mark_reading(pid)
+                reading.add(pid)
+            elif op < 0.6 and expiry:
+                pid = rng.choice(list(expiry))
+                ret.pop(pid)
+                del expiry[pid]
+            else:
+                now += rng.choice([0.0, 0.5, 7.0, 40.0])
+                assert ret.next_expiry() == (heap[0][0] if heap else None)
+                assert ret.next_expiry_due(now) == (bool(heap) and heap[0][0] <= now)
+                want = []
+                while heap and heap[0][0] <= now:
+                    t, pid = heapq.heappop(heap)
+                    if pid in expiry and pid not in reading and expiry[pid] <= t:
+                        want.append((t, pid))
+                        del expiry[pid]  # released by the caller before the next entry is looked at
+                got = ret.due(now)
+                assert got == want
+                for _t, pid in got:
+                    ret.pop(pid)

@@ -1,4 +1,4 @@
-"""Nodes get typed slices and talk through Protocols (issue 23 items 1 and 3); the TTL expiry rule is one rule.
+"""Nodes get typed slices and talk through sim/ports.py (issue 23 items 1 and 3); the TTL expiry rule is one rule.
 
 * no node module reads ``scenario`` or looks up a preset (their constants come from ``sim/node_config.py``);
 * the node modules, the driver and the run state are in no import circle (TYPE_CHECKING imports included), and

@@ -115,15 +115,18 @@ class ResultDirLock:
             self.fd = fd
             return True
 
+    def holder(self) -> str:
+        """The pid the lock file names (``?`` when unreadable)."""
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
     def acquire(self) -> ResultDirLock:
         """Take the lock or refuse: another kvplan run is writing the directory."""
         if not self.try_acquire():
-            try:
-                pid = self.path.read_text().strip() or "?"
-            except OSError:
-                pid = "?"
-            raise input_error(f"{self.flag} {self.out}", f"another kvplan run (pid {pid}) is writing this directory",
-                              "wait for it to finish or choose another directory")
+            raise input_error(f"{self.flag} {self.out}", f"another kvplan run (pid {self.holder()}) is writing this "
+                              "directory", "wait for it to finish or choose another directory")
         return self
 
     def release(self) -> None:

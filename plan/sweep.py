@@ -477,12 +477,8 @@ def _lock_out(out: Path) -> ResultDirLock:
     except OSError as exc:
         raise input_error(f"--out {out}", f"cannot create the lock file {lock.path} ({exc.strerror or exc})") from None
     if not free:
-        try:
-            pid = lock.path.read_text().strip() or "?"
-        except OSError:
-            pid = "?"
-        raise input_error(f"--out {out}", f"another kvplan sweep (pid {pid}) is writing it (it holds {lock.path})",
-                          "wait for it to finish or choose another --out")
+        raise input_error(f"--out {out}", f"another kvplan sweep (pid {lock.holder()}) is writing it (it holds "
+                          f"{lock.path})", "wait for it to finish or choose another --out")
     return lock
 
 

@@ -49,7 +49,7 @@ from scipy import stats as sps
 
 from kvplan.errors import input_error
 from kvplan.traces.stats import PERCENTILES, ServiceTimeFn, crude_service_time_s, json_ready, turn_pairs
-from kvplan.traces.trace import Trace
+from kvplan.traces.trace import Trace, at_least_one_token
 
 #: Default cap on the number of values kept in an empirical distribution.
 MAX_EMPIRICAL_VALUES = 2000
@@ -184,16 +184,13 @@ def fit_workload(
     sessions = df.groupby("session_id", sort=False)
     n_sessions = int(sessions.ngroups)
     depth = sessions["turn"].max().to_numpy()  # the simulator's conversation is a chain
-    # a request is at least one prompt and one generated token: a trace's 0 is replayed as 1 (sim/workload.py), and
-    # fitted as 1 (simulate refuses a draw of 0 tokens); counted in the report
-    raw_first_in = df.loc[df["turn"] == 1, "input_tokens"].to_numpy()
-    first_in = np.maximum(raw_first_in, 1)
+    # a trace's 0 tokens are fitted as 1, as the replay takes them (simulate refuses a draw of 0); counted in the report
+    first_in, first_in_zeros = at_least_one_token(df.loc[df["turn"] == 1, "input_tokens"].to_numpy())
     # without any service time the arrival-to-arrival gap is used as it is (reported)
     pairs = turn_pairs(trace, service_time_fn if service_time_fn is not None else _no_service)
     new_tok = pairs["new_tokens"].to_numpy(dtype=float)
     clipped = float((new_tok < 0).mean()) if new_tok.size else 0.0
-    raw_outputs = df["output_tokens"].to_numpy(dtype=float)
-    outputs = np.maximum(raw_outputs, 1.0)
+    outputs, output_zeros = at_least_one_token(df["output_tokens"].to_numpy(dtype=float))
     idle = pairs["idle_s"].to_numpy(dtype=float)
     idle = idle[np.isfinite(idle)]
     positive = idle[idle > 0]
@@ -229,13 +226,13 @@ def fit_workload(
             "P(turn k+1 | turn k) = P(turns > k) / P(turns >= k)",
         },
         "prefix_tokens": {"definition": "input tokens of turn-1 requests (0 taken as 1)", "n": int(first_in.size),
-                          "zero_taken_as_1": int((raw_first_in < 1).sum())},
+                          "zero_taken_as_1": first_in_zeros},
         "user_tokens": {
             "definition": "child_in - parent_in - parent_out over linked pairs, clipped at 0",
             "n": int(new_tok.size),
             "clipped_share": clipped,
         },
-        "output_tokens": {"n": int(outputs.size), "zero_taken_as_1": int((raw_outputs < 1).sum()),
+        "output_tokens": {"n": int(outputs.size), "zero_taken_as_1": output_zeros,
                           "definition": "output tokens of every request (0 taken as 1, as a replay does)"},
         "turn_gap": {
             "definition": "idle gap = arrival-to-arrival gap - parent service time",

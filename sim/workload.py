@@ -289,6 +289,7 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
     """
     from kvplan.traces.readers import detect_trace_format, load_trace
     from kvplan.traces.select import select
+    from kvplan.traces.trace import at_least_one_token
 
     fmt = source.format if source.format is not None else detect_trace_format(source.path)
     if fmt == "weka":
@@ -327,19 +328,16 @@ def plan_from_trace(source: TraceSource, seed: int, max_model_len: int) -> Conve
             f"workload.trace '{source.path}'", f"arrivals span {float(np.max(arrival)):.3g} s after time_scale "
             f"(more than {MAX_SIM_TIME_S:.0e} s of simulated time)", "raise time_scale or set window_s",
         )
-    raw_prompt = df["input_tokens"].to_numpy(dtype=np.int64)[order]
-    raw_out = df["output_tokens"].to_numpy(dtype=np.int64)[order]
-    # a request is at least one prompt token and one generated token (vLLM samples at least one token: its
-    # max_tokens >= 1); a trace's 0 (Mooncake logs output_length 0 for some requests) is replayed as 1, and said
-    prompt, out = np.maximum(raw_prompt, 1), np.maximum(raw_out, 1)
+    # a 0 of the trace is replayed as 1 (traces.trace.at_least_one_token), and said
+    prompt, prompt_zeros = at_least_one_token(df["input_tokens"].to_numpy(dtype=np.int64)[order])
+    out, out_zeros = at_least_one_token(df["output_tokens"].to_numpy(dtype=np.int64)[order])
     report = dict(report)
     report.update({"format": sel.format, "sha256": sel.sha256, "source": sel.source,
                    "requests_replayed": int(len(df)), "sessions_replayed": int(n)})
     unsorted = sel.notes.get("rows_out_of_order")
     if unsorted:  # an LMBench file (written in finishing order) sorted by arrival; said, and counted only then
         report["rows_out_of_order_sorted"] = int(unsorted)
-    for name, raw in (("input_tokens", raw_prompt), ("output_tokens", raw_out)):
-        zeros = int(np.count_nonzero(raw < 1))
+    for name, zeros in (("input_tokens", prompt_zeros), ("output_tokens", out_zeros)):
         if zeros:  # only when it happened: reports of traces without zeros are unchanged
             report[f"{name}_zero_replayed_as_1"] = zeros
     return ConversationPlan(

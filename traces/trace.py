@@ -100,6 +100,13 @@ class Trace:
 # --- reading ------------------------------------------------------------------------------------------------
 
 
+def at_least_one_token(tokens: np.ndarray) -> tuple[np.ndarray, int]:
+    """A trace's token counts as kvplan uses them, and how many were raised: a request is at least one prompt token
+    and one generated token (vLLM samples at least one: ``max_tokens >= 1``), so a trace's 0 (Mooncake logs
+    ``output_length`` 0 for some requests) is taken as 1 by the replay (sim/workload.py) and by ``workload fit``."""
+    return np.maximum(tokens, 1), int(np.count_nonzero(tokens < 1))
+
+
 def _read_source(path: str | os.PathLike[str], max_bytes: int) -> tuple[str, str]:
     """Return ``(text, sha256)`` of a UTF-8 file of at most ``max_bytes``: the bounded reader of
     :mod:`kvplan.inputfile` (refused from ``stat`` first), the digest of the bytes read."""

@@ -13,7 +13,7 @@ import math
 from bisect import bisect_left as _bisect_left
 from typing import Final, Protocol
 
-_bisect: Final = _bisect_left  # a C static in the compiled build (a module global is a dict lookup per call)
+_bisect: Final = _bisect_left  # interpreted; the compiled build bisects with _bisect_typed (below)
 _COMPILED: Final = not __file__.endswith(".py")  # see kvplan/sim/clock.py
 
 

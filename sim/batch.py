@@ -458,8 +458,7 @@ class DecodeBatch:
             elif not r.d_first_done:
                 r.d_first_done = True
                 log.append((t_first, EV_D_FIRST, r.conv, r.turn, self.node, 0, 0))
-        pooled = itl.pooled  # the stretch's first step is no gap for those joining with it (ItlTracker.unpool)
-        pooled[key0 - KEY_MIN] = pooled[key0 - KEY_MIN] - members
+        itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
 
     def _boundary(self) -> None:
         """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""

@@ -40,11 +40,10 @@ _RESCHEDULED: Final = EventPriority(-1)  # SimPy's: an event interrupted by Stop
 _NORMAL: Final = NORMAL
 _INF: Final = float("inf")
 _URGENT: Final = URGENT
+# interpreted only: heapq's C functions (compiled, the typed heap operations below, see _before) and SimPy's event
+# counter read through the builtin ``next`` (compiled, the ids come from EventIds.take, see SimEnv)
 _push: Final = heappush
 _pop: Final = heappop
-# interpreted, the ids come from SimPy's ``count`` through the builtin (compiled: EventIds.take, see SimEnv); it is
-# the builtin (compiled, ``next(x)`` on a ``count`` is a lookup in builtins per call), typed to return the id as the
-# object it is: compiled, an ``int`` result would be unboxed and boxed again (a second int object) for the entry
 _next: Final[Callable[[Iterator[int]], object]] = next
 # compiled, the queue's heap operations are the typed ones below (see _before); interpreted, heapq's C functions
 _COMPILED: Final = not __file__.endswith(".py")

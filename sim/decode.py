@@ -219,7 +219,7 @@ class DecodeNode(BatchOwner):
         """End of run: every pin still held is counted as expired at its deadline (no leak)."""
         for pid in self.retention.all_by_expiry():
             self._unpin(pid, REL_EXPIRED, self.retention.pins[pid].expiry_s)
-        self.retention.clear_heap()
+        self.retention.clear_deadlines()
         self._sync(self.batch.step)
         self.log_itl_hist()
 

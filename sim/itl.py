@@ -222,9 +222,7 @@ class ItlTracker:
             return
         last = first + inc * (n - 1)
         if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
-            self.root = insert(self.root, k, n)
-            pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
-            pooled[k - KEY_MIN] = pooled[k - KEY_MIN] + n * weight
+            self._put(k, n, weight)
             return
         # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
         k1 = bucket_key(last)
@@ -241,7 +239,7 @@ class ItlTracker:
 
     def _put(self, key: int, c: int, weight: int) -> None:
         self.root = insert(self.root, key, c)
-        pooled = self.pooled
+        pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
         pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + c * weight
 
     def unpool(self, key: int, c: int) -> None:

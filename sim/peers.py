@@ -1,6 +1,6 @@
 """The calls that cross between the model's nodes, as base classes the nodes subclass (compiled hot path).
 
-A node never imports another node, the driver or the run state (``sim/ports.py``): it reaches its peers through
+A node never imports another node, the driver or the run state (``sim/context.py``): it reaches its peers through
 :class:`PrefillPort`, :class:`DecodePort` and :class:`DriverPort`, each listing only the calls that cross between
 them. They are base classes rather than ``typing.Protocol``\\ s so that in the compiled build (``sim/native.py``) a
 call to a peer is a native method call (a virtual-table slot), not a lookup of the method by name and a generic

@@ -74,13 +74,6 @@ class Pin:
         self.shared = 0  # tokens of a shared prefix (sim/shared.py) pinned once for the group, not in ``blocks``
 
 
-def _listed(out: list[tuple[float, int]], pid: int) -> bool:
-    for entry in out:
-        if entry[1] == pid:
-            return True
-    return False
-
-
 class Retention:
     """The pins of one decode node, by id and by conversation, with their deadlines in time order.
 
@@ -162,6 +155,7 @@ class Retention:
         """(deadline, pin id) of every pin whose deadline has passed and that no read holds, in deadline order,
         each pin once; their entries are taken (the caller releases each pin, which changes no other pin)."""
         out: list[tuple[float, int]] = []
+        listed: set[int] = set()  # pins already in ``out``
         fifo = self._fifo
         heap = self._heap
         while True:
@@ -189,8 +183,9 @@ class Retention:
             pid = entry[1]
             pin = self.pins.get(pid)
             if pin is not None and not pin.reading and pin.expiry_s <= expiry:  # else renewed: a later entry
-                if out and _listed(out, pid):
+                if pid in listed:
                     continue  # filed twice (renewed to an earlier or the same deadline): released at its first
+                listed.add(pid)
                 out.append((expiry, pid))
         i = self._fifo_i
         if i > 256 and 2 * i > len(fifo):  # drop the taken front now and then (amortised O(1))
@@ -220,7 +215,7 @@ class Retention:
         """Every pin still held, by deadline (end of run)."""
         return sorted(self.pins, key=lambda p: (self.pins[p].expiry_s, p))
 
-    def clear_heap(self) -> None:
+    def clear_deadlines(self) -> None:
         """Forget pending deadlines (end of run)."""
         self._fifo.clear()
         self._fifo_i = 0

@@ -80,15 +80,14 @@ class Reads:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.env = ctx.env
-        self.plans: dict[int, Any] = ctx.plans
         self.regions: int = ctx.regions
         self.block_size: int = ctx.block_size
         # the reader pays: D reads P's blocks (P2D) with D's transfer costs, P reads D's (D2P, HOST2P) with P's
         p2d, d2p = NativeTransfer(ctx.d_costs.transfer), NativeTransfer(ctx.costs.transfer)  # plain copies: read per read
-        self.cost: dict[int, NativeTransfer] = {P2D: p2d, D2P: d2p, HOST2P: d2p}
-        # per direction (indexed by D2P, P2D, HOST2P = 0, 1, 2) its ReadCost: typed, no dictionary lookup per read
-        by_dir = {d: ReadCost(self.cost[d], self.plans[d], self.regions, self.block_size) for d in (D2P, P2D, HOST2P)}
-        self._rc: list[ReadCost] = [by_dir[d] for d in range(len(by_dir))]
+        cost = {P2D: p2d, D2P: d2p, HOST2P: d2p}
+        # per direction, indexed by the direction (D2P, P2D, HOST2P = 0, 1, 2): its ReadCost, typed, no lookup per read
+        self._rc: list[ReadCost] = [ReadCost(cost[d], ctx.plans[d], self.regions, self.block_size)
+                                    for d in sorted((D2P, P2D, HOST2P))]
         self.links: dict[tuple[int, int, int], Link] = ctx.links  # Ctx.link creates and caches them there
         self._link_of: dict[int, Link] = {}  # the same links by (p * _NODES + d) * 4 + direction
         self.seq = 0

@@ -46,8 +46,13 @@ _ARRIVE, _FIN, _ERR = _BIT[Ev.ARRIVE], _BIT[Ev.D_FINISH], _BIT[Ev.ERROR]
 _HOLD, _UNHOLD = _BIT[Ev.P_DONE], _BIT[Ev.P_UNHOLD]
 
 
+_N_KINDS = max(int(k) for k in Ev) + 1
+_TURN_LUT = np.zeros(_N_KINDS, dtype=bool)
+_TURN_LUT[TURN_KINDS] = True
+
+
 def _is_turn_event(kind: np.ndarray) -> np.ndarray:
-    return np.isin(kind, TURN_KINDS)
+    return _TURN_LUT[kind]
 
 
 class SeriesBuffer:
@@ -351,34 +356,40 @@ class RunStream:
 
     def _count(self, ch: EventChunk) -> None:
         k = ch.kind
-        book = k == int(Ev.ITL_HIST)  # end-of-run bookkeeping rows: no activity, no time of their own
-        t = ch.t_s[~book] if book.any() else ch.t_s
+        n_of = np.bincount(k, minlength=_N_KINDS)  # events per kind: one pass instead of a mask per counter
+        t_s, a = ch.t_s, ch.a
+        book = k == int(Ev.ITL_HIST) if n_of[Ev.ITL_HIST] else None  # end-of-run bookkeeping rows: no time of their own
+        t = t_s if book is None else t_s[~book]
         if len(t):
             self.t_max = max(self.t_max, float(t.max()))
-        active = (k != int(Ev.UNPIN)) & ~book
-        if active.any():
-            self.t_max_active = max(self.t_max_active, float(ch.t_s[active].max()))
-        pin = k == int(Ev.PIN)
-        unpin = k == int(Ev.UNPIN)
-        a = ch.a
-        self.pinned.add(ch.t_s[pin], a[pin], 1)
-        self._held_changes(ch)
-        self.pinned.add(ch.t_s[unpin], -a[unpin], 0)
+        if n_of[Ev.UNPIN] or book is not None:
+            active = k != int(Ev.UNPIN)
+            if book is not None:
+                active &= ~book
+            if active.any():
+                self.t_max_active = max(self.t_max_active, float(t_s[active].max()))
+        elif len(t):
+            self.t_max_active = max(self.t_max_active, float(t.max()))
+        pin = np.flatnonzero(k == int(Ev.PIN))
+        unpin = np.flatnonzero(k == int(Ev.UNPIN))
+        self.pinned.add(t_s[pin], a[pin], 1)
+        self._held_changes(ch, n_of)
+        self.pinned.add(t_s[unpin], -a[unpin], 0)
         c = self.counts
-        c["pins"] += int(pin.sum())
-        c["unpins"] += int(unpin.sum())
-        why = ch.b[unpin].astype(np.int64)
-        for r in self.releases:
-            self.releases[r] += int((why == r).sum())
-        c["d_preemptions"] += int((k == int(Ev.D_PREEMPT)).sum())
-        rec = k == int(Ev.D_RECOMPUTE)
-        self.d_recompute_tokens += float(ch.a[rec].sum())
-        unhold = k == int(Ev.P_UNHOLD)
-        c["p_lease_expiries"] += int((unhold & (ch.b == int(HoldRelease.LAPSED))).sum())
-        c["p2d_failed_reads"] += int((k == int(Ev.P2D_FAILED)).sum())
-        hist = k == int(Ev.ITL_HIST)
-        if hist.any():
-            self.itl.add_key_counts(ch.a[hist].astype(np.int64), ch.b[hist].astype(np.int64))
+        c["pins"] += int(n_of[Ev.PIN])
+        c["unpins"] += int(n_of[Ev.UNPIN])
+        if len(unpin):
+            why = np.bincount(ch.b[unpin].astype(np.int64), minlength=len(self.releases))
+            for r in self.releases:
+                self.releases[r] += int(why[r])
+        c["d_preemptions"] += int(n_of[Ev.D_PREEMPT])
+        if n_of[Ev.D_RECOMPUTE]:
+            self.d_recompute_tokens += float(a[k == int(Ev.D_RECOMPUTE)].sum())
+        if n_of[Ev.P_UNHOLD]:
+            c["p_lease_expiries"] += int(((k == int(Ev.P_UNHOLD)) & (ch.b == int(HoldRelease.LAPSED))).sum())
+        c["p2d_failed_reads"] += int(n_of[Ev.P2D_FAILED])
+        if book is not None:
+            self.itl.add_key_counts(a[book].astype(np.int64), ch.b[book].astype(np.int64))
 
     def _complete(self, final: bool) -> None:
         ev = self.pending
@@ -413,27 +424,31 @@ class RunStream:
         self.buffer.append(rows)
         self._advance()
 
-    def _held_changes(self, ch: EventChunk) -> None:
-        """KV P holds for D: +bytes at P_DONE, -the same bytes at its P_UNHOLD (log order within a chunk)."""
+    def _held_changes(self, ch: EventChunk, n_of: np.ndarray) -> None:
+        """KV P holds for D: +bytes at P_DONE, -the same bytes at its P_UNHOLD (log order within a chunk).
+        ``n_of``: the chunk's events per kind."""
         k = ch.kind
-        hold = k == int(Ev.P_DONE)
-        unhold = k == int(Ev.P_UNHOLD)
-        held_bytes = getattr(ch, col(Ev.P_DONE, "held_bytes"))
+        hold = np.flatnonzero(k == int(Ev.P_DONE))
+        held_bytes = getattr(ch, col(Ev.P_DONE, "held_bytes"))[hold]
+        t_hold = ch.t_s[hold]
         series = self.held if self.held_stats is None else self.held_stats.buf
-        series.add(ch.t_s[hold], held_bytes[hold], 1)
-        key = self.offsets[ch.conv] + ch.turn.astype(np.int64) - 1
+        series.add(t_hold, held_bytes, 1)
+
+        def key(at: np.ndarray) -> np.ndarray:
+            return self.offsets[ch.conv[at]] + ch.turn[at].astype(np.int64) - 1
+
         # a hold bounds what is still to come when it has bytes, or always in exact mode (a lapse of an empty hold
         # is a zero change, but its place in the sorted series still sets the intervals summed)
         exact = self.held_stats is None or self.held_stats.exact
-        bounds = hold if exact else hold & (held_bytes > 0)
-        self._holds.add(key[hold], held_bytes[hold], np.where(bounds[hold], ch.t_s[hold], np.inf))
-        if unhold.any():
-            b = self._holds.release(key[unhold])
+        self._holds.add(key(hold), held_bytes, t_hold if exact else np.where(held_bytes > 0, t_hold, np.inf))
+        if n_of[Ev.P_UNHOLD]:
+            unhold = np.flatnonzero(k == int(Ev.P_UNHOLD))
+            b = self._holds.release(key(unhold))
             series.add(ch.t_s[unhold], -np.nan_to_num(b), 0)
             self.unhold_tokens += float(ch.a[unhold].sum())
             self.unhold_bytes += float(np.nansum(b))
-        if hold.any():
-            self._done_t = max(self._done_t, float(ch.t_s[hold].max()))
+        if len(hold):
+            self._done_t = max(self._done_t, float(t_hold.max()))
         if self.held_stats is not None:
             # P_DONE is logged at the current time and a P_UNHOLD (even a lapse noticed late) at or after its own
             # P_DONE, so every change still to come is at or after min(latest P_DONE, earliest P_DONE of a bounding

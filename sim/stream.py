@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvplan.sim.events import Decision, Ev, EventChunk, HoldRelease, Release, col
+from kvplan.sim.events import DECISION_NAMES, Decision, Ev, EventChunk, HoldRelease, Release, col
 from kvplan.sim.health import Waits
 from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat, LogSketch
 from kvplan.sim.result_files import TURN_COLUMNS
-from kvplan.sim.turns import turn_columns
+from kvplan.sim.turns import ARRAY_COLUMNS, turn_arrays, turn_columns, turns_frame
 
 GIB = 1024**3
 TURN_KINDS = np.array(sorted(int(k) for k in Ev if k not in (Ev.PIN, Ev.UNPIN, Ev.SKIP, Ev.ITL_HIST)), dtype=np.int16)
@@ -308,14 +308,16 @@ class RunStream:
 
     def __init__(self, offsets: np.ndarray, turns_per_conv: np.ndarray, sink: TurnSink | None = None,
                  keep_turns: bool = True, exact_max_turns: int = EXACT_PERCENTILE_MAX_TURNS) -> None:
-        self._turn_columns = turn_columns
+        self._turn_arrays = turn_arrays
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.remaining = np.asarray(turns_per_conv, dtype=np.int64).copy()
         self.sink = sink
         self.keep_turns = keep_turns
         self.kept_turns: list[pd.DataFrame] = []
         self.pending = EventChunk.empty()
-        self.buffer: list[pd.DataFrame] = []  # finished turns not yet released (a later conversation's)
+        # finished turns not yet released (a later conversation's): NumPy columns (turns.ARRAY_COLUMNS); a frame is
+        # built once per release, for the sink
+        self.buffer: list[dict[str, np.ndarray]] = []
         self.watermark = 0  # every conversation below this one is over
         planned = int(self.remaining.sum())
         self.pinned = SeriesBuffer(2 * planned, compact=True)  # a pin and its release per turn (buffers grow)
@@ -418,9 +420,9 @@ class RunStream:
         ev_done = done[inv]
         fin = ev.take(ev_done)
         self.pending = ev.take(~ev_done)
-        rows = self._turn_columns(fin, self.offsets)
-        conv = rows["conversation_id"].to_numpy()
-        np.subtract.at(self.remaining, conv, 1)
+        g = self._turn_arrays(fin, self.offsets)
+        rows = {c: g[c] for c in ARRAY_COLUMNS}
+        np.subtract.at(self.remaining, rows["conversation_id"], 1)
         self.buffer.append(rows)
         self._advance()
 
@@ -467,34 +469,43 @@ class RunStream:
     def _release(self) -> None:
         if not self.buffer:
             return
-        rows = pd.concat(self.buffer, ignore_index=True) if len(self.buffer) > 1 else self.buffer[0]
-        ready = rows["conversation_id"].to_numpy() < self.watermark
+        rows = self.buffer[0] if len(self.buffer) == 1 else {
+            c: np.concatenate([b[c] for b in self.buffer]) for c in ARRAY_COLUMNS}
+        conv = rows["conversation_id"]
+        ready = conv < self.watermark
         if not ready.any():
             self.buffer = [rows]
             return
         at = np.flatnonzero(ready)
-        at = at[np.lexsort((rows["turn"].to_numpy()[at], rows["conversation_id"].to_numpy()[at]))]
-        if len(at) == len(rows) and (len(at) < 2 or bool((np.diff(at) == 1).all())):
-            out = rows.reset_index(drop=True)  # all of them, already in order: no copy
+        at = at[np.lexsort((rows["turn"][at], conv[at]))]
+        if len(at) == len(conv) and (len(at) < 2 or bool((np.diff(at) == 1).all())):
+            out = rows  # all of them, already in order: no copy
         else:
-            out = rows.take(at).reset_index(drop=True)
+            out = {c: v[at] for c, v in rows.items()}
         rest = np.flatnonzero(~ready)
-        self.buffer = [rows.take(rest).reset_index(drop=True)] if len(rest) else []
-        self.counts["turns"] += len(out)
-        self.counts["conversations"] += int(out["conversation_id"].nunique())
+        self.buffer = [{c: v[rest] for c, v in rows.items()}] if len(rest) else []
+        self.counts["turns"] += len(at)
+        self.counts["conversations"] += len(np.unique(out["conversation_id"]))
         self.agg.add(out)
-        if self.sink is not None:
-            self.sink(out)
-        if self.keep_turns:
-            self.kept_turns.append(out)
+        if self.sink is not None or self.keep_turns:
+            frame = turns_frame(out)
+            if self.sink is not None:
+                self.sink(frame)
+            if self.keep_turns:
+                self.kept_turns.append(frame)
 
     def turns(self) -> pd.DataFrame:
         """Every released turn (only when ``keep_turns``), in (conversation, turn) order."""
         if not self.kept_turns:
-            return self._turn_columns(EventChunk.empty(), self.offsets)[TURN_COLUMNS]
+            return turn_columns(EventChunk.empty(), self.offsets)[TURN_COLUMNS]
         return pd.concat(self.kept_turns, ignore_index=True) if len(self.kept_turns) > 1 else self.kept_turns[0]
 
 
+_NAME_OF_CODE = {int(k): v for k, v in DECISION_NAMES.items()}
+_DECISION_CODES = np.array(sorted(_NAME_OF_CODE), dtype=np.float64)
+#: the decisions that reused a conversation's KV (the summary's ``reuse_rate`` counts them among follow-ups)
+_REUSE_CODES = np.array([int(d) for d in (Decision.PULL, Decision.LOCAL, Decision.RECOMPUTE_BELOW_THRESHOLD,
+                                          Decision.HOST_PULL)], dtype=np.float64)
 #: the per-turn columns the summary and the health section read: name -> whether percentiles are read of it
 STAT_COLUMNS = {"ttft": True, "tpot": True, "p_leg": False, "prefill_queue": True, "d_queue": True,
                 "link_wait": True, "kv_pull": False, "d2p_xfer": False}
@@ -534,23 +545,26 @@ class TurnAggregates:
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.cols[name].add(np.asarray(values, dtype=np.float64))
 
-    def add(self, t: pd.DataFrame) -> None:
-        """Fold released rows in."""
-        dec = t["decision"]
-        for name, n in dec.value_counts().items():
-            self.decisions[str(name)] = self.decisions.get(str(name), 0) + int(n)
+    def add(self, t: dict[str, np.ndarray]) -> None:
+        """Fold released rows in (:func:`kvplan.sim.turns.turn_arrays`' columns, decisions as codes)."""
+        code = t["decision_code"]
+        known = np.isin(code, _DECISION_CODES)  # a code without a name (NaN: no decision) is not counted
+        counts = np.bincount(code[known].astype(np.int64), minlength=int(_DECISION_CODES.max()) + 1)
+        for k, name in _NAME_OF_CODE.items():
+            if counts[k]:
+                self.decisions[name] = self.decisions.get(name, 0) + int(counts[k])
         for c in self.SUM_COLS:
             self.sums[c] = self.sums.get(c, 0) + int(t[c].sum())
-        follow = t["turn"].to_numpy() >= 2
+        follow = t["turn"] >= 2
         self.follow_up += int(follow.sum())
-        reuse = dec.isin(["pull", "local", "recompute_below_threshold", "host_pull"]).to_numpy()
+        reuse = np.isin(code, _REUSE_CODES)
         self.reused += int((reuse & follow).sum())
-        kv = (t["local_hit_tokens"].to_numpy() + t["pulled_tokens"].to_numpy()) > 0
+        kv = (t["local_hit_tokens"] + t["pulled_tokens"]) > 0
         self.reused_kv += int((kv & follow).sum())
-        ok = (dec != "error").to_numpy()  # masks on the columns read, not copies of the frame
+        ok = code != int(Decision.ERROR)  # masks on the columns read, not copies of them
 
         def col(name: str, mask: np.ndarray) -> np.ndarray:
-            return t[name].to_numpy()[mask]
+            return t[name][mask]
 
         ttft, tpot = col("ttft_s", ok), col("tpot_s", ok)
         self._keep("ttft", ttft[~np.isnan(ttft)])
@@ -564,7 +578,7 @@ class TurnAggregates:
             self.ok_arrival_min = float(np.nanmin([self.ok_arrival_min, _min_skipna(col("arrival_s", ok))]))
             self.ok_finish_max = float(np.nanmax([self.ok_finish_max, _max_skipna(col("finish_s", ok))]))
         self.n_ok += n_ok
-        pull = (dec == "pull").to_numpy()
+        pull = code == int(Decision.PULL)
         self._keep("kv_pull", col("kv_pull_s", pull))
         self._keep("d2p_xfer", col("d2p_xfer_s", pull))
 

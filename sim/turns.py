@@ -135,6 +135,13 @@ def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     ``itl_p50_s``/``itl_max_s``: median and longest gap between the turn's streamed tokens (``sim/itl.py``,
     within 0.5 %), empty without a gap.
     """
+    return turns_frame(turn_arrays(ev, offsets))
+
+
+def turn_arrays(ev: EventChunk, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """The columns of :func:`turn_columns` as NumPy arrays, ``decision``/``router`` as their codes
+    (``decision_code``/``router_code``, float, NaN where missing), with the raw gathered columns beside them:
+    what the streamed derivation sorts and folds before a frame is built (:func:`turns_frame`)."""
     g = _gather(ev, offsets)  # NumPy columns: the arithmetic below is pandas' (NaN-propagating) on arrays
 
     def zero_nan(x: np.ndarray) -> np.ndarray:
@@ -173,6 +180,15 @@ def turn_columns(ev: EventChunk, offsets: np.ndarray) -> pd.DataFrame:
     g["d_node"] = np.where(np.isnan(g["d_node"]), -1.0, g["d_node"]).astype(np.int64)
     g["p_node"] = np.where(np.isnan(g["p_node"]), -1.0, g["p_node"]).astype(np.int64)
     g["conversation_id"] = g["conversation_id"].astype(np.int64)
+    return g
+
+
+#: the columns :func:`turns_frame` reads from :func:`turn_arrays`' output
+ARRAY_COLUMNS = [c for c in TURN_COLUMNS if c not in ("decision", "router")] + ["decision_code", "router_code"]
+
+
+def turns_frame(g: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The ``turns.csv`` frame of :func:`turn_arrays`' columns (codes named)."""
     names = {int(k): v for k, v in DECISION_NAMES.items()}
     if not len(g["turn"]):  # no turn: the frame (and its dtypes) as pandas maps an empty column
         df = pd.DataFrame({c: g[c] for c in TURN_COLUMNS if c not in ("decision", "router")})

@@ -169,26 +169,30 @@ class BackgroundWrites:
     """Runs a file writer's calls on one background thread, in the order they were submitted.
 
     Arrow encodes and compresses a Parquet row group without holding the GIL (~70 ms for a group of
-    :data:`ROW_GROUP_ROWS` turns, 1.3 of the 17 s of a 1M-turn run), so a streamed run's event loop goes on on the
-    other core meanwhile. At most ``depth`` writes wait (each holds one row group's table: memory stays bounded);
-    :meth:`submit` blocks when they do. The first error in the thread is raised by the next :meth:`submit` or by
-    :meth:`drain` (the writes after it are skipped): a failed write is never presented as complete. The file's bytes
-    are those of the same writes made inline (one thread, same order).
+    :data:`ROW_GROUP_ROWS` turns; 1.1 of the 17 CPU s of a 1M-turn run), so a streamed run's event loop goes on on
+    the other core meanwhile. At most ``depth`` writes are in flight, queued or running (each holds one row group's
+    table: memory stays bounded); :meth:`submit` waits for one to finish when they are. A group fills every few
+    hundred milliseconds of simulation, so the loop rarely waits. The first error in the thread is raised by the
+    next :meth:`submit` or by :meth:`drain` (the writes after it are skipped): a failed write is never presented as
+    complete. The file's bytes are those of the same writes made inline (one thread, same order).
     """
 
     def __init__(self, depth: int = 1) -> None:
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
+        self._slots = threading.Semaphore(max(depth, 1))
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="kvplan-row-groups", daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            if self._error is None:
-                try:
+            try:
+                if self._error is None:
                     job()
-                except BaseException as e:  # noqa: BLE001 - handed to the submitting thread by submit/drain
-                    self._error = e
+            except BaseException as e:  # noqa: BLE001 - handed to the submitting thread by submit/drain
+                self._error = e
+            finally:
+                self._slots.release()
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -198,6 +202,7 @@ class BackgroundWrites:
     def submit(self, job: Callable[[], None]) -> None:
         """Queue ``job`` (raises the error of an earlier job first)."""
         self._raise()
+        self._slots.acquire()
         self._jobs.put(job)
 
     def drain(self) -> None:

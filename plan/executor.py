@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
+from kvplan.atomic import deferred_signals
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.sim.events import Ev
 from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
@@ -324,7 +325,11 @@ def _run_pool(dump: dict[str, Any], base_key: str, queue: deque[Task], on_result
             while queue or pending:
                 while queue and len(pending) < window:
                     key, ov, seed = queue.popleft()
-                    pending[ex.submit(run_task, dump, base_key, ov, seed)] = key
+                    # a submit may start a worker process: a signal during it would leave one the teardown does not
+                    # know of yet (it reads the pool's process table), which then fails to start once the pool's
+                    # queues are gone and prints the forkserver's traceback. Held back until the worker is listed.
+                    with deferred_signals():
+                        pending[ex.submit(run_task, dump, base_key, ov, seed)] = key
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     key = pending.pop(fut)

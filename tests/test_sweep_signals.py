@@ -104,3 +104,32 @@ def test_sigterm_of_a_pool_sweep_leaves_no_process_and_resume_is_identical(tmp_p
     for a, b in ((out, ref), (summary_path(out), summary_path(ref)), (screen_path(out), screen_path(ref))):
         assert a.read_bytes() == b.read_bytes(), a.name
     assert not parts.exists()
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15, 0.3])
+def test_a_signal_while_the_pool_starts_its_workers_prints_no_traceback(tmp_path: Path, after_s: float) -> None:
+    """SIGTERM as the forkserver hands out the workers: a worker still being started when the pool was torn down
+    used to fail unpickling the pool's gone semaphore and print the forkserver's traceback (executor.py now holds
+    signals back while a submit may start one)."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    out = tmp_path / "r.parquet"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    cmd = [sys.executable, "-m", "kvplan.app.cli", "sweep", str(grid), "--out", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        started = _wait(lambda: any("forkserver" in c for c in session_processes(proc.pid).values()), 90)
+        assert started and proc.poll() is None, "the pool did not start"
+        time.sleep(after_s)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read() if proc.stderr else ""
+        assert code == 128 + signal.SIGTERM, err
+        assert _wait(lambda: not session_processes(proc.pid), 15), f"left behind: {session_processes(proc.pid)}"
+        err += proc.stderr.read() if proc.stderr else ""
+        assert "Traceback" not in err and "Error" not in err, err
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not out.exists()

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from test_commit_faults import SCENARIO
 
 import kvplan.sim.result_files as rf
 from kvplan.app.cli import main
@@ -96,18 +97,6 @@ def test_background_writes_run_in_order_and_hand_errors_back() -> None:
     assert not w._thread.is_alive()
 
 
-SCENARIO = """model: qwen3-32b
-hardware: p5en
-workload:
-  conversations: 40
-  arrival: {kind: poisson, rate_per_s: 2.0}
-  turns: {dist: constant, value: 3}
-  prefix_tokens: {dist: constant, value: 1000}
-  turn_gap_s: {dist: exponential, mean: 5}
-seed: 1
-"""
-
-
 def test_a_row_group_write_failing_on_the_thread_keeps_the_old_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     import pyarrow.parquet as pq
@@ -117,7 +106,7 @@ def test_a_row_group_write_failing_on_the_thread_keeps_the_old_result(tmp_path: 
     out = tmp_path / "r"
     assert main(["simulate", str(sc), "--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    monkeypatch.setattr(rf, "ROW_GROUP_ROWS", 16)  # groups are written during the run, not only at its end
+    monkeypatch.setattr(rf, "ROW_GROUP_ROWS", 4)  # groups are written during the run, not only at its end
     calls = []
 
     def full(self: Any, *_a: Any, **_k: Any) -> None:

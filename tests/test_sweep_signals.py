@@ -70,6 +70,15 @@ def _wait(pred: Any, timeout_s: float) -> bool:
     return False
 
 
+def _start_sweep(grid: Path, out: Path) -> tuple[subprocess.Popen[str], list[str], dict[str, str]]:
+    """``kvplan sweep GRID --out OUT --workers 2`` in a session of its own: (process, command, environment)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    cmd = [sys.executable, "-m", "kvplan.app.cli", "sweep", str(grid), "--out", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, cmd, env
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_of_a_pool_sweep_leaves_no_process_and_resume_is_identical(tmp_path: Path, sig: int) -> None:
     grid = tmp_path / "g.yaml"
@@ -77,10 +86,7 @@ def test_sigterm_of_a_pool_sweep_leaves_no_process_and_resume_is_identical(tmp_p
     ref = tmp_path / "ref.parquet"
     run_grid(grid, out=ref, workers=1)
     out = tmp_path / "r.parquet"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "kvplan.app.cli", "sweep", str(grid), "--out", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc, cmd, env = _start_sweep(grid, out)
     try:
         parts = parts_dir(out)
         started = _wait(lambda: len(session_processes(proc.pid)) >= 4 and parts.exists()
@@ -114,10 +120,7 @@ def test_a_signal_while_the_pool_starts_its_workers_prints_no_traceback(tmp_path
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump(GRID))
     out = tmp_path / "r.parquet"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "kvplan.app.cli", "sweep", str(grid), "--out", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc, _, _ = _start_sweep(grid, out)
     try:
         started = _wait(lambda: any("forkserver" in c for c in session_processes(proc.pid).values()), 90)
         assert started and proc.poll() is None, "the pool did not start"

@@ -197,7 +197,8 @@ def turns_frame(g: dict[str, np.ndarray]) -> pd.DataFrame:
         return df[TURN_COLUMNS]
     cols: dict[str, Any] = {**g, "decision": _names(g["decision_code"], names),
                             "router": _names(g["router_code"], ROUTER_NAMES)}
-    return pd.DataFrame({c: cols[c] for c in TURN_COLUMNS})  # built in column order: no reindexing copy
+    # built in column order (no reindexing copy), one block per column: the arrays are fresh and nobody writes them
+    return pd.DataFrame({c: cols[c] for c in TURN_COLUMNS}, copy=False)
 
 
 def _names(codes: np.ndarray, names: dict[int, str]) -> pd.Series:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from kvplan.sim.api import run
-from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, bucket_value, stay_stats, turn_stats
+from kvplan.sim.itl import NO_SKIP, ItlTracker, TNode, bucket_key, bucket_value, stay_stats, turn_stats
 from kvplan.sim.scenario import Scenario
 
 REL = 0.0101  # two buckets' relative width: a bucket representative is within ALPHA (0.5 %) of its values
@@ -51,6 +51,44 @@ def test_stay_and_turn_stats_match_numpy(seed: int) -> None:
     assert top2 == pytest.approx(max(gaps + extra), rel=REL)
     # the general path agrees with the one-stay fast path
     assert turn_stats([(old, itl.root, skip)], []) == pytest.approx((med, top), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_native_tree_answers_as_the_list_tree(seed: int) -> None:
+    """The compiled build's TNode versions (ItlTracker(native=True)) and the interpreted build's list versions give
+    the same medians, maxima and pooled counts, bit for bit, over random step series (one bucket or crossing
+    buckets, clamped ends), stays kept from random versions, skips, several spans and extra gaps."""
+    rng = np.random.default_rng(seed)
+    trackers = (ItlTracker(native=True), ItlTracker(native=False))
+    assert isinstance(trackers[0].root, TNode) and isinstance(trackers[1].root, list)
+    versions: list[tuple[object, object]] = [(None, None)]
+    for _ in range(int(rng.integers(5, 60))):
+        kind = rng.random()
+        if kind < 0.05:
+            f = float(rng.choice([0.0, 1e-9, 1e5]))  # clamped to the first or last bucket
+        else:
+            f = float(rng.uniform(0.001, 2.0))
+        inc = float(rng.choice([0.0, rng.uniform(0, 0.05), rng.uniform(0, 1e-4)]))
+        n, w = int(rng.integers(1, 300)), int(rng.integers(1, 9))
+        for t in trackers:
+            t.add(f, inc, n, w, bucket_key(f))
+        if rng.random() < 0.3:
+            k = bucket_key(f)
+            for t in trackers:
+                t.unpool(k, 1)
+        versions.append((trackers[0].root, trackers[1].root))
+    assert trackers[0].pooled_counts() == trackers[1].pooled_counts()
+    for _ in range(40):
+        i, j = sorted(int(x) for x in rng.integers(0, len(versions), 2))
+        skip = int(rng.choice([NO_SKIP, bucket_key(float(rng.uniform(0.001, 2.0)))]))
+        nat = stay_stats(versions[i][0], versions[j][0], skip)
+        lst = stay_stats(versions[i][1], versions[j][1], skip)
+        assert np.array_equal(np.array(nat), np.array(lst), equal_nan=True)
+        cuts = sorted(int(x) for x in rng.integers(0, len(versions), 4))
+        extra = [bucket_key(float(x)) for x in rng.uniform(0.001, 5.0, int(rng.integers(0, 3)))]
+        spans = [((cuts[0], cuts[1]), skip), ((cuts[2], cuts[3]), NO_SKIP)]
+        got = [turn_stats([(versions[a][m], versions[b][m], sk) for (a, b), sk in spans], extra) for m in (0, 1)]
+        assert np.array_equal(np.array(got[0]), np.array(got[1]), equal_nan=True)
 
 
 def test_pooled_counts_weight_steps_by_members() -> None:

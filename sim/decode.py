@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
@@ -83,7 +84,9 @@ class DecodeNode(BatchOwner):
         # the run's router and reads, typed (compiled: direct calls, no lookup on the run state per use)
         self.router: Router = ctx.router
         self.reads: Reads = ctx.reads
-        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's list (sim/peers.py: native calls)
+        # the run's list (sim/peers.py: native calls); typed a list, not Wiring's Sequence: compiled, an index into a
+        # Sequence is a generic call, into a list a native read
+        self.prefill_nodes = cast(list[PrefillPort], ctx.prefill)
         self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.env = ctx.env
         self.idx = idx

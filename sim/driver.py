@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -73,8 +74,10 @@ class Driver(DriverPort):
     ) -> None:
         self.ctx = ctx
         self.router: Router = ctx.router  # typed: direct calls (compiled), no lookup on the run state per turn
-        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's engines (sim/peers.py: native calls)
-        self.decode_nodes: Sequence[DecodePort] = ctx.decode
+        # the run's engines (sim/peers.py: native calls), typed lists, not Wiring's Sequences: compiled, an index into a
+        # list is a native read, into a Sequence a generic call
+        self.prefill_nodes = cast(list[PrefillPort], ctx.prefill)
+        self.decode_nodes = cast(list[DecodePort], ctx.decode)
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan

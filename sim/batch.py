@@ -24,7 +24,6 @@ tests show both give the same per-turn times, preemptions included.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 
 from kvplan.models.costs import (
@@ -38,6 +37,7 @@ from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
+from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.peers import DecodePort
 from kvplan.sim.request import Request
@@ -122,7 +122,7 @@ class DecodeBatch:
         self.owner = owner
         self._dc = cost
         self._steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py)
-        self._join_q: deque[Request] = deque()
+        self._join_q: Fifo[Request] = new_fifo()  # sim/fifo.py
         self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
         self.batch = 0

@@ -34,7 +34,6 @@ mixes its chunks into D's steps, lengthening them).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
@@ -62,6 +61,7 @@ from kvplan.sim.evlog import (
     REL_REUSED,
     RowBuffer,
 )
+from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
 from kvplan.sim.peers import DriverPort, PrefillPort
@@ -111,7 +111,7 @@ class DecodeNode(BatchOwner):
         self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
         self.batch.async_scheduling = cfg.async_scheduling
         self.batch.post_serial = not cfg.kv_post_overlaps_forward
-        self._admit_q: deque[Request] = deque()
+        self._admit_q: Fifo[Request] = new_fifo()  # sim/fifo.py
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False

@@ -54,8 +54,10 @@ WAKE_HEAP: Final = _COMPILED  # the wake-ups wait in SimEnv._wq, outside SimPy's
 # Environment.step would not see them (SimEnv.step does)
 
 try:  # mypyc reads the class attributes below from the decorator (compiled, mypy_extensions is there: mypy's)
-    from mypy_extensions import mypyc_attr
-except ImportError:  # interpreted without mypy installed: the decorator does nothing
+    from mypy_extensions import i64, mypyc_attr
+except ImportError:  # interpreted without mypy installed: the decorator does nothing, i64 is int
+    i64 = int  # type: ignore[misc]
+
     def mypyc_attr(*_args: object, **_kwargs: object) -> Callable[[type], type]:  # type: ignore[misc]
         """mypy_extensions.mypyc_attr's stand-in: the class unchanged."""
         return lambda cls: cls
@@ -396,7 +398,7 @@ def _wake_first(w: Wake, entry: tuple[Any, ...]) -> bool:
 def _wpush(h: list[Wake], w: Wake) -> None:
     """:func:`heap_push` on a heap of wake-ups (heapq's sift, :func:`_settle`)."""
     h.append(w)
-    pos = len(h) - 1
+    pos: i64 = len(h) - 1  # i64 (mypyc's native int): list reads and writes by a C integer, no tagged-int checks
     while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent = h[parent_pos]
@@ -413,9 +415,9 @@ def _wpop(h: list[Wake]) -> Wake:
     if not h:
         return last
     top = h[0]
-    end = len(h)
-    pos = 0
-    child = 1
+    end: i64 = len(h)  # i64: see _wpush
+    pos: i64 = 0
+    child: i64 = 1
     while child < end:
         smaller = h[child]
         right = child + 1

@@ -35,7 +35,7 @@ from kvplan.models.costs import (
 )
 from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
+from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push, i64
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
@@ -167,7 +167,9 @@ class DecodeBatch:
         bs = self.bs
         res = self._res
         extra = 0
-        for i in range(bs - s % bs, bs):  # the residues that took a block more (compiled: a C loop, no slice)
+        lo: i64 = bs - s % bs  # i64 (mypyc's native int): the list is read by a C index (see sim/clock.py _wpush)
+        hi: i64 = bs
+        for i in range(lo, hi):  # the residues that took a block more (compiled: a C loop, no slice)
             extra += res[i]
         return self._q_sum + self.batch * (s // bs) + extra
 

@@ -447,7 +447,7 @@ def heap_push(q: list[Any], item: Any) -> None:
     _settle(q, len(q) - 1, entry)
 
 
-def _settle(q: list[Any], pos: int, entry: tuple[float, ...]) -> None:
+def _settle(q: list[Any], pos: i64, entry: tuple[float, ...]) -> None:
     """Put ``entry`` at ``pos`` or, while it is before its parent, above (heapq's ``_siftdown(q, 0, pos)``)."""
     while pos > 0:
         parent_pos = (pos - 1) >> 1
@@ -466,9 +466,9 @@ def heap_pop(q: list[Any]) -> Any:
         return last
     top: tuple[float, ...] = q[0]
     # heapq's _siftup(q, 0): the smaller child moves up until a leaf is reached, then ``last`` sifts down there
-    end = len(q)
-    pos = 0
-    child = 1
+    end: i64 = len(q)  # i64: see _wpush
+    pos: i64 = 0
+    child: i64 = 1
     while child < end:
         smaller: tuple[float, ...] = q[child]  # each entry read once per level
         right = child + 1

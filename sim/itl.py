@@ -41,8 +41,10 @@ from kvplan.sim.evlog import EV_ITL_HIST, RowBuffer
 _COMPILED: Final = not __file__.endswith(".py")  # see sim/clock.py
 
 try:  # mypyc reads the class attributes of TNode from the decorator (see sim/clock.py)
-    from mypy_extensions import mypyc_attr
-except ImportError:  # interpreted without mypy installed: the decorator does nothing
+    from mypy_extensions import i64, mypyc_attr
+except ImportError:  # interpreted without mypy installed: the decorator does nothing, i64 is int
+    i64 = int  # type: ignore[misc]
+
     def mypyc_attr(*_args: object, **_kwargs: object) -> Callable[[type], type]:  # type: ignore[misc]
         """mypy_extensions.mypyc_attr's stand-in: the class unchanged."""
         return lambda cls: cls
@@ -388,18 +390,21 @@ class ItlTracker:
         else:
             self.root = insert(self.root, key, c)
         pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
-        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + c * weight
+        j: i64 = key - KEY_MIN  # i64: a read and write by a C index (sim/clock.py _wpush)
+        pooled[j] = pooled[j] + c * weight
 
     def unpool(self, key: int, c: int) -> None:
         """``c`` requests took their first token in a step counted at ``key``: not a gap for them."""
         pooled = self.pooled
-        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] - c
+        j: i64 = key - KEY_MIN
+        pooled[j] = pooled[j] - c
 
     def gap(self, x: float) -> int:
         """One gap outside the step series (around a preemption), pooled; returns its key for the request."""
         key = bucket_key(x)
         pooled = self.pooled
-        pooled[key - KEY_MIN] = pooled[key - KEY_MIN] + 1
+        j: i64 = key - KEY_MIN
+        pooled[j] = pooled[j] + 1
         return key
 
     def pooled_counts(self) -> dict[int, int]:

@@ -239,7 +239,7 @@ class DecodeBatch:
         if r.itl_in:
             if r.itl_spans is None:
                 r.itl_spans = []
-            r.itl_spans.append((r.itl_old, self.itl.root, r.itl_skip))
+            r.itl_spans.append((r.itl_old, self.itl.snapshot(), r.itl_skip))
             r.itl_in = False
             r.itl_old = None
 
@@ -448,11 +448,12 @@ class DecodeBatch:
         itl = self.itl
         log = self.log
         members = 0
+        root = itl.snapshot()  # the joiners' stays start here (kept until they leave)
         for r in joined:
             if r.d_seq <= 0:
                 continue  # preempted again before its first step
             members += 1
-            r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
+            r.itl_old, r.itl_skip, r.itl_in = root, key0, True
             if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
                 if r.itl_extra is None:
                     r.itl_extra = []

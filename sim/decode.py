@@ -548,7 +548,7 @@ class DecodeNode(BatchOwner):
     def _log_itl(self, r: Request, now: float) -> None:
         """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
         if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
-            p50, top = stay_stats(r.itl_old, self.batch.itl.root, r.itl_skip)
+            p50, top = stay_stats(r.itl_old, self.batch.itl.current(), r.itl_skip)
             r.itl_in = False
             r.itl_old = None
         else:

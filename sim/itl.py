@@ -95,14 +95,21 @@ class TNode:
     Built top-down by :func:`_insert_t` and never changed once returned, like the list nodes. ``TNode(0)`` is an
     empty subtree whose halves are itself (:data:`T_EMPTY`). ``acyclic`` (mypyc): a node refers to older nodes
     only (the empty one to itself, kept for the whole process), so it stays out of the cyclic GC: an allocation
-    without the GC header's bookkeeping, and a free without untracking."""
+    without the GC header's bookkeeping, and a free without untracking.
 
-    __slots__ = ("c", "lo", "hi")
+    ``epoch``: the tracker's epoch the node was made in (-1: never changed). A node of the current epoch belongs to
+    the current version alone (no version kept since it was made refers to it: keeping one starts a new epoch,
+    :meth:`ItlTracker.snapshot`), so an insertion updates it in place instead of copying it (a "transient" in
+    persistent-structure terms): about half the insertions follow no snapshot, and their path costs no allocation
+    and no free."""
 
-    def __init__(self, c: int, lo: TNode | None = None, hi: TNode | None = None) -> None:
+    __slots__ = ("c", "lo", "hi", "epoch")
+
+    def __init__(self, c: int, lo: TNode | None = None, hi: TNode | None = None, epoch: i64 = -1) -> None:
         self.c = c
         self.lo: TNode = lo if lo is not None else self
         self.hi: TNode = hi if hi is not None else self
+        self.epoch = epoch
 
 
 T_EMPTY: Final = TNode(0)
@@ -147,21 +154,34 @@ def insert(root: Node | None, key: int, c: int) -> Node:
     return top
 
 
-def _insert_t(root: TNode, key: int, c: int) -> TNode:
-    """:func:`insert` on :class:`TNode` versions."""
+def _insert_t(root: TNode, key: int, c: int, epoch: i64) -> TNode:
+    """:func:`insert` on :class:`TNode` versions; the nodes of ``epoch`` (the current version's own, see
+    :class:`TNode`) are updated in place, the others copied into ``epoch``."""
     off = key - KEY_MIN
-    top = TNode(root.c + c, root.lo, root.hi)
+    if root.epoch == epoch:
+        top = root
+        top.c = root.c + c
+    else:
+        top = TNode(root.c + c, root.lo, root.hi, epoch)
     new = top
     half = KEY_SPAN >> 1
     while half:
         if off & half:
             ch = new.hi
-            nxt = TNode(ch.c + c, ch.lo, ch.hi)
-            new.hi = nxt
+            if ch.epoch == epoch:  # its parent is of this epoch too: it is the current version's alone
+                ch.c = ch.c + c
+                nxt = ch
+            else:
+                nxt = TNode(ch.c + c, ch.lo, ch.hi, epoch)
+                new.hi = nxt
         else:
             ch = new.lo
-            nxt = TNode(ch.c + c, ch.lo, ch.hi)
-            new.lo = nxt
+            if ch.epoch == epoch:
+                ch.c = ch.c + c
+                nxt = ch
+            else:
+                nxt = TNode(ch.c + c, ch.lo, ch.hi, epoch)
+                new.lo = nxt
         new = nxt
         half >>= 1
     return top
@@ -352,12 +372,16 @@ def _stay_stats_t(old: TNode | None, new: TNode, skip: int) -> tuple[float, floa
 
 
 class ItlTracker:
-    """One engine's step-duration history (persistent histogram) and pooled gap counts."""
+    """One engine's step-duration history (persistent histogram) and pooled gap counts.
+
+    A version kept past the current event (a stay's start or end) is taken with :meth:`snapshot`; :meth:`current`
+    is for a reading done at once (TNode versions change in place until a snapshot is taken, see :class:`TNode`)."""
 
     def __init__(self, native: bool = _COMPILED) -> None:
         # the tree's versions are TNodes (native, the compiled default) or list nodes (the interpreted default)
         self.native = native
-        self.root: Root = T_EMPTY if native else EMPTY
+        self._root: Root = T_EMPTY if native else EMPTY
+        self._epoch: i64 = 0  # TNode versions: the current epoch (bumped by each snapshot)
         # pooled gap counts by bucket, at ``key - KEY_MIN`` (a list: compiled, an indexed read and write instead of
         # a dictionary lookup with boxed keys; every key is in the tree's range)
         self.pooled: list[int] = [0] * KEY_SPAN
@@ -384,11 +408,20 @@ class ItlTracker:
             if i < n:
                 k = max(k + 1, bucket_key(first + inc * i))
 
+    def snapshot(self) -> Root:
+        """The current version, kept unchanged from now on (later insertions copy what they change)."""
+        self._epoch += 1
+        return self._root
+
+    def current(self) -> Root:
+        """The current version for a reading done at once (not to be kept: it may change in place)."""
+        return self._root
+
     def _put(self, key: int, c: int, weight: int) -> None:
         if self.native:
-            self.root = _insert_t(self.root, key, c)
+            self._root = _insert_t(self._root, key, c, self._epoch)
         else:
-            self.root = insert(self.root, key, c)
+            self._root = insert(self._root, key, c)
         pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
         j: i64 = key - KEY_MIN  # i64: a read and write by a C index (sim/clock.py _wpush)
         pooled[j] = pooled[j] + c * weight

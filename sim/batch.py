@@ -167,7 +167,7 @@ class DecodeBatch:
         bs = self.bs
         res = self._res
         extra = 0
-        lo: i64 = bs - s % bs  # i64 (mypyc's native int): the list is read by a C index (see sim/clock.py _wpush)
+        lo: i64 = bs - s % bs  # i64 (mypyc's native int): the list is read by a C index (see sim/clock.py _fpush)
         hi: i64 = bs
         for i in range(lo, hi):  # the residues that took a block more (compiled: a C loop, no slice)
             extra += res[i]

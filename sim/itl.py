@@ -423,7 +423,7 @@ class ItlTracker:
         else:
             self._root = insert(self._root, key, c)
         pooled = self.pooled  # an int read and write (compiled: ``pooled[j] += x`` is a generic in-place add)
-        j: i64 = key - KEY_MIN  # i64: a read and write by a C index (sim/clock.py _wpush)
+        j: i64 = key - KEY_MIN  # i64: a read and write by a C index (sim/clock.py _fpush)
         pooled[j] = pooled[j] + c * weight
 
     def unpool(self, key: int, c: int) -> None:

@@ -373,3 +373,53 @@ def test_wake_ups_and_simpy_events_in_one_order(seed: int) -> None:
         ref = program(ours=False, how=how)
         assert len(ref[0]) > 50
         assert program(ours=True, how=how) == ref, how
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_pending_wake_ups_keep_simpy_order(seed: int) -> None:
+    """Thousands of wake-ups pending at once (compiled: more than the near list keeps sorted, so its latest half
+    moves to the far heap, repeatedly) still run in SimPy's order, ties at one time included, mixed with SimPy's
+    own timeouts, whether run by ``run()`` or by ``run_until`` slices."""
+    def program(ours: bool, sliced: bool) -> list[tuple[float, int]]:
+        env: simpy.Environment = SimEnv() if ours else simpy.Environment()
+        rng = random.Random(seed)
+        log: list[tuple[float, int]] = []
+
+        def rec(i: int) -> Callable[[object], None]:
+            return lambda _e: log.append((env.now, i))
+
+        for i in range(3000):
+            d = rng.choice((rng.random() * 100.0, float(rng.randint(0, 50)), 0.0))
+            kind, urgent = rng.random(), rng.random() < 0.05  # both runs draw the same numbers
+            if ours and kind < 0.8:
+                assert isinstance(env, SimEnv)
+                if urgent:
+                    call_first(env, rec(i))
+                else:
+                    call_later(env, d, rec(i))
+            elif urgent:
+                ev = simpy.Event(env)
+                ev._ok, ev._value = True, None
+                ev.callbacks.append(rec(i))
+                env.schedule(ev, simpy.events.URGENT)
+            else:
+                env.timeout(d).callbacks.append(rec(i))
+        if sliced:
+            stop = 7.3
+            while env.peek() < float("inf"):
+                if isinstance(env, SimEnv):
+                    env.run_until(stop)
+                else:
+                    while env.peek() < stop:
+                        env.step()
+                stop += 7.3
+        else:
+            env.run()
+        if isinstance(env, SimEnv):
+            assert not env._queue and not env._wq and not env._wfar
+        return log
+
+    for sliced in (False, True):
+        ref = program(ours=False, sliced=sliced)
+        assert len(ref) == 3000
+        assert program(ours=True, sliced=sliced) == ref

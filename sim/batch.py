@@ -35,7 +35,7 @@ from kvplan.models.costs import (
 )
 from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push, i64
+from kvplan.sim.clock import SimEnv, Wake, call_later, i64, sorted_pop, sorted_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
 from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
@@ -130,7 +130,7 @@ class DecodeBatch:
         self._q_sum = 0
         self._res = [0] * block_size
         self.fin_sum = 0  # blocks the members will hold at their last step
-        self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.heap_push, seq, r)
+        self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.sorted_push, seq, r)
         self._seq = 0
         self._active = False
         self._gen = 0  # plans made (a stretch's plan is cached per (time, plan): in_progress_step)
@@ -208,7 +208,7 @@ class DecodeBatch:
         r.d_rem = rem
         self.running[r] = None
         self.owner.joined(r)
-        heap_push(self._finish_heap, (float(self.step + rem), self._seq, r))
+        sorted_push(self._finish_heap, (float(self.step + rem), self._seq, r))
 
     def _remove(self, r: Request) -> int:
         """Drop a member; returns the steps it completed in this stay."""
@@ -380,7 +380,7 @@ class DecodeBatch:
         if heap and heap[0][0] <= step:
             self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
-            entry: tuple[float, int, Request] = heap_pop(heap)  # typed: native reads of the request
+            entry: tuple[float, int, Request] = sorted_pop(heap)  # typed: native reads of the request
             seq = entry[1]
             r = entry[2]
             if r.d_seq != seq:
@@ -509,7 +509,7 @@ class DecodeBatch:
             self._first_steps(joined, t_first, key0)
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
-            heap_pop(heap)
+            sorted_pop(heap)
         end = int(heap[0][0])
         if self.exact or late or (preempted and self._join_q) or owner.admission_held:
             # a late joiner joins at the next boundary; so does one a preempting step kept out, and the owner admits

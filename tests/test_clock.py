@@ -423,3 +423,28 @@ def test_many_pending_wake_ups_keep_simpy_order(seed: int) -> None:
         ref = program(ours=False, sliced=sliced)
         assert len(ref) == 3000
         assert program(ours=True, sliced=sliced) == ref
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sorted_queue_pops_as_heapq(seed: int) -> None:
+    """``sorted_push``/``sorted_pop`` (a decode batch's finishes, a link's flows) pop what heapq pops, ties of the
+    first item broken by the unique second, with pushes and pops interleaved."""
+    from heapq import heappop, heappush
+
+    from kvplan.sim.clock import sorted_pop, sorted_push
+
+    rng = random.Random(seed)
+    ours: list[tuple[float, int, str]] = []
+    ref: list[tuple[float, int, str]] = []
+    got: list[tuple[float, int, str]] = []
+    want: list[tuple[float, int, str]] = []
+    for i in range(2000):
+        if ref and rng.random() < 0.45:
+            got.append(sorted_pop(ours))
+            want.append(heappop(ref))
+        else:
+            entry = (float(rng.randint(0, 30)) if rng.random() < 0.5 else rng.random() * 30.0, i, "x")
+            sorted_push(ours, entry)
+            heappush(ref, entry)
+        assert not ref or ours[0] == min(ref)
+    assert got == want and sorted(ours) == ours

@@ -199,7 +199,8 @@ class DecodeBatch:
         q = x // bs  # = divmod (compiled: native integer operations, no generic call and tuple)
         res = x % bs
         self._q_sum += q
-        self._res[res] += 1
+        resl = self._res  # an int read and write (compiled: ``l[j] += 1`` is a generic in-place add)
+        resl[res] = resl[res] + 1
         self.fin_sum += -(-(p + rem - 1) // bs)
         self.batch += 1
         self.ctx_sum += p
@@ -217,7 +218,8 @@ class DecodeBatch:
         q = x // bs
         res = x % bs
         self._q_sum -= q
-        self._res[res] -= 1
+        resl = self._res
+        resl[res] = resl[res] - 1
         self.fin_sum -= -(-(r.d_p + r.d_rem - 1) // bs)
         self.batch -= 1
         done = self.step - r.d_j

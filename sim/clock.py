@@ -16,7 +16,7 @@ below. ``call_later(env, delay, fn)`` is ``env.timeout(delay).callbacks.append(f
 ``call_first(env, fn)`` is how SimPy starts a process (an URGENT event now), both without a ``Timeout``
 object: they push a :class:`Wake` with SimPy's ordering, exactly where ``Environment.schedule`` would put the
 event (``tests/test_native.py`` and ``tests/test_clock.py`` compare with SimPy). Interpreted, the wake-up is SimPy's
-queue entry ``(time, priority, id, Wake)`` itself; compiled, the wake-ups wait in a heap of their own
+queue entry ``(time, priority, id, Wake)`` itself; compiled, the wake-ups wait in a queue of their own
 (``SimEnv._wq``, see :class:`Wake`) beside SimPy's queue, which then holds only SimPy's own events, and
 ``step``/``peek``/``run_until`` take the earlier of the two heads, by the same ``(time, priority, id)``.
 
@@ -77,7 +77,7 @@ class Wake:
     ``_value``.
 
     ``t``, ``prio`` and ``eid`` are its key in SimPy's order, the first three items of SimPy's queue entry. Compiled,
-    the wake-up *is* the heap entry (``SimEnv._wq``, ordered by :func:`_wbefore`): no tuple, no boxed time and id
+    the wake-up *is* the queue entry (``SimEnv._wq``, ordered by :func:`_wbefore`): no tuple, no boxed time and id
     per event, and two wake-ups compare as three native fields, where SimPy's tuples compare through Python's generic
     comparison (each time unboxed by a call). ``free_list_len=1`` (mypyc): the object a processed wake-up frees
     is kept for the next one, which is usually allocated within the same event, so most wake-ups cost no
@@ -143,7 +143,7 @@ class SimEnv(simpy.Environment):
     SimPy's own attributes are declared with their types: compiled, they are fields of the object (a read of
     the clock is a load, not a dictionary lookup); SimPy's interpreted code reaches them as before.
 
-    Compiled, the wake-ups (:class:`Wake`) wait in a heap of their own, ``_wq``, and SimPy's queue ``_queue`` holds
+    Compiled, the wake-ups (:class:`Wake`) wait in a queue of their own, ``_wq``, and SimPy's queue ``_queue`` holds
     SimPy's own events only (``env.timeout``, processes, ``run(until=...)``); both draw their ids from the one
     counter, so ``(time, priority, id)`` orders all events as in one queue, and :meth:`step`, :meth:`peek` and
     :meth:`run_until` take the earlier head (:func:`_wake_first`). SimPy's own ``Environment.step`` does not see
@@ -182,7 +182,7 @@ class SimEnv(simpy.Environment):
         return self._now
 
     def peek(self) -> float:
-        """The time of the next event, ``inf`` when none is left (SimPy's ``Environment.peek``, over both heaps)."""
+        """The time of the next event, ``inf`` when none is left (SimPy's ``Environment.peek``, over both queues)."""
         q = self._queue
         t = _INF
         if q:
@@ -231,7 +231,7 @@ class SimEnv(simpy.Environment):
             self._soon_on = False
 
     def _run_wakes(self, stop: float) -> None:
-        """:meth:`run_until`'s loop, compiled: the earlier of the wake-up heap's head and SimPy's queue's, each time."""
+        """:meth:`run_until`'s loop, compiled: the earlier of the wake-ups' head and SimPy's queue's, each time."""
         q = self._queue
         wq = self._wq
         soon = self._soon
@@ -334,7 +334,7 @@ def _next_far(env: SimEnv) -> None:
 
 
 def _next_wfar(env: SimEnv) -> None:
-    """After a pop (compiled): the far heap's head enters the wake-up heap when it is before that heap's head."""
+    """After a pop (compiled): the far heap's head enters the near wake-ups when it is before their head."""
     far = env._wfar
     wq = env._wq
     if far and (not wq or _wbefore(far[0], wq[-1])):
@@ -366,9 +366,10 @@ def _fire(env: SimEnv, event: Any) -> None:
 # event)``: ids are unique, so the entries are totally ordered and any valid heap pops them in the same order;
 # SimPy's own ``schedule``/``step`` (heapq) keep working on it. Compiled, an entry's time is read as a C double
 # and compared natively; heapq compares tuples through Python's generic rich comparison (two float compares
-# per pair), about a fifth of the model's instructions. The model's other heaps use it too (D's finishes,
-# a link's flows, D's pin deadlines): any heap of tuples whose first item is a float and whose entries are
-# all different (a unique id second), popped only through :func:`heap_pop`.
+# per pair), about a fifth of the model's instructions. D's pin deadlines use it too (a decode batch's finishes
+# and a link's flows are sorted lists, below): any heap of tuples whose first item is a float and whose entries
+# are all different (a unique id second), popped only through :func:`heap_pop`. The far wake-ups are the same
+# heap on Wake entries (:func:`_fpush`, :func:`_fpop`).
 
 def _before(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """``a < b`` for two queue entries: by time, then (same time) as tuples (priority, then id)."""

@@ -179,7 +179,7 @@ class AggregatedNode(Scheduler):
         if r.itl_old is not None:  # its stay in the batch ends: keep the step histogram of it (sim/itl.py)
             if r.itl_spans is None:
                 r.itl_spans = []
-            r.itl_spans.append((r.itl_old, self.itl.root, NO_SKIP))
+            r.itl_spans.append((r.itl_old, self.itl.snapshot(), NO_SKIP))
             r.itl_old = None
             r.last_tok_t = now  # it sampled in the step that just ended
         self.pool.held -= r.p_blocks
@@ -309,7 +309,7 @@ class AggregatedNode(Scheduler):
                         r.itl_extra = []
                     r.itl_extra.append(self.itl.gap(now - r.last_tok_t))
                 left[id(r)] = r.output - r.d_generated - 1
-                r.itl_old, r.itl_skip = self.itl.root, NO_SKIP  # every later step is a gap
+                r.itl_old, r.itl_skip = self.itl.snapshot(), NO_SKIP  # every later step is a gap
                 if left[id(r)] <= 0:
                     done.append(r)
         for r in decoding:
@@ -330,10 +330,10 @@ class AggregatedNode(Scheduler):
         now = self.env.now
         self.rows.append((now, Ev.D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         if r.itl_spans is None and r.itl_extra is None:  # one stay, no preemption
-            p50, top = stay_stats(r.itl_old, self.itl.root, NO_SKIP)
+            p50, top = stay_stats(r.itl_old, self.itl.current(), NO_SKIP)
         else:
             spans = r.itl_spans or []
-            spans.append((r.itl_old, self.itl.root, NO_SKIP))
+            spans.append((r.itl_old, self.itl.current(), NO_SKIP))  # read at once below
             p50, top = turn_stats(spans, r.itl_extra or [])
             r.itl_spans = r.itl_extra = None
         r.itl_old = None

@@ -24,7 +24,6 @@ tests show both give the same per-turn times, preemptions included.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 
 from kvplan.models.costs import (
@@ -36,8 +35,9 @@ from kvplan.models.costs import (
 )
 from kvplan.models.formulas import DecodeSteps
 from kvplan.sim.blocks import BlockPool
-from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
+from kvplan.sim.clock import SimEnv, Wake, call_later, i64, sorted_pop, sorted_push
 from kvplan.sim.evlog import EV_D_FIRST, RowBuffer
+from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.peers import DecodePort
 from kvplan.sim.request import Request
@@ -122,7 +122,7 @@ class DecodeBatch:
         self.owner = owner
         self._dc = cost
         self._steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py)
-        self._join_q: deque[Request] = deque()
+        self._join_q: Fifo[Request] = new_fifo()  # sim/fifo.py
         self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
         self.batch = 0
@@ -130,7 +130,7 @@ class DecodeBatch:
         self._q_sum = 0
         self._res = [0] * block_size
         self.fin_sum = 0  # blocks the members will hold at their last step
-        self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.heap_push, seq, r)
+        self._finish_heap: list[tuple[float, int, Request]] = []  # (last step as a float: clock.sorted_push, seq, r)
         self._seq = 0
         self._active = False
         self._gen = 0  # plans made (a stretch's plan is cached per (time, plan): in_progress_step)
@@ -167,7 +167,9 @@ class DecodeBatch:
         bs = self.bs
         res = self._res
         extra = 0
-        for i in range(bs - s % bs, bs):  # the residues that took a block more (compiled: a C loop, no slice)
+        lo: i64 = bs - s % bs  # i64 (mypyc's native int): the list is read by a C index (see sim/clock.py _fpush)
+        hi: i64 = bs
+        for i in range(lo, hi):  # the residues that took a block more (compiled: a C loop, no slice)
             extra += res[i]
         return self._q_sum + self.batch * (s // bs) + extra
 
@@ -197,7 +199,8 @@ class DecodeBatch:
         q = x // bs  # = divmod (compiled: native integer operations, no generic call and tuple)
         res = x % bs
         self._q_sum += q
-        self._res[res] += 1
+        resl = self._res  # an int read and write (compiled: ``l[j] += 1`` is a generic in-place add)
+        resl[res] = resl[res] + 1
         self.fin_sum += -(-(p + rem - 1) // bs)
         self.batch += 1
         self.ctx_sum += p
@@ -206,7 +209,7 @@ class DecodeBatch:
         r.d_rem = rem
         self.running[r] = None
         self.owner.joined(r)
-        heap_push(self._finish_heap, (float(self.step + rem), self._seq, r))
+        sorted_push(self._finish_heap, (float(self.step + rem), self._seq, r))
 
     def _remove(self, r: Request) -> int:
         """Drop a member; returns the steps it completed in this stay."""
@@ -215,7 +218,8 @@ class DecodeBatch:
         q = x // bs
         res = x % bs
         self._q_sum -= q
-        self._res[res] -= 1
+        resl = self._res
+        resl[res] = resl[res] - 1
         self.fin_sum -= -(-(r.d_p + r.d_rem - 1) // bs)
         self.batch -= 1
         done = self.step - r.d_j
@@ -237,7 +241,7 @@ class DecodeBatch:
         if r.itl_in:
             if r.itl_spans is None:
                 r.itl_spans = []
-            r.itl_spans.append((r.itl_old, self.itl.root, r.itl_skip))
+            r.itl_spans.append((r.itl_old, self.itl.snapshot(), r.itl_skip))
             r.itl_in = False
             r.itl_old = None
 
@@ -378,7 +382,7 @@ class DecodeBatch:
         if heap and heap[0][0] <= step:
             self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
         while heap and heap[0][0] <= step:
-            entry: tuple[float, int, Request] = heap_pop(heap)  # typed: native reads of the request
+            entry: tuple[float, int, Request] = sorted_pop(heap)  # typed: native reads of the request
             seq = entry[1]
             r = entry[2]
             if r.d_seq != seq:
@@ -446,11 +450,12 @@ class DecodeBatch:
         itl = self.itl
         log = self.log
         members = 0
+        root = itl.snapshot()  # the joiners' stays start here (kept until they leave)
         for r in joined:
             if r.d_seq <= 0:
                 continue  # preempted again before its first step
             members += 1
-            r.itl_old, r.itl_skip, r.itl_in = itl.root, key0, True
+            r.itl_old, r.itl_skip, r.itl_in = root, key0, True
             if r.d_g0 > 0:  # resumed: its gap runs from the token its recompute sampled
                 if r.itl_extra is None:
                     r.itl_extra = []
@@ -506,7 +511,7 @@ class DecodeBatch:
             self._first_steps(joined, t_first, key0)
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
-            heap_pop(heap)
+            sorted_pop(heap)
         end = int(heap[0][0])
         if self.exact or late or (preempted and self._join_q) or owner.admission_held:
             # a late joiner joins at the next boundary; so does one a preempting step kept out, and the owner admits

@@ -12,6 +12,8 @@ counts blocks; which request holds how many is stored on the request itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class BlockPool:
     """Block accounting of one engine (P or D) with an optional block-granular prefix cache.
@@ -75,15 +77,21 @@ class BlockPool:
             return  # straight back to the free pool
         bs = self.block_size
         full = (tokens // bs) * bs
-        self.take(conv)  # an older entry's blocks leave the cached count
-        self._lru[conv] = (full, full // bs)
+        key: Any = conv  # boxed once (see take)
+        self._take(key, conv)  # an older entry's blocks leave the cached count
+        self._lru[key] = (full, full // bs)
         self.cached += full // bs
 
     def take(self, conv: int) -> tuple[int, int] | None:
         """Remove and return the conversation's cache entry (a lookup about to use or re-file it)."""
-        entry = self._lru.get(conv)
+        return self._take(conv, conv)
+
+    def _take(self, key: Any, conv: int) -> tuple[int, int] | None:
+        """:meth:`take` with ``key`` the conversation number boxed once: compiled, each dictionary call would box
+        an int ``conv`` again (a new int object above 256)."""
+        entry = self._lru.get(key)
         if entry is not None:
-            del self._lru[conv]
+            del self._lru[key]
             if conv == self._front:
                 self._front = -1
                 if self._trim:

@@ -34,8 +34,8 @@ mixes its chunks into D's steps, lengthening them).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 from kvplan.errors import input_error
 from kvplan.models.costs import prefill_time_s
@@ -61,6 +61,7 @@ from kvplan.sim.evlog import (
     REL_REUSED,
     RowBuffer,
 )
+from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
 from kvplan.sim.node_config import DecodeConfig
 from kvplan.sim.peers import DriverPort, PrefillPort
@@ -83,7 +84,9 @@ class DecodeNode(BatchOwner):
         # the run's router and reads, typed (compiled: direct calls, no lookup on the run state per use)
         self.router: Router = ctx.router
         self.reads: Reads = ctx.reads
-        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's list (sim/peers.py: native calls)
+        # the run's list (sim/peers.py: native calls); typed a list, not Wiring's Sequence: compiled, an index into a
+        # Sequence is a generic call, into a list a native read
+        self.prefill_nodes = cast(list[PrefillPort], ctx.prefill)
         self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.env = ctx.env
         self.idx = idx
@@ -108,7 +111,7 @@ class DecodeNode(BatchOwner):
         self.batch.pc = self.costs.prefill  # prompt chunks in D's steps (short tails, PR #55801)
         self.batch.async_scheduling = cfg.async_scheduling
         self.batch.post_serial = not cfg.kv_post_overlaps_forward
-        self._admit_q: deque[Request] = deque()
+        self._admit_q: Fifo[Request] = new_fifo()  # sim/fifo.py
         self._admit_wake_at = math.inf
         self._inflight = 0  # admitted, not yet finished nor preempted (for the router's load)
         self._retry_pending = False
@@ -545,7 +548,7 @@ class DecodeNode(BatchOwner):
     def _log_itl(self, r: Request, now: float) -> None:
         """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
         if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
-            p50, top = stay_stats(r.itl_old, self.batch.itl.root, r.itl_skip)
+            p50, top = stay_stats(r.itl_old, self.batch.itl.current(), r.itl_skip)
             r.itl_in = False
             r.itl_old = None
         else:

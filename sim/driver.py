@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -73,8 +74,10 @@ class Driver(DriverPort):
     ) -> None:
         self.ctx = ctx
         self.router: Router = ctx.router  # typed: direct calls (compiled), no lookup on the run state per turn
-        self.prefill_nodes: Sequence[PrefillPort] = ctx.prefill  # the run's engines (sim/peers.py: native calls)
-        self.decode_nodes: Sequence[DecodePort] = ctx.decode
+        # the run's engines (sim/peers.py: native calls), typed lists, not Wiring's Sequences: compiled, an index into a
+        # list is a native read, into a Sequence a generic call
+        self.prefill_nodes = cast(list[PrefillPort], ctx.prefill)
+        self.decode_nodes = cast(list[DecodePort], ctx.decode)
         self.rows: RowBuffer = ctx.log.buf  # the event log's packed rows (sim/evlog.py)
         self.env = ctx.env
         self.plan = plan
@@ -88,7 +91,9 @@ class Driver(DriverPort):
         self.handoff_free_at: list[float] = [0.0] * cfg.n_decode  # per D: stage free from
         # zero-copy views of the plan's arrays: indexing gives Python ints/floats at 0 extra bytes per turn (a list
         # of Python objects cost ~36 bytes per element and turn, ~100 bytes per turn for the three, issue 12)
-        self.offsets: Sequence[int] = _view(plan.offsets, np.int64)
+        # per conversation, read several times per turn: a list (compiled, a native read; an index into a memoryview
+        # is a generic call that boxes the item), one int per conversation
+        self.offsets: list[int] = np.asarray(plan.offsets, dtype=np.int64).tolist()
         self.prompt: Sequence[int] = _view(plan.prompt_tokens, np.int64)
         self.output: Sequence[int] = _view(plan.output_tokens, np.int64)
         self.gap: Sequence[float] = _view(plan.gap_s, np.float64)

@@ -33,7 +33,7 @@ from kvplan.models.memory import MemoryPlan, plan_memory, with_kv_cache_dtype
 from kvplan.models.profile import Profile
 from kvplan.models.resolve import resolve_profile
 from kvplan.sim import node_setup
-from kvplan.sim.clock import SimEnv
+from kvplan.sim.clock import WAKE_HEAP, SimEnv
 from kvplan.sim.context import Ctx
 from kvplan.sim.decode import DecodeNode
 from kvplan.sim.driver import Driver
@@ -423,7 +423,10 @@ def _run_sliced(
             env.run_until(stop)  # SimEnv.step's loop, compiled with the hot path (sim/clock.py)
         else:
             while peek() < stop:
-                simpy.Environment.step(env)  # SimPy's own step (the reference the tests compare with)
+                if WAKE_HEAP:  # compiled, the wake-ups wait beside SimPy's queue: SimEnv.step is SimPy's over both
+                    env.step()
+                else:
+                    simpy.Environment.step(env)  # SimPy's own step (the reference the tests compare with)
         n = log.total - before
         if len(log) >= SLICE_EVENTS or peek() == float("inf"):
             chunk = log.flush()

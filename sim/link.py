@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from kvplan.sim.clock import SimEnv, Wake, call_later, heap_pop, heap_push
+from kvplan.sim.clock import SimEnv, Wake, call_later, sorted_pop, sorted_push
 
 EPS_S: Final = 1e-9  # a flow within a nanosecond of done is done (float time resolution at t~1e4 s is ~1e-12 s)
 
@@ -64,7 +64,7 @@ class Link:
             on_done(0.0)
             return
         self._advance()
-        heap_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
+        sorted_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
             self.frac = 1.0 / float(len(self._heap))  # float / float: native (float / int was a generic call)
             self._reschedule()
@@ -97,7 +97,7 @@ class Link:
         now = self.env.now
         finished: list[tuple[float, int, float, Callable[[float], None]]] = []  # typed: native reads of the items
         while heap and heap[0][0] - self._v <= slack:
-            finished.append(heap_pop(heap))
+            finished.append(sorted_pop(heap))
         if self.fabric is None or not self.fabric.reshare(self):
             if heap:
                 self.frac = 1.0 / float(len(heap))

@@ -40,6 +40,7 @@ from types import ModuleType
 
 HOT_MODULES: tuple[str, ...] = (
     "kvplan.models.formulas",
+    "kvplan.sim.fifo",
     "kvplan.sim.request",
     "kvplan.sim.evlog",
     "kvplan.sim.itl",

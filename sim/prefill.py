@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import cast
 
 from kvplan.errors import input_error
 from kvplan.models.formulas import NativePrefill
@@ -69,7 +70,8 @@ class PrefillNode(PrefillPort):
         super().__init__(ctx.log.buf, idx, cfg.max_num_seqs, cfg.max_num_batched_tokens, pool)
         self.ctx = ctx
         self.env = ctx.env
-        self.decode_nodes: Sequence[DecodePort] = ctx.decode  # the run's list, filled after (sim/peers.py)
+        # the run's list, filled after (sim/peers.py); a list, not Wiring's Sequence: native reads compiled
+        self.decode_nodes = cast(list[DecodePort], ctx.decode)
         self._drv: DriverPort | None = None  # the run's driver, made after the nodes (see _driver)
         self.threshold = cfg.kv_recompute_threshold_tokens
         self.margin = cfg.read_margin_s

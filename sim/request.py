@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvplan.sim.itl import Node, Span
+from kvplan.sim.itl import Root, Span
 from kvplan.sim.router import KVParams
 
 D2P: Final = 0  # bidirectional read-back: P reads D's retained blocks
@@ -105,7 +105,7 @@ class Request:
         self.reuse = REUSE_ALL
         # inter-token gaps (sim/itl.py): the engine's step histogram at the start of this stay in its batch and
         # the bucket of the stay's first step (not a gap), earlier stays, gaps around preemptions, last token time
-        self.itl_old: Node | None = None
+        self.itl_old: Root | None = None
         self.itl_skip = 0
         self.itl_in = False
         self.itl_spans: list[Span] | None = None

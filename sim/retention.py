@@ -30,6 +30,7 @@ is a router miss (``sim/router.py`` :: ``Router.lookup``), the pin itself is unt
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from kvplan.sim.clock import heap_pop, heap_push
 
@@ -114,15 +115,18 @@ class Retention:
         self._next_id += self._stride
         pin = Pin(conv, tokens, blocks, expiry_s)
         pin.shared = shared
-        self.pins[pid] = pin
-        old = self.of_conv.get(conv)
-        self.of_conv[conv] = pid
+        key: Any = pid  # boxed once (see pop)
+        self.pins[key] = pin
+        ckey: Any = conv
+        old = self.of_conv.get(ckey)
+        self.of_conv[ckey] = key
         self._file(expiry_s, pid)
         return pid, old
 
     def alive(self, pid: int, now: float) -> bool:
         """Whether the pinned blocks still exist at ``now`` (deadline not passed, not yet released)."""
-        pin = self.pins.get(pid)
+        key: Any = pid  # boxed once (see pop)
+        pin = self.pins.get(key)
         return pin is not None and is_held(now, pin.expiry_s)
 
     def renew(self, pid: int, expiry_s: float) -> None:
@@ -138,17 +142,23 @@ class Retention:
 
     def mark_reading(self, pid: int) -> None:
         """A P worker posted a READ of these blocks: they stay until the read completes."""
-        pin = self.pins.get(pid)
+        key: Any = pid  # boxed once (see pop)
+        pin = self.pins.get(key)
         if pin is not None:
             pin.reading = True
 
     def pop(self, pid: int) -> Pin | None:
         """Remove a pin (released); None if it was already gone."""
-        pin = self.pins.get(pid)  # get and del: native dictionary operations compiled (pop with a default is not)
+        # get and del: native dictionary operations compiled (pop with a default is not); the keys are typed Any so
+        # that compiled code boxes each int once, not at every dictionary call (a pin id or a conversation number
+        # above 256 is a new int object each time)
+        key: Any = pid
+        pin = self.pins.get(key)
         if pin is not None:
-            del self.pins[pid]
-            if self.of_conv.get(pin.conv) == pid:
-                del self.of_conv[pin.conv]
+            del self.pins[key]
+            ckey: Any = pin.conv
+            if self.of_conv.get(ckey) == pid:
+                del self.of_conv[ckey]
         return pin
 
     def due(self, now: float) -> list[tuple[float, int]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -123,10 +123,11 @@ class Router:
         """Pop the conversation's entry (single use); stale entries are discarded as misses."""
         if not has_conversation_id:
             return RR_NO_CONVERSATION_ID, None
-        entry = self._map.get(conv)  # get and del: native dictionary operations compiled (pop with a default is not)
+        key: Any = conv  # boxed once for both calls (compiled: an int key is boxed at every dictionary call)
+        entry = self._map.get(key)  # get and del: native dictionary operations compiled (pop with a default is not)
         if entry is None:
             return RR_NO_ENTRY, None
-        del self._map[conv]
+        del self._map[key]
         if now - entry.cached_at_s > self.ttl_s:
             return RR_STALE, None
         if self.renews and not self.d_nodes[entry.decode_node].renew_lease(entry, now):

@@ -21,11 +21,11 @@ admission queue and batch (``sim/batch.py``). Plain typed Python, no SimPy: comp
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Protocol
 
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.evlog import EV_D_PREEMPT, EV_P_ENQUEUE, RowBuffer
+from kvplan.sim.fifo import Fifo, new_fifo
 from kvplan.sim.request import Request
 
 
@@ -99,7 +99,7 @@ class Scheduler:
         self.max_seqs = max_seqs
         self.max_tokens = max_tokens
         self.pool = pool
-        self.waiting: deque[Request] = deque()
+        self.waiting: Fifo[Request] = new_fifo()  # sim/fifo.py: native compiled, a deque interpreted
         self.running: list[Request] = []
         self.chunks: list[tuple[Request, int]] = []
         self.budget = 0

@@ -283,10 +283,168 @@ def test_call_later_far_orders_as_call_later(seed: int) -> None:
                 stop += 0.6
         else:
             env.run()
-        assert not env._far and not env._queue
+        assert not env._far and not env._queue and not env._wq and not env._wfar
         return log, peeks
 
     ref = program(far=False, sliced=True)
     assert len(ref[0]) > 50
     assert program(far=True, sliced=True) == ref
     assert program(far=True, sliced=False)[0] == ref[0]  # outside run_until it queues like call_later
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_wake_ups_and_simpy_events_in_one_order(seed: int) -> None:
+    """The model's wake-ups (``call_later``, ``call_at``, ``call_first``, ``call_soon``, ``call_later_far``) and
+    SimPy's own events (``env.timeout``, a process's start) mixed in one run order exactly as the same program with
+    SimPy events only on ``simpy.Environment``: compiled, the wake-ups wait in their own heap (``SimEnv._wq``) and
+    ``step``, ``peek`` and ``run_until`` merge it with SimPy's queue by ``(time, priority, id)``. Run by ``run()``,
+    by ``step()`` and by ``run_until`` in slices; times are multiples of 1/4, so every ``call_at`` is exact."""
+    def program(ours: bool, how: str) -> tuple[list[tuple[float, int]], list[float]]:
+        env: simpy.Environment = SimEnv() if ours else simpy.Environment()
+        rng = random.Random(seed)
+        log: list[tuple[float, int]] = []
+        peeks: list[float] = []
+        n = [0]
+
+        def simpy_later(d: float) -> None:
+            env.timeout(d).callbacks.append(act)
+
+        def simpy_first() -> None:
+            ev = simpy.Event(env)
+            ev._ok, ev._value = True, None
+            ev.callbacks.append(act)
+            env.schedule(ev, simpy.events.URGENT)
+
+        def act(_e: object) -> None:
+            n[0] += 1
+            me = n[0]
+            log.append((env.now, me))
+            if me > 400:
+                return
+            for _ in range(rng.randint(1, 2)):
+                k = rng.random()
+                d = rng.choice((0.0, 0.25, 0.5, 1.0, 3.0))
+                native = rng.random() < 0.4  # this one is SimPy's own in both runs
+                if native or not ours:
+                    if k < 0.1:
+                        simpy_first()
+                    elif k < 0.25:
+                        simpy_later(0.0)
+                    elif k < 0.35:
+                        simpy_later(max(d, env.now + d) - env.now)
+                    else:
+                        simpy_later(d)
+                    continue
+                assert isinstance(env, SimEnv)
+                if k < 0.1:
+                    call_first(env, act)
+                elif k < 0.25:
+                    call_soon(env, act)
+                elif k < 0.35:
+                    call_at(env, env.now + d, act)
+                elif k < 0.5:
+                    call_later_far(env, d, act)
+                else:
+                    call_later(env, d, act)
+
+        for _ in range(3):
+            simpy_later(0.0)
+        if how == "run":
+            env.run()
+        elif how == "step":
+            while env.peek() < float("inf"):
+                peeks.append(env.peek())
+                env.step()
+        else:
+            stop = 0.6
+            while env.peek() < float("inf"):
+                peeks.append(env.peek())
+                if isinstance(env, SimEnv):
+                    env.run_until(stop)
+                else:
+                    while env.peek() < stop:
+                        env.step()
+                stop += 0.6
+        if isinstance(env, SimEnv):
+            assert not env._queue and not env._wq and not env._wfar and not env._far
+        return log, peeks
+
+    for how in ("run", "step", "sliced"):
+        ref = program(ours=False, how=how)
+        assert len(ref[0]) > 50
+        assert program(ours=True, how=how) == ref, how
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_pending_wake_ups_keep_simpy_order(seed: int) -> None:
+    """Thousands of wake-ups pending at once (compiled: more than the near list keeps sorted, so its latest half
+    moves to the far heap, repeatedly) still run in SimPy's order, ties at one time included, mixed with SimPy's
+    own timeouts, whether run by ``run()`` or by ``run_until`` slices."""
+    def program(ours: bool, sliced: bool) -> list[tuple[float, int]]:
+        env: simpy.Environment = SimEnv() if ours else simpy.Environment()
+        rng = random.Random(seed)
+        log: list[tuple[float, int]] = []
+
+        def rec(i: int) -> Callable[[object], None]:
+            return lambda _e: log.append((env.now, i))
+
+        for i in range(3000):
+            d = rng.choice((rng.random() * 100.0, float(rng.randint(0, 50)), 0.0))
+            kind, urgent = rng.random(), rng.random() < 0.05  # both runs draw the same numbers
+            if ours and kind < 0.8:
+                assert isinstance(env, SimEnv)
+                if urgent:
+                    call_first(env, rec(i))
+                else:
+                    call_later(env, d, rec(i))
+            elif urgent:
+                ev = simpy.Event(env)
+                ev._ok, ev._value = True, None
+                ev.callbacks.append(rec(i))
+                env.schedule(ev, simpy.events.URGENT)
+            else:
+                env.timeout(d).callbacks.append(rec(i))
+        if sliced:
+            stop = 7.3
+            while env.peek() < float("inf"):
+                if isinstance(env, SimEnv):
+                    env.run_until(stop)
+                else:
+                    while env.peek() < stop:
+                        env.step()
+                stop += 7.3
+        else:
+            env.run()
+        if isinstance(env, SimEnv):
+            assert not env._queue and not env._wq and not env._wfar
+        return log
+
+    for sliced in (False, True):
+        ref = program(ours=False, sliced=sliced)
+        assert len(ref) == 3000
+        assert program(ours=True, sliced=sliced) == ref
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sorted_queue_pops_as_heapq(seed: int) -> None:
+    """``sorted_push``/``sorted_pop`` (a decode batch's finishes, a link's flows) pop what heapq pops, ties of the
+    first item broken by the unique second, with pushes and pops interleaved."""
+    from heapq import heappop, heappush
+
+    from kvplan.sim.clock import sorted_pop, sorted_push
+
+    rng = random.Random(seed)
+    ours: list[tuple[float, int, str]] = []
+    ref: list[tuple[float, int, str]] = []
+    got: list[tuple[float, int, str]] = []
+    want: list[tuple[float, int, str]] = []
+    for i in range(2000):
+        if ref and rng.random() < 0.45:
+            got.append(sorted_pop(ours))
+            want.append(heappop(ref))
+        else:
+            entry = (float(rng.randint(0, 30)) if rng.random() < 0.5 else rng.random() * 30.0, i, "x")
+            sorted_push(ours, entry)
+            heappush(ref, entry)
+        assert not ref or ours[0] == min(ref)
+    assert got == want and sorted(ours) == ours

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from kvplan.sim.api import run
-from kvplan.sim.itl import NO_SKIP, ItlTracker, bucket_key, bucket_value, stay_stats, turn_stats
+from kvplan.sim.itl import NO_SKIP, ItlTracker, TNode, bucket_key, bucket_value, stay_stats, turn_stats
 from kvplan.sim.scenario import Scenario
 
 REL = 0.0101  # two buckets' relative width: a bucket representative is within ALPHA (0.5 %) of its values
@@ -27,7 +27,7 @@ def test_stay_and_turn_stats_match_numpy(seed: int) -> None:
     for _ in range(20):  # history before the request joined
         f, inc, n = _series(rng)
         itl.add(f, inc, n, 1, bucket_key(f))
-    old = itl.root
+    old = itl.snapshot()
     gaps: list[float] = []
     first = True
     for _ in range(int(rng.integers(1, 12))):
@@ -39,18 +39,59 @@ def test_stay_and_turn_stats_match_numpy(seed: int) -> None:
             skip = bucket_key(f)
             first = False
     if not gaps:
-        assert math.isnan(stay_stats(old, itl.root, skip)[0])
+        assert math.isnan(stay_stats(old, itl.current(), skip)[0])
         return
-    med, top = stay_stats(old, itl.root, skip)
+    med, top = stay_stats(old, itl.current(), skip)
     assert med == pytest.approx(float(np.median(gaps)), rel=REL)
     assert top == pytest.approx(max(gaps), rel=REL)
     # the same through the general path, with two extra gaps around a preemption
     extra = [0.9, 0.0123]
-    med2, top2 = turn_stats([(old, itl.root, skip)], [bucket_key(x) for x in extra])
+    med2, top2 = turn_stats([(old, itl.current(), skip)], [bucket_key(x) for x in extra])
     assert med2 == pytest.approx(float(np.median(gaps + extra)), rel=REL)
     assert top2 == pytest.approx(max(gaps + extra), rel=REL)
     # the general path agrees with the one-stay fast path
-    assert turn_stats([(old, itl.root, skip)], []) == pytest.approx((med, top), rel=1e-12)
+    assert turn_stats([(old, itl.current(), skip)], []) == pytest.approx((med, top), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_native_tree_answers_as_the_list_tree(seed: int) -> None:
+    """The compiled build's TNode versions (ItlTracker(native=True)) and the interpreted build's list versions give
+    the same medians, maxima and pooled counts, bit for bit, over random step series (one bucket or crossing
+    buckets, clamped ends), stays kept from random versions (snapshots; the insertions between them update the
+    TNode version in place), skips, several spans and extra gaps."""
+    rng = np.random.default_rng(seed)
+    trackers = (ItlTracker(native=True), ItlTracker(native=False))
+    assert isinstance(trackers[0].current(), TNode) and isinstance(trackers[1].current(), list)
+    versions: list[tuple[object, object]] = [(None, None)]
+    for _ in range(int(rng.integers(5, 60))):
+        kind = rng.random()
+        if kind < 0.05:
+            f = float(rng.choice([0.0, 1e-9, 1e5]))  # clamped to the first or last bucket
+        else:
+            f = float(rng.uniform(0.001, 2.0))
+        inc = float(rng.choice([0.0, rng.uniform(0, 0.05), rng.uniform(0, 1e-4)]))
+        n, w = int(rng.integers(1, 300)), int(rng.integers(1, 9))
+        for t in trackers:
+            t.add(f, inc, n, w, bucket_key(f))
+        if rng.random() < 0.3:
+            k = bucket_key(f)
+            for t in trackers:
+                t.unpool(k, 1)
+        if rng.random() < 0.5:  # kept versions (others are updated in place by the next insertions)
+            versions.append((trackers[0].snapshot(), trackers[1].snapshot()))
+    assert trackers[0].pooled_counts() == trackers[1].pooled_counts()
+    versions.append((trackers[0].current(), trackers[1].current()))  # read at once below
+    for _ in range(40):
+        i, j = sorted(int(x) for x in rng.integers(0, len(versions), 2))
+        skip = int(rng.choice([NO_SKIP, bucket_key(float(rng.uniform(0.001, 2.0)))]))
+        nat = stay_stats(versions[i][0], versions[j][0], skip)
+        lst = stay_stats(versions[i][1], versions[j][1], skip)
+        assert np.array_equal(np.array(nat), np.array(lst), equal_nan=True)
+        cuts = sorted(int(x) for x in rng.integers(0, len(versions), 4))
+        extra = [bucket_key(float(x)) for x in rng.uniform(0.001, 5.0, int(rng.integers(0, 3)))]
+        spans = [((cuts[0], cuts[1]), skip), ((cuts[2], cuts[3]), NO_SKIP)]
+        got = [turn_stats([(versions[a][m], versions[b][m], sk) for (a, b), sk in spans], extra) for m in (0, 1)]
+        assert np.array_equal(np.array(got[0]), np.array(got[1]), equal_nan=True)
 
 
 def test_pooled_counts_weight_steps_by_members() -> None:
@@ -61,7 +102,7 @@ def test_pooled_counts_weight_steps_by_members() -> None:
     itl.unpool(k, 2)
     assert itl.pooled_counts() == {k: 28}
     assert bucket_value(k) == pytest.approx(0.02, rel=0.005)
-    assert stay_stats(None, itl.root, NO_SKIP) == pytest.approx((0.02, 0.02), rel=0.005)
+    assert stay_stats(None, itl.current(), NO_SKIP) == pytest.approx((0.02, 0.02), rel=0.005)
 
 
 def _pd(**over: object) -> Scenario:

@@ -223,10 +223,15 @@ def test_a_hot_module_before_the_engine_means_pure_python_throughout(compiled: N
 
 
 def test_compiled_simenv_keeps_simpy_semantics(compiled: None) -> None:
-    """tests/test_clock.py (SimEnv against simpy.Environment: stops, failures, ordering) with the compiled clock."""
-    code = ("import sys, kvplan.sim.engine, kvplan.sim.clock as c, pytest; from kvplan.sim import native; "
+    """tests/test_clock.py (SimEnv against simpy.Environment: stops, failures, ordering) with the compiled clock, and
+    tests/test_fifo.py (the engines' queue against deque) with the compiled Fifo, and the compiled ITL tree (in-place
+    updates between snapshots included) against the list tree."""
+    code = ("import sys, kvplan.sim.engine, kvplan.sim.clock as c, kvplan.sim.fifo as f, pytest; "
+            "from kvplan.sim import native; "
             "assert native.status()['active'] and not c.__file__.endswith('.py'), c.__file__; "
-            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_clock.py']))")
+            "assert not f.__file__.endswith('.py'), f.__file__; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_clock.py', 'tests/test_fifo.py', "
+            "'tests/test_itl.py::test_native_tree_answers_as_the_list_tree']))")
     res = _child(code)
     assert res.returncode == 0 and " passed" in res.stdout, (res.stdout[-2000:], res.stderr[-1000:])
 

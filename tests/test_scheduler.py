@@ -7,13 +7,12 @@ step that preempted.
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 from conftest import rerun_pure
 
 from kvplan.sim.blocks import BlockPool
 from kvplan.sim.evlog import RowBuffer
+from kvplan.sim.fifo import new_fifo
 from kvplan.sim.request import Request
 from kvplan.sim.scheduler import Scheduler, prefix_hit, reserve
 
@@ -89,7 +88,9 @@ def test_pass_running_first_then_waiting_fcfs_under_seqs_budget_and_blocks(reque
     # next pass: b runs first (its last 10 tokens); c cannot get its 3 blocks (2 free) and stops the waiting
     # loop although d's one block would fit (FCFS)
     pool.held -= a.p_blocks
-    s.running, s.waiting = [b], deque([c, d])
+    s.running, s.waiting = [b], new_fifo()
+    s.waiting.append(c)
+    s.waiting.append(d)
     b.p_remaining, b.p_ctx = 10, 240
     pool.pinned = 2
     s.schedule()

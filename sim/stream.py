@@ -381,9 +381,10 @@ class RunStream:
         c["pins"] += int(n_of[Ev.PIN])
         c["unpins"] += int(n_of[Ev.UNPIN])
         if len(unpin):
-            why = np.bincount(ch.b[unpin].astype(np.int64), minlength=len(self.releases))
+            why = ch.b[unpin].astype(np.int64)
+            n_why = np.bincount(why[why >= 0], minlength=len(self.releases))  # a code of no Release counts nowhere
             for r in self.releases:
-                self.releases[r] += int(why[r])
+                self.releases[r] += int(n_why[r])
         c["d_preemptions"] += int(n_of[Ev.D_PREEMPT])
         if n_of[Ev.D_RECOMPUTE]:
             self.d_recompute_tokens += float(a[k == int(Ev.D_RECOMPUTE)].sum())

@@ -5,9 +5,9 @@ streamed into a hidden staging directory and moved into ``--out`` only when comp
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -166,51 +166,37 @@ def turns_arrow_table(turns: pd.DataFrame, schema: Any) -> Any:
 
 
 class BackgroundWrites:
-    """Runs a file writer's calls on one background thread, in the order they were submitted.
+    """Runs a file writer's calls on one background thread, in the order they were submitted (a one-thread
+    ``concurrent.futures.ThreadPoolExecutor``).
 
     Arrow encodes and compresses a Parquet row group without holding the GIL (~70 ms for a group of
-    :data:`ROW_GROUP_ROWS` turns; 1.1 of the 17 CPU s of a 1M-turn run), so a streamed run's event loop goes on on
-    the other core meanwhile. At most ``depth`` writes are in flight, queued or running (each holds one row group's
-    table: memory stays bounded); :meth:`submit` waits for one to finish when they are. A group fills every few
-    hundred milliseconds of simulation, so the loop rarely waits. The first error in the thread is raised by the
-    next :meth:`submit` or by :meth:`drain` (the writes after it are skipped): a failed write is never presented as
-    complete. The file's bytes are those of the same writes made inline (one thread, same order).
+    :data:`ROW_GROUP_ROWS` turns; 1.0 of the 13 CPU s of a 1M-turn run), so a streamed run's event loop goes on on
+    the other core meanwhile. One write is in flight at most (it holds one row group's table: memory stays bounded):
+    :meth:`submit` first waits for the previous one, which a group filling every few hundred milliseconds of
+    simulation has long finished. A write's error is raised by the next :meth:`submit` or by :meth:`drain`, and no
+    write is made after it: a failed write is never presented as complete. The file's bytes are those of the same
+    writes made inline (one thread, same order).
     """
 
-    def __init__(self, depth: int = 1) -> None:
-        self._slots = threading.Semaphore(max(depth, 1))
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, name="kvplan-row-groups", daemon=True)
-        self._thread.start()
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                if self._error is None:
-                    job()
-            except BaseException as e:  # noqa: BLE001 - handed to the submitting thread by submit/drain
-                self._error = e
-            finally:
-                self._slots.release()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvplan-row-groups")
+        self._last: Future[None] | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Queue ``job`` (raises the error of an earlier job first)."""
-        self._raise()
-        self._slots.acquire()
-        self._jobs.put(job)
+        """Run ``job`` once the previous one is done (raises the previous one's error instead)."""
+        last, self._last = self._last, None  # its error is handed back once
+        if last is not None:
+            last.result()
+        self._last = self._pool.submit(job)
 
     def drain(self) -> None:
-        """Wait for every queued job and stop the thread; raises the first job error."""
-        if self._thread.is_alive():
-            self._jobs.put(None)
-            self._thread.join()
-        self._raise()
+        """Wait for the last job and stop the thread; raises that job's error."""
+        last, self._last = self._last, None
+        try:
+            if last is not None:
+                last.result()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 class ResultDirWriter:
@@ -237,7 +223,7 @@ class ResultDirWriter:
         self._pending: list[Any] = []
         self._pending_rows = 0
         self._rows = 0
-        self._writes: BackgroundWrites | None = None  # row groups are encoded on a thread of their own
+        self._writes: BackgroundWrites | None = None  # created with the Parquet writer
 
     def write_turns(self, turns: pd.DataFrame) -> None:
         """Append finished turns (in order); parquet row groups are written as they fill."""
@@ -250,7 +236,6 @@ class ResultDirWriter:
                 self._csv.write(body.encode())
         self._rows += len(turns)
         if "parquet" in self.formats:
-
             if self._schema is None:
                 self._schema = turns_arrow_schema()
             for i in range(0, len(turns), ROW_GROUP_ROWS):  # a kept run's whole frame: one group's rows at a time
@@ -272,15 +257,13 @@ class ResultDirWriter:
             self._schema = turns_arrow_schema()
         if self._pq is None:
             self._pq = pq.ParquetWriter(self.stage / "turns.parquet", self._schema, compression="zstd")
-            self._writes = BackgroundWrites()
+            self._writes = BackgroundWrites()  # the writer's row groups, encoded on a thread of their own
         if not self._pending:
             return
         rows = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
         n = rows.num_rows if n is None else n
-        if n:
-            group, write = rows.slice(0, n), self._pq.write_table
-            assert self._writes is not None
-            self._writes.submit(lambda: write(group, row_group_size=ROW_GROUP_ROWS))
+        if n and self._writes is not None:
+            self._writes.submit(partial(self._pq.write_table, rows.slice(0, n), row_group_size=ROW_GROUP_ROWS))
         rest = rows.slice(n)
         self._pending = [rest] if rest.num_rows else []
         self._pending_rows = rest.num_rows

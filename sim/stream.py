@@ -308,7 +308,6 @@ class RunStream:
 
     def __init__(self, offsets: np.ndarray, turns_per_conv: np.ndarray, sink: TurnSink | None = None,
                  keep_turns: bool = True, exact_max_turns: int = EXACT_PERCENTILE_MAX_TURNS) -> None:
-        self._turn_arrays = turn_arrays
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.remaining = np.asarray(turns_per_conv, dtype=np.int64).copy()
         self.sink = sink
@@ -421,7 +420,7 @@ class RunStream:
         ev_done = done[inv]
         fin = ev.take(ev_done)
         self.pending = ev.take(~ev_done)
-        g = self._turn_arrays(fin, self.offsets)
+        g = turn_arrays(fin, self.offsets)
         rows = {c: g[c] for c in ARRAY_COLUMNS}
         np.subtract.at(self.remaining, rows["conversation_id"], 1)
         self.buffer.append(rows)

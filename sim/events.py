@@ -12,13 +12,47 @@ is in :data:`SCHEMA` (one :class:`EventSpec` per kind, named fields); readers na
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from enum import IntEnum
-from typing import Any, NamedTuple
+from itertools import starmap
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from kvplan.sim.evlog import ROW_BYTES, RowBuffer
+from kvplan.sim import evlog
+from kvplan.sim.evlog import ROW_BYTES, ROW_FORMAT, Row, RowBuffer
+
+_PACK = struct.Struct(ROW_FORMAT).pack
+
+
+class TupleRows(list[Row]):
+    """Interpreted runs' row buffer: :class:`kvplan.sim.evlog.RowBuffer`'s interface (``append``, ``len``,
+    :meth:`take`, :meth:`rows`) on a list, so an emit site's ``rows.append(row)`` is ``list.append`` (C code, no
+    Python frame per event) and the rows are packed once per flush (``struct.pack`` mapped over them in C).
+    Same bytes as ``RowBuffer`` (the same ``struct`` format converts every value); a value that cannot be packed
+    is refused at the flush instead of at its emit site. Compiled, the nodes write into a ``RowBuffer``."""
+
+    __slots__ = ()
+
+    def take(self) -> bytes:
+        """The packed rows so far, and start over."""
+        data = b"".join(starmap(_PACK, self))
+        self.clear()
+        return data
+
+    def rows(self) -> list[Row]:
+        """The rows not yet taken, as packing and unpacking gives them back (floats for ``t_s``, ``a``, ``b``)."""
+        out: list[Row] = []
+        for r in struct.iter_unpack(ROW_FORMAT, b"".join(starmap(_PACK, self))):
+            out.append((r[0], r[1], r[2], r[3], r[4], r[5], r[6]))
+        return out
+
+
+def row_buffer() -> RowBuffer:
+    """A run's row buffer: compiled, the hot path's :class:`RowBuffer` (packed as rows come); interpreted, a
+    :class:`TupleRows` (a list: cheaper per row in Python, packed per flush into the same bytes)."""
+    return RowBuffer() if evlog._COMPILED else cast(RowBuffer, TupleRows())
 
 
 class Ev(IntEnum):
@@ -236,7 +270,7 @@ class EventLog:
     """
 
     def __init__(self, keep: bool = True) -> None:
-        self.buf = RowBuffer()
+        self.buf = row_buffer()
         self.keep = keep
         self.kept: list[EventChunk] = []
         self.flushed = 0

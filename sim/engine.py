@@ -427,6 +427,7 @@ def _run_sliced(
                     env.step()
                 else:
                     simpy.Environment.step(env)  # SimPy's own step (the reference the tests compare with)
+        log.pack()  # interpreted: the slice's rows, listed as tuples, packed now (sim/events.py TupleRows)
         n = log.total - before
         if len(log) >= SLICE_EVENTS or peek() == float("inf"):
             chunk = log.flush()

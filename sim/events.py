@@ -29,22 +29,42 @@ _PACK = struct.Struct(ROW_FORMAT).pack
 class TupleRows(list[Row]):
     """Interpreted runs' row buffer: :class:`kvplan.sim.evlog.RowBuffer`'s interface (``append``, ``len``,
     :meth:`take`, :meth:`rows`) on a list, so an emit site's ``rows.append(row)`` is ``list.append`` (C code, no
-    Python frame per event) and the rows are packed once per flush (``struct.pack`` mapped over them in C).
-    Same bytes as ``RowBuffer`` (the same ``struct`` format converts every value); a value that cannot be packed
-    is refused at the flush instead of at its emit site. Compiled, the nodes write into a ``RowBuffer``."""
+    Python frame per event), and the rows are packed in bulk (``struct.pack`` mapped over them in C) at each
+    :meth:`pack` (the engine calls it after every slice of simulated time: a few thousand live tuples at most,
+    not a flush's worth) and at :meth:`take`. Same bytes as ``RowBuffer`` (the same ``struct`` format converts
+    every value); a value that cannot be packed is refused at the next pack instead of at its emit site.
+    Compiled, the nodes write into a ``RowBuffer``."""
 
-    __slots__ = ()
+    __slots__ = ("packed", "n_packed")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed = bytearray()  # the rows packed so far (before the tuples still in the list)
+        self.n_packed = 0
+
+    def __len__(self) -> int:
+        return self.n_packed + list.__len__(self)
+
+    def pack(self) -> None:
+        """Pack the listed rows behind the packed ones."""
+        if list.__len__(self):
+            self.packed += b"".join(starmap(_PACK, self))
+            self.n_packed += list.__len__(self)
+            self.clear()
 
     def take(self) -> bytes:
         """The packed rows so far, and start over."""
-        data = b"".join(starmap(_PACK, self))
-        self.clear()
+        self.pack()
+        data = bytes(self.packed)
+        self.packed.clear()
+        self.n_packed = 0
         return data
 
     def rows(self) -> list[Row]:
         """The rows not yet taken, as packing and unpacking gives them back (floats for ``t_s``, ``a``, ``b``)."""
+        self.pack()
         out: list[Row] = []
-        for r in struct.iter_unpack(ROW_FORMAT, b"".join(starmap(_PACK, self))):
+        for r in struct.iter_unpack(ROW_FORMAT, bytes(self.packed)):
             out.append((r[0], r[1], r[2], r[3], r[4], r[5], r[6]))
         return out
 
@@ -282,6 +302,12 @@ class EventLog:
     def __len__(self) -> int:
         """Events logged since the last flush."""
         return len(self.buf)
+
+    def pack(self) -> None:
+        """Between slices of simulated time: the interpreted buffer packs the rows it listed (compiled, a no-op)."""
+        buf = self.buf
+        if isinstance(buf, TupleRows):
+            buf.pack()
 
     def flush(self) -> EventChunk:
         """The events appended since the last flush as typed columns."""

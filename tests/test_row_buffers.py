@@ -47,3 +47,19 @@ def test_event_log_reads_back_what_was_appended() -> None:
     log.append((1.0, Ev.ROUTER, 3, 1, -1, 0, 0))
     assert list(log.rows()) == [(0.5, 0, 3, 1, -1, 100.0, 20.0), (1.0, 1, 3, 1, -1, 0.0, 0.0)]
     assert log.total == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(_ROW, max_size=20), st.booleans()), min_size=1, max_size=6))
+def test_packing_between_slices_keeps_the_bytes(slices: list[tuple[list[tuple], bool]]) -> None:
+    packed, listed = RowBuffer(), TupleRows()
+    for rows, take in slices:
+        for r in rows:
+            packed.append(r)
+            listed.append(r)
+        listed.pack()
+        assert len(listed) == len(packed)
+        if take:
+            assert listed.take() == packed.take()
+    assert listed.rows() == packed.rows()
+    assert listed.take() == packed.take()

@@ -6,12 +6,13 @@ import typer
 
 BUILD_HELP = """Compile the simulator's hot modules with mypyc (pip install 'kvplan[native]'; needs a C compiler) for
 the sources as they are now. Later runs use the build only while every source file is unchanged; otherwise (or
-with KVPLAN_NATIVE=0) the same model runs in pure Python, about 2x slower. Results are byte-identical either way."""
+with KVPLAN_NATIVE=0) the same model runs in pure Python, several times slower (README, Performance, has the measured
+figures). Results are byte-identical either way."""
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``native`` command group to the CLI."""
-    group = typer.Typer(help="The compiled build of the simulator's hot path (same results, about 2x faster).",
+    group = typer.Typer(help="The compiled build of the simulator's hot path (same results, several times faster).",
                         no_args_is_help=True)
     app.add_typer(group, name="native")
 

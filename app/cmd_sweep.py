@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +93,21 @@ def _progress_bar() -> tuple[Any, Any]:
 
     def cb(done: int, total: int) -> None:
         if "task" not in state:
+            bar.start()  # at the first count: an input error raised before any run stays one line (no bar, no blank)
             # resumed runs are counted at creation, so they do not inflate the speed estimate behind the ETA
             state["task"] = bar.add_task("simulating", total=total, completed=done)
         else:
             bar.update(state["task"], completed=done, total=total)
 
-    return bar, cb
+    @contextlib.contextmanager
+    def shown() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            if "task" in state:
+                bar.stop()
+
+    return shown(), cb
 
 
 def grid_inputs(grid: Path) -> list[Path]:

@@ -127,3 +127,23 @@ def test_an_output_in_an_unwritable_directory_is_refused_before_any_work(
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: --") and err.count("\n") == 1 and "cannot write in" in err, (out, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["capacity", "--slo-ttft-p90-ms", "500", "--model", "gpt-9"],
+        ["recommend", "--workload", "chat", "--model", "gpt-9"],
+        ["recommend", "--workload", "chat", "--hardware", "gpt-9"],
+        ["recommend", "--trace", "/nonexistent/t.csv"],
+        ["compare", "--workload", "chat", "--slo-ttft-p90-ms", "nan"],
+    ],
+)
+def test_an_input_error_found_inside_the_planner_is_exactly_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """These are found after the progress bar was entered, before any run: stopping the never-shown bar printed a
+    blank line to stderr ahead of the error."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, repr(err)

@@ -103,6 +103,7 @@ class PartStore:
         self.out = out
         self.dir = parts_dir(out)
         self.fingerprint = grid.fingerprint()
+        self.shape = (grid.n_points, grid.replications)
 
     def _manifest(self) -> Path:
         return self.dir / "manifest.json"
@@ -161,6 +162,9 @@ class PartStore:
                     continue
                 try:
                     p, k = (int(x) for x in f.stem.split("-"))
+                    if not (0 <= p < self.shape[0] and 0 <= k < self.shape[1]):
+                        log.warning("ignoring part %s: the grid has no point %d, replication %d", f, p, k)
+                        continue
                     rows[(p, k)] = json.loads(f.read_text())
                 except (ValueError, json.JSONDecodeError):
                     log.warning("ignoring unreadable part %s (it will be recomputed)", f)

@@ -233,6 +233,23 @@ def test_leftover_parts_need_resume(tmp_path: Path) -> None:
     assert d.exists()
 
 
+def test_resume_ignores_parts_outside_the_grid(tmp_path: Path) -> None:
+    """A part file named for a point or replication the grid does not have (a forged or stray file under a valid
+    name) went into the results as an extra row (point 999 with the last point's axis values), or ended the resume
+    in a traceback (an IndexError on the replication's seed)."""
+    from kvplan.plan.sweep import PartStore
+
+    data = grid(axes={"policy.decoder_kv_blocks_ttl_s": [10, 60]}, replications=1)
+    ref = run_grid(data, out=tmp_path / "ref.parquet")
+    out = tmp_path / "r.parquet"
+    store = PartStore(out, grid_from_dict(data))
+    store.open(False)
+    store.commit(999, 0, {"error": None, "x": 1})
+    store.commit(0, 7, {"error": None, "x": 1})
+    df = run_grid(data, out=out, resume=True)
+    pd.testing.assert_frame_equal(df, ref)
+
+
 # --- acceptance 4: SIGKILL halfway, resume, byte-identical; Ray == local ------------------------------------
 
 

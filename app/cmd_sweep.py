@@ -138,7 +138,8 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (default: local Ray)."),
         replications: int | None = typer.Option(None, "--replications", help="Seeded replications per point."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same grid."),
-        yes: bool = typer.Option(False, "--yes", help="Allow grids of more than 10,000 points or 100,000 runs."),
+        yes: bool = typer.Option(
+            False, "--yes", help="Allow grids of more than 10,000 points, 100,000 runs or 10^9 planned turns."),
         prune: bool = typer.Option(False, "--prune", help="One replication for points the screen deems saturated."),
         csv_out: Path | None = typer.Option(None, "--csv", help="Also write the per-point summary as CSV."),
         show_disagreements: bool = typer.Option(

@@ -43,7 +43,7 @@ from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file,
 from kvplan.atomic_dir import ResultDirLock
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
-from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
+from kvplan.plan.grid import Grid, as_grid, check_runs, check_turns, grid_from_dict, load_grid
 from kvplan.plan.screen import analytic_screen, compare_screen, finished_runs, simulator_saturated
 
 __all__ = [
@@ -459,6 +459,7 @@ def run_grid(
     if replications is not None:
         g = g.with_replications(replications)
         check_runs(g.n_points, g.replications, g.source, yes)
+        check_turns(g, yes)
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     inputs = [*inputs, *g.input_files()]

@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
         max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Search each answer's maximum load."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-        yes: bool = typer.Option(False, "--yes", help="Run a search that may take more than 100,000 simulations."),
+        yes: bool = typer.Option(
+            False, "--yes", help="Run a search that may take more than 100,000 simulations or 10^9 simulated turns."),
         allow_unreliable: bool = typer.Option(
             False, "--allow-unreliable-profile",
             help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
@@ -101,7 +102,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.plan.capacity import check_inputs, max_simulations, plan_capacity
         from kvplan.plan.compare import ROUTINGS
-        from kvplan.plan.grid import MAX_RUNS
+        from kvplan.plan.grid import MAX_RUNS, check_planned_work
         from kvplan.sim.scenario import with_overrides
 
         common_run_flags(replications, workers, conversations)
@@ -122,6 +123,9 @@ def register(app: typer.Typer) -> None:
             raise input_error("capacity", f"--max-nodes {max_nodes} x {len(grid)} TTLs x --replications {replications} "
                               f"may take up to {bound:,} simulations (more than {MAX_RUNS:,})",
                               "lower them, or pass --yes to run it anyway")
+        if not yes:
+            check_planned_work(bound, sc, "capacity", "lower --conversations, --max-nodes or --replications, or pass "
+                               "--yes to run it anyway")
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,

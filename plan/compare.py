@@ -80,6 +80,7 @@ from kvplan.plan.compare_rules import (
     cross_layer_note,
 )
 from kvplan.plan.executor import RunCache, run_tasks
+from kvplan.plan.grid import check_planned_work
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.plan.steady import judging_conversations
 from kvplan.sim.results import json_safe
@@ -420,6 +421,7 @@ def compare(
     runs = [policy_run(n, sc, {}) for n in names]  # validate every variant before any work
     for r in runs:
         with_overrides(sc, r.overrides)
+    check_planned_work(len(runs) * replications, sc, "compare", "lower --replications or --conversations")
     done_before = [0]  # runs of the advisor, so that the progress count keeps growing across both phases
 
     def rec_progress(done: int, total: int) -> None:

@@ -326,6 +326,16 @@ def planned_turns(sc: Scenario) -> float:
     return wl.conversations * max(1.0, mean if mean is not None else 1.0)
 
 
+def check_planned_work(runs: int, sc: Scenario, where: str, fix: str) -> None:
+    """Refuse, before any run, a command planning at least ``runs`` simulations of ``sc`` whose turns together exceed
+    :data:`MAX_TURNS` (recommend, compare and capacity; a sweep: :func:`check_turns`)."""
+    per_run = planned_turns(sc)
+    total = runs * per_run
+    if total > MAX_TURNS:
+        raise input_error(where, f"{runs:,} planned simulations x {per_run:,.0f} turns = {total:,.0f} simulated turns "
+                          f"(more than {MAX_TURNS:,}: hours to days of CPU)", fix)
+
+
 def check_turns(grid: Grid, yes: bool) -> None:
     """Refuse a sweep planning more than :data:`MAX_TURNS` turns over all its runs unless ``yes``."""
     if yes:

@@ -191,6 +191,11 @@ def render_text(plan: Any, what: str) -> list[str]:
             + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
             + (f", ${at_max:,.0f} at max load" if at_max is not None else "")
             + (f"; one fewer: {checks}" if checks else ""))
+        if m.get("smallest_verified") is False:
+            met = ", ".join(str(c.get("xpyd") or f"{c['replicas']} replicas") for c in m["neighbour_checks"]
+                            if c["meets_slo"])
+            out.append(f"{name}: {m['xpyd']} is not verified as the smallest: one fewer ({met}) also met the SLO "
+                       "in its simulation (the search is not monotonic here); consider it, or raise --replications")
     if plan.with_bidirectional.get("ttl_rule"):
         out.append(f"bidirectional on: TTL chosen by {plan.with_bidirectional['ttl_rule']}")
     out.append(plan.cost_basis)

@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
         max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Search each answer's maximum load."),
         workers: int = typer.Option(0, "--workers", min=0, help="Parallel runs (0 = all CPUs)."),
         json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-        yes: bool = typer.Option(False, "--yes", help="Run a search that may take more than 100,000 simulations."),
+        yes: bool = typer.Option(
+            False, "--yes", help="Run a search that may take more than 100,000 simulations or 10^9 simulated turns."),
         allow_unreliable: bool = typer.Option(
             False, "--allow-unreliable-profile",
             help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
@@ -101,7 +102,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.plan.capacity import check_inputs, max_simulations, plan_capacity
         from kvplan.plan.compare import ROUTINGS
-        from kvplan.plan.grid import MAX_RUNS
+        from kvplan.plan.grid import MAX_RUNS, check_planned_work
         from kvplan.sim.scenario import with_overrides
 
         common_run_flags(replications, workers, conversations)
@@ -122,6 +123,9 @@ def register(app: typer.Typer) -> None:
             raise input_error("capacity", f"--max-nodes {max_nodes} x {len(grid)} TTLs x --replications {replications} "
                               f"may take up to {bound:,} simulations (more than {MAX_RUNS:,})",
                               "lower them, or pass --yes to run it anyway")
+        if not yes:
+            check_planned_work(bound, sc, "capacity", "lower --conversations, --max-nodes or --replications, or pass "
+                               "--yes to run it anyway")
         bar, cb = _progress_bar()
         with bar:
             plan = plan_capacity(sc, rate, slo_ttft_p90_ms, usd_per_node_hour=usd, max_nodes=max_nodes,
@@ -187,6 +191,11 @@ def render_text(plan: Any, what: str) -> list[str]:
             + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
             + (f", ${at_max:,.0f} at max load" if at_max is not None else "")
             + (f"; one fewer: {checks}" if checks else ""))
+        if m.get("smallest_verified") is False:
+            met = ", ".join(str(c.get("xpyd") or f"{c['replicas']} replicas") for c in m["neighbour_checks"]
+                            if c["meets_slo"])
+            out.append(f"{name}: {m['xpyd']} is not verified as the smallest: one fewer ({met}) also met the SLO "
+                       "in its simulation (the search is not monotonic here); consider it, or raise --replications")
     if plan.with_bidirectional.get("ttl_rule"):
         out.append(f"bidirectional on: TTL chosen by {plan.with_bidirectional['ttl_rule']}")
     out.append(plan.cost_basis)

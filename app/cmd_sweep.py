@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +93,21 @@ def _progress_bar() -> tuple[Any, Any]:
 
     def cb(done: int, total: int) -> None:
         if "task" not in state:
+            bar.start()  # at the first count: an input error raised before any run stays one line (no bar, no blank)
             # resumed runs are counted at creation, so they do not inflate the speed estimate behind the ETA
             state["task"] = bar.add_task("simulating", total=total, completed=done)
         else:
             bar.update(state["task"], completed=done, total=total)
 
-    return bar, cb
+    @contextlib.contextmanager
+    def shown() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            if "task" in state:
+                bar.stop()
+
+    return shown(), cb
 
 
 def grid_inputs(grid: Path) -> list[Path]:
@@ -127,7 +138,8 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (default: local Ray)."),
         replications: int | None = typer.Option(None, "--replications", help="Seeded replications per point."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same grid."),
-        yes: bool = typer.Option(False, "--yes", help="Allow grids of more than 10,000 points or 100,000 runs."),
+        yes: bool = typer.Option(
+            False, "--yes", help="Allow grids of more than 10,000 points, 100,000 runs or 10^9 planned turns."),
         prune: bool = typer.Option(False, "--prune", help="One replication for points the screen deems saturated."),
         csv_out: Path | None = typer.Option(None, "--csv", help="Also write the per-point summary as CSV."),
         show_disagreements: bool = typer.Option(

@@ -92,6 +92,7 @@ from kvplan.plan.advice_runs import (
 from kvplan.plan.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
 from kvplan.plan.breakeven import BreakEven, break_even
 from kvplan.plan.executor import RunCache, run_tasks
+from kvplan.plan.grid import check_planned_work
 from kvplan.plan.screen import quantile_sample, screen_scenarios
 from kvplan.plan.steady import judging_conversations
 from kvplan.sim.engine import Resolved, resolve
@@ -408,6 +409,7 @@ def advise(scenario: ScenarioLike, options: AdviceOptions) -> tuple[Recommendati
     user_sc = as_scenario(scenario)
     setup = _setup(user_sc, o.slo_ttft_p90_ms, o.decode_hbm_budget_gib, o.replications, o.ttl_grid)
     total = o.replications * (2 + len(setup.ttls) + 1 + len(setup.candidates) - 1)
+    check_planned_work(total, setup.sc, "recommend", "lower --replications, --conversations or the TTL grid")
     runner = _Runner(setup.sc, o.replications, total, o.progress, o.backend, o.workers, o.ray_address, o.cache)
     from dataclasses import replace
 

@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvplan.errors import input_error
+from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.hardware import get_hardware
 from kvplan.plan.advice import (
     DEFAULT_TTL_GRID_S,
@@ -80,6 +80,7 @@ from kvplan.plan.compare_rules import (
     cross_layer_note,
 )
 from kvplan.plan.executor import RunCache, run_tasks
+from kvplan.plan.grid import check_planned_work
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
 from kvplan.plan.steady import judging_conversations
 from kvplan.sim.results import json_safe
@@ -239,6 +240,11 @@ def reusable_recommendation(rec: Any, sc: Scenario, replications: int, where: st
         raise input_error(where, f"not the recommendation compare would compute here (differs in: {', '.join(differ)})",
                           f"run `kvplan recommend` on this scenario with --replications {replications} and no SLO, "
                           "budget or TTL grid, or leave it out (compare then runs the advisor)")
+    try:  # its values on this scenario, before any run (an edited file: a negative TTL, an unknown policy)
+        with_overrides(sc, recommendation_overrides(rec)[0])
+    except KvplanInputError as exc:
+        problem = str(exc).removeprefix("scenario with overrides: ")
+        raise input_error(where, problem, "pass the output of `kvplan recommend --json` as it was written") from None
     return rec
 
 
@@ -415,6 +421,7 @@ def compare(
     runs = [policy_run(n, sc, {}) for n in names]  # validate every variant before any work
     for r in runs:
         with_overrides(sc, r.overrides)
+    check_planned_work(len(runs) * replications, sc, "compare", "lower --replications or --conversations")
     done_before = [0]  # runs of the advisor, so that the progress count keeps growing across both phases
 
     def rec_progress(done: int, total: int) -> None:

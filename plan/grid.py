@@ -35,6 +35,7 @@ from kvplan.errors import KvplanInputError, input_error
 from kvplan.plan.grid_ties import Tie, parse_tie, parse_zip
 from kvplan.sim.scenario import (
     Scenario,
+    dist_mean_inline,
     load_scenario,
     read_yaml_file,
     scenario_from_dict,
@@ -45,6 +46,10 @@ from kvplan.sim.seeds import replication_seeds
 MAX_POINTS = 10_000  # above it (or MAX_RUNS runs) only with --yes: validating 10,000 points takes ~1 s
 MAX_RUNS = 100_000  # points x replications (each run is a full simulation)
 MAX_REPLICATIONS = 1_000
+# planned turns of every run together (points x replications x conversations x mean turns) above which a sweep
+# needs --yes: about 3 CPU-hours at the measured ~12 s per million turns (README, "Scale"); MAX_RUNS alone let
+# 100,000 runs of 10M turns each (years) start
+MAX_TURNS = 1_000_000_000
 GRID_KEYS = ("base", "axes", "replications", "seed", "zip", "ties")
 # bump when the row schema, the seeding rule or the model's results change (invalidates resumable parts);
 # 2: vLLM's memory accounting sizes the KV pools (models/memory.py), so rows of version 1 are not resumed
@@ -311,6 +316,41 @@ def check_runs(n_points: int, replications: int, where: str, yes: bool) -> None:
         )
 
 
+def planned_turns(sc: Scenario) -> float:
+    """The turns one run of ``sc`` plans: conversations x mean turns (at least one each; one for turns drawn from a
+    file); 0 for a trace replay (its size is bounded per run when it is read)."""
+    wl = sc.workload
+    if wl.trace is not None:
+        return 0.0
+    mean = dist_mean_inline(wl.turns)
+    return wl.conversations * max(1.0, mean if mean is not None else 1.0)
+
+
+def check_planned_work(runs: int, sc: Scenario, where: str, fix: str) -> None:
+    """Refuse, before any run, a command planning at least ``runs`` simulations of ``sc`` whose turns together exceed
+    :data:`MAX_TURNS` (recommend, compare and capacity; a sweep: :func:`check_turns`)."""
+    per_run = planned_turns(sc)
+    total = runs * per_run
+    if total > MAX_TURNS:
+        raise input_error(where, f"{runs:,} planned simulations x {per_run:,.0f} turns = {total:,.0f} simulated turns "
+                          f"(more than {MAX_TURNS:,}: hours to days of CPU)", fix)
+
+
+def check_turns(grid: Grid, yes: bool) -> None:
+    """Refuse a sweep planning more than :data:`MAX_TURNS` turns over all its runs unless ``yes``."""
+    if yes:
+        return
+    if any(n == "workload" or n.startswith("workload.") for n in grid.axis_names):
+        per_rep = sum(planned_turns(with_overrides(grid.base, grid.point_overrides(i))) for i in range(grid.n_points))
+    else:
+        per_rep = grid.n_points * planned_turns(grid.base)
+    total = per_rep * grid.replications
+    if total > MAX_TURNS:
+        raise input_error(grid.source, f"{grid.n_points:,} points x {grid.replications:,} replications plan "
+                          f"{total:,.0f} simulated turns (more than {MAX_TURNS:,}: hours to days of CPU)",
+                          "lower the points, replications or workload.conversations, or pass --yes to run it anyway")
+
+
 def grid_from_dict(
     data: Any, where: str = "grid", base_dir: Path | None = None, yes: bool = False, validate_points: bool = True
 ) -> Grid:
@@ -355,6 +395,7 @@ def grid_from_dict(
         resolved: dict[str, Any] = {}
         for i in range(grid.n_points):
             _validate_point(grid, i, resolved)
+    check_turns(grid, yes)
     return grid
 
 

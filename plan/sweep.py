@@ -43,7 +43,7 @@ from kvplan.atomic import atomic_write_bytes, check_distinct, check_output_file,
 from kvplan.atomic_dir import ResultDirLock
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
-from kvplan.plan.grid import Grid, as_grid, check_runs, grid_from_dict, load_grid
+from kvplan.plan.grid import Grid, as_grid, check_runs, check_turns, grid_from_dict, load_grid
 from kvplan.plan.screen import analytic_screen, compare_screen, finished_runs, simulator_saturated
 
 __all__ = [
@@ -103,6 +103,7 @@ class PartStore:
         self.out = out
         self.dir = parts_dir(out)
         self.fingerprint = grid.fingerprint()
+        self.shape = (grid.n_points, grid.replications)
 
     def _manifest(self) -> Path:
         return self.dir / "manifest.json"
@@ -161,6 +162,9 @@ class PartStore:
                     continue
                 try:
                     p, k = (int(x) for x in f.stem.split("-"))
+                    if not (0 <= p < self.shape[0] and 0 <= k < self.shape[1]):
+                        log.warning("ignoring part %s: the grid has no point %d, replication %d", f, p, k)
+                        continue
                     rows[(p, k)] = json.loads(f.read_text())
                 except (ValueError, json.JSONDecodeError):
                     log.warning("ignoring unreadable part %s (it will be recomputed)", f)
@@ -455,6 +459,7 @@ def run_grid(
     if replications is not None:
         g = g.with_replications(replications)
         check_runs(g.n_points, g.replications, g.source, yes)
+        check_turns(g, yes)
     _check_run_options(order, backend, workers)
     out_p = _out_path(out) if out is not None else None
     inputs = [*inputs, *g.input_files()]

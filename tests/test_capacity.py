@@ -257,3 +257,29 @@ def test_capacity_says_which_rule_chose_the_ttl(planned: tuple[Path, dict[str, A
     text = render_text(CapacityPlan(**{**fields, "notes": tuple(plan["notes"]),
                                        "disagreements": tuple(plan["disagreements"])}), str(path))
     assert f"bidirectional on: TTL chosen by {TTL_RULE}" in text
+
+
+def test_capacity_text_says_when_an_answer_is_not_verified_as_the_smallest(
+        planned: tuple[Path, dict[str, Any]]) -> None:
+    """JSON says ``smallest_verified: false`` when a deployment one node smaller also met the SLO (the search is
+    not monotonic in noise); the text printed the answer as the smallest all the same."""
+    import copy
+
+    from kvplan.app.cmd_capacity import render_text
+    from kvplan.plan.capacity import CapacityPlan
+
+    path, plan = planned
+    plan = copy.deepcopy(plan)
+    fields = {k: plan[k] for k in CapacityPlan.__dataclass_fields__ if k in plan}
+
+    def text(p: dict[str, Any]) -> list[str]:
+        return render_text(CapacityPlan(**{**fields, **{k: p[k] for k in fields}, "notes": tuple(p["notes"]),
+                                           "disagreements": tuple(p["disagreements"])}), str(path))
+
+    assert not any("not verified" in line for line in text(plan))
+    off = plan["without_bidirectional"]
+    off["neighbour_checks"] = [{**off["neighbour_checks"][0], "meets_slo": True}] if off["neighbour_checks"] else [
+        {"xpyd": "1P1D", "meets_slo": True, "ttft_p90_ms": 1.0}]
+    off["smallest_verified"] = False
+    lines = [line for line in text(plan) if "not verified" in line]
+    assert len(lines) == 1 and lines[0].startswith("bidirectional off: ") and "one fewer" in lines[0], lines

@@ -101,3 +101,49 @@ def test_an_output_path_naming_a_directory_is_one_line(tmp_path: Path, capsys: p
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "{grid}", "--out", "{tmp}/r.parquet", "--workers", "1", "--csv", "/proc/kvplan-qa.csv"],
+        ["sweep", "{grid}", "--out", "/proc/kvplan-qa/r.parquet", "--workers", "1"],
+        ["compare", "--workload", "chat", "--conversations", "5", "--replications", "1", "--policies", "off",
+         "--html", "/proc/kvplan-qa.html"],
+        ["workload", "show", str(TRACE), "--html", "/proc/kvplan-qa.html"],
+        ["workload", "fit", str(TRACE), "--out", "/proc/kvplan-qa.yaml"],
+        ["reproduce", "--html", "/proc/kvplan-qa.html"],
+    ],
+)
+def test_an_output_in_an_unwritable_directory_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    """`sweep --csv` / `compare --html` into a directory nobody can create files in (/proc: not even root) ran every
+    simulation, printed the results and only then failed to write: the directory is checked before any work."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text("base: {workload: {conversations: 3}}\naxes: {policy.decoder_kv_blocks_ttl_s: [30, 60]}\n")
+    argv = [a.format(grid=grid, tmp=tmp_path) for a in args]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --") and err.count("\n") == 1 and "cannot write in" in err, (out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["capacity", "--slo-ttft-p90-ms", "500", "--model", "gpt-9"],
+        ["recommend", "--workload", "chat", "--model", "gpt-9"],
+        ["recommend", "--workload", "chat", "--hardware", "gpt-9"],
+        ["recommend", "--trace", "/nonexistent/t.csv"],
+        ["compare", "--workload", "chat", "--slo-ttft-p90-ms", "nan"],
+    ],
+)
+def test_an_input_error_found_inside_the_planner_is_exactly_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """These are found after the progress bar was entered, before any run: stopping the never-shown bar printed a
+    blank line to stderr ahead of the error."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, repr(err)

@@ -175,6 +175,36 @@ def test_ttl_recommended_reuses_a_recommendation(tmp_path: Path, capsys: pytest.
     assert err.startswith(f"error: --recommendation {bad}: field 'kv_recompute_threshold_tokens'") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("field, value", [("decoder_kv_blocks_ttl_s", -5), ("router_ttl_s", 1e300),
+                                          ("kv_recompute_threshold_tokens", -1), ("kv_load_failure_policy", "bogus")])
+def test_a_recommendation_with_values_no_scenario_takes_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, field: str, value: Any
+) -> None:
+    """An edited `recommend --json` file (its inputs intact) with a negative TTL or threshold, an absurd router TTL
+    or an unknown failure policy ran the other policies first, then failed as 'scenario with overrides: ...'
+    without naming the file."""
+    import kvplan.plan.compare as cmp
+    from kvplan.plan.advice import DEFAULT_TTL_GRID_S, recommendation_inputs
+    from kvplan.sim.scenario import load_scenario
+
+    path = _scenario(tmp_path)
+    rec = {"bidirectional": True, "decoder_kv_blocks_ttl_s": 90, "kv_recompute_threshold_tokens": 64,
+           "router_ttl_s": 84, "kv_load_failure_policy": "recompute",
+           "inputs": recommendation_inputs(load_scenario(path), 1, DEFAULT_TTL_GRID_S, None, None), field: value}
+    rec_file = tmp_path / "rec.json"
+    rec_file.write_text(json.dumps(rec))
+
+    def no_run(*_a: object, **_k: object) -> None:
+        raise AssertionError("a simulation ran")
+
+    monkeypatch.setattr(cmp, "run_tasks", no_run)
+    argv = ["compare", str(path), "--policies", "off,ttl_recommended", "--replications", "1",
+            "--recommendation", str(rec_file)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --recommendation") and f"'policy.{field}'" in err and err.count("\n") == 1, err
+
+
 def test_best_policy_on_paired_differences_ties_to_the_cheaper() -> None:
     """The pick uses per-seed differences (common random numbers), not each row's own CI width: a policy always
     0.1 s slower is significantly worse even with wide per-row CIs; one whose difference is noise ties, and the

@@ -406,6 +406,13 @@ COMBO_CASES: list[Case] = [
                                  "1000000000000"], "--context"),
     Case("compare --workers 100000", ["compare", "--workload", "chat", "--workers", "100000"], "--workers"),
     Case("compare --workers 257", ["compare", "--workload", "chat", "--workers", "257"], "--workers"),
+    # each run within its own bounds, together 10^10 turns and more (hours to days): refused before the first run
+    Case("recommend 1e6 conversations x 1000 replications", ["recommend", "--workload", "chat", "--conversations",
+                                                              "1000000", "--replications", "1000"], "simulated turns"),
+    Case("compare 1e6 conversations x 1000 replications", ["compare", "--workload", "chat", "--conversations",
+                                                            "1000000", "--replications", "1000"], "simulated turns"),
+    Case("capacity 1e6 conversations x 30 replications", ["capacity", "--slo-ttft-p90-ms", "500", "--conversations",
+                                                           "1000000", "--replications", "30"], "simulated turns"),
 ]
 
 # --- 15: checks that came after the work -------------------------------------------------------------------------

@@ -59,6 +59,9 @@ def _write_grid(tmp_path: Path, data: Any) -> Path:
 
 # --- acceptance 6: bad grids fail in one line before any work ---------------------------------------------
 
+BIG_TURNS = grid(base={**BASE, "workload": {**BASE["workload"], "conversations": 1_000_000}},
+                 axes={"policy.decoder_kv_blocks_ttl_s": list(range(10, 110))}, replications=4)
+
 BAD = [
     ("unknown dotted path", grid(axes={"policy.decoder_ttl": [1, 2]}), "unknown scenario field 'policy.decoder_ttl'"),
     ("unknown leaf", grid(axes={"workload.turn_gap_s.foo": [1]}), "workload.turn_gap_s.foo"),
@@ -107,6 +110,11 @@ BAD = [
     ("tie overflows", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s * 1e308"}), "gives inf"),
     ("tie negative TTL", grid(ties={"policy.router_ttl_s": "policy.decoder_kv_blocks_ttl_s * -1"}),
      "greater than or equal to 0"),
+    # 400 runs is well within MAX_RUNS, but each plans 3M turns: 1.2e9 turns (hours of CPU) started without --yes
+    ("1.2e9 turns", BIG_TURNS, "1,200,000,000 simulated turns"),
+    ("1.2e9 turns on a workload axis", grid(axes={"workload.conversations": [30, 1_000_000],
+                                                  "policy.decoder_kv_blocks_ttl_s": list(range(10, 110))},
+                                            replications=4), "1,200,036,000 simulated turns"),
 ]
 
 
@@ -138,6 +146,16 @@ def test_yes_allows_large_grid_count() -> None:
     g = grid_from_dict(grid(axes=axes), yes=True, validate_points=False)
     assert g.n_points == 1_001_000 > MAX_POINTS
     assert g.point_overrides(1_000_999) == {"policy.decoder_kv_blocks_ttl_s": 1000, "policy.router_ttl_s": 999}
+    assert grid_from_dict(BIG_TURNS, yes=True).n_points == 100  # --yes allows more than MAX_TURNS too
+
+
+def test_replications_override_is_bounded_by_turns_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(executor, "run_row", boom)
+    with pytest.raises(KvplanInputError, match="1,200,000,000 simulated turns"):
+        run_grid(grid_from_dict(BIG_TURNS | {"replications": 3}), replications=4)
 
 
 def test_ties_and_zipped_axes() -> None:
@@ -231,6 +249,23 @@ def test_leftover_parts_need_resume(tmp_path: Path) -> None:
     with pytest.raises(KvplanInputError, match="different grid"):
         run_grid(other, out=out, resume=True)
     assert d.exists()
+
+
+def test_resume_ignores_parts_outside_the_grid(tmp_path: Path) -> None:
+    """A part file named for a point or replication the grid does not have (a forged or stray file under a valid
+    name) went into the results as an extra row (point 999 with the last point's axis values), or ended the resume
+    in a traceback (an IndexError on the replication's seed)."""
+    from kvplan.plan.sweep import PartStore
+
+    data = grid(axes={"policy.decoder_kv_blocks_ttl_s": [10, 60]}, replications=1)
+    ref = run_grid(data, out=tmp_path / "ref.parquet")
+    out = tmp_path / "r.parquet"
+    store = PartStore(out, grid_from_dict(data))
+    store.open(False)
+    store.commit(999, 0, {"error": None, "x": 1})
+    store.commit(0, 7, {"error": None, "x": 1})
+    df = run_grid(data, out=out, resume=True)
+    pd.testing.assert_frame_equal(df, ref)
 
 
 # --- acceptance 4: SIGKILL halfway, resume, byte-identical; Ray == local ------------------------------------

@@ -261,3 +261,18 @@ def test_a_closed_loop_does_not_pace_a_trace() -> None:
     assert a.turns[pd_cols].equals(b.turns[pd_cols])
     assert any(n.startswith("no effect: workload.arrival closed_loop") for n in b.notes)
     assert not any("workload.arrival" in n for n in a.notes)
+
+
+def test_directory_skips_hidden_files_such_as_kvplans_own_ledger(tmp_path: Path) -> None:
+    """``workload show DIR --html DIR/report.html`` leaves kvplan's ledger ``DIR/.kvplan-outputs.json`` beside the
+    traces; the next read of ``DIR`` must not take it (or any hidden file, as a shell's ``*.json``) for a trace."""
+    from kvplan.app.cli import main
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    assert main(["workload", "show", str(tmp_path), "--html", str(tmp_path / "report.html")]) == 0
+    assert (tmp_path / ".kvplan-outputs.json").is_file()
+    (tmp_path / ".editor-backup.json").write_text("{")
+    tr = load_trace(tmp_path)
+    assert tr.n_requests == 14 and tr.n_sessions == 4
+    assert main(["workload", "show", str(tmp_path)]) == 0

@@ -187,10 +187,11 @@ class _Reader:
 
 def weka_files(path: str | os.PathLike[str]) -> list[Path]:
     """The files a weka path names: itself, or every ``*.json`` of a directory (sorted, at most
-    :data:`MAX_WEKA_FILES`)."""
+    :data:`MAX_WEKA_FILES`). Hidden files are skipped, as a shell's ``*.json`` does: kvplan's own ledger
+    ``.kvplan-outputs.json`` lands beside the traces when an output is written into the folder."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix == ".json" and f.is_file())
+        files = sorted(f for f in p.iterdir() if f.suffix == ".json" and not f.name.startswith(".") and f.is_file())
         if not files:
             raise input_error(os.fspath(path), "directory holds no *.json trace file",
                               "pass a kv-cache-tester traces folder")

@@ -53,6 +53,7 @@ from kvplan.plan.advice_report import (
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
+    context_cut_warning,
     run_warnings,
     saturation_lines,
     steady_json,
@@ -590,6 +591,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if transfer:
         rationale.append(transfer["text"])
     warnings.extend(run_warnings(setup.rs, curve))
+    cut = context_cut_warning(st.off, setup.rs.arch.max_model_len)
+    if cut is not None:
+        warnings.append(cut)
     if st.defaults and not def_sat.resources and not steady(st.defaults, VLLM_TTL_S):
         # the headline compares with this column: a TTL-480 s run shorter than TTL + span never reaches the pinned KV
         # of its steady state, so it can look unsaturated and fast where a steady run saturates decode HBM (a

@@ -471,6 +471,12 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication
     row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
+    from kvplan.plan.advice_report import context_cut_warning
+    from kvplan.sim.engine import resolve
+
+    cut = context_cut_warning(reps, resolve(sc).arch.max_model_len)
+    if cut is not None:
+        row["notes"].insert(0, cut)
     ttl = _retention_ttl(sc, r.overrides)
     if ttl is not None and not sat.resources and not steady(reps, ttl):
         # as recommend flags its TTLs: a TTL run shorter than TTL + conversation span never reaches its steady pinned

@@ -290,3 +290,17 @@ def test_a_short_vllm_defaults_column_is_flagged() -> None:
                      ttl_grid=(10, 30), workers=1)
     assert not calm.saturation["vllm_defaults"]
     assert not any("vLLM-defaults column" in w for w in calm.warnings), calm.warnings
+
+
+def test_conversations_cut_at_the_context_limit_are_said() -> None:
+    """ans12: `recommend --workload coding-agent` on qwen3-32b (40,960 tokens; the preset's first prompts have p90 162k)
+    cut 9 of 10 conversations at the context limit (6 before their first turn: 66 turns simulated of ~750) and said
+    nothing; only `simulate` printed a note. recommend now warns, and not when nothing was cut."""
+    from kvplan.sim.presets import preset_scenario
+
+    rec = recommend(preset_scenario("coding-agent", conversations=10), replications=1, ttl_grid=(60,), workers=1)
+    cut = [w for w in rec.warnings if "cut at the model's context limit (40,960 tokens)" in w]
+    assert len(cut) == 1 and cut[0].startswith("9 conversation(s) per run"), rec.warnings
+    calm = recommend(preset_scenario("tool-agent", rate_per_s=0.05, conversations=20), replications=1, ttl_grid=(30,),
+                     workers=1)
+    assert not any("context limit" in w for w in calm.warnings), calm.warnings

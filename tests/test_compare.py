@@ -395,3 +395,18 @@ def test_a_ttl_run_too_short_for_steady_state_is_noted() -> None:
     calm = {r["policy"]: r for r in compare(preset_scenario("tool-agent", rate_per_s=0.05, conversations=40),
                                             policies="ttl", replications=1)}  # 800 s of arrivals: steady
     assert not any("steady state" in n for n in calm["ttl"]["notes"]), calm["ttl"]["notes"]
+
+
+def test_conversations_cut_at_the_context_limit_are_noted() -> None:
+    """ans12: compare on the coding-agent preset with qwen3-32b cut 9 of 10 conversations at the 40,960-token limit
+    without a word; every row now says so (and capacity in its notes)."""
+    from kvplan.plan.capacity import plan_capacity
+    from kvplan.sim.presets import preset_scenario
+
+    sc = preset_scenario("coding-agent", conversations=10)
+    for row in compare(sc, policies="off,ttl", replications=1):
+        assert any(n.startswith("9 conversation(s) per run were cut at the model's context limit")
+                   for n in row["notes"]), row["notes"]
+    plan = plan_capacity(sc, None, 60000.0, max_nodes=2, replications=1, ttl_grid=(60.0,), max_rate=False)
+    # (its judging runs are 4x as long: 36 of 40 cut)
+    assert any(n.startswith("WARNING: 36 conversation(s) per run were cut") for n in plan.notes), plan.notes

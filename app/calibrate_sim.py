@@ -96,6 +96,18 @@ def _print(report: dict[str, Any], status: str, name: str, out: Path) -> None:
         s.add_row(r["run"], r["metric"], f"{r['measured_ms']:.2f}", f"{r['simulated_ms']:.2f}", f"{r['rel_error']:+.1%}",
                   "yes" if r["gated"] else "no", "yes" if r["within"] else "NO")
     c.print(s)
+    held_out = report.get("held_out_check") or []
+    if held_out:
+        h = Table(title="held-out seeds: the fitted profile simulated with seeds the fit did not use (their mean gates "
+                        "the status too)")
+        for col in ("run", "metric", "seeds", "measured ms", "simulated ms (mean)", "per seed", "rel. error", "gates",
+                    "within"):
+            h.add_column(col)
+        for r in held_out:
+            h.add_row(r["run"], r["metric"], str(len(r["seeds"])), f"{r['measured_ms']:.2f}", f"{r['simulated_ms']:.2f}",
+                      ", ".join(f"{v:.1f}" for v in r["simulated_ms_per_seed"]), f"{r['rel_error']:+.1%}",
+                      "yes" if r["gated"] else "no", "yes" if r["within"] else "NO")
+        c.print(h)
     for h in report["held"]:
         c.print(f"held: {h}")
     for n in report["notes"]:

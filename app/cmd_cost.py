@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.app.output import console
 
         con = console()
-        con.print(f"profile {prof.name} ({prof.status}): {arch.name} on {node.name}, TP{n_tp}")
+        con.print(f"profile {prof.name} ({prof.status}): {arch.name} on {node.name}, TP{n_tp}", markup=False)
         con.print(f"prefill of {tokens} tokens on {cached_tokens} cached: {out['prefill_s'] * 1e3:.2f} ms "
                   f"(chunks of {chunk_tokens})")
         con.print(f"KV transfer of {tokens} tokens: {out['kv_transfer_s'] * 1e3:.2f} ms per rank on an idle link "
@@ -165,4 +165,4 @@ def register(app: typer.Typer) -> None:
                   f"max_num_batched_tokens {chunk_tokens}, max_num_seqs 1024; kvplan memory for the terms)"
                   if pool is not None else "KV pool per instance: none (the weights leave no memory for KV)")
         for k, v in sorted(prof.component_status.items()):
-            con.print(f"  {k}: {v}")
+            con.print(f"  {k}: {v}", markup=False)  # a calibration's status quotes its base in [brackets]

@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
                     f"{'yes' if ratio['within'] else 'NO'})")
         for m in dict.fromkeys(r["model"] for r in published):
             prof = load_profile(profile if profile is not None else f"p5en-{m}")
-            c.print(f"{m}: profile {prof.name} ({prof.status}; {prof.status_line()})")
+            c.print(f"{m}: profile {prof.name} ({prof.status}; {prof.status_line()})", markup=False)
         c.print("aggregation: " + ("every turn" if include_first_turn else
                                    "turns 2..5 (the first turn of each conversation is the benchmark's warm-up)"))
         if html is not None:

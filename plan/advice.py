@@ -53,6 +53,7 @@ from kvplan.plan.advice_report import (
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
+    context_cut_warning,
     run_warnings,
     saturation_lines,
     steady_json,
@@ -592,6 +593,18 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if transfer:
         rationale.append(transfer["text"])
     warnings.extend(run_warnings(setup.rs, curve))
+    cut = context_cut_warning(st.off, setup.rs.arch.max_model_len)
+    if cut is not None:
+        warnings.append(cut)
+    if st.defaults and not def_sat.resources and not steady(st.defaults, VLLM_TTL_S):
+        # the headline compares with this column: a TTL-480 s run shorter than TTL + span never reaches the pinned KV
+        # of its steady state, so it can look unsaturated and fast where a steady run saturates decode HBM (a
+        # saturated one is reported as such: it has no steady state at any length)
+        fix = ("replay a longer window" if sc.workload.trace is not None else
+               "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
+        warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival span "
+                        "< TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, so its "
+                        f"TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); {fix}")
     disagreements = list(thr.disagreements)
     if rec is not None:
         disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))

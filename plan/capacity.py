@@ -548,6 +548,13 @@ def plan_capacity(
     guesses = [m["nodes"] for m in (on, off) if m.get("meets_slo")]
     agg = _agg_column(pl, inp, routing, max_rate, min(guesses) if guesses else None)
     tpc = next((m.get("turns_per_conversation") for m in (on, off, agg) if m.get("turns_per_conversation")), None)
+    if ev.truncated_conversations > 0:
+        from kvplan.plan.advice_report import context_cut_warning
+        from kvplan.sim.engine import resolve
+
+        cut = context_cut_warning([{"truncated_conversations": ev.truncated_conversations}],
+                                  resolve(sc).arch.max_model_len)
+        notes.append(f"WARNING: {cut}")
     return CapacityPlan(
         rate_per_s=inp.rate, slo_ttft_p90_ms=float(slo_ttft_p90_ms), usd_per_node_hour=inp.usd,
         turns_per_conversation=float(tpc) if tpc is not None else math.nan,

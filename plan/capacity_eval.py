@@ -70,6 +70,7 @@ class Evaluator:
         self.cache: dict[str, Metrics] = {}
         self.done = 0
         self.total = 0
+        self.truncated_conversations = 0.0  # the most conversations any run cut at the context limit
 
     def many(self, variants: list[dict[str, Any]]) -> list[Metrics]:
         """The metrics of each override set (simulated once per distinct set, in parallel): its first run's, or,
@@ -111,6 +112,9 @@ class Evaluator:
 
         def on_result(key: Any, row: dict[str, Any]) -> None:
             rows[key[0]][key[1]] = row
+            cut = row.get("truncated_conversations") if row.get("error") is None else None
+            if cut is not None and math.isfinite(float(cut)):
+                self.truncated_conversations = max(self.truncated_conversations, float(cut))
             self.done += 1
             if self.progress:
                 self.progress(self.done, max(self.done, self.total))

@@ -68,7 +68,7 @@ from kvplan.plan.advice import (
     takes_advice_options,
 )
 from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
-from kvplan.plan.advice_runs import saturation
+from kvplan.plan.advice_runs import saturation, steady
 from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
@@ -478,7 +478,31 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication
     row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
+    from kvplan.plan.advice_report import context_cut_warning
+    from kvplan.sim.engine import resolve
+
+    cut = context_cut_warning(reps, resolve(sc).arch.max_model_len)
+    if cut is not None:
+        row["notes"].insert(0, cut)
+    ttl = _retention_ttl(sc, r.overrides)
+    if ttl is not None and not sat.resources and not steady(reps, ttl):
+        # as recommend flags its TTLs: a TTL run shorter than TTL + conversation span never reaches its steady pinned
+        # KV, so it can look unsaturated and fast where a steady run saturates decode HBM
+        fix = "replay a longer window" if sc.workload.trace is not None else "raise --conversations"
+        row["notes"].insert(0, f"run too short for steady state at TTL {ttl:g} s (arrival span < TTL + p90 "
+                               "conversation span): pinned KV was still growing when arrivals ended, so TTFT, pinned "
+                               f"KV and saturation are not steady figures; {fix}")
     return row
+
+
+def _retention_ttl(sc: Scenario, overrides: dict[str, Any]) -> float | None:
+    """The TTL a policy's decode pins live for (TTL retention, evictable or not, with bidirectional on in P/D mode);
+    None for the other policies."""
+    v = with_overrides(sc, overrides)
+    pol = v.policy
+    if not pol.bidirectional or v.deployment.mode == "aggregated" or pol.retention.kind not in ("ttl", "ttl_evictable"):
+        return None
+    return float(pol.decoder_kv_blocks_ttl_s)
 
 
 def compare_json(rows: list[dict[str, Any]]) -> str:

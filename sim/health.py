@@ -336,9 +336,11 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                          f"({r['lease_expiries']} leases lapsed)")
         elif name == "prefill_compute":
             over = r.get("engines_over_busy")
+            u, um = min(r["utilization"], 1.0), min(r.get("utilization_mean", 0.0), 1.0)  # > 1: a step straddling
+            # the window's edges (as the "nothing saturated" line and the warnings print it)
             which = (f"the busiest of {r['engines']} engines ({over} at {BUSY_FRACTION:.0%} or more; mean "
-                     f"{r['utilization_mean']:.0%})" if over is not None and r.get("engines", 1) > 1 else "engine")
-            lines.append(f"SATURATED prefill compute{bind}: {which} busy {r['utilization']:.0%} of the "
+                     f"{um:.0%})" if over is not None and r.get("engines", 1) > 1 else "engine")
+            lines.append(f"SATURATED prefill compute{bind}: {which} busy {u:.0%} of the "
                          f"{r.get('utilization_window', 'run').split(' (')[0]}; P queue "
                          f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
         elif name in ("decode_engine_thread", "prefill_engine_thread"):

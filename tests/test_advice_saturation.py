@@ -267,3 +267,40 @@ def test_every_ttl_saturated_prefers_the_fewest_saturated_replications() -> None
     assert saturation([{"error": None, "health.resources.prefill_compute.saturated": 1}, {"error": None},
                        {"error": None}]).share() == pytest.approx(1 / 3)
     assert saturation([{"error": None}]).share() == 0.0
+
+
+def test_a_short_vllm_defaults_column_is_flagged() -> None:
+    """ans12: `recommend --workload tool-agent --rate 1 --conversations 150` showed vLLM's defaults at TTFT p90 404 ms,
+    nothing saturated, with no word that its TTL-480 s run (150 s of arrivals) was far from steady state; on a run
+    long enough for it (600 conversations) the same column saturates decode HBM (p90 tens of seconds). Only the
+    grid's TTLs were flagged as too short. The defaults column is now flagged too, and not on a steady run."""
+    from kvplan.sim.presets import preset_scenario
+
+    short = recommend(preset_scenario("tool-agent", rate_per_s=1.0, conversations=40), replications=1,
+                      ttl_grid=(10, 30), workers=1)
+    assert not short.steady_state["lengthened"]  # 40 s of arrivals; steady at TTL 30 s would need > 4x: flagged
+    assert not short.saturation["vllm_defaults"]  # the defaults look fine over 40 s...
+    assert any(w.startswith("the vLLM-defaults column (TTL 480 s) ran too short") for w in short.warnings), short.warnings
+    steady_run = recommend(preset_scenario("tool-agent", rate_per_s=1.0, conversations=600), replications=1,
+                           ttl_grid=(10, 30), workers=1)
+    assert steady_run.saturation["vllm_defaults"] == ["decode_kv"]  # ...and saturate decode HBM over 600 s
+    assert not any("vLLM-defaults column" in w for w in steady_run.warnings), steady_run.warnings  # said as saturated
+    # 40 conversations at 0.05/s: 800 s of arrivals, longer than 480 s + the conversation span: steady, not flagged
+    calm = recommend(preset_scenario("tool-agent", rate_per_s=0.05, conversations=40), replications=1,
+                     ttl_grid=(10, 30), workers=1)
+    assert not calm.saturation["vllm_defaults"]
+    assert not any("vLLM-defaults column" in w for w in calm.warnings), calm.warnings
+
+
+def test_conversations_cut_at_the_context_limit_are_said() -> None:
+    """ans12: `recommend --workload coding-agent` on qwen3-32b (40,960 tokens; the preset's first prompts have p90 162k)
+    cut 9 of 10 conversations at the context limit (6 before their first turn: 66 turns simulated of ~750) and said
+    nothing; only `simulate` printed a note. recommend now warns, and not when nothing was cut."""
+    from kvplan.sim.presets import preset_scenario
+
+    rec = recommend(preset_scenario("coding-agent", conversations=10), replications=1, ttl_grid=(60,), workers=1)
+    cut = [w for w in rec.warnings if "cut at the model's context limit (40,960 tokens)" in w]
+    assert len(cut) == 1 and cut[0].startswith("9 conversation(s) per run"), rec.warnings
+    calm = recommend(preset_scenario("tool-agent", rate_per_s=0.05, conversations=20), replications=1, ttl_grid=(30,),
+                     workers=1)
+    assert not any("context limit" in w for w in calm.warnings), calm.warnings

@@ -407,3 +407,36 @@ def test_a_closed_loop_is_priced_over_its_active_span() -> None:
         span = float(res.turns["finish_s"].max() - res.turns["arrival_s"].min())
         assert x["steady_served_turns_per_s"] == pytest.approx(t["finish_s"].notna().sum() / span)
         assert x["steady_window_s"] == pytest.approx(span)
+
+
+def test_a_ttl_run_too_short_for_steady_state_is_noted() -> None:
+    """ans12: `compare --workload tool-agent --rate 1 --conversations 150` showed the vLLM-defaults row (TTL 480 s) at
+    TTFT p90 404 ms, health ok, beside retention off at 402 ms: over 150 s of arrivals its pins never expire, while
+    a run long enough for TTL 480 s saturates decode HBM (p90 37 s). recommend flags such runs; compare said
+    nothing. Its TTL rows now carry the note, and only when their run is too short."""
+    from kvplan.sim.presets import preset_scenario
+
+    note = "run too short for steady state at TTL 480 s"
+    rows = {r["policy"]: r for r in compare(preset_scenario("tool-agent", rate_per_s=1.0, conversations=40),
+                                            policies="off,ttl,ttl_evictable", replications=1)}
+    assert not rows["ttl"]["saturated"] and any(n.startswith(note) for n in rows["ttl"]["notes"]), rows["ttl"]["notes"]
+    assert any(n.startswith(note) for n in rows["ttl_evictable"]["notes"])
+    assert not any("steady state" in n for n in rows["off"]["notes"])
+    calm = {r["policy"]: r for r in compare(preset_scenario("tool-agent", rate_per_s=0.05, conversations=40),
+                                            policies="ttl", replications=1)}  # 800 s of arrivals: steady
+    assert not any("steady state" in n for n in calm["ttl"]["notes"]), calm["ttl"]["notes"]
+
+
+def test_conversations_cut_at_the_context_limit_are_noted() -> None:
+    """ans12: compare on the coding-agent preset with qwen3-32b cut 9 of 10 conversations at the 40,960-token limit
+    without a word; every row now says so (and capacity in its notes)."""
+    from kvplan.plan.capacity import plan_capacity
+    from kvplan.sim.presets import preset_scenario
+
+    sc = preset_scenario("coding-agent", conversations=10)
+    for row in compare(sc, policies="off,ttl", replications=1):
+        assert any(n.startswith("9 conversation(s) per run were cut at the model's context limit")
+                   for n in row["notes"]), row["notes"]
+    plan = plan_capacity(sc, None, 60000.0, max_nodes=2, replications=1, ttl_grid=(60.0,), max_rate=False)
+    # (its judging runs are 4x as long: 36 of 40 cut)
+    assert any(n.startswith("WARNING: 36 conversation(s) per run were cut") for n in plan.notes), plan.notes

@@ -486,3 +486,20 @@ def test_typed_bisect_is_bisect_left() -> None:
         knots = tuple(sorted(rng.sample(range(1, 70000), rng.randint(1, 12))))
         for x in [float(k) for k in knots] + [rng.uniform(0, 80000) for _ in range(20)] + [0.5, 1e9]:
             assert _bisect_typed(knots, x) == bisect_left(knots, x)
+
+
+def test_cost_prints_a_calibrations_component_status_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ans12: `kvplan cost --profile P.json` of a `calibrate --scenario` fit printed "decode.gpu: calibrated by
+    simulation (F.json): x 2.755 over " and nothing after: the status quotes its base in [brackets], which the
+    console read as markup and dropped (the JSON kept it). `kvplan reproduce --profile` printed the status line
+    the same way."""
+    from kvplan.models.profile import load_profile, save_profile
+
+    prof = load_profile("p5en-qwen3-32b")
+    status = {**prof.component_status, "decode.gpu": "calibrated by simulation (f.json): x 2.755 over [kernel-derived "
+              "(prior qwen3-32b-h200-tp8)]"}
+    path = tmp_path / "p.json"
+    save_profile(prof.model_copy(update={"component_status": status}), path)
+    assert main(["cost", "--profile", str(path), "--tokens", "1000"]) == 0
+    out = "".join(capsys.readouterr().out.split())  # the console may wrap the line
+    assert "".join(status["decode.gpu"].split()) in out

@@ -82,6 +82,26 @@ def test_context_limit_skips_or_truncates_and_counts() -> None:
     assert (cut.prompt_tokens + cut.output_tokens <= 1700).all()
 
 
+def test_context_limit_is_said_not_only_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """ans12: `kvplan simulate` / `recommend --trace` of trace_0046.json on qwen3-32b (40,960 tokens) replayed 1 of
+    its 68 requests (67 over the context limit) and said nothing: the count was only in summary.json's trace
+    report, and recommend advised bidirectional off from that one turn ("turns rarely come back"). The other trace
+    formats warn through traces.select ("select: N request(s) over L tokens were skipped"); weka now does too."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        plan_from_weka(TraceSource(path=str(SMALL)), 0, 1700)
+    assert "select: 2 request(s) over 1700 tokens were skipped" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        plan_from_weka(TraceSource(path=str(SMALL), overlong="truncate"), 0, 1700)
+    assert "select: 2 request(s) over 1700 tokens were truncated" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        plan_from_weka(TraceSource(path=str(SMALL)), 0, 40960)
+    assert "select:" not in caplog.text  # nothing over the limit: nothing said
+
+
 def _write(tmp: Path, obj: Any, name: str = "t.json") -> Path:
     p = tmp / name
     p.write_text(obj if isinstance(obj, str) else json.dumps(obj))

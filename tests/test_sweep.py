@@ -268,6 +268,35 @@ def test_resume_ignores_parts_outside_the_grid(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(df, ref)
 
 
+def test_a_file_left_by_a_kill_while_probing_the_output_directory_does_not_block_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output rule creates and removes a probe file in the directory before writing (an unwritable directory is
+    refused before any work); one left by a kill in between must not make the parts directory foreign."""
+    import tempfile
+
+    from kvplan.plan.sweep import PartStore, foreign_in_parts
+
+    data = grid(axes={"policy.decoder_kv_blocks_ttl_s": [10]}, replications=1)
+    out = tmp_path / "r.parquet"
+    store = PartStore(out, grid_from_dict(data))
+    store.open(False)
+    made: list[str] = []
+    real = tempfile.mkstemp
+
+    def spy(*a: Any, **k: Any) -> tuple[int, str]:
+        fd, name = real(*a, **k)
+        made.append(name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    store.commit(0, 0, {"error": None, "x": 1})
+    monkeypatch.undo()
+    assert made
+    for name in made:  # as a SIGKILL between each temporary file's creation and its removal or rename leaves it
+        Path(name).touch()
+    assert foreign_in_parts(parts_dir(out)) is None
+
+
 # --- acceptance 4: SIGKILL halfway, resume, byte-identical; Ray == local ------------------------------------
 
 

@@ -156,6 +156,8 @@ def test_replications_override_is_bounded_by_turns_too(monkeypatch: pytest.Monke
     monkeypatch.setattr(executor, "run_row", boom)
     with pytest.raises(KvplanInputError, match="1,200,000,000 simulated turns"):
         run_grid(grid_from_dict(BIG_TURNS | {"replications": 3}), replications=4)
+    with pytest.raises(KvplanInputError, match="1,200,000,000 simulated turns"):  # a Grid built with yes=True
+        run_grid(grid_from_dict(BIG_TURNS, yes=True))
 
 
 def test_ties_and_zipped_axes() -> None:

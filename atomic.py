@@ -219,6 +219,12 @@ def written_by_kvplan(path: PathLike) -> bool:
     return matches(p, _ledger(p.parent).get(p.name, []))
 
 
+def kvplan_outputs(directory: PathLike) -> set[str]:
+    """Names of the files in ``directory`` that kvplan wrote there, their bytes unchanged (the ledger's entries)."""
+    d = Path(directory)
+    return {name for name, entries in _ledger(d).items() if matches(d / name, entries)}
+
+
 def _set_ledger(directory: Path, name: str, entries: list[dict[str, Any]]) -> None:
     files = _ledger(directory)
     files[name] = entries

@@ -219,6 +219,12 @@ def written_by_kvplan(path: PathLike) -> bool:
     return matches(p, _ledger(p.parent).get(p.name, []))
 
 
+def kvplan_outputs(directory: PathLike) -> set[str]:
+    """Names of the files in ``directory`` that kvplan wrote there, their bytes unchanged (the ledger's entries)."""
+    d = Path(directory)
+    return {name for name, entries in _ledger(d).items() if matches(d / name, entries)}
+
+
 def _set_ledger(directory: Path, name: str, entries: list[dict[str, Any]]) -> None:
     files = _ledger(directory)
     files[name] = entries
@@ -259,17 +265,19 @@ def same_as_input(path: PathLike, inputs: Iterable[PathLike | None]) -> str | No
     return None
 
 
-def _check_can_create_in(parent: Path, where: str) -> None:
+def _check_can_create_in(parent: Path, name: str, where: str) -> None:
     """Refuse, before any work, a directory (or, when it does not exist yet, its nearest existing ancestor, which
     the writer will create it in) where no file can be created: a probe file is created and removed at once
-    (``os.access`` says yes to root in ``/proc`` and to some network file systems that then refuse)."""
+    (``os.access`` says yes to root in ``/proc`` and to some network file systems that then refuse). The probe is
+    named as :func:`write_new_file` names its temporary file (``.NAME.XXXXXXXX.tmp``), so that one left by a kill
+    is what every clean-up already knows as kvplan's (a sweep's parts directory accepts nothing else)."""
     d = parent
     while not d.exists() and d != d.parent:
         d = d.parent
     fd = -1
     probe = ""
     try:
-        fd, probe = tempfile.mkstemp(prefix=".kvplan-probe.", suffix=".tmp", dir=d)
+        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=d)
     except OSError as exc:
         raise input_error(where, f"cannot write in '{d}' ({exc.strerror or exc})",
                           "give a path in a directory you can write to") from None
@@ -298,7 +306,7 @@ def check_output_file(
     parent = p.parent if str(p.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise input_error(where, f"'{parent}' is not a directory", "give a path inside a directory")
-    _check_can_create_in(parent, where)
+    _check_can_create_in(parent, p.name, where)
     try:
         st = os.lstat(p)
     except FileNotFoundError:

@@ -478,6 +478,7 @@ def as_grid(grid: Grid | dict[str, Any] | str | Path, yes: bool = False) -> Grid
     if isinstance(grid, Grid):
         if grid.n_points > MAX_POINTS and not yes:
             raise input_error(grid.source, f"{grid.n_points:,} points (more than {MAX_POINTS:,})", "pass yes=True")
+        check_turns(grid, yes)
         return grid
     if isinstance(grid, dict):
         return grid_from_dict(grid, yes=yes)

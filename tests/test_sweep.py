@@ -156,6 +156,8 @@ def test_replications_override_is_bounded_by_turns_too(monkeypatch: pytest.Monke
     monkeypatch.setattr(executor, "run_row", boom)
     with pytest.raises(KvplanInputError, match="1,200,000,000 simulated turns"):
         run_grid(grid_from_dict(BIG_TURNS | {"replications": 3}), replications=4)
+    with pytest.raises(KvplanInputError, match="1,200,000,000 simulated turns"):  # a Grid built with yes=True
+        run_grid(grid_from_dict(BIG_TURNS, yes=True))
 
 
 def test_ties_and_zipped_axes() -> None:
@@ -266,6 +268,35 @@ def test_resume_ignores_parts_outside_the_grid(tmp_path: Path) -> None:
     store.commit(0, 7, {"error": None, "x": 1})
     df = run_grid(data, out=out, resume=True)
     pd.testing.assert_frame_equal(df, ref)
+
+
+def test_a_file_left_by_a_kill_while_probing_the_output_directory_does_not_block_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output rule creates and removes a probe file in the directory before writing (an unwritable directory is
+    refused before any work); one left by a kill in between must not make the parts directory foreign."""
+    import tempfile
+
+    from kvplan.plan.sweep import PartStore, foreign_in_parts
+
+    data = grid(axes={"policy.decoder_kv_blocks_ttl_s": [10]}, replications=1)
+    out = tmp_path / "r.parquet"
+    store = PartStore(out, grid_from_dict(data))
+    store.open(False)
+    made: list[str] = []
+    real = tempfile.mkstemp
+
+    def spy(*a: Any, **k: Any) -> tuple[int, str]:
+        fd, name = real(*a, **k)
+        made.append(name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    store.commit(0, 0, {"error": None, "x": 1})
+    monkeypatch.undo()
+    assert made
+    for name in made:  # as a SIGKILL between each temporary file's creation and its removal or rename leaves it
+        Path(name).touch()
+    assert foreign_in_parts(parts_dir(out)) is None
 
 
 # --- acceptance 4: SIGKILL halfway, resume, byte-identical; Ray == local ------------------------------------

@@ -296,3 +296,20 @@ def test_directory_skips_hidden_files_such_as_kvplans_own_ledger(tmp_path: Path)
     tr = load_trace(tmp_path)
     assert tr.n_requests == 14 and tr.n_sessions == 4
     assert main(["workload", "show", str(tmp_path)]) == 0
+
+
+def test_directory_skips_the_json_outputs_kvplan_wrote_there(tmp_path: Path) -> None:
+    """``workload fit DIR --out DIR/w.yaml`` writes its report ``DIR/w.fit.json`` beside the traces; the next read of
+    ``DIR`` took it for a trace ("field 'requests' is 91, not a list"). A file kvplan's ledger names (bytes unchanged)
+    is kvplan's output, not a trace; once edited it is the user's again, and read."""
+    from kvplan.app.cli import main
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    assert main(["workload", "fit", str(tmp_path), "--out", str(tmp_path / "w.yaml")]) == 0
+    assert (tmp_path / "w.fit.json").is_file()
+    tr = load_trace(tmp_path)
+    assert tr.n_requests == 14 and tr.n_sessions == 4
+    assert main(["workload", "fit", str(tmp_path), "--out", str(tmp_path / "w.yaml")]) == 0  # and again
+    (tmp_path / "w.fit.json").write_text(SMALL.read_text())  # the user's now: a trace like the others
+    assert load_trace(tmp_path).n_requests == 21

@@ -188,10 +188,15 @@ class _Reader:
 def weka_files(path: str | os.PathLike[str]) -> list[Path]:
     """The files a weka path names: itself, or every ``*.json`` of a directory (sorted, at most
     :data:`MAX_WEKA_FILES`). Hidden files are skipped, as a shell's ``*.json`` does: kvplan's own ledger
-    ``.kvplan-outputs.json`` lands beside the traces when an output is written into the folder."""
+    ``.kvplan-outputs.json`` lands beside the traces when an output is written into the folder; so are the files
+    that ledger names as kvplan's outputs (``workload fit DIR --out DIR/w.yaml`` writes ``DIR/w.fit.json``)."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix == ".json" and not f.name.startswith(".") and f.is_file())
+        from kvplan.atomic import kvplan_outputs
+
+        own = kvplan_outputs(p)
+        files = sorted(f for f in p.iterdir() if f.suffix == ".json" and not f.name.startswith(".")
+                       and f.name not in own and f.is_file())
         if not files:
             raise input_error(os.fspath(path), "directory holds no *.json trace file",
                               "pass a kv-cache-tester traces folder")

@@ -605,6 +605,15 @@ class Scenario(_Frozen):
 
 def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputError:
     err = exc.errors()[0]
+    raw = tuple(err["loc"])
+    if len(raw) == 2 and raw[0] in _PRESET_OR_SPEC and raw[1] in ("str", "dict[str,any]"):
+        # ``model`` / ``hardware``: a preset name or an inline spec (pydantic tags the union member it tried)
+        from kvplan.models.arch import MODEL_PRESETS
+        from kvplan.models.hardware import HARDWARE_PRESETS
+
+        names = MODEL_PRESETS if raw[0] == "model" else HARDWARE_PRESETS
+        return input_error(f"{where}: field '{raw[0]}'", f"expected a preset name or an inline spec (a mapping), got "
+                           f"{type(err.get('input')).__name__}", f"use one of {', '.join(names)} or an inline spec")
     # drop pydantic's union-member tags (e.g. 'constant') from the location
     loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
     msg = str(err["msg"]).removeprefix("Value error, ")
@@ -617,6 +626,8 @@ def _format_validation_error(exc: ValidationError, where: str) -> KvplanInputErr
         msg = f"{msg}"
     return input_error(f"{where}: field '{loc}'" if loc else where, msg)
 
+
+_PRESET_OR_SPEC = ("model", "hardware")  # fields typed ``str | dict``: a preset name or an inline spec
 
 # ("ttl" is left out: it is also a plausible misspelt field name, e.g. ``policy.ttl``)
 _UNION_TAGS = {"constant", "exponential", "lognormal", "uniform", "empirical", "poisson", "closed_loop", "lease",

@@ -77,6 +77,8 @@ BAD = [
     ("uniform high < low", _with("workload.user_tokens", {"dist": "uniform", "low": 5, "high": 1}), "user_tokens"),
     ("unknown model", {**GOOD, "model": "gpt-9"}, "unknown model 'gpt-9'"),
     ("unknown hardware", {**GOOD, "hardware": "tpu-v9"}, "unknown hardware 'tpu-v9'"),
+    ("model not a name", {**GOOD, "model": 123}, "field 'model': expected a preset name or an inline spec"),
+    ("hardware a list", {**GOOD, "hardware": [1.5]}, "field 'hardware': expected a preset name or an inline spec"),
     ("bad failure policy", _with("policy.kv_load_failure_policy", "retry"), "kv_load_failure_policy"),
     ("tp over gpus", _with("deployment.tensor_parallel_size", 16), "tensor_parallel_size"),
     ("not a mapping", "- just\n- a list\n", "expected a mapping"),

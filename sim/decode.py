@@ -102,6 +102,8 @@ class DecodeNode(BatchOwner):
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self._max_tokens = self.pool.capacity * cfg.block_size
         self.retention = Retention(idx, cfg.decode_nodes)
+        # at most the earliest deadline the retention has filed (see _expire_due): before it, nothing is due
+        self._due_from = math.inf
         # ttl (vLLM), lease or ttl_evictable, and the offload tier
         self.policy = RetentionPolicy(cfg.retention, self.retention, conv_offsets)
         self.host = self.policy.host_tier()
@@ -147,6 +149,7 @@ class DecodeNode(BatchOwner):
 
     def renew_lease(self, entry: KVParams, now: float) -> bool:
         """Lease retention: the conversation's next request reached the router; renew its lease if still alive."""
+        self._due_from = -math.inf  # a deadline may be filed (see _expire_due)
         return self.policy.renew(entry, now)
 
     def mark_reading(self, pin_id: int) -> None:
@@ -155,19 +158,25 @@ class DecodeNode(BatchOwner):
 
     def release_pin(self, pin_id: int, why: int) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
-        if self._unpin(pin_id, why, self.env.now):
+        if self._unpin(pin_id, why, self.env.now) and self._admit_q:
             self._try_admit()
 
     def _unpin(self, pin_id: int, why: int, t: float) -> bool:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
-        self._note_used_at(t)  # the level before this release may be a peak
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
-            # the growth before ``t`` took its blocks (evicting cache) before this release frees any
-            self._sync(self.batch.step_at(t))
-        self.pool.pinned -= pin.blocks
+        batch = self.batch
+        bound = self.static + batch.fin_sum + pool.pinned
+        peak = bound > self.used_peak  # the level before this release may be a peak
+        if peak or bound + pool.cached > pool.capacity:
+            step = batch.step_at(t)
+            if peak:
+                self._note_used(step)
+            if bound + pool.cached > pool.capacity:
+                # the growth before ``t`` took its blocks (evicting cache) before this release frees any
+                self._sync(step)
+        pool.pinned -= pin.blocks
         unpinned = pin.tokens
         if pin.shared > 0 and self.shared is not None:  # the group's prefix goes with its last pin
             unpinned = pin.tokens - pin.shared + self._unpin_shared(pin.conv)
@@ -212,6 +221,18 @@ class DecodeNode(BatchOwner):
         if self.host is not None:
             self.host.pop(conv)
 
+    def _expire_due(self, now: float) -> None:
+        """Release the pins due at ``now`` (:meth:`_expire`) if a filed deadline has passed.
+
+        Called where ``now >= self._due_from`` only: ``_due_from`` is at most the earliest deadline filed (set to it
+        here, lowered by :meth:`finish` and :meth:`renew_lease`, the only places that file one; a release files
+        none), so before it no deadline has passed and the check is skipped."""
+        ret = self.retention
+        if ret.next_expiry_due(now):
+            self._expire(now)
+        t = ret.next_expiry()  # after a release of the due pins, every deadline filed is after ``now``
+        self._due_from = t if t is not None else math.inf
+
     def _expire(self, now: float) -> None:
         """What an expiry does (the rule: ``sim/retention.py``): each due pin no read holds is released as of its
         deadline; its blocks become prefix cache, or go to the host tier with offload (``_unpin``)."""
@@ -242,16 +263,13 @@ class DecodeNode(BatchOwner):
             if used > self.used_peak:
                 self.used_peak = used
 
-    def _note_used_at(self, t: float) -> None:
-        """:meth:`_note_used` at time ``t``, whose step is looked up only when the bound says it may be a peak."""
-        if self.static + self.batch.fin_sum + self.pool.pinned > self.used_peak:
-            self._note_used(self.batch.step_at(t))
-
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: evict what that growth took from the cache."""
-        self._note_used(step)  # the stretch's last step, its finishes not yet out: its peak
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+        bound = self.static + self.batch.fin_sum + pool.pinned
+        if bound > self.used_peak:
+            self._note_used(step)  # the stretch's last step, its finishes not yet out: its peak
+        if bound + pool.cached > pool.capacity:
             self._sync(step)
 
     def joined(self, r: Request) -> None:
@@ -262,10 +280,10 @@ class DecodeNode(BatchOwner):
         if r not in self.running:
             self.running[r] = None
 
-    def fit(self, step: int) -> bool:
+    def fit(self, step: int, now: float) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if self.retention.next_expiry_due(self.env.now):
-            self._expire(self.env.now)
+        if now >= self._due_from:
+            self._expire_due(now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
         if free_at_end >= 0:
@@ -401,8 +419,8 @@ class DecodeNode(BatchOwner):
         if not q or self.admission_held:
             return  # held: a preempting step is running, the batch resumes admission at its end
         now = self.env.now
-        if self.retention.next_expiry_due(now):
-            self._expire(now)
+        if now >= self._due_from:
+            self._expire_due(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting
@@ -455,8 +473,10 @@ class DecodeNode(BatchOwner):
                 self.rows.append((now, EV_D_ADMIT, r.conv, r.turn, self.idx, hit, need))
                 self._start_p2d(r, hit)
         if admitted:
-            self._note_used(batch.in_progress_step())
-            batch.recheck()
+            if self.static + batch.fin_sum + pool.pinned > self.used_peak:  # _note_used's bound, before the step
+                self._note_used(batch.in_progress_step())
+            if batch.fin_sum > pool.capacity - pool.pinned - self.static:  # recheck's own first test
+                batch.recheck()
 
     def before_evict(self, want: int) -> None:
         """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
@@ -509,8 +529,9 @@ class DecodeNode(BatchOwner):
             pnode.release_hold(r, HOLD_READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, self.reads.total_bytes(P2D, tokens)))
-        self.batch.charge_thread(self.reads.start(r.p_node, self.idx, P2D, tokens, done))
+        reads = self.reads
+        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, reads.total_bytes(P2D, tokens)))
+        self.batch.charge_thread(reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
@@ -538,15 +559,22 @@ class DecodeNode(BatchOwner):
             r.itl_extra.append(self.batch.itl.gap(now - r.last_tok_t))
         r.last_tok_t = now
         if sampled >= r.output:
-            self.finish(r)
+            self.finish(r, now)
         else:
             r.d_state = 2
             self.batch.ready(r, r.prompt + sampled, sampled)
 
     # ---- finish and retention ----------------------------------------------------------------------------
 
-    def _log_itl(self, r: Request, now: float) -> None:
-        """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
+    def log_itl_hist(self) -> None:
+        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
+        log_pooled(self.rows, self.env.now, self.idx, self.batch.itl)
+
+    def finish(self, r: Request, now: float) -> None:
+        """The response is complete (at ``now``): its inter-token gaps are logged (``sim/itl.py``: median and
+        maximum, one ``D_ITL`` row), its blocks pinned for the TTL (bidirectional) or left as cache."""
+        rows = self.rows
+        rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
             p50, top = stay_stats(r.itl_old, self.batch.itl.current(), r.itl_skip)
             r.itl_in = False
@@ -555,18 +583,7 @@ class DecodeNode(BatchOwner):
             self.batch.close_stay(r)
             p50, top = turn_stats(r.itl_spans or [], r.itl_extra or [])
             r.itl_spans = r.itl_extra = None
-        self.rows.append((now, EV_D_ITL, r.conv, r.turn, self.idx, p50, top))
-
-    def log_itl_hist(self) -> None:
-        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
-        log_pooled(self.rows, self.env.now, self.idx, self.batch.itl)
-
-    def finish(self, r: Request) -> None:
-        """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
-        env = self.env
-        now = env.now
-        self.rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
-        self._log_itl(r, now)
+        rows.append((now, EV_D_ITL, r.conv, r.turn, self.idx, p50, top))
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1
@@ -583,13 +600,17 @@ class DecodeNode(BatchOwner):
             blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry, left)
+            if expiry < self._due_from:
+                self._due_from = expiry  # filed (see _expire_due)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks
-            self.rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
+            rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
             if not r.last:  # the conversation's last lookup is behind it: an entry would never be read
                 self.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
-        self._driver().d_done(r)
-        self._try_admit()
+        d = self._drv
+        (d if d is not None else self._driver()).d_done(r)
+        if self._admit_q:
+            self._try_admit()

@@ -184,11 +184,10 @@ class DecodeBatch:
             extra = sum(self._res[lo:])
         return self._q_sum + self.batch * (s // bs) + extra
 
-    def in_progress_step(self) -> int:
-        """Index of the step running now (its blocks are allocated); ``step`` when idle."""
+    def in_progress_step(self, now: float) -> int:
+        """Index of the step running at ``now`` (the clock's time; its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        now = self.env.now
         if now == self._ips_t and self._gen == self._ips_gen:
             return self._ips
         self._ips_t = now
@@ -296,7 +295,7 @@ class DecodeBatch:
             self._thread_pending += work_s  # ``_thread_delay`` prices it against that step's forward
             return
         serial = self.post_serial
-        nxt = self.in_progress_step() + 1  # the step during which this work runs
+        nxt = self.in_progress_step(self.env.now) + 1  # the step during which this work runs
         if (not serial and self._thread_pending == 0.0 and work_s <= self._plan_first
                 and nxt - self.step < self._plan_n):
             return  # hidden by the next step's forward, inside this stretch: it lasts at least the stretch's first step
@@ -323,18 +322,19 @@ class DecodeBatch:
             if self._plan_n > 1:
                 self._cut_at_next_boundary(now)
 
-    def recheck(self) -> None:
-        """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
+    def recheck(self, now: float) -> None:
+        """The room for growth shrank mid-stretch (an admission at ``now``): end the stretch where the pool runs
+        out."""
         if not self._active or self.exact:
             return
         owner = self.owner
         if self.fin_sum <= owner.pool.capacity - owner.pool.pinned - owner.static:
             return
-        s0 = self.in_progress_step()
+        s0 = self.in_progress_step(now)
         end = self.step + self._plan_n
         h = self._horizon(s0 + 1, end)
         if h < end:
-            self._schedule(h - self.step, self.env.now)
+            self._schedule(h - self.step, now)
 
     def _horizon(self, lo: int, end: int) -> int:
         """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``.

@@ -158,8 +158,9 @@ class DecodeNode(BatchOwner):
 
     def release_pin(self, pin_id: int, why: int) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
-        if self._unpin(pin_id, why, self.env.now) and self._admit_q:
-            self._try_admit()
+        now = self.env.now
+        if self._unpin(pin_id, why, now) and self._admit_q:
+            self._try_admit(now)
 
     def _unpin(self, pin_id: int, why: int, t: float) -> bool:
         pin = self.retention.pop(pin_id)
@@ -296,12 +297,13 @@ class DecodeNode(BatchOwner):
             return False
         pool.evict(0)
         preempted = False
-        if pool.free() < 0 and self.policy.evictable:
-            self._evict_pins(0)
-        while pool.free() < 0 and self.running:
-            self._preempt(next(reversed(self.running)))
-            preempted = True
-            self._sync(step)
+        if pool.capacity - held - pool.pinned - pool.cached < 0:  # pool.free(): evicting the cache was not enough
+            if self.policy.evictable:
+                self._evict_pins(0)
+            while pool.free() < 0 and self.running:
+                self._preempt(next(reversed(self.running)))
+                preempted = True
+                self._sync(step)
         pool.check()
         if preempted:
             self._skip_waiting()
@@ -328,11 +330,11 @@ class DecodeNode(BatchOwner):
     def resume_admission(self) -> None:
         """The step that preempted is over and the next one preempted nothing: its waiting loop runs now."""
         self.admission_held = False
-        self._try_admit()
+        self._try_admit(self.env.now)
 
     def _retry(self, _e: object) -> None:
         self._retry_pending = False
-        self._try_admit()
+        self._try_admit(self.env.now)
 
     def _preempt(self, r: Request) -> None:
         """Preempt one running request (``_preempt_request``): free its blocks, re-queue it at the front."""
@@ -381,10 +383,11 @@ class DecodeNode(BatchOwner):
             )
         req.d_node = self.idx
         self.submitted += 1
-        self.rows.append((self.env.now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        now = self.env.now
+        self.rows.append((now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.prefill_nodes[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
-        self._try_admit()
+        self._try_admit(now)
 
     def _local_hit(self, r: Request, tokens: int) -> tuple[int | None, tuple[int, int] | None, int, int]:
         """The conversation's KV still on this node: (pin id, cache entry taken out of the LRU, hit, owned blocks).
@@ -413,12 +416,12 @@ class DecodeNode(BatchOwner):
             hit = owned = 0
         return pid, entry, hit, owned
 
-    def _try_admit(self) -> None:
-        """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first)."""
+    def _try_admit(self, now: float) -> None:
+        """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first); ``now``:
+        the clock's time."""
         q = self._admit_q
         if not q or self.admission_held:
             return  # held: a preempting step is running, the batch resumes admission at its end
-        now = self.env.now
         if now >= self._due_from:
             self._expire_due(now)
         batch = self.batch
@@ -426,7 +429,7 @@ class DecodeNode(BatchOwner):
         # an upper bound of the batch's blocks is enough while nothing needs evicting
         synced = self.static + batch.fin_sum + pool.pinned + pool.cached > pool.capacity
         if synced:
-            self._sync(batch.in_progress_step())
+            self._sync(batch.in_progress_step(now))
         else:
             pool.held = self.static + batch.fin_sum
         bs = self.bs
@@ -471,18 +474,18 @@ class DecodeNode(BatchOwner):
             else:
                 self.admitted += 1
                 self.rows.append((now, EV_D_ADMIT, r.conv, r.turn, self.idx, hit, need))
-                self._start_p2d(r, hit)
+                self._start_p2d(r, hit, now)
         if admitted:
             if self.static + batch.fin_sum + pool.pinned > self.used_peak:  # _note_used's bound, before the step
-                self._note_used(batch.in_progress_step())
+                self._note_used(batch.in_progress_step(now))
             if batch.fin_sum > pool.capacity - pool.pinned - self.static:  # recheck's own first test
-                batch.recheck()
+                batch.recheck(now)
 
     def before_evict(self, want: int) -> None:
         """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
         if not self._synced:
             self._synced = True
-            self._sync(self.batch.in_progress_step())
+            self._sync(self.batch.in_progress_step(self.env.now))
 
     def after_evict(self, want: int, keep: int | None) -> None:
         """Still short with the prefix cache gone: ``ttl_evictable`` releases pins (not ``keep``)."""
@@ -504,15 +507,15 @@ class DecodeNode(BatchOwner):
         if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
             return
         self._admit_wake_at = t
-        call_at(self.env, t, lambda _e: self._try_admit())  # exactly at the deadline: it is due there
+        call_at(self.env, t, lambda _e: self._try_admit(self.env.now))  # exactly at the deadline: it is due there
 
-    def _start_p2d(self, r: Request, hit: int) -> None:
+    def _start_p2d(self, r: Request, hit: int, now: float) -> None:
         env = self.env
         tokens = r.prompt - hit
         pnode = self.prefill_nodes[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            self.rows.append((env.now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
@@ -530,7 +533,7 @@ class DecodeNode(BatchOwner):
             self.batch.ready(r, r.prompt, 0)
 
         reads = self.reads
-        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, reads.total_bytes(P2D, tokens)))
+        self.rows.append((now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, reads.total_bytes(P2D, tokens)))
         self.batch.charge_thread(reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
@@ -613,4 +616,4 @@ class DecodeNode(BatchOwner):
         d = self._drv
         (d if d is not None else self._driver()).d_done(r)
         if self._admit_q:
-            self._try_admit()
+            self._try_admit(now)

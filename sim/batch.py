@@ -111,7 +111,8 @@ class LoneOwner(BatchOwner):
 
 
 class DecodeBatch:
-    """The running set of one decode engine, its step clock and its block growth."""
+    """The running batch of one decode engine (member counts, finish order, block residues), its step clock and its
+    block growth."""
 
     def __init__(
         self, env: SimEnv, log: RowBuffer, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
@@ -130,7 +131,6 @@ class DecodeBatch:
         self._per_ctx_s = steps.per_context_s
         self._overhead_s = steps.overhead_s
         self._join_q: Fifo[Request] = new_fifo()  # sim/fifo.py
-        self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
         self.batch = 0
         self.ctx_sum = 0.0
@@ -221,7 +221,6 @@ class DecodeBatch:
         self._seq += 1
         r.d_seq = self._seq
         r.d_rem = rem
-        self.running[r] = None
         self.owner.joined(r)
         sorted_push(self._finish_heap, (float(self.step + rem), self._seq, r))
 
@@ -239,7 +238,6 @@ class DecodeBatch:
         done = self.step - r.d_j
         self.ctx_sum -= r.d_p + done
         r.d_seq = -1  # its finish-heap entry is stale now
-        del self.running[r]
         return done
 
     def preempt(self, r: Request) -> int:

@@ -155,7 +155,7 @@ class DecodeBatch:
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
         self.pc: PrefillCost | None = None  # the node's prefill cost: prompt chunks in a step (short P->D tails)
         self.async_scheduling = False  # vLLM async scheduling: a joiner ready during a step joins one step later
-        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended
+        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended (async only)
         self._key0 = 0  # the gap bucket of the current stretch's first step
         self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
@@ -382,7 +382,8 @@ class DecodeBatch:
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
         itl, first, inc, b = self.itl, self._plan_first, self._plan_inc, self.batch
         m = n - 1
-        self._last_step_start = self._plan_t0 + (m * first + inc * m * (m - 1) / 2)  # its last step's start
+        if self.async_scheduling:  # its last step's start: the joiners' cutoff (_boundary)
+            self._last_step_start = self._plan_t0 + (m * first + inc * m * (m - 1) / 2)
         if self._delay > 0.0:  # the first step waited for the engine thread: a longer first gap
             itl.add(first + self._delay, 0.0, 1, b, self._key0)
             if n > 1:

@@ -62,7 +62,7 @@ from kvplan.sim.evlog import (
     RowBuffer,
 )
 from kvplan.sim.fifo import Fifo, new_fifo
-from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
+from kvplan.sim.itl import log_pooled, turn_stats
 from kvplan.sim.node_config import DecodeConfig
 from kvplan.sim.peers import DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
@@ -579,7 +579,7 @@ class DecodeNode(BatchOwner):
         rows = self.rows
         rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
-            p50, top = stay_stats(r.itl_old, self.batch.itl.current(), r.itl_skip)
+            p50, top = self.batch.itl.stats_since(r.itl_old, r.itl_skip)
             r.itl_in = False
             r.itl_old = None
         else:

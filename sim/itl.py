@@ -423,6 +423,12 @@ class ItlTracker:
         """The current version for a reading done at once (not to be kept: it may change in place)."""
         return self._root
 
+    def stats_since(self, old: Root | None, skip: int) -> tuple[float, float]:
+        """:func:`stay_stats` of a stay from version ``old`` (first step at ``skip``) to now, in one call."""
+        if self.native:
+            return _stay_stats_t(old, self._root, skip)
+        return _stay_stats_l(old, self._root, skip)
+
     def _put(self, key: int, c: int, weight: int) -> None:
         if self.native:
             self._root = _insert_t(self._root, key, c, self._epoch)

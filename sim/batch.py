@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Final
 
 from kvplan.models.costs import (
     DecodeCost,
@@ -42,6 +43,8 @@ from kvplan.sim.itl import KEY_MIN, KEY_SPAN, LOG_GAMMA, ItlTracker, bucket_key
 from kvplan.sim.peers import DecodePort
 from kvplan.sim.request import Request
 
+_COMPILED: Final = not __file__.endswith(".py")  # see sim/clock.py
+
 
 class BatchOwner(DecodePort):
     """What the batch needs from its node (``DecodeNode`` subclasses it, a decode engine: sim/peers.py): finishing,
@@ -55,12 +58,13 @@ class BatchOwner(DecodePort):
     static: int  # blocks of admitted requests outside the batch
     admission_held: bool  # the step in progress preempted: the owner admits nothing until it ends
 
-    def finish(self, r: Request) -> None:
-        """The request sampled its last token."""
+    def finish(self, r: Request, now: float) -> None:
+        """The request sampled its last token (at ``now``)."""
         raise NotImplementedError
 
-    def fit(self, step: int) -> bool:
-        """Make the batch's blocks for ``step`` fit (evicting, then preempting the newest); True if it preempted."""
+    def fit(self, step: int, now: float) -> bool:
+        """Make the batch's blocks for ``step`` fit at ``now`` (evicting, then preempting the newest); True if it
+        preempted."""
         raise NotImplementedError
 
     def joined(self, r: Request) -> None:
@@ -88,11 +92,11 @@ class LoneOwner(BatchOwner):
         self.on_finish = on_finish
         self.on_fit = on_fit
 
-    def finish(self, r: Request) -> None:
+    def finish(self, r: Request, now: float) -> None:
         """Report the finish."""
         self.on_finish(r)
 
-    def fit(self, step: int) -> bool:
+    def fit(self, step: int, now: float) -> bool:
         """Ask ``on_fit`` (never preempts without it)."""
         return self.on_fit(step) if self.on_fit is not None else False
 
@@ -107,7 +111,8 @@ class LoneOwner(BatchOwner):
 
 
 class DecodeBatch:
-    """The running set of one decode engine, its step clock and its block growth."""
+    """The running batch of one decode engine (member counts, finish order, block residues), its step clock and its
+    block growth."""
 
     def __init__(
         self, env: SimEnv, log: RowBuffer, node: int, cost: DecodeCost, max_seqs: int, exact: bool,
@@ -121,9 +126,11 @@ class DecodeBatch:
         self.bs = block_size
         self.owner = owner
         self._dc = cost
-        self._steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py)
+        steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py), read in _boundary
+        self._batch_s = steps.batch_s
+        self._per_ctx_s = steps.per_context_s
+        self._overhead_s = steps.overhead_s
         self._join_q: Fifo[Request] = new_fifo()  # sim/fifo.py
-        self.running: dict[Request, None] = {}
         self.step = 0  # steps completed
         self.batch = 0
         self.ctx_sum = 0.0
@@ -140,14 +147,15 @@ class DecodeBatch:
         self._plan_n = 0
         self._plan_first = 0.0
         self._plan_inc = 0.0
-        self._ips_key: tuple[float, int] = (-1.0, -1)  # (time, plan) of the cached in-progress step
+        self._ips_t = -1.0  # (time, plan) of the cached in-progress step
+        self._ips_gen = -1
         self._base = 0  # step at the start of the current (or just-ended) stretch
         self._last_n = 0  # its length in steps
         self._ips = 0
         self.itl = ItlTracker()  # the engine's step durations, for the inter-token gaps (sim/itl.py)
         self.pc: PrefillCost | None = None  # the node's prefill cost: prompt chunks in a step (short P->D tails)
         self.async_scheduling = False  # vLLM async scheduling: a joiner ready during a step joins one step later
-        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended
+        self._last_step_start = -math.inf  # start of the last step of the stretch that just ended (async only)
         self._key0 = 0  # the gap bucket of the current stretch's first step
         self._delay = 0.0  # how long the current stretch's first step waited for the engine thread
         self._thread_pending = 0.0  # engine-thread work posted mid-stretch: done during step ``_pending_step``
@@ -165,23 +173,29 @@ class DecodeBatch:
     def alloc(self, s: int) -> int:
         """Blocks the members hold during step ``s`` (closed form)."""
         bs = self.bs
-        res = self._res
-        extra = 0
         lo: i64 = bs - s % bs  # i64 (mypyc's native int): the list is read by a C index (see sim/clock.py _fpush)
-        hi: i64 = bs
-        for i in range(lo, hi):  # the residues that took a block more (compiled: a C loop, no slice)
-            extra += res[i]
+        if _COMPILED:
+            res = self._res
+            extra = 0
+            hi: i64 = bs
+            for i in range(lo, hi):  # the residues that took a block more (compiled: a C loop, no slice)
+                extra += res[i]
+        else:  # interpreted: a slice and its sum in C, not a loop in bytecode
+            extra = sum(self._res[lo:])
         return self._q_sum + self.batch * (s // bs) + extra
 
-    def in_progress_step(self) -> int:
-        """Index of the step running now (its blocks are allocated); ``step`` when idle."""
+    def in_progress_step(self, now: float) -> int:
+        """Index of the step running at ``now`` (the clock's time; its blocks are allocated); ``step`` when idle."""
         if not self._active or self._plan_n <= 1:
             return self.step
-        key = (self.env.now, self._gen)
-        if key == self._ips_key:
+        if now == self._ips_t and self._gen == self._ips_gen:
             return self._ips
-        self._ips_key = key
-        self._ips = self.step + min(self._completed_in_stretch(), self._plan_n - 1)
+        self._ips_t = now
+        self._ips_gen = self._gen
+        e = now - self._plan_t0
+        done = steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0  # steps completed in the stretch
+        last = self._plan_n - 1
+        self._ips = self.step + (done if done < last else last)
         return self._ips
 
     def step_at(self, t: float) -> int:
@@ -207,7 +221,6 @@ class DecodeBatch:
         self._seq += 1
         r.d_seq = self._seq
         r.d_rem = rem
-        self.running[r] = None
         self.owner.joined(r)
         sorted_push(self._finish_heap, (float(self.step + rem), self._seq, r))
 
@@ -225,7 +238,6 @@ class DecodeBatch:
         done = self.step - r.d_j
         self.ctx_sum -= r.d_p + done
         r.d_seq = -1  # its finish-heap entry is stale now
-        del self.running[r]
         return done
 
     def preempt(self, r: Request) -> int:
@@ -281,7 +293,7 @@ class DecodeBatch:
             self._thread_pending += work_s  # ``_thread_delay`` prices it against that step's forward
             return
         serial = self.post_serial
-        nxt = self.in_progress_step() + 1  # the step during which this work runs
+        nxt = self.in_progress_step(self.env.now) + 1  # the step during which this work runs
         if (not serial and self._thread_pending == 0.0 and work_s <= self._plan_first
                 and nxt - self.step < self._plan_n):
             return  # hidden by the next step's forward, inside this stretch: it lasts at least the stretch's first step
@@ -291,33 +303,36 @@ class DecodeBatch:
         self._thread_pending += work_s
         i = nxt - self.step  # that step's index in the current stretch
         if 0 < i < self._plan_n and (serial or self._thread_pending > self._plan_first + self._plan_inc * i):
-            self._cut_at_next_boundary()
+            self._cut_at_next_boundary(self.env.now)
 
     def ready(self, r: Request, p: int, g0: int) -> None:
         """The request's KV is in place: it joins at the next step boundary (``g0`` tokens sampled so far), or with
         async scheduling (vLLM PR #19970) at the one after when a step is running (that step's successor was
         planned when it started)."""
         r.d_p, r.d_g0 = p, g0
-        r.wait_t = self.env.now if self._active else -math.inf
         self._join_q.append(r)
         if not self._active:
+            r.wait_t = -math.inf
             self._active = True
-            self._boundary()
-        elif self._plan_n > 1:
-            self._cut_at_next_boundary()
+            self._boundary(self.env.now)
+        else:
+            now = r.wait_t = self.env.now
+            if self._plan_n > 1:
+                self._cut_at_next_boundary(now)
 
-    def recheck(self) -> None:
-        """The room for growth shrank mid-stretch (an admission): end the stretch where the pool runs out."""
+    def recheck(self, now: float) -> None:
+        """The room for growth shrank mid-stretch (an admission at ``now``): end the stretch where the pool runs
+        out."""
         if not self._active or self.exact:
             return
         owner = self.owner
         if self.fin_sum <= owner.pool.capacity - owner.pool.pinned - owner.static:
             return
-        s0 = self.in_progress_step()
+        s0 = self.in_progress_step(now)
         end = self.step + self._plan_n
         h = self._horizon(s0 + 1, end)
         if h < end:
-            self._schedule(h - self.step)
+            self._schedule(h - self.step, now)
 
     def _horizon(self, lo: int, end: int) -> int:
         """First step in ``[lo, end)`` whose blocks exceed the room, else ``end``.
@@ -340,56 +355,54 @@ class DecodeBatch:
                 lo = mid + 1
         return lo
 
-    def _steps_time(self, k: int) -> float:
-        return k * self._plan_first + self._plan_inc * k * (k - 1) / 2
-
-    def _completed_in_stretch(self) -> int:
-        e = self.env.now - self._plan_t0
-        return steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0
-
-    def _cut_at_next_boundary(self) -> None:
+    def _cut_at_next_boundary(self, now: float) -> None:
         """A request joined mid-stretch: end the stretch at the boundary of the step in progress."""
-        cut = self._completed_in_stretch() + 1  # the step in progress ends at boundary k + 1
-        if cut >= self._plan_n:
+        e = now - self._plan_t0
+        cut = (steps_within(e, self._plan_first, self._plan_inc) if e > 0 else 0) + 1  # the step in progress ends at
+        if cut >= self._plan_n:  # boundary k + 1 (k: the steps completed in the stretch)
             return
-        self._schedule(cut)
+        self._schedule(cut, now)
 
-    def _schedule(self, n: int) -> None:
+    def _schedule(self, n: int, now: float) -> None:
+        """Plan the stretch's end after its ``n``-th step (``k`` steps take ``k first + inc k (k - 1) / 2``)."""
         self._gen += 1
         self._plan_n = n
         self._base = self.step
         self._last_n = n
-        dt = self._plan_t0 + self._steps_time(n) - self.env.now
-        self._timer = call_later(self.env, max(dt, 0.0), self._on_timer)
+        dt = self._plan_t0 + (n * self._plan_first + self._plan_inc * n * (n - 1) / 2) - now
+        self._timer = call_later(self.env, dt if dt > 0.0 else 0.0, self._on_timer)
 
     def _on_boundary(self, e: object) -> None:
         if e is not self._timer:
             return  # superseded: the stretch was cut or re-planned since
         n = self._plan_n  # the stretch's length (set with the timer, changed only by a later plan or here)
-        self.step += n
+        now = self.env.now
+        step = self.step + n
+        self.step = step
         self._plan_n = 0  # the stretch is over: until re-planned, the step in progress is ``step``
-        self._last_step_start = self._plan_t0 + self._steps_time(n - 1)
-        itl, first, inc = self.itl, self._plan_first, self._plan_inc
+        itl, first, inc, b = self.itl, self._plan_first, self._plan_inc, self.batch
+        m = n - 1
+        if self.async_scheduling:  # its last step's start: the joiners' cutoff (_boundary)
+            self._last_step_start = self._plan_t0 + (m * first + inc * m * (m - 1) / 2)
         if self._delay > 0.0:  # the first step waited for the engine thread: a longer first gap
-            itl.add(first + self._delay, 0.0, 1, self.batch, self._key0)
+            itl.add(first + self._delay, 0.0, 1, b, self._key0)
             if n > 1:
-                itl.add(first + inc, inc, n - 1, self.batch, bucket_key(first + inc))
+                itl.add(first + inc, inc, m, b, bucket_key(first + inc))
         else:
-            itl.add(first, inc, n, self.batch, self._key0)  # each step a gap for every member
-        self.ctx_sum += self.batch * n
+            itl.add(first, inc, n, b, self._key0)  # each step a gap for every member
+        self.ctx_sum += b * n
         heap = self._finish_heap
-        step = self.step
         if heap and heap[0][0] <= step:
-            self.owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
-        while heap and heap[0][0] <= step:
-            entry: tuple[float, int, Request] = sorted_pop(heap)  # typed: native reads of the request
-            seq = entry[1]
-            r = entry[2]
-            if r.d_seq != seq:
-                continue  # preempted since
-            self._remove(r)
-            self.owner.finish(r)
-        self._boundary()
+            owner = self.owner
+            owner.grown(step - 1)  # the growth of the last step took its blocks before anyone leaves
+            while heap and heap[0][0] <= step:
+                entry: tuple[float, int, Request] = sorted_pop(heap)  # typed: native reads of the request
+                r = entry[2]
+                if r.d_seq != entry[1]:
+                    continue  # preempted since
+                self._remove(r)
+                owner.finish(r, now)
+        self._boundary(now)
 
     def _tail_extra(self, joined: list[Request], first: float) -> float:
         """How much longer the first step is for the joiners' short prompt tails (vLLM PR #55801).
@@ -465,17 +478,29 @@ class DecodeBatch:
                 log.append((t_first, EV_D_FIRST, r.conv, r.turn, self.node, 0, 0))
         itl.unpool(key0, members)  # the stretch's first step is no gap for those joining with it
 
-    def _boundary(self) -> None:
-        """At a step boundary: grow (preempting if needed), admit joiners, plan the next stretch."""
-        env = self.env
-        now = env.now
+    def _idle(self, now: float) -> None:
+        """The batch is empty at a boundary: the engine idles, unless requests wait to join (or be admitted)."""
+        if self._thread_pending > 0.0 and self._pending_step == self.step:  # going idle: the thread does it now
+            self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + self._thread_pending
+        self._thread_pending = 0.0
+        self._active = False
+        self._last_n = 0
+        self._base = self.step
+        if self._join_q or self.owner.admission_held:  # all preempted, others wait: the next (empty) step takes them
+            self._active = True
+            self._boundary(now)
+
+    def _boundary(self, now: float) -> None:
+        """At a step boundary (``now``): grow (preempting if needed), admit joiners, plan the next stretch."""
         owner = self.owner
-        preempted = owner.fit(self.step) if self.batch else False
+        step = self.step  # nothing below moves it
+        preempted = owner.fit(step, now) if self.batch else False
         joined: list[Request] = []
         # async scheduling: only joiners ready before the ended step started were in this step's plan (an
         # empty batch plans at once)
         cutoff = self._last_step_start if self.async_scheduling and self.batch else math.inf
         late = False
+        tails = False  # a joiner has a short prompt tail to compute in its first step (_tail_extra)
         if not preempted or self.batch == 0:  # an empty step after a preemption costs nothing: join now
             if owner.admission_held:  # the waiting loop a preempting step skipped runs in this step
                 owner.resume_admission()
@@ -487,28 +512,31 @@ class DecodeBatch:
                 r = jq.popleft()
                 self._add(r, r.d_p, r.d_g0, r.output - r.d_g0)
                 joined.append(r)
+                if r.d_tail > 0:
+                    tails = True
             if joined:
-                owner.fit(self.step)  # a resumed joiner may need one block more than it was admitted with
-        if self.batch == 0:
-            if self._thread_pending > 0.0 and self._pending_step == self.step:  # going idle: the thread does it now
-                self.thread_free_s = (self.thread_free_s if self.thread_free_s > now else now) + self._thread_pending
-            self._thread_pending = 0.0
-            self._active = False
-            self._last_n = 0
-            self._base = self.step
-            if self._join_q or owner.admission_held:  # all preempted, others wait: the next (empty) step takes them
-                self._active = True
-                self._boundary()
+                owner.fit(step, now)  # a resumed joiner may need one block more than it was admitted with
+        b = self.batch
+        if b == 0:
+            self._idle(now)
             return
-        self._plan_first = first = self._steps.step_time_s(self.batch, self.ctx_sum)
-        self._plan_inc = self._steps.increment_s(self.batch)
-        delay = self._thread_delay(now, first, self._tail_extra(joined, first) if joined else 0.0)
-        self._plan_t0 = now + delay
-        t_first = self._plan_t0 + first  # the first step containing them ends here
+        # the step time and its increment (formulas.py DecodeSteps.step_time_s and increment_s, written out)
+        per_ctx = self._per_ctx_s[b]
+        self._plan_first = first = self._batch_s[b] + per_ctx * self.ctx_sum + self._overhead_s
+        self._plan_inc = per_ctx * b
+        extra = self._tail_extra(joined, first) if tails else 0.0
+        if self._thread_pending > 0.0 or self._last_n == 0 or self.post_serial:
+            delay = self._thread_delay(now, first, extra)
+        else:  # _thread_delay after a stretch with nothing posted for this step (the usual boundary), written out
+            delay = self.thread_free_s - now - first
+            if delay < extra:
+                delay = extra
+            delay = self._delay = delay if delay > 0.0 else 0.0
+        t0 = self._plan_t0 = now + delay
         k = math.ceil(math.log(first + delay) / LOG_GAMMA)  # bucket_key, inlined (once per stretch)
         key0 = self._key0 = k if KEY_MIN <= k < KEY_MIN + KEY_SPAN else bucket_key(first + delay)
         if joined:
-            self._first_steps(joined, t_first, key0)
+            self._first_steps(joined, t0 + first, key0)  # the first step containing them ends at t0 + first
         heap = self._finish_heap
         while heap[0][2].d_seq != heap[0][1]:
             sorted_pop(heap)
@@ -519,5 +547,10 @@ class DecodeBatch:
             # vllm/v1/core/sched/scheduler.py)
             n = 1
         else:
-            n = self._horizon(self.step + 1, end) - self.step
-        self._schedule(n)
+            pool = owner.pool
+            lo = step + 1
+            if self.fin_sum <= pool.capacity - pool.pinned - owner.static or lo >= end:  # _horizon's first test
+                n = end - step
+            else:
+                n = self._horizon(lo, end) - step
+        self._schedule(n, now)

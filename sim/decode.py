@@ -62,7 +62,7 @@ from kvplan.sim.evlog import (
     RowBuffer,
 )
 from kvplan.sim.fifo import Fifo, new_fifo
-from kvplan.sim.itl import log_pooled, stay_stats, turn_stats
+from kvplan.sim.itl import log_pooled, turn_stats
 from kvplan.sim.node_config import DecodeConfig
 from kvplan.sim.peers import DriverPort, PrefillPort
 from kvplan.sim.ports import Wiring
@@ -102,6 +102,8 @@ class DecodeNode(BatchOwner):
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self._max_tokens = self.pool.capacity * cfg.block_size
         self.retention = Retention(idx, cfg.decode_nodes)
+        # at most the earliest deadline the retention has filed (see _expire_due): before it, nothing is due
+        self._due_from = math.inf
         # ttl (vLLM), lease or ttl_evictable, and the offload tier
         self.policy = RetentionPolicy(cfg.retention, self.retention, conv_offsets)
         self.host = self.policy.host_tier()
@@ -147,6 +149,7 @@ class DecodeNode(BatchOwner):
 
     def renew_lease(self, entry: KVParams, now: float) -> bool:
         """Lease retention: the conversation's next request reached the router; renew its lease if still alive."""
+        self._due_from = -math.inf  # a deadline may be filed (see _expire_due)
         return self.policy.renew(entry, now)
 
     def mark_reading(self, pin_id: int) -> None:
@@ -155,19 +158,26 @@ class DecodeNode(BatchOwner):
 
     def release_pin(self, pin_id: int, why: int) -> None:
         """P released retained blocks (read done or notification): they become prefix cache."""
-        if self._unpin(pin_id, why, self.env.now):
-            self._try_admit()
+        now = self.env.now
+        if self._unpin(pin_id, why, now) and self._admit_q:
+            self._try_admit(now)
 
     def _unpin(self, pin_id: int, why: int, t: float) -> bool:
         pin = self.retention.pop(pin_id)
         if pin is None:
             return False
-        self._note_used_at(t)  # the level before this release may be a peak
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
-            # the growth before ``t`` took its blocks (evicting cache) before this release frees any
-            self._sync(self.batch.step_at(t))
-        self.pool.pinned -= pin.blocks
+        batch = self.batch
+        bound = self.static + batch.fin_sum + pool.pinned
+        peak = bound > self.used_peak  # the level before this release may be a peak
+        if peak or bound + pool.cached > pool.capacity:
+            step = batch.step_at(t)
+            if peak:
+                self._note_used(step)
+            if bound + pool.cached > pool.capacity:
+                # the growth before ``t`` took its blocks (evicting cache) before this release frees any
+                self._sync(step)
+        pool.pinned -= pin.blocks
         unpinned = pin.tokens
         if pin.shared > 0 and self.shared is not None:  # the group's prefix goes with its last pin
             unpinned = pin.tokens - pin.shared + self._unpin_shared(pin.conv)
@@ -212,6 +222,18 @@ class DecodeNode(BatchOwner):
         if self.host is not None:
             self.host.pop(conv)
 
+    def _expire_due(self, now: float) -> None:
+        """Release the pins due at ``now`` (:meth:`_expire`) if a filed deadline has passed.
+
+        Called where ``now >= self._due_from`` only: ``_due_from`` is at most the earliest deadline filed (set to it
+        here, lowered by :meth:`finish` and :meth:`renew_lease`, the only places that file one; a release files
+        none), so before it no deadline has passed and the check is skipped."""
+        ret = self.retention
+        if ret.next_expiry_due(now):
+            self._expire(now)
+        t = ret.next_expiry()  # after a release of the due pins, every deadline filed is after ``now``
+        self._due_from = t if t is not None else math.inf
+
     def _expire(self, now: float) -> None:
         """What an expiry does (the rule: ``sim/retention.py``): each due pin no read holds is released as of its
         deadline; its blocks become prefix cache, or go to the host tier with offload (``_unpin``)."""
@@ -242,16 +264,13 @@ class DecodeNode(BatchOwner):
             if used > self.used_peak:
                 self.used_peak = used
 
-    def _note_used_at(self, t: float) -> None:
-        """:meth:`_note_used` at time ``t``, whose step is looked up only when the bound says it may be a peak."""
-        if self.static + self.batch.fin_sum + self.pool.pinned > self.used_peak:
-            self._note_used(self.batch.step_at(t))
-
     def grown(self, step: int) -> None:
         """The members held their blocks for ``step``: evict what that growth took from the cache."""
-        self._note_used(step)  # the stretch's last step, its finishes not yet out: its peak
         pool = self.pool
-        if self.static + self.batch.fin_sum + pool.pinned + pool.cached > pool.capacity:
+        bound = self.static + self.batch.fin_sum + pool.pinned
+        if bound > self.used_peak:
+            self._note_used(step)  # the stretch's last step, its finishes not yet out: its peak
+        if bound + pool.cached > pool.capacity:
             self._sync(step)
 
     def joined(self, r: Request) -> None:
@@ -262,10 +281,10 @@ class DecodeNode(BatchOwner):
         if r not in self.running:
             self.running[r] = None
 
-    def fit(self, step: int) -> bool:
+    def fit(self, step: int, now: float) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if self.retention.next_expiry_due(self.env.now):
-            self._expire(self.env.now)
+        if now >= self._due_from:
+            self._expire_due(now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
         if free_at_end >= 0:
@@ -278,12 +297,13 @@ class DecodeNode(BatchOwner):
             return False
         pool.evict(0)
         preempted = False
-        if pool.free() < 0 and self.policy.evictable:
-            self._evict_pins(0)
-        while pool.free() < 0 and self.running:
-            self._preempt(next(reversed(self.running)))
-            preempted = True
-            self._sync(step)
+        if pool.capacity - held - pool.pinned - pool.cached < 0:  # pool.free(): evicting the cache was not enough
+            if self.policy.evictable:
+                self._evict_pins(0)
+            while pool.free() < 0 and self.running:
+                self._preempt(next(reversed(self.running)))
+                preempted = True
+                self._sync(step)
         pool.check()
         if preempted:
             self._skip_waiting()
@@ -310,11 +330,11 @@ class DecodeNode(BatchOwner):
     def resume_admission(self) -> None:
         """The step that preempted is over and the next one preempted nothing: its waiting loop runs now."""
         self.admission_held = False
-        self._try_admit()
+        self._try_admit(self.env.now)
 
     def _retry(self, _e: object) -> None:
         self._retry_pending = False
-        self._try_admit()
+        self._try_admit(self.env.now)
 
     def _preempt(self, r: Request) -> None:
         """Preempt one running request (``_preempt_request``): free its blocks, re-queue it at the front."""
@@ -363,10 +383,11 @@ class DecodeNode(BatchOwner):
             )
         req.d_node = self.idx
         self.submitted += 1
-        self.rows.append((self.env.now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
+        now = self.env.now
+        self.rows.append((now, EV_D_ENQUEUE, req.conv, req.turn, self.idx, 0, 0))
         self.prefill_nodes[req.p_node].d_tracks(req)  # on_new_request: D starts heartbeating P's lease
         self._admit_q.append(req)
-        self._try_admit()
+        self._try_admit(now)
 
     def _local_hit(self, r: Request, tokens: int) -> tuple[int | None, tuple[int, int] | None, int, int]:
         """The conversation's KV still on this node: (pin id, cache entry taken out of the LRU, hit, owned blocks).
@@ -395,20 +416,20 @@ class DecodeNode(BatchOwner):
             hit = owned = 0
         return pid, entry, hit, owned
 
-    def _try_admit(self) -> None:
-        """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first)."""
+    def _try_admit(self, now: float) -> None:
+        """Admit waiting requests in FCFS order while their current tokens fit (expired pins freed first); ``now``:
+        the clock's time."""
         q = self._admit_q
         if not q or self.admission_held:
             return  # held: a preempting step is running, the batch resumes admission at its end
-        now = self.env.now
-        if self.retention.next_expiry_due(now):
-            self._expire(now)
+        if now >= self._due_from:
+            self._expire_due(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting
         synced = self.static + batch.fin_sum + pool.pinned + pool.cached > pool.capacity
         if synced:
-            self._sync(batch.in_progress_step())
+            self._sync(batch.in_progress_step(now))
         else:
             pool.held = self.static + batch.fin_sum
         bs = self.bs
@@ -453,16 +474,18 @@ class DecodeNode(BatchOwner):
             else:
                 self.admitted += 1
                 self.rows.append((now, EV_D_ADMIT, r.conv, r.turn, self.idx, hit, need))
-                self._start_p2d(r, hit)
+                self._start_p2d(r, hit, now)
         if admitted:
-            self._note_used(batch.in_progress_step())
-            batch.recheck()
+            if self.static + batch.fin_sum + pool.pinned > self.used_peak:  # _note_used's bound, before the step
+                self._note_used(batch.in_progress_step(now))
+            if batch.fin_sum > pool.capacity - pool.pinned - self.static:  # recheck's own first test
+                batch.recheck(now)
 
     def before_evict(self, want: int) -> None:
         """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
         if not self._synced:
             self._synced = True
-            self._sync(self.batch.in_progress_step())
+            self._sync(self.batch.in_progress_step(self.env.now))
 
     def after_evict(self, want: int, keep: int | None) -> None:
         """Still short with the prefix cache gone: ``ttl_evictable`` releases pins (not ``keep``)."""
@@ -484,15 +507,15 @@ class DecodeNode(BatchOwner):
         if t >= self._admit_wake_at and self._admit_wake_at > self.env.now:
             return
         self._admit_wake_at = t
-        call_at(self.env, t, lambda _e: self._try_admit())  # exactly at the deadline: it is due there
+        call_at(self.env, t, lambda _e: self._try_admit(self.env.now))  # exactly at the deadline: it is due there
 
-    def _start_p2d(self, r: Request, hit: int) -> None:
+    def _start_p2d(self, r: Request, hit: int, now: float) -> None:
         env = self.env
         tokens = r.prompt - hit
         pnode = self.prefill_nodes[r.p_node]
         if r.p_lapsed:
             # P's lease ran out and its blocks are gone: the read fails and D recomputes locally
-            self.rows.append((env.now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
+            self.rows.append((now, EV_P2D_FAILED, r.conv, r.turn, self.idx, tokens, hit))
             t = prefill_time_s(self.costs.prefill, tokens, hit, self.chunk)
             call_later(env, t, lambda _e: self.batch.ready(r, r.prompt, 0))
             return
@@ -509,8 +532,9 @@ class DecodeNode(BatchOwner):
             pnode.release_hold(r, HOLD_READ)  # P frees its blocks on the read's notification
             self.batch.ready(r, r.prompt, 0)
 
-        self.rows.append((env.now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, self.reads.total_bytes(P2D, tokens)))
-        self.batch.charge_thread(self.reads.start(r.p_node, self.idx, P2D, tokens, done))
+        reads = self.reads
+        self.rows.append((now, EV_P2D_START, r.conv, r.turn, self.idx, tokens, reads.total_bytes(P2D, tokens)))
+        self.batch.charge_thread(reads.start(r.p_node, self.idx, P2D, tokens, done))
 
     def _recompute(self, r: Request, tokens: int, hit: int) -> None:
         """A preempted request recomputes its prompt and sampled tokens on D (its P->D params are used up)."""
@@ -538,35 +562,31 @@ class DecodeNode(BatchOwner):
             r.itl_extra.append(self.batch.itl.gap(now - r.last_tok_t))
         r.last_tok_t = now
         if sampled >= r.output:
-            self.finish(r)
+            self.finish(r, now)
         else:
             r.d_state = 2
             self.batch.ready(r, r.prompt + sampled, sampled)
 
     # ---- finish and retention ----------------------------------------------------------------------------
 
-    def _log_itl(self, r: Request, now: float) -> None:
-        """The request's inter-token gaps (``sim/itl.py``): median and maximum, one ``D_ITL`` row."""
+    def log_itl_hist(self) -> None:
+        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
+        log_pooled(self.rows, self.env.now, self.idx, self.batch.itl)
+
+    def finish(self, r: Request, now: float) -> None:
+        """The response is complete (at ``now``): its inter-token gaps are logged (``sim/itl.py``: median and
+        maximum, one ``D_ITL`` row), its blocks pinned for the TTL (bidirectional) or left as cache."""
+        rows = self.rows
+        rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
         if r.itl_spans is None and r.itl_extra is None and r.itl_in:  # one stay, no preemption
-            p50, top = stay_stats(r.itl_old, self.batch.itl.current(), r.itl_skip)
+            p50, top = self.batch.itl.stats_since(r.itl_old, r.itl_skip)
             r.itl_in = False
             r.itl_old = None
         else:
             self.batch.close_stay(r)
             p50, top = turn_stats(r.itl_spans or [], r.itl_extra or [])
             r.itl_spans = r.itl_extra = None
-        self.rows.append((now, EV_D_ITL, r.conv, r.turn, self.idx, p50, top))
-
-    def log_itl_hist(self) -> None:
-        """End of run: the pooled inter-token gap counts of this engine (``Ev.ITL_HIST``, one row per bucket)."""
-        log_pooled(self.rows, self.env.now, self.idx, self.batch.itl)
-
-    def finish(self, r: Request) -> None:
-        """The response is complete: its blocks are pinned for the TTL (bidirectional) or become cache."""
-        env = self.env
-        now = env.now
-        self.rows.append((now, EV_D_FINISH, r.conv, r.turn, self.idx, r.output, 0))
-        self._log_itl(r, now)
+        rows.append((now, EV_D_ITL, r.conv, r.turn, self.idx, p50, top))
         self.static -= r.d_blocks  # only a request that finished right after its recompute still has some
         r.d_blocks = 0
         self._inflight -= 1
@@ -583,13 +603,17 @@ class DecodeNode(BatchOwner):
             blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry, left)
+            if expiry < self._due_from:
+                self._due_from = expiry  # filed (see _expire_due)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks
-            self.rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
+            rows.append((now, EV_PIN, r.conv, r.turn, self.idx, kv_tokens - left + new, expiry))
             if not r.last:  # the conversation's last lookup is behind it: an entry would never be read
                 self.router.store(r.conv, KVParams(self.idx, kv_tokens, expiry, now, pid))
         else:
             self.pool.to_cache(r.conv, kv_tokens)
-        self._driver().d_done(r)
-        self._try_admit()
+        d = self._drv
+        (d if d is not None else self._driver()).d_done(r)
+        if self._admit_q:
+            self._try_admit(now)

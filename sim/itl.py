@@ -393,7 +393,13 @@ class ItlTracker:
             return
         last = first + inc * (n - 1)
         if n == 1 or inc <= 0.0 or last <= math.exp(k * LOG_GAMMA) or k == KEY_MIN + KEY_SPAN - 1:  # one bucket
-            self._put(k, n, weight)
+            if self.native:  # _put, written out (most stretches)
+                self._root = _insert_t(self._root, k, n, self._epoch)
+            else:
+                self._root = insert(self._root, k, n)
+            pooled = self.pooled
+            j: i64 = k - KEY_MIN
+            pooled[j] = pooled[j] + n * weight
             return
         # the series crosses buckets (bucket k holds (gamma^(k-1), gamma^k]): count the steps in each
         k1 = bucket_key(last)
@@ -416,6 +422,12 @@ class ItlTracker:
     def current(self) -> Root:
         """The current version for a reading done at once (not to be kept: it may change in place)."""
         return self._root
+
+    def stats_since(self, old: Root | None, skip: int) -> tuple[float, float]:
+        """:func:`stay_stats` of a stay from version ``old`` (first step at ``skip``) to now, in one call."""
+        if self.native:
+            return _stay_stats_t(old, self._root, skip)
+        return _stay_stats_l(old, self._root, skip)
 
     def _put(self, key: int, c: int, weight: int) -> None:
         if self.native:

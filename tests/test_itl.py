@@ -42,6 +42,7 @@ def test_stay_and_turn_stats_match_numpy(seed: int) -> None:
         assert math.isnan(stay_stats(old, itl.current(), skip)[0])
         return
     med, top = stay_stats(old, itl.current(), skip)
+    assert itl.stats_since(old, skip) == (med, top)  # the tracker's own reading (D's finish)
     assert med == pytest.approx(float(np.median(gaps)), rel=REL)
     assert top == pytest.approx(max(gaps), rel=REL)
     # the same through the general path, with two extra gaps around a preemption

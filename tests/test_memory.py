@@ -377,9 +377,9 @@ def test_preemption_takes_the_newest_running_request(
         inside.discard(id(r))
         orig_pre(self, r)
 
-    def fin(self: Any, r: Any) -> None:
+    def fin(self: Any, r: Any, now: float) -> None:
         inside.discard(id(r))
-        orig_fin(self, r)
+        orig_fin(self, r, now)
 
     monkeypatch.setattr(DecodeBatch, "_add", add)
     monkeypatch.setattr(decode_mod.DecodeNode, "_recompute", rec)

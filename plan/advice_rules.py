@@ -224,9 +224,19 @@ def gap_text(gaps: np.ndarray) -> str:
 
 
 def choose_ttl(ev: Evidence) -> TtlChoice:
-    """The TTL rule (module docstring of :mod:`kvplan.plan.advice`); every TTL saturated: :func:`_all_saturated`."""
+    """The TTL rule (module docstring of :mod:`kvplan.plan.advice`); every TTL saturated: :func:`_all_saturated`;
+    retention off when bidirectional off saturates and a feasible TTL does not: :func:`_off_saturated` instead."""
     if ev.curve and all(c.saturated for c in ev.curve):
         return _all_saturated(ev)
+    choice = _by_benefit(ev)
+    feasible = [c for c in ev.curve if c.feasible]
+    if choice.retention_off and ev.off_saturated and feasible:
+        return _off_saturated(ev, feasible)
+    return choice
+
+
+def _by_benefit(ev: Evidence) -> TtlChoice:
+    """The benefit rule: the unlimited-TTL gain, then the shortest feasible TTL reaching 95% of it."""
     if not significant_gain(ev.unlimited, ev.off_mean_s):
         if material_unresolved(ev.unlimited, ev.off_mean_s):
             return _inconclusive(ev, "unlimited retention", ev.unlimited)
@@ -304,6 +314,21 @@ def _all_saturated(ev: Evidence) -> TtlChoice:
     return TtlChoice(best if keep else None, not keep, DECODE_HBM if "decode HBM" in best.saturated else PREFILL_COMPUTE, [
         f"Every TTL tried saturates the deployment at this load ({what}; {off}): {pick}, but the deployment is "
         "too small for the load whatever the TTL."])
+
+
+def _off_saturated(ev: Evidence, feasible: list[TtlCandidate]) -> TtlChoice:
+    """Bidirectional off saturates a resource while feasible TTLs saturate nothing in any replication: retention off
+    is not eligible, as a saturated TTL is not (its queue grows with the run, so its mean TTFT, and a gain measured
+    against it, depend on the run's length and spread between replications: the benefit rule's CI is no measure).
+    The shortest feasible TTL reaching 95% of the best feasible gain."""
+    best = max(feasible, key=lambda c: c.benefit_s)
+    rec = next((c for c in feasible if c.benefit_s >= BENEFIT_FRACTION * best.benefit_s), best)
+    return TtlChoice(rec, False, TURN_GAPS, [
+        f"Bidirectional off saturates {ev.off_saturated} at this load while TTL {rec.ttl_s:g} s saturates nothing in "
+        "any replication: retention off is not eligible (the saturation rule; a saturated run's mean TTFT grows with "
+        f"the run, so the gain over it is no measure of retention). TTL {rec.ttl_s:g} s is the shortest unsaturated "
+        f"TTL reaching 95% of the best unsaturated gain ({human_s(best.benefit_s)} of mean TTFT at "
+        f"{best.ttl_s:g} s)."])
 
 
 def _retention_down(ev: Evidence) -> TtlChoice:

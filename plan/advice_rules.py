@@ -107,6 +107,8 @@ def metrics(rows: Rows, max_num_seqs: int, n_decode: int) -> dict[str, float]:
         if r.get("error") is not None:
             continue
         pinned_tok = r["steady_pinned_kv_gib_mean"] * GIB / r["kv_bytes_per_token_all_ranks"] / n_decode
+        if not math.isfinite(pinned_tok):  # no steady window (e.g. a trace whose sessions all start at 0): unknown,
+            continue  # not max_num_seqs (min() with a NaN returned it: pins that raised the batch capacity)
         free = max(r["decode_kv_capacity_tokens"] - pinned_tok, 0)
         caps.append(min(max_num_seqs, free / max(r["mean_request_kv_tokens"], 1.0)))
     out["decode_batch_capacity"], out["decode_batch_capacity_ci95"] = mean_ci(caps)

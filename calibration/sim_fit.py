@@ -298,6 +298,16 @@ def _identify(prob: _Problem, why_held: dict[str, str], base: CostModel) -> None
 
 def _same_deployment_kind(base: Scenario, scen: list[Scenario]) -> None:
     for sc in scen:
+        dep = sc.deployment
+        roles = {"prefill": dep.prefill_tensor_parallel_size, "decode": dep.decode_tensor_parallel_size}
+        other = {r: tp for r, tp in roles.items() if tp is not None and tp != dep.tensor_parallel_size}
+        if other:
+            # the fit scales one TP's cost model and every simulation of it carries that model inline, so a role at
+            # another TP would be simulated with this TP's costs, and its scale written into a profile of this TP
+            raise input_error(
+                "--scenario", f"{', '.join(f'{r}_tensor_parallel_size {tp}' for r, tp in other.items())} differs from "
+                f"tensor_parallel_size {dep.tensor_parallel_size}: a fit writes one TP's profile and cannot fit a role at "
+                "another TP", "calibrate a deployment whose P and D run at one TP (a profile per TP)")
         if (sc.model, sc.hardware, sc.deployment.tensor_parallel_size) != (
                 base.model, base.hardware, base.deployment.tensor_parallel_size):
             raise input_error("--scenario", "every scenario of one fit must have the same model, hardware and TP",

@@ -129,7 +129,8 @@ RULES = (
     "allowance = that run's own p99 of arrival->P decision (>= 1 s): searched from 1 s and re-run (up to 3 rounds) "
     "while the measured p99 exceeds the allowance it ran with, so a router hit is never declined by P (PR #47021).",
     "Saturation rule: a TTL whose runs saturate a resource (health: waits > 1 s at p90 on a resource >= 90% busy, in "
-    "any replication; the text says in how many) is not eligible; saturated baselines are reported as such.",
+    "any replication; the text says in how many) is not eligible; saturated baselines are reported as such, and "
+    "bidirectional off saturating is not kept when a feasible TTL saturates nothing (its gain is then no measure).",
 )
 SCREEN_RULE = ("TTLs whose screened hit rate is under 25% of the best, those above the one after the first reaching 99% "
                "of it, and those whose screened prefill utilisation is >= 1.25 (unless all are) are not simulated "

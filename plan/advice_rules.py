@@ -107,6 +107,8 @@ def metrics(rows: Rows, max_num_seqs: int, n_decode: int) -> dict[str, float]:
         if r.get("error") is not None:
             continue
         pinned_tok = r["steady_pinned_kv_gib_mean"] * GIB / r["kv_bytes_per_token_all_ranks"] / n_decode
+        if not math.isfinite(pinned_tok):  # no steady window (e.g. a trace whose sessions all start at 0): unknown,
+            continue  # not max_num_seqs (min() with a NaN returned it: pins that raised the batch capacity)
         free = max(r["decode_kv_capacity_tokens"] - pinned_tok, 0)
         caps.append(min(max_num_seqs, free / max(r["mean_request_kv_tokens"], 1.0)))
     out["decode_batch_capacity"], out["decode_batch_capacity_ci95"] = mean_ci(caps)
@@ -224,9 +226,19 @@ def gap_text(gaps: np.ndarray) -> str:
 
 
 def choose_ttl(ev: Evidence) -> TtlChoice:
-    """The TTL rule (module docstring of :mod:`kvplan.plan.advice`); every TTL saturated: :func:`_all_saturated`."""
+    """The TTL rule (module docstring of :mod:`kvplan.plan.advice`); every TTL saturated: :func:`_all_saturated`;
+    retention off when bidirectional off saturates and a feasible TTL does not: :func:`_off_saturated` instead."""
     if ev.curve and all(c.saturated for c in ev.curve):
         return _all_saturated(ev)
+    choice = _by_benefit(ev)
+    feasible = [c for c in ev.curve if c.feasible]
+    if choice.retention_off and ev.off_saturated and feasible:
+        return _off_saturated(ev, feasible)
+    return choice
+
+
+def _by_benefit(ev: Evidence) -> TtlChoice:
+    """The benefit rule: the unlimited-TTL gain, then the shortest feasible TTL reaching 95% of it."""
     if not significant_gain(ev.unlimited, ev.off_mean_s):
         if material_unresolved(ev.unlimited, ev.off_mean_s):
             return _inconclusive(ev, "unlimited retention", ev.unlimited)
@@ -304,6 +316,21 @@ def _all_saturated(ev: Evidence) -> TtlChoice:
     return TtlChoice(best if keep else None, not keep, DECODE_HBM if "decode HBM" in best.saturated else PREFILL_COMPUTE, [
         f"Every TTL tried saturates the deployment at this load ({what}; {off}): {pick}, but the deployment is "
         "too small for the load whatever the TTL."])
+
+
+def _off_saturated(ev: Evidence, feasible: list[TtlCandidate]) -> TtlChoice:
+    """Bidirectional off saturates a resource while feasible TTLs saturate nothing in any replication: retention off
+    is not eligible, as a saturated TTL is not (its queue grows with the run, so its mean TTFT, and a gain measured
+    against it, depend on the run's length and spread between replications: the benefit rule's CI is no measure).
+    The shortest feasible TTL reaching 95% of the best feasible gain."""
+    best = max(feasible, key=lambda c: c.benefit_s)
+    rec = next((c for c in feasible if c.benefit_s >= BENEFIT_FRACTION * best.benefit_s), best)
+    return TtlChoice(rec, False, TURN_GAPS, [
+        f"Bidirectional off saturates {ev.off_saturated} at this load while TTL {rec.ttl_s:g} s saturates nothing in "
+        "any replication: retention off is not eligible (the saturation rule; a saturated run's mean TTFT grows with "
+        f"the run, so the gain over it is no measure of retention). TTL {rec.ttl_s:g} s is the shortest unsaturated "
+        f"TTL reaching 95% of the best unsaturated gain ({human_s(best.benefit_s)} of mean TTFT at "
+        f"{best.ttl_s:g} s)."])
 
 
 def _retention_down(ev: Evidence) -> TtlChoice:

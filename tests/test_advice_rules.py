@@ -88,3 +88,28 @@ def test_replication_seeds_are_spawned_not_shifted() -> None:
     assert a == [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(3).spawn(50)]
     assert len(set(a)) == 50 and not set(a) & set(b)  # seed + k would share 49 of 50 streams
     assert replication_seeds(3, 2) == a[:2]  # replication k's seed does not depend on K
+
+
+def test_decode_batch_capacity_is_unknown_without_a_steady_window() -> None:
+    """ans12: `recommend --trace trace_0019.json` (one weka session, starting at 0: no steady window) reported the
+    decode batch capacity at vLLM's defaults as 1024 (max_num_seqs) against 137 without retention: the steady pinned
+    KV was NaN and min(max_num_seqs, NaN) returned max_num_seqs, so pins raised the batch capacity. Unknown now."""
+    import pytest
+
+    from kvplan.plan.advice_rules import metrics
+
+    row = {"error": None, "steady_pinned_kv_gib_mean": math.nan, "kv_bytes_per_token_all_ranks": 262144.0,
+           "decode_kv_capacity_tokens": 3_600_000.0, "mean_request_kv_tokens": 26_000.0}
+    assert math.isnan(metrics([row], 1024, 1)["decode_batch_capacity"])
+    row0 = {**row, "steady_pinned_kv_gib_mean": 0.0}
+    assert metrics([row0], 1024, 1)["decode_batch_capacity"] == pytest.approx(3_600_000 / 26_000)
+    # end to end on the bundled weka trace (its sessions start at 0): the defaults' capacity is not above off's
+    from pathlib import Path
+
+    from kvplan.plan.advice import recommend
+
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "weka_small.json"
+    sc = {"model": "qwen3-32b", "hardware": "p5en", "workload": {"trace": {"path": str(trace)}}}
+    hbm = recommend(sc, replications=1, ttl_grid=(30,), workers=1).decode_hbm
+    at_defaults, without = hbm["decode_batch_capacity_at_vllm_defaults"], hbm["decode_batch_capacity_without_retention"]
+    assert math.isnan(at_defaults) or at_defaults <= without, hbm

@@ -304,3 +304,34 @@ def test_conversations_cut_at_the_context_limit_are_said() -> None:
     calm = recommend(preset_scenario("tool-agent", rate_per_s=0.05, conversations=20), replications=1, ttl_grid=(30,),
                      workers=1)
     assert not any("context limit" in w for w in calm.warnings), calm.warnings
+
+
+def test_saturated_retention_off_is_not_kept_for_an_unresolved_gain() -> None:
+    """ans12: 3P2D TP2, 1.5 conversations/s of 6k-token prefixes, 2 replications: bidirectional off saturates P compute
+    in both (TTFT p50 10 s, p90 25 s) while TTL 15/30/60 s saturate nothing (p90 1.0-2.4 s); the unlimited-TTL gain's
+    95% CI over 2 replications (t = 12.7) included 0, so recommend said INCONCLUSIVE and recommended bidirectional
+    off, the saturated setting. Off is now not eligible against an unsaturated TTL, as a saturated TTL is not."""
+    sc = scenario_from_dict({
+        "model": "qwen3-32b", "hardware": "p5en",
+        "deployment": {"max_num_seqs": 64, "prefill_prefix_caching": False, "tensor_parallel_size": 2,
+                       "prefill_nodes": 3, "decode_nodes": 2},
+        "workload": {"conversations": 300, "arrival": {"kind": "poisson", "rate_per_s": 1.5},
+                     "turns": {"dist": "uniform", "low": 2, "high": 6},
+                     "prefix_tokens": {"dist": "lognormal", "median": 6000, "sigma": 0.4},
+                     "user_tokens": {"dist": "uniform", "low": 100, "high": 600},
+                     "output_tokens": {"dist": "uniform", "low": 50, "high": 300},
+                     "turn_gap_s": {"dist": "exponential", "mean": 15}},
+        "seed": 3})
+    rec = recommend(sc, replications=2, ttl_grid=(15, 30, 60, 120), workers=2)
+    assert rec.saturation["bidirectional_off"] == ["prefill_compute"]
+    assert rec.bidirectional and rec.decoder_kv_blocks_ttl_s in (15, 30, 60) and not rec.saturation["recommended"]
+    assert not rec.inconclusive and "retention off is not eligible" in _why(rec)
+    assert rec.expected["ttft_p90_s"] < rec.bidirectional_off["ttft_p90_s"] / 5
+    # the claim holds when the recommended settings are simulated on the advisor's seeds
+    sim = with_overrides(sc, {"workload.conversations": rec.steady_state["conversations_simulated"],
+                              "policy.decoder_kv_blocks_ttl_s": rec.decoder_kv_blocks_ttl_s,
+                              "policy.router_ttl_s": rec.router_ttl_s,
+                              "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
+                              "policy.kv_load_failure_policy": "recompute"})
+    p90 = [run_row(sim, s)["ttft_p90_s"] for s in replication_seeds(sc.seed, 2)]
+    assert float(np.mean(p90)) == pytest.approx(rec.expected["ttft_p90_s"], rel=1e-9)

@@ -410,6 +410,10 @@ def test_calibration_page_shows_the_self_check(tmp_path: Path) -> None:
     # both numbers per metric, unrounded (the grid formats them at six significant digits)
     assert check["measured (ms)"].tolist() == pytest.approx([c["measured_ms"] for c in report["self_check"]])
     assert check["simulated (ms)"].tolist() == pytest.approx([c["simulated_ms"] for c in report["self_check"]])
+    # ans12: and the held-out seeds whose mean gates the status too (the CLI prints them; the page did not)
+    held = next(f for f in frames if "simulated mean (ms)" in f.columns)
+    assert held["simulated mean (ms)"].tolist() == pytest.approx([c["simulated_ms"] for c in report["held_out_check"]])
+    assert (held["seeds"] == 3).all()
     params = next(f for f in frames if "parameter" in f.columns).set_index("parameter")
     assert params.loc["prefill.gpu_scale", "value"] == pytest.approx(report["params"][0]["value"])
     # the same profile marked unreliable: the page says so, with the reason

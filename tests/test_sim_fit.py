@@ -308,3 +308,18 @@ def test_calibrate_scenario_bad_input(case: str, tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_heterogeneous_tp_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ans12: `calibrate --bench F --scenario S` with `tensor_parallel_size: 1, decode_tensor_parallel_size: 2` fitted
+    decode x3.277 with D simulated on the TP1 cost model (the fit carries one TP's costs inline, for every role), and
+    wrote a TP1 profile: `cost --profile P --tp 1` then applied x3.277 to the TP1 prior (39.1 ms a step against 12.0
+    ms), and at TP2, where D ran, applied nothing. A fit writes one TP's profile: heterogeneous TP is refused."""
+    scen = tmp_path / "het.yaml"
+    scen.write_text("model: llama-3.1-8b\nhardware: p4de\ndeployment: {tensor_parallel_size: 1, "
+                    "decode_tensor_parallel_size: 2, prefill_nodes: 2, decode_nodes: 1}\npolicy: {bidirectional: false}\n")
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--bench", str(BENCH), "--scenario", str(scen), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "decode_tensor_parallel_size 2 differs from tensor_parallel_size 1" in err[0], err
+    assert not out.exists()

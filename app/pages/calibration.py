@@ -83,6 +83,11 @@ if fitted:
         st.markdown("**Self-check**: the fitted profile simulated on the measured run(s); means within "
                     f"{float(profile.fit_report.get('self_check_tolerance', 0.15)):.0%} gate the status")
         show(st, check, "calib_self_check")
+    held_out = du.held_out_table(profile)
+    if held_out is not None:
+        st.markdown("**Held-out seeds**: the fitted profile simulated with seeds the fit did not use; their mean "
+                    "gates the status too")
+        show(st, held_out, "calib_held_out")
     left, right = st.columns(2)
     residuals = du.residual_frame(profile)
     if residuals is not None:

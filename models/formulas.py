@@ -342,7 +342,8 @@ def steps_within(elapsed_s: float, first_s: float, increment_s: float) -> int:
         k = int((-a + math.sqrt(a * a + 2 * increment_s * elapsed_s)) / increment_s)
     else:
         k = int(elapsed_s / first_s) if first_s > 0 else 0
-    k = max(k, 0)
+    if k < 0:  # (not max(k, 0): a builtin call per evaluation interpreted)
+        k = 0
     while k > 0 and k * first_s + increment_s * k * (k - 1) / 2 > elapsed_s:
         k -= 1
     j = k + 1

@@ -63,8 +63,11 @@ class Link:
         if self.per_byte_s <= 0 or nbytes <= 0:
             on_done(0.0)
             return
-        self._advance()
-        sorted_push(self._heap, (self._v + nbytes, key, self.env.now, on_done))
+        now = self.env.now
+        if self._heap:  # _advance written out (as in _complete): a call fewer per read interpreted
+            self._v += (now - self._last_t) * self.frac / self.per_byte_s
+        self._last_t = now
+        sorted_push(self._heap, (self._v + nbytes, key, now, on_done))
         if self.fabric is None or not self.fabric.reshare(self):
             self.frac = 1.0 / float(len(self._heap))  # float / float: native (float / int was a generic call)
             self._reschedule()
@@ -91,10 +94,12 @@ class Link:
     def _complete(self, e: object) -> None:
         if e is not self._timer:
             return  # superseded by a later arrival or departure
-        self._advance()
         heap = self._heap
-        slack = EPS_S * self.frac / self.per_byte_s
         now = self.env.now
+        if heap:  # _advance written out
+            self._v += (now - self._last_t) * self.frac / self.per_byte_s
+        self._last_t = now
+        slack = EPS_S * self.frac / self.per_byte_s
         finished: list[tuple[float, int, float, Callable[[float], None]]] = []  # typed: native reads of the items
         while heap and heap[0][0] - self._v <= slack:
             finished.append(sorted_pop(heap))

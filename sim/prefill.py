@@ -174,17 +174,18 @@ class PrefillNode(PrefillPort):
             if not self.chunks:
                 self._cutoff = math.inf  # the planned step is empty: nothing runs, the next plan takes them at once
                 continue
-            self._sched_t = env.now
+            now = env.now  # read once: the clock does not move inside an event
+            self._sched_t = now
             dt = self._pc.step_time_s(self.new_tokens, self.pairs, self.ctx_pairs)  # = prefill_step_time_s (typed)
             self.busy_s += dt
             self._batch = self.chunks
             # the step's forward overlaps the engine thread's posting work (PR #53333): it ends when both are done;
             # before that PR (deployment.kv_post_overlaps_forward false) the forward starts once the posting is done
-            stall = self.thread_free_s - env.now - (0.0 if self.post_serial else dt)
+            stall = self.thread_free_s - now - (0.0 if self.post_serial else dt)
             # work posted in an empty step (a step with no tokens still posts its loads: execute_model ->
             # kv_connector_no_forward, vllm/v1/worker/kv_connector_model_runner_mixin.py) or while idle ran before
             # this step: its forward starts once that is done, whatever post_serial
-            wait = free0 - env.now
+            wait = free0 - now
             if wait > stall:
                 stall = wait
             if self.post_serial and self.thread_free_s > free0:
@@ -235,7 +236,7 @@ class PrefillNode(PrefillPort):
 
     def _decide(self, r: Request) -> bool:
         """The connector decision at scheduling time. True when the request computes now."""
-        env = self.env
+        now = self.env.now  # read once: the clock does not move inside an event
         r.p_decided = True
         self.decided += 1
         prompt = r.prompt
@@ -254,19 +255,19 @@ class PrefillNode(PrefillPort):
             elif n < self.threshold:
                 decision = DEC_RECOMPUTE_BELOW_THRESHOLD
                 dnode.release_pin(params.pin_id, REL_NOTIFIED)
-            elif read_declined(env.now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, env.now):
+            elif read_declined(now, params.expiry_s, self.margin) or not dnode.pin_alive(params.pin_id, now):
                 # Declined (PR #47021) or the blocks are already gone: a failed KV load, unless D's offload
                 # tier holds the context (sim/retention_policy.py)
-                n_host = min(dnode.host_tokens(r.conv, env.now), prompt) - local
+                n_host = min(dnode.host_tokens(r.conv, now), prompt) - local
                 if n_host >= max(self.threshold, 1) and prompt - local - 1 > 0:
                     pulled = min(n_host, prompt - local - 1)
-                    self.rows.append((env.now, EV_P_DECISION, r.conv, r.turn, self.idx, DEC_HOST_PULL, local))
+                    self.rows.append((now, EV_P_DECISION, r.conv, r.turn, self.idx, DEC_HOST_PULL, local))
                     r.p_ctx = local + pulled
                     r.p_remaining = prompt - local - pulled
                     self._start_host_pull(r, params.decode_node, pulled)
                     return False
                 if self.fail_on_decline:
-                    log_t = env.now
+                    log_t = now
                     self.rows.append((log_t, EV_P_DECISION, r.conv, r.turn, self.idx, DEC_ERROR, local))
                     self.rows.append((log_t, EV_ERROR, r.conv, r.turn, self.idx, DEC_EXPIRED, 0))
                     r.error = True
@@ -280,7 +281,7 @@ class PrefillNode(PrefillPort):
                 decision = DEC_PULL
                 # at least one token is computed: the scheduler backs off a full-prompt hit by one
                 pulled = min(n, prompt - local - 1)
-        self.rows.append((env.now, EV_P_DECISION, r.conv, r.turn, self.idx, decision, local))
+        self.rows.append((now, EV_P_DECISION, r.conv, r.turn, self.idx, decision, local))
         r.p_ctx = local + pulled
         r.p_remaining = prompt - local - pulled
         if decision == DEC_PULL:
@@ -295,9 +296,10 @@ class PrefillNode(PrefillPort):
         dnode.mark_reading(pin_id)
 
         def done(xfer_s: float, post_s: float) -> None:
-            self.rows.append((env.now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
+            now = env.now
+            self.rows.append((now, EV_PULL_DONE, r.conv, r.turn, d, xfer_s, post_s))
             dnode.release_pin(pin_id, REL_READ)
-            r.wait_t = env.now
+            r.wait_t = now
             self.waiting.appendleft(r)  # back to WAITING, ahead of later arrivals (FCFS)
             self._kick()
 

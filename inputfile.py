@@ -57,9 +57,9 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
     except OSError as exc:
         raise input_error(where, f"cannot access the file ({exc.strerror})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise input_error(where, "is a directory, not a file", "pass one trace file")
+        raise input_error(where, "is a directory, not a file", "pass one file")
     if not stat.S_ISREG(st.st_mode):
-        raise input_error(where, "is not a regular file", "copy the trace to a regular file first")
+        raise input_error(where, "is not a regular file", "copy it to a regular file first")
     if st.st_size > max_bytes:
         raise input_error(
             where,
@@ -133,7 +133,7 @@ def decode_text(data: bytes, field: str) -> str:
     refuse_compressed(data, field)
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise input_error(field, f"byte {nul} is a NUL byte: this is a binary file, not a text trace")
+        raise input_error(field, f"byte {nul} is a NUL byte: this is a binary file, not a text file")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

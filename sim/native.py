@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import platform
 import shutil
@@ -174,9 +175,13 @@ def install() -> bool:
     no build is served and the reason is recorded for :func:`status`."""
     if _STATE["reason"] != "not checked":
         return bool(_STATE["active"])
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    switch = os.environ.get(ENV_SWITCH, "1").strip()
+    if switch == "0":
         _STATE.update(active=False, reason=f"{ENV_SWITCH}=0")
         return False
+    if switch not in ("1", ""):  # a typo must not pass unnoticed: said once, then the default (compiled when current)
+        logging.getLogger(__name__).warning("warning: %s=%r is neither 0 (pure Python) nor 1 (the compiled build when "
+                                            "current): taken as 1", ENV_SWITCH, switch)
     if any(m in sys.modules for m in HOT_MODULES):
         first = next(m for m in HOT_MODULES if m in sys.modules)
         _STATE.update(active=False, reason=f"a hot module ({first}) was imported before the engine (kvplan.sim.engine): "

@@ -262,3 +262,16 @@ def test_truncated_artefact_is_never_loaded(tmp_path: Path, monkeypatch: pytest.
     res = subprocess.run([sys.executable, "-c", "from kvplan.sim import native; print(native.status()['active'])"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", (res.returncode, res.stderr[-500:])
+
+
+def test_unknown_switch_value_is_said_not_ignored(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """KVPLAN_NATIVE=garbage: a warning naming the variable and its two values, then the default."""
+    from kvplan.sim import native
+
+    monkeypatch.setattr(native, "_STATE", {"active": False, "reason": "not checked"})
+    monkeypatch.setenv(native.ENV_SWITCH, "garbage")
+    with caplog.at_level("WARNING", logger="kvplan.sim.native"):
+        native.install()
+    assert "KVPLAN_NATIVE='garbage' is neither 0" in caplog.text
+    assert native._STATE["reason"] != f"{native.ENV_SWITCH}=0"

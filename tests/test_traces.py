@@ -544,7 +544,7 @@ def test_workload_fit_of_a_trace_with_zero_tokens_simulates(tmp_path: Path) -> N
         (b"PK\x03\x04\x14\x00\x00\x00\x08\x00", "is compressed (zip)"),
         (b"\xfd7zXZ\x00\x00\x04\xe6\xd6\xb4F", "is compressed (xz)"),
         (b"BZh91AY&SY\x8a\x12", "is compressed (bzip2)"),
-        (b"session_id,timestamp_s\x00\x00\x01\x02", "NUL byte: this is a binary file, not a text trace"),
+        (b"session_id,timestamp_s\x00\x00\x01\x02", "NUL byte: this is a binary file, not a text file"),
         (b"session_id,timestamp_s,input_tokens,output_tokens\n\xc3\x28,0,1,1\n", "line 2: byte 50 is not valid UTF-8"),
     ],
 )

@@ -41,7 +41,15 @@ from kvplan.models.bounds import (
     gemm_dtype,
     physical_bounds,
 )
-from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, scale_decode_gpu, scale_prefill_gpu
+from kvplan.models.costs import (
+    CostModel,
+    DecodeCost,
+    PrefillCost,
+    causal_pairs,
+    prefill_gpu_step_s,
+    scale_decode_gpu,
+    scale_prefill_gpu,
+)
 from kvplan.models.hardware import GPU, HARDWARE_PRESETS, Node, gpu_key
 from kvplan.models.profile import Profile, default_profile_name, load_prior, load_profile, shipped_profiles
 
@@ -75,6 +83,34 @@ def analytic_prior(arch: ModelArch, gpu: GPU, tp: int) -> CostModel:
             per_context_token_s=context_bytes_per_token_per_rank(arch, tp) / (bw * HBM_EFFICIENCY),
         ),
     )
+
+
+#: Step size at which :func:`pcie_tp_note` compares a PCIe-only GPU's prefill across TP sizes.
+PCIE_NOTE_TOKENS = 8192
+
+
+def pcie_tp_note(arch: ModelArch, gpu: GPU, tp: int, prefill: PrefillCost) -> str:
+    """``""``, or a note when the kernel prior's ``prefill`` on a GPU without NVLink is slower than a smaller TP's.
+
+    aiconfigurator's all-reduce tables for such a GPU are measured over PCIe and slow down with the number of
+    GPUs (L40S, ``systems/data/l40s/comm``: about 19 GB/s bus bandwidth at TP2, 4-5 at TP4, 1.5-2 at TP8, README
+    *Costs*), so at TP4/TP8 the prefill's two all-reduces per layer outweigh the GEMMs it splits. The prior is
+    that data (fitted within its ``fit_report`` error), not an extrapolation; the note says so where the costs
+    are shown (``component_status``), with the 8k-token step at this TP and at the fastest smaller TP.
+    """
+    if gpu.nvlink_bytes_per_s > 0 or tp <= 1:
+        return ""
+    n = PCIE_NOTE_TOKENS
+    pairs = causal_pairs(n, 0)
+    here = prefill_gpu_step_s(prefill, n, pairs)
+    smaller = [(prefill_gpu_step_s(p.costs.prefill, n, pairs), t) for t in range(1, tp)
+               if (p := load_prior(arch.name, gpu_key(gpu), t)) is not None]
+    if not smaller or here <= min(smaller)[0]:
+        return ""
+    best, best_tp = min(smaller)
+    return (f"PCIe only: an {n}-token prefill step takes {here:.2f} s at TP{tp} vs {best:.2f} s at TP{best_tp} "
+            f"(x{here / best:.1f}): aiconfigurator's measured all-reduce on {gpu.name} slows with the GPU count "
+            f"(kernel data, not a kvplan extrapolation; README, Costs)")
 
 
 def compute_prior(arch: ModelArch, gpu: GPU, tp: int) -> tuple[CostModel, str]:
@@ -274,12 +310,16 @@ def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None,
         compute, compute_status = base.costs, f"kernel-derived (requested prior {base.name})"
     else:
         compute, compute_status = compute_prior(arch, node.gpu, tp)
+    pcie = pcie_tp_note(arch, node.gpu, tp, compute.prefill) if compute_status.startswith("kernel-derived") else ""
+    if pcie:
+        notes.append(pcie)
     residual = base if base is not None and base.status != "prior" else residual_source(arch, node)
     costs = compose(compute, residual, node, arch, tp)
     check_bounds(costs, arch, node, tp, f"resolved costs of {arch.name} on {node.name} TP{tp}")
     res_status = _residual_status(residual, arch, node)
     status = {
-        "prefill.gpu": compute_status + _correction_status(residual, arch, node, tp, "prefill"),
+        "prefill.gpu": compute_status + (f"; {pcie}" if pcie else "") + _correction_status(residual, arch, node, tp,
+                                                                                           "prefill"),
         "decode.gpu": compute_status + _correction_status(residual, arch, node, tp, "decode"),
         "prefill.overhead_s": res_status,
         "decode.overhead_s": res_status,

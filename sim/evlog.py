@@ -5,9 +5,11 @@ bytes: the layout of :data:`ROW_FORMAT`), so a run never holds Python tuples for
 zero-copy ``numpy.frombuffer`` (``events.EventLog.flush``). Compiled with the hot path (sim/native.py), an emit
 site passes the row without building a tuple object and the row is written field by field into a
 ``librt.strings.BytesWriter`` (mypyc's runtime library, installed with mypy: each ``write_f64_le`` /
-``write_i64_le`` is an inline C store, no Python object per value); interpreted, one ``struct.pack_into`` call
-packs it into a growing ``bytearray``. Both give the same bytes: values are converted exactly as NumPy's typed
-columns would convert them (floats to IEEE doubles, integers and IntEnum members to int64).
+``write_i64_le`` is an inline C store, no Python object per value). Interpreted runs log into
+``events.TupleRows`` instead (a list: ``append`` is ``list.append``, no Python frame per event), packed with this
+format after every slice of simulated time; :class:`RowBuffer` interpreted (tests, direct users) packs each row with
+one ``struct.pack_into`` call into a growing ``bytearray``. All give the same bytes: values are converted exactly as
+NumPy's typed columns would convert them (floats to IEEE doubles, integers and IntEnum members to int64).
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ conversations in fresh processes to show how peak memory
 (tracemalloc: Python and NumPy allocations) grows with the number of conversations.
 Beside each reference run it times raw SimPy processing the same number of events as that run put on
 SimPy's queue (benchmarks/simpy_yardstick.py), in turn with it (paired: both see the machine at the same
-moment), and reports the ratio of CPU times (best of the runs, and the median of the pairs' ratios).
+moment), and reports the ratio of CPU times (best of the runs, and the median of the pairs' ratios). Then the same reference
+run in pure Python (``KVPLAN_NATIVE=0``, fresh processes: turns per CPU second against issue 23's 20,000).
 Writes benchmarks/results/sim.json.
 
-    .venv/bin/python benchmarks/bench_sim.py [--runs 5] [--no-memory] [--baseline DIR]
+    .venv/bin/python benchmarks/bench_sim.py [--runs 5] [--no-memory] [--pure-runs 3] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def _baseline_run(baseline: str) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _pure_run() -> dict[str, float]:
+    """One reference run of this checkout interpreted (``KVPLAN_NATIVE=0``: no compiled module) in a fresh process."""
+    env = {**os.environ, native.ENV_SWITCH: "0"}
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(REF)], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     """Run the benchmark and write the results file.
 
@@ -78,6 +86,8 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="directory with an unchanged kvplan package to compare against")
     ap.add_argument("--runs", type=int, default=5, help="reference runs (each paired with a raw-SimPy run)")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory scan (keeps the previous one)")
+    ap.add_argument("--pure-runs", type=int, default=3,
+                    help="reference runs in pure Python (KVPLAN_NATIVE=0, fresh processes; 0: skip)")
     args = ap.parse_args()
     sc = load_scenario(REF)
     n_events, res0 = count_events(sc)  # warm-up (imports, caches) and SimPy's event count
@@ -140,6 +150,18 @@ def main() -> None:
         }
         print(f"baseline at the same moment: {speed['baseline']['turns_per_s']:,.0f} per wall second, "
               f"{speed['baseline']['turns_per_cpu_s']:,.0f} per CPU second")
+    if args.pure_runs > 0:
+        pure = [_pure_run() for _ in range(args.pure_runs)]
+        pt = pure[0]["turns"]
+        best_cpu = min(r["cpu_s"] for r in pure)
+        speed["pure_python"] = {
+            "runs": pure, "cpu_s_best": best_cpu, "turns_per_cpu_s": pt / best_cpu,
+            "compiled_speedup": best_cpu / min(cpus), "target_turns_per_cpu_s": 20_000,
+            "meets_target": pt / best_cpu >= 20_000,
+        }
+        print(f"pure Python (KVPLAN_NATIVE=0): {best_cpu:.3f} CPU s (best of {len(pure)}) -> {pt / best_cpu:,.0f} turns "
+              f"per CPU second (issue 23 target 20,000: {'met' if pt / best_cpu >= 20_000 else 'not met'}); "
+              f"the compiled build is {best_cpu / min(cpus):.1f}x faster")
     dest = HERE / "results" / "sim.json"
     speed["load_avg_after"] = os.getloadavg()  # the machine is shared: its load beside the figures
     mem = json.loads(dest.read_text())["memory"] if args.no_memory and dest.exists() else []

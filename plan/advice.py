@@ -80,6 +80,7 @@ from kvplan.plan.advice_rules import (
 from kvplan.plan.advice_runs import (
     Gaps,
     RouterFit,
+    no_follow_ups,
     prune_ttls,
     saturation,
     screen_ttls,
@@ -313,6 +314,7 @@ class _Setup:
     budget: float | None
     gaps: Gaps | None
     lengthened: tuple[int, int] | None  # (conversations asked, conversations simulated)
+    no_gaps: str = "no follow-up turns"  # what the rationale says when there are no gaps to quote
 
 
 @dataclass
@@ -435,7 +437,7 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
                           "give the P/D deployment (kvplan compare runs the same GPUs as aggregated replicas beside it)")
     rs = resolve(sc)
     pol = sc.policy
-    pairs = trace_pairs(sc)
+    pairs = trace_pairs(sc, rs.arch.max_model_len)  # the requests replayed, not those the context limit skips
     trace_gaps = trace_gap_sample(pairs)
     be = break_even(rs, *_follow_up_shape(sc, pairs))
     bs = rs.arch.block_size_tokens
@@ -455,8 +457,9 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
         if longer is not None:
             lengthened, sc = (sc.workload.conversations, n), longer
             rs = resolve(sc)
+    selection = pairs.attrs.get("selection") if pairs is not None else None
     return _Setup(sc, rs, grid, ttls, pruned, be, candidates, margin, slo_ms, budget,
-                  workload_gaps(sc, trace_gaps), lengthened)
+                  workload_gaps(sc, trace_gaps, selection), lengthened, no_follow_ups(selection))
 
 
 def _on(ttl: float, router: float, threshold: int) -> dict[str, Any]:
@@ -555,7 +558,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
              for t, f in st.fits.items()}
     ttl_rows = {t: f.rows for t, f in st.fits.items()}
     curve = ttl_curve(setup.ttls, ttl_rows, st.off, unlimited, off_m["ttft_mean_s"], m, setup.budget, facts)
-    gaps = setup.gaps.text() if setup.gaps is not None else "no follow-up turns"
+    gaps = setup.gaps.text() if setup.gaps is not None else setup.no_gaps
     choice = choose_ttl(Evidence(curve, off_m["ttft_mean_s"], unlimited, mean_ci(col(st.unlimited, "hit_rate"))[0],
                                  setup.budget, gaps, setup.be.local_prefix_tokens,
                                  setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text(),

@@ -356,6 +356,28 @@ def _text_row(policy: str, replications: int, ci: float) -> dict[str, Any]:
     return row
 
 
+def test_compare_text_caps_the_engine_busy_share_at_100_percent() -> None:
+    """ans12b: the "prefill/engine util %" line printed the steady-window busy share raw (e.g. 104.0: a step straddling
+    the window's edges) where the health lines print it at most 100%. The table and the dashboard now cap the shown
+    share and say so; the JSON rows keep the raw figure."""
+    from kvplan.app.cmd_compare import render_text
+    from kvplan.app.dash_compare import compare_display_frame
+    from kvplan.plan.compare import compare_json
+
+    busy = {**_text_row("aggregated", 3, 0.02), "prefill_utilization_steady": 1.04}
+    rows = [_text_row("off", 3, 0.01), busy]
+    text = render_text(rows)
+    line = next(ln for ln in text if ln.startswith("prefill/engine util %"))
+    assert "104.0" not in line and line.split()[-2:] == ["100.0", "±2.0"], line
+    assert "50.0 ±1.0" in line  # a share at most 1 prints as before
+    assert json.loads(compare_json(rows))[1]["prefill_utilization_steady"] == 1.04  # raw in JSON
+    assert compare_display_frame(rows)["prefill/engine util"].tolist() == ["50.0%", "100.0%"]
+    from kvplan.app.cmd_compare import CAPPED_NOTE
+
+    assert CAPPED_NOTE in text
+    assert CAPPED_NOTE not in render_text([_text_row("off", 3, 0.01)])  # nothing capped: no note
+
+
 def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> None:
     """With more than one replication every cell prints its CI, a CI of exactly 0 too (not '92.3 ±2.8' next to a
     bare '0.0'); with one replication no cell does, and the footnote says so."""

@@ -50,12 +50,15 @@ import numpy as np
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.hardware import nixl_backend
 from kvplan.plan.advice_report import (
+    COHORT,
+    COHORT_FIX,
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
     context_cut_warning,
     run_warnings,
     saturation_lines,
+    sessions_start_together,
     steady_json,
     unsaturate_hint,
 )
@@ -604,11 +607,19 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         # the headline compares with this column: a TTL-480 s run shorter than TTL + span never reaches the pinned KV
         # of its steady state, so it can look unsaturated and fast where a steady run saturates decode HBM (a
         # saturated one is reported as such: it has no steady state at any length)
-        fix = ("replay a longer window" if sc.workload.trace is not None else
-               "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
-        warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival span "
-                        "< TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, so its "
-                        f"TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); {fix}")
+        if sessions_start_together(sc):  # no length is steady: say why, once the TTL curve's warning said how
+            said = any(w.startswith("no steady state at TTL") for w in warnings)
+            warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) has no steady state either: "
+                            + ("the sessions all start together (above)" if said else COHORT)
+                            + "; its TTFT, pinned KV and saturation are this cohort's, not a steady load's (a steady "
+                            "load can saturate)" + ("" if said else f"; {COHORT_FIX}"))
+        else:
+            fix = ("replay a longer window" if sc.workload.trace is not None else
+                   "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
+            warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival "
+                            "span < TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, "
+                            f"so its TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); "
+                            f"{fix}")
     disagreements = list(thr.disagreements)
     if rec is not None:
         disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))

@@ -368,3 +368,32 @@ def test_recommend_on_trace_0046_says_what_is_replayed(agentx: Path) -> None:
     assert workload_gaps(sc, trace_gap_sample(pairs), pairs.attrs["selection"]) is None
     assert no_follow_ups(pairs.attrs["selection"]) == ("no follow-up turns among the 1 of 68 trace requests replayed "
                                                        "(67 over the 40,960-token context skipped)")
+
+
+def test_a_replay_whose_sessions_start_together_is_not_told_to_replay_a_longer_window() -> None:
+    """ans12b: weka sessions all start at t = 0 (every file on its own clock), so recommend flagged every TTL "runs too
+    short for steady state ... replay a longer window" (and compare every TTL row), though weka refuses window_s and
+    no replay of such a trace, however long or large, has a stream of arrivals to be steady. The warning now says
+    what limits the evidence (one cohort ramping up and draining) and what would give a steady judgement (a fitted
+    workload at a Poisson rate); other traces and synthetic workloads keep their advice."""
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.compare import compare
+    from kvplan.sim.scenario import as_scenario
+
+    sc = {"model": "qwen3-32b", "hardware": "p5en", "workload": {"trace": {"path": str(SMALL)}}}
+    rec = recommend(sc, replications=1, ttl_grid=(30,), workers=1)
+    text = " ".join(rec.warnings)
+    assert "replay a longer window" not in text and "runs too short" not in text, rec.warnings
+    from kvplan.plan.advice_report import COHORT_FIX, sessions_start_together
+
+    assert any(w.startswith("no steady state at TTL 30 s: the trace's sessions all start together") and
+               w.endswith(COHORT_FIX) for w in rec.warnings), rec.warnings
+    assert any(w.startswith("the vLLM-defaults column (TTL 480 s) has no steady state either") for w in rec.warnings)
+    assert rec.steady_state["sessions_start_together"] is True and rec.steady_state["unsteady_ttls_s"] == [30.0]
+    row = compare(as_scenario(sc), ["ttl"], replications=1)[0]
+    assert row["notes"][0].startswith("no steady state at TTL 480 s: the trace's sessions all start together"), row
+    assert not any("longer window" in n for n in row["notes"])
+    # what starts together: a weka trace (named or detected), not another trace format or a synthetic workload
+    assert sessions_start_together(as_scenario({"workload": {"trace": {"path": str(SMALL), "format": "weka"}}}))
+    assert not sessions_start_together(as_scenario({"workload": {"trace": {"path": str(DATA / "sessions_small.csv")}}}))
+    assert not sessions_start_together(as_scenario({}))

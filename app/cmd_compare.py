@@ -155,12 +155,24 @@ def shown_ci(row: Mapping[str, Any], key: str) -> float | None:
 
 #: Shares (0..1) whose CI is shown as its range clipped to 0-100% (a t interval of 2 replications can be wider)
 SHARES = frozenset({"hit_rate", "reuse_rate"})
+#: Busy shares printed at most 100%, as the health lines print them (sim/health.py): the steady-window figure can
+#: exceed 1 when a step straddles the window's edges; the raw figure stays in the JSON rows.
+CAPPED = frozenset({"prefill_utilization_steady"})
+CAPPED_NOTE = ("prefill/engine util: the busiest engine's busy share of the steady window, printed at most 100% as the "
+               "health lines print it (above 1 in the JSON: a step straddling the window's edges)")
+
+
+def capped(row: dict[str, Any]) -> bool:
+    """Whether a :data:`CAPPED` figure of ``row`` is above 100% (printed as 100%)."""
+    return any(isinstance(v, int | float) and v > 1.0 for v in (row.get(k) for k in CAPPED))
 
 
 def _cell(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".0f") -> str:
     v = row.get(key)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if key in CAPPED:
+        v = min(float(v), 1.0)
     ci = shown_ci(row, key)
     if ci is not None and key in SHARES:
         lo, hi = max(v - ci, 0.0), min(v + ci, 1.0)
@@ -242,6 +254,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "
                    "> 1 s at p90 on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")
+    if any(capped(r) for r in rows):
+        out.append(CAPPED_NOTE)
     if rows[0].get("cost_basis"):
         out.append(rows[0]["cost_basis"])
     if rows[0].get("slo_ttft_p90_ms") is not None:

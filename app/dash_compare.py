@@ -47,6 +47,11 @@ def _pct(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.1%}"
 
 
+def _capped(v: Any) -> Any:
+    """A busy share at most 1 (a steady-window figure above 1 is a step straddling the window's edges)."""
+    return min(float(v), 1.0) if isinstance(v, int | float) and not math.isnan(v) else v
+
+
 def _num(v: Any, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(float(v), fmt)
 
@@ -69,7 +74,8 @@ def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "pinned KV mean GiB": _num(r.get("pinned_kv_gib_mean"), ".1f"),
             "pinned KV peak GiB": _num(r.get("pinned_kv_gib_peak"), ".1f"),
             "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
-            "prefill/engine util": _pct(r.get("prefill_utilization_steady", r.get("prefill_utilization"))),
+            # at most 100%, as the CLI table and the health lines print it (the raw figure stays in the rows)
+            "prefill/engine util": _pct(_capped(r.get("prefill_utilization_steady", r.get("prefill_utilization")))),
             "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f"),
         })
         out.append(row)

@@ -50,12 +50,15 @@ import numpy as np
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.hardware import nixl_backend
 from kvplan.plan.advice_report import (
+    COHORT,
+    COHORT_FIX,
     PROXY_ROUTER_TTL_S,
     VLLM_THRESHOLD,
     VLLM_TTL_S,
     context_cut_warning,
     run_warnings,
     saturation_lines,
+    sessions_start_together,
     steady_json,
     unsaturate_hint,
 )
@@ -80,6 +83,7 @@ from kvplan.plan.advice_rules import (
 from kvplan.plan.advice_runs import (
     Gaps,
     RouterFit,
+    no_follow_ups,
     prune_ttls,
     saturation,
     screen_ttls,
@@ -313,6 +317,7 @@ class _Setup:
     budget: float | None
     gaps: Gaps | None
     lengthened: tuple[int, int] | None  # (conversations asked, conversations simulated)
+    no_gaps: str = "no follow-up turns"  # what the rationale says when there are no gaps to quote
 
 
 @dataclass
@@ -435,7 +440,7 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
                           "give the P/D deployment (kvplan compare runs the same GPUs as aggregated replicas beside it)")
     rs = resolve(sc)
     pol = sc.policy
-    pairs = trace_pairs(sc)
+    pairs = trace_pairs(sc, rs.arch.max_model_len)  # the requests replayed, not those the context limit skips
     trace_gaps = trace_gap_sample(pairs)
     be = break_even(rs, *_follow_up_shape(sc, pairs))
     bs = rs.arch.block_size_tokens
@@ -455,8 +460,9 @@ def _setup(sc: Scenario, slo_ms: float | None, budget: float | None, replication
         if longer is not None:
             lengthened, sc = (sc.workload.conversations, n), longer
             rs = resolve(sc)
+    selection = pairs.attrs.get("selection") if pairs is not None else None
     return _Setup(sc, rs, grid, ttls, pruned, be, candidates, margin, slo_ms, budget,
-                  workload_gaps(sc, trace_gaps), lengthened)
+                  workload_gaps(sc, trace_gaps, selection), lengthened, no_follow_ups(selection))
 
 
 def _on(ttl: float, router: float, threshold: int) -> dict[str, Any]:
@@ -555,7 +561,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
              for t, f in st.fits.items()}
     ttl_rows = {t: f.rows for t, f in st.fits.items()}
     curve = ttl_curve(setup.ttls, ttl_rows, st.off, unlimited, off_m["ttft_mean_s"], m, setup.budget, facts)
-    gaps = setup.gaps.text() if setup.gaps is not None else "no follow-up turns"
+    gaps = setup.gaps.text() if setup.gaps is not None else setup.no_gaps
     choice = choose_ttl(Evidence(curve, off_m["ttft_mean_s"], unlimited, mean_ci(col(st.unlimited, "hit_rate"))[0],
                                  setup.budget, gaps, setup.be.local_prefix_tokens,
                                  setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text(),
@@ -601,11 +607,19 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         # the headline compares with this column: a TTL-480 s run shorter than TTL + span never reaches the pinned KV
         # of its steady state, so it can look unsaturated and fast where a steady run saturates decode HBM (a
         # saturated one is reported as such: it has no steady state at any length)
-        fix = ("replay a longer window" if sc.workload.trace is not None else
-               "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
-        warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival span "
-                        "< TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, so its "
-                        f"TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); {fix}")
+        if sessions_start_together(sc):  # no length is steady: say why, once the TTL curve's warning said how
+            said = any(w.startswith("no steady state at TTL") for w in warnings)
+            warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) has no steady state either: "
+                            + ("the sessions all start together (above)" if said else COHORT)
+                            + "; its TTFT, pinned KV and saturation are this cohort's, not a steady load's (a steady "
+                            "load can saturate)" + ("" if said else f"; {COHORT_FIX}"))
+        else:
+            fix = ("replay a longer window" if sc.workload.trace is not None else
+                   "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
+            warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival "
+                            "span < TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, "
+                            f"so its TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); "
+                            f"{fix}")
     disagreements = list(thr.disagreements)
     if rec is not None:
         disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvplan.errors import KvplanInputError
 from kvplan.plan.advice_rules import Rows, TtlCandidate
 from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation
 from kvplan.sim.engine import Resolved
@@ -90,6 +91,8 @@ def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[Tt
             "conversations_simulated": simulated, "lengthened": lengthened is not None,
             "unsteady_ttls_s": [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled],
             "saturated_ttls_s": [c.ttl_s for c in curve if c.saturated],
+            # a replay whose sessions all start together has no steady state at any length (COHORT)
+            "sessions_start_together": sessions_start_together(sc),
             "rule": "steady at a TTL when arrival span >= TTL + p90 conversation span (measured in every replication); "
                     "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
 
@@ -105,15 +108,45 @@ def context_cut_warning(rows: Rows, max_model_len: int) -> str | None:
             "the figures describe a shorter workload; use a model with a longer context or deployment.max_model_len")
 
 
+def sessions_start_together(sc: Scenario) -> bool:
+    """Whether ``sc`` replays a trace whose sessions all start together: a weka trace (every file's sessions on its
+    own clock from t = 0; a sub-agent at its marker inside its parent's session, ``window_s`` refused). Such a replay
+    is one cohort ramping up and draining, not a stream of arrivals: no replay length reaches a steady state."""
+    src = sc.workload.trace
+    if src is None:
+        return False
+    if src.format is not None:
+        return src.format == "weka"
+    from kvplan.traces.readers import detect_trace_format
+
+    try:
+        return detect_trace_format(src.path) == "weka"
+    except (KvplanInputError, OSError):  # unreadable: the runs say so in their own words
+        return False
+
+
+#: What limits the evidence of a replay whose sessions all start together (:func:`sessions_start_together`).
+COHORT = ("the trace's sessions all start together (weka: every file at t = 0), so the replay is one cohort ramping up "
+          "and draining, not a stream of arrivals: no replay length reaches a steady state (a longer or larger replay "
+          "starts its sessions together too)")
+#: ... and what would give a steady judgement.
+COHORT_FIX = ("for a steady load of such sessions, fit a workload to the trace (`kvplan workload fit TRACE --out "
+              "w.yaml`) and recommend on it at a Poisson rate (`kvplan recommend w.yaml --rate R`)")
+
+
 def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
-    """An extrapolated profile, runs too short for steady state, identical pinned KV at different TTLs, and router
-    TTLs that did not settle."""
+    """An extrapolated profile, runs too short for steady state (a replay whose sessions all start together: no
+    steady state at any length, :data:`COHORT`), identical pinned KV at different TTLs, and router TTLs that did not
+    settle."""
     out = []
     if rs.profile.extrapolated:
         out.append("profile not calibrated on this deployment: " + rs.profile.status_line())
     # saturated (or unsettled: its P-decision delay leaves no router TTL) -> no length would be steady
     short = [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled]
-    if short:
+    if short and sessions_start_together(rs.scenario):
+        out.append(f"no steady state at TTL {', '.join(f'{t:g}' for t in short)} s: {COHORT}; their pinned KV, hit "
+                   f"rates and saturation are this cohort's, at its concurrency, not a steady load's; {COHORT_FIX}")
+    elif short:
         fix = ("the trace cannot be lengthened: replay a longer window" if rs.scenario.workload.trace is not None
                else "raise --conversations")
         out.append(f"runs too short for steady state at TTL {', '.join(f'{t:g}' for t in short)} s (arrival span < "

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import decode_step_time_s
 from kvplan.plan.advice_rules import Rows, col, router_ttl
 from kvplan.plan.screen import quantile_sample, screen_scenarios
@@ -307,17 +308,43 @@ def _s(x: float) -> str:
     return "0 s" if x == 0 else human_s(x)
 
 
-def trace_pairs(sc: Scenario) -> pd.DataFrame | None:
-    """The (parent -> child) turn pairs of the scenario's trace (:func:`kvplan.traces.stats.turn_pairs`, what
-    ``kvplan workload show`` reads), gaps divided by its ``time_scale``; None for a synthetic workload."""
+def trace_pairs(sc: Scenario, max_model_len: int | None = None) -> pd.DataFrame | None:
+    """The (parent -> child) turn pairs of the requests the scenario's trace replays
+    (:func:`kvplan.traces.stats.turn_pairs`, what ``kvplan workload show`` reads), gaps divided by its
+    ``time_scale``; None for a synthetic workload.
+
+    The requests are those the simulator replays (:func:`kvplan.traces.select.select`): inside ``window_s``, and
+    with ``input + output`` above ``max_model_len`` skipped (each next kept request then pairs with the previous
+    kept one, as the replay does) or truncated, as ``overlong`` says. ``sample_sessions`` is not applied: each
+    replication draws its own sessions from its own seed, so the pairs are those of every session it may draw.
+    ``attrs['selection']`` counts the requests read and replayed (:func:`workload_gaps` quotes them). A trace of
+    which no request is left to replay is refused in one line (every run would fail)."""
     src = sc.workload.trace
     if src is None:
         return None
     from kvplan.traces.readers import load_trace
+    from kvplan.traces.select import log as select_log
+    from kvplan.traces.select import select
     from kvplan.traces.stats import turn_pairs
 
-    pairs = turn_pairs(load_trace(src.path, src.format))
-    return pairs.assign(gap_s=pairs["gap_s"] / src.time_scale)
+    trace = load_trace(src.path, src.format)
+    quiet = select_log.disabled  # the replay itself says what it skips ("select: N request(s) over ...")
+    select_log.disabled = True
+    try:
+        sel, report = select(trace, time_scale=src.time_scale, window_s=src.window_s,
+                             max_context_tokens=max_model_len, overlong=src.overlong)
+    except KvplanInputError as exc:  # nothing left to replay: every run would fail, so no advice either
+        raise input_error(f"workload.trace '{src.path}'", str(exc).removeprefix("select: ")) from None
+    finally:
+        select_log.disabled = quiet
+    pairs = turn_pairs(sel)  # select divided the arrivals by time_scale
+    pairs.attrs["selection"] = {"input_requests": int(report["input_requests"]),
+                                "requests_replayed": int(report["kept_requests"]),
+                                "skipped_overlong": int(report["skipped_overlong"]),
+                                "truncated_overlong": int(report["truncated_overlong"]),
+                                "outside_window": int(report.get("dropped_outside_window", 0)),
+                                "max_model_len": max_model_len}
+    return pairs
 
 
 def trace_gap_sample(pairs: pd.DataFrame | None) -> np.ndarray | None:
@@ -328,14 +355,45 @@ def trace_gap_sample(pairs: pd.DataFrame | None) -> np.ndarray | None:
     return gaps[np.isfinite(gaps)]
 
 
-def workload_gaps(sc: Scenario, trace_gaps: np.ndarray | None) -> Gaps | None:
-    """The gaps the rationale quotes; None for a trace without any follow-up turn."""
+def workload_gaps(sc: Scenario, trace_gaps: np.ndarray | None, selection: Mapping[str, Any] | None = None) -> Gaps | None:
+    """The gaps the rationale quotes; None for a trace without any follow-up turn replayed. ``selection``
+    (:func:`trace_pairs`' ``attrs['selection']``): when the replay leaves requests of the trace out, the text says
+    the gaps are those of the requests replayed, and how many of the trace's those are."""
     if trace_gaps is not None:
         if not len(trace_gaps):
             return None
         q = np.percentile(trace_gaps, [10, 50, 90])
-        return Gaps(float(q[0]), float(q[1]), float(q[2]), "trace turn gaps (arrival to arrival, as workload show)")
+        return Gaps(float(q[0]), float(q[1]), float(q[2]), _trace_gaps_what(selection))
     q = np.percentile(quantile_sample(sc.workload.turn_gap_s), [10, 50, 90])
     what = ("think times (closed loop: a turn also waits for a free client)"
             if isinstance(sc.workload.arrival, ClosedLoopArrival) else "turn gaps (end of response to next turn)")
     return Gaps(float(q[0]), float(q[1]), float(q[2]), what)
+
+
+def no_follow_ups(selection: Mapping[str, Any] | None) -> str:
+    """What the rationale says for a workload without any follow-up turn to take gaps from (``selection``: as
+    :func:`workload_gaps`)."""
+    of, why = _replayed(selection)
+    return f"no follow-up turns among the {of}" + (f" ({why})" if why else "") if of else "no follow-up turns"
+
+
+def _trace_gaps_what(selection: Mapping[str, Any] | None) -> str:
+    """What the trace's gaps are of: the whole trace, or the requests replayed (and why the others are not)."""
+    of, why = _replayed(selection)
+    if not of:
+        return "trace turn gaps (arrival to arrival, as workload show)"
+    return f"turn gaps of the {of} (arrival to arrival" + (f"; {why})" if why else ")")
+
+
+def _replayed(selection: Mapping[str, Any] | None) -> tuple[str, str]:
+    """('1 of 68 trace requests replayed', '67 over the 40,960-token context skipped'), or ('', '') when the replay
+    keeps every request of the trace."""
+    if not selection or selection["requests_replayed"] >= selection["input_requests"]:
+        return "", ""
+    left = []
+    if selection.get("skipped_overlong"):
+        left.append(f"{selection['skipped_overlong']:,} over the {selection['max_model_len']:,}-token context skipped")
+    if selection.get("outside_window"):
+        left.append(f"{selection['outside_window']:,} outside window_s")
+    return (f"{selection['requests_replayed']:,} of {selection['input_requests']:,} trace requests replayed",
+            " and ".join(left))

@@ -478,7 +478,7 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication
     row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
-    from kvplan.plan.advice_report import context_cut_warning
+    from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, sessions_start_together
     from kvplan.sim.engine import resolve
 
     cut = context_cut_warning(reps, resolve(sc).arch.max_model_len)
@@ -488,10 +488,14 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     if ttl is not None and not sat.resources and not steady(reps, ttl):
         # as recommend flags its TTLs: a TTL run shorter than TTL + conversation span never reaches its steady pinned
         # KV, so it can look unsaturated and fast where a steady run saturates decode HBM
-        fix = "replay a longer window" if sc.workload.trace is not None else "raise --conversations"
-        row["notes"].insert(0, f"run too short for steady state at TTL {ttl:g} s (arrival span < TTL + p90 "
-                               "conversation span): pinned KV was still growing when arrivals ended, so TTFT, pinned "
-                               f"KV and saturation are not steady figures; {fix}")
+        if sessions_start_together(sc):  # no length is steady: say what limits the evidence instead
+            row["notes"].insert(0, f"no steady state at TTL {ttl:g} s: {COHORT}; TTFT, pinned KV and saturation are "
+                                   f"this cohort's, not a steady load's; {COHORT_FIX}")
+        else:
+            fix = "replay a longer window" if sc.workload.trace is not None else "raise --conversations"
+            row["notes"].insert(0, f"run too short for steady state at TTL {ttl:g} s (arrival span < TTL + p90 "
+                                   "conversation span): pinned KV was still growing when arrivals ended, so TTFT, "
+                                   f"pinned KV and saturation are not steady figures; {fix}")
     return row
 
 

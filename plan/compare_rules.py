@@ -1,5 +1,6 @@
-"""Rules over ``compare`` rows: the best policy (paired differences over common random numbers, ties to the
-cheaper policy) and when to try ``cross_layer_blocks`` (the pull is a large part of TTFT).
+"""Rules over ``compare`` rows: the best policy (saturated policies not eligible, as in recommend's saturation rule;
+paired differences over common random numbers, ties to the cheaper policy) and when to try ``cross_layer_blocks``
+(the pull is a large part of TTFT).
 
 Pure functions of the rows, except :func:`cross_layer_note`, which evaluates the calibrated transfer cost
 (:mod:`kvplan.models.formulas`) for the mean pulled size.
@@ -16,8 +17,10 @@ from kvplan.sim.scenario import Scenario
 #: mean TTFT p90 differences within this share of the lowest p90 are ties even when significant
 PRACTICAL_TIE = 0.01
 MAX_ERROR_SHARE = 0.01
-BEST_RULE = ("best policy: among the policies with at most 1% of turns errored, within the decode HBM budget (peak "
-             "pinned KV) and meeting the SLO when given, those whose TTFT p90 is not significantly above the lowest "
+BEST_RULE = ("best policy: among the policies with at most 1% of turns errored, saturating no resource (health: in "
+             "any replication; when every one does, those saturating in the fewest replications), within the decode "
+             "HBM budget (peak pinned KV) and meeting the SLO when given, those whose TTFT p90 is not significantly "
+             "above the lowest "
              "one's: the per-replication differences (same seeds, common random numbers) have a mean within 1% of "
              "the lowest p90 or a 95% t-interval that reaches 0 (one replication: within 1%); ties go to the cheaper "
              "policy: lowest $ per million turns (within 1%), then the least pinned decode KV (time-weighted mean), "
@@ -55,16 +58,39 @@ def not_worse(row: dict[str, Any], ref: dict[str, Any]) -> bool:
     return math.isfinite(half) and diff - half <= 0.0
 
 
+def saturated_share(row: dict[str, Any]) -> float:
+    """Share of a compare row's replications saturating its most often saturated resource (0: none; 1 when the
+    row names saturated resources without per-replication counts)."""
+    sat = row.get("saturated") or []
+    if not sat:
+        return 0.0
+    counts = row.get("saturated_replications") or {}
+    reps = row.get("replications")
+    if not counts or not isinstance(reps, int) or reps <= 0:
+        return 1.0
+    return min(max(float(counts.get(r, reps)) for r in sat) / reps, 1.0)
+
+
 def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None,
                 budget_gib: float | None = None) -> dict[str, Any]:
     """Apply :data:`BEST_RULE` to compare rows: ``{'policy', 'ttft_p90_s', 'pinned_kv_gib_mean', 'rule', 'why',
     'ties', 'compared'}`` (``compared`` has each row's paired difference to the lowest p90)."""
-    ok = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
-          and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
-          and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
+    meets = [r for r in rows if r["errors"] <= MAX_ERROR_SHARE * (r["turns"] or 0)
+             and (budget_gib is None or r["pinned_kv_gib_peak"] <= budget_gib)
+             and (slo_ttft_p90_ms is None or r["ttft_p90_s"] * 1000 <= slo_ttft_p90_ms)]
+    # as recommend's saturation rule: a saturated policy's queue grows with the run, so its TTFT (and its interval)
+    # is no measure and it is not eligible, whatever its cost; when every one saturates, the fewest replications
+    ok = [r for r in meets if not saturated_share(r)]
     why = ""
     if not ok:
-        ok, why = list(rows), "no policy meets every constraint: the lowest TTFT p90 decides"
+        pool = meets or list(rows)
+        least = min(saturated_share(r) for r in pool)
+        ok = [r for r in pool if saturated_share(r) == least]
+        among = ("" if len(ok) == len(pool) else " among those saturating nothing" if least == 0 else
+                 " among those saturating in the fewest replications")
+        why = ("no policy meets every constraint" if not meets else
+               "every policy within the constraints saturates a resource (health): the deployment is too small for "
+               "the load whatever the policy") + ": the lowest TTFT p90 decides" + among
     ref = min(ok, key=lambda r: (r["ttft_p90_s"], rows.index(r)))
     ties = [r for r in ok if not_worse(r, ref)]
     usd = [r.get("usd_per_million_turns") for r in ties]
@@ -81,7 +107,7 @@ def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None
     for r in rows:
         d, h = paired_difference(r, ref)
         compared.append({**{k: r.get(k) for k in ("policy", "ttft_p90_s", "ttft_p90_s_ci95", "pinned_kv_gib_mean",
-                                                   "errors", "usd_per_million_turns")},
+                                                   "errors", "usd_per_million_turns", "saturated")},
                          "ttft_p90_diff_to_lowest_s": d, "ttft_p90_diff_ci95": h})
     return {"policy": best["policy"], "ttft_p90_s": best["ttft_p90_s"], "pinned_kv_gib_mean": best["pinned_kv_gib_mean"],
             "hit_rate": best["hit_rate"], "rule": BEST_RULE, "why": why, "lowest_ttft_p90_policy": ref["policy"],

@@ -229,6 +229,38 @@ def test_best_policy_on_paired_differences_ties_to_the_cheaper() -> None:
     assert best_policy([row("a", [1.0], 5.0), row("b", [1.05], 1.0)])["policy"] == "a"
 
 
+def test_best_policy_excludes_saturated_policies_as_recommend_does() -> None:
+    """ans12b: a policy that saturates a resource (its queue grows with the run) has a wide per-replication spread, so
+    its paired difference to the lowest p90 ties, and it won on cost: compare named a saturated policy best.
+    recommend's saturation rule (plan/advice_rules.py: a saturated TTL is not feasible; when every TTL saturates, the
+    fewest replications) now applies to compare's best policy too."""
+    from kvplan.plan.compare import BEST_RULE, best_policy
+
+    def row(policy: str, reps: list[float], usd: float, saturated: dict[str, int] | None = None) -> dict:
+        mean = sum(reps) / len(reps)
+        sat = saturated or {}
+        return {**_row(policy, mean, 1.0), "ttft_p90_s_by_replication": reps, "usd_per_million_turns": usd,
+                "replications": len(reps), "saturated": list(sat), "saturated_replications": sat}
+
+    fast = row("ttl_recommended", [1.0, 1.1, 1.2], 1000.0)
+    # decode HBM saturated in 2 of 3 replications: p90 1 s, 9 s, 0.5 s; the paired differences' interval reaches 0
+    cheap = row("aggregated", [1.0, 9.0, 0.5], 500.0, {"decode_kv": 2})
+    best = best_policy([fast, cheap])
+    assert best["policy"] == "ttl_recommended" and best["ties"] == ["ttl_recommended"] and best["why"] == ""
+    assert [c["saturated"] for c in best["compared"]] == [[], ["decode_kv"]]
+    assert "saturating no resource" in BEST_RULE
+    # every policy saturates: the ones saturating in the fewest replications are compared, and it is said
+    worse = row("ttl_recommended", [1.0, 1.1, 1.2], 1000.0, {"prefill_compute": 3})
+    best = best_policy([worse, cheap])
+    assert best["policy"] == "aggregated" and best["why"].startswith("every policy within the constraints saturates")
+    assert best["why"].endswith("among those saturating in the fewest replications")
+    # no policy meets the SLO: the unsaturated one still goes first
+    best = best_policy([fast, cheap], slo_ttft_p90_ms=100)
+    assert best["policy"] == "ttl_recommended" and best["why"].endswith("among those saturating nothing")
+    # rows without saturation fields (older JSON) are unsaturated: as before
+    assert best_policy([_row("off", 0.3, 0.0), _row("lease", 0.2, 1.0)])["policy"] == "lease"
+
+
 def _long_pull_scenario() -> dict:
     d = small()
     d["workload"].update({"prefix_tokens": {"dist": "constant", "value": 30000}, "conversations": 30,
@@ -322,6 +354,28 @@ def _text_row(policy: str, replications: int, ci: float) -> dict[str, Any]:
     for k in METRICS:
         row[k], row[f"{k}_ci95"] = 0.5, ci
     return row
+
+
+def test_compare_text_caps_the_engine_busy_share_at_100_percent() -> None:
+    """ans12b: the "prefill/engine util %" line printed the steady-window busy share raw (e.g. 104.0: a step straddling
+    the window's edges) where the health lines print it at most 100%. The table and the dashboard now cap the shown
+    share and say so; the JSON rows keep the raw figure."""
+    from kvplan.app.cmd_compare import render_text
+    from kvplan.app.dash_compare import compare_display_frame
+    from kvplan.plan.compare import compare_json
+
+    busy = {**_text_row("aggregated", 3, 0.02), "prefill_utilization_steady": 1.04}
+    rows = [_text_row("off", 3, 0.01), busy]
+    text = render_text(rows)
+    line = next(ln for ln in text if ln.startswith("prefill/engine util %"))
+    assert "104.0" not in line and line.split()[-2:] == ["100.0", "±2.0"], line
+    assert "50.0 ±1.0" in line  # a share at most 1 prints as before
+    assert json.loads(compare_json(rows))[1]["prefill_utilization_steady"] == 1.04  # raw in JSON
+    assert compare_display_frame(rows)["prefill/engine util"].tolist() == ["50.0%", "100.0%"]
+    from kvplan.app.cmd_compare import CAPPED_NOTE
+
+    assert CAPPED_NOTE in text
+    assert CAPPED_NOTE not in render_text([_text_row("off", 3, 0.01)])  # nothing capped: no note
 
 
 def test_compare_text_shows_every_ci_with_replications_and_none_with_one() -> None:

@@ -313,3 +313,87 @@ def test_directory_skips_the_json_outputs_kvplan_wrote_there(tmp_path: Path) -> 
     assert main(["workload", "fit", str(tmp_path), "--out", str(tmp_path / "w.yaml")]) == 0  # and again
     (tmp_path / "w.fit.json").write_text(SMALL.read_text())  # the user's now: a trace like the others
     assert load_trace(tmp_path).n_requests == 21
+
+
+def test_recommend_quotes_the_gaps_of_the_requests_replayed() -> None:
+    """ans12b: `recommend --trace trace_0046.json` on qwen3-32b (40,960 tokens) quoted "turn gaps p50 14 s, p90 6.9
+    min" and screened its TTLs with them, from all 68 requests, though 67 are over the context and only 1 replays;
+    the break-even's local prefix (114,140 tokens) was also the mean of requests the model cannot take. The gaps,
+    the screen and the follow-up shape now come from the requests replayed, and the text says which those are."""
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.advice_runs import trace_gap_sample, trace_pairs, workload_gaps
+    from kvplan.sim.scenario import as_scenario
+
+    # the rationale and the break-even (local prefix: mean replayed parent prompt, (1300 + 900 + 700) / 3;
+    # the whole trace's gaps are p90 20 s, its mean parent prompt 1,240)
+    rec = recommend({"model": "qwen3-32b", "hardware": "p5en", "deployment": {"max_model_len": 1700},
+                     "workload": {"trace": {"path": str(SMALL)}}}, replications=1, ttl_grid=(30,), workers=1)
+    text = " ".join([rec.binding_constraint, *rec.rationale])
+    assert "turn gaps of the 5 of 7 trace requests replayed" in text and "p90 42.00 s" in text, text
+    assert "p90 20.00 s" not in text
+    assert rec.threshold_check["local_prefix_tokens"] == 966
+    sc = as_scenario({"model": "qwen3-32b", "workload": {"trace": {"path": str(SMALL)}}})
+    # arrivals: main agent 0, 10, 30, 50, 60 s; sub-agent 12, 15 s; at 1,700 tokens the requests at 10 s (1600 + 120)
+    # and 30 s (1700 + 50) are skipped, so the one at 50 s follows the one at 0 s (as the replay pairs them)
+    all_pairs = trace_pairs(sc, 40960)
+    assert all_pairs is not None
+    whole = trace_gap_sample(all_pairs)
+    assert whole is not None and sorted(whole.tolist()) == [3.0, 10.0, 10.0, 20.0, 20.0]
+    pairs = trace_pairs(sc, 1700)
+    assert pairs is not None and sorted(pairs["gap_s"].tolist()) == [3.0, 10.0, 50.0]
+    assert sorted(pairs["parent_input"].tolist()) == [700, 900, 1300]
+    gaps = workload_gaps(sc, trace_gap_sample(pairs), pairs.attrs["selection"])
+    assert gaps is not None and gaps.p50 == 10.0 and gaps.p90 == pytest.approx(42.0)
+    assert gaps.what.startswith("turn gaps of the 5 of 7 trace requests replayed (arrival to arrival; 2 over the "
+                                "1,700-token context skipped)")
+    full = workload_gaps(sc, whole, all_pairs.attrs["selection"])  # nothing left out: as before
+    assert full is not None and full.what == "trace turn gaps (arrival to arrival, as workload show)"
+    scaled = trace_pairs(as_scenario({"workload": {"trace": {"path": str(SMALL), "time_scale": 2}}}), 1700)
+    assert scaled is not None and sorted(scaled["gap_s"].tolist()) == [1.5, 5.0, 25.0]  # divided once
+    # nothing left to replay: refused in one line before any run (every run would fail: no advice from nothing)
+    with pytest.raises(KvplanInputError, match="nothing to replay"):
+        recommend({"model": "qwen3-32b", "deployment": {"max_model_len": 600},
+                   "workload": {"trace": {"path": str(SMALL)}}}, replications=1, ttl_grid=(30,), workers=1)
+
+
+def test_recommend_on_trace_0046_says_what_is_replayed(agentx: Path) -> None:
+    """The audited case: 1 of trace_0046.json's 68 requests fits qwen3-32b's 40,960 tokens, so no follow-up turn is
+    replayed and no gap is quoted from the 67 others."""
+    from kvplan.plan.advice_runs import no_follow_ups, trace_gap_sample, trace_pairs, workload_gaps
+    from kvplan.sim.scenario import as_scenario
+
+    sc = as_scenario({"model": "qwen3-32b", "workload": {"trace": {"path": str(agentx / "trace_0046.json")}}})
+    pairs = trace_pairs(sc, 40960)
+    assert pairs is not None and len(pairs) == 0
+    assert workload_gaps(sc, trace_gap_sample(pairs), pairs.attrs["selection"]) is None
+    assert no_follow_ups(pairs.attrs["selection"]) == ("no follow-up turns among the 1 of 68 trace requests replayed "
+                                                       "(67 over the 40,960-token context skipped)")
+
+
+def test_a_replay_whose_sessions_start_together_is_not_told_to_replay_a_longer_window() -> None:
+    """ans12b: weka sessions all start at t = 0 (every file on its own clock), so recommend flagged every TTL "runs too
+    short for steady state ... replay a longer window" (and compare every TTL row), though weka refuses window_s and
+    no replay of such a trace, however long or large, has a stream of arrivals to be steady. The warning now says
+    what limits the evidence (one cohort ramping up and draining) and what would give a steady judgement (a fitted
+    workload at a Poisson rate); other traces and synthetic workloads keep their advice."""
+    from kvplan.plan.advice import recommend
+    from kvplan.plan.compare import compare
+    from kvplan.sim.scenario import as_scenario
+
+    sc = {"model": "qwen3-32b", "hardware": "p5en", "workload": {"trace": {"path": str(SMALL)}}}
+    rec = recommend(sc, replications=1, ttl_grid=(30,), workers=1)
+    text = " ".join(rec.warnings)
+    assert "replay a longer window" not in text and "runs too short" not in text, rec.warnings
+    from kvplan.plan.advice_report import COHORT_FIX, sessions_start_together
+
+    assert any(w.startswith("no steady state at TTL 30 s: the trace's sessions all start together") and
+               w.endswith(COHORT_FIX) for w in rec.warnings), rec.warnings
+    assert any(w.startswith("the vLLM-defaults column (TTL 480 s) has no steady state either") for w in rec.warnings)
+    assert rec.steady_state["sessions_start_together"] is True and rec.steady_state["unsteady_ttls_s"] == [30.0]
+    row = compare(as_scenario(sc), ["ttl"], replications=1)[0]
+    assert row["notes"][0].startswith("no steady state at TTL 480 s: the trace's sessions all start together"), row
+    assert not any("longer window" in n for n in row["notes"])
+    # what starts together: a weka trace (named or detected), not another trace format or a synthetic workload
+    assert sessions_start_together(as_scenario({"workload": {"trace": {"path": str(SMALL), "format": "weka"}}}))
+    assert not sessions_start_together(as_scenario({"workload": {"trace": {"path": str(DATA / "sessions_small.csv")}}}))
+    assert not sessions_start_together(as_scenario({}))

@@ -527,13 +527,14 @@ def _threshold_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, r
 
 
 def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, thr: _Threshold,
-                       m: Callable[[Rows], dict[str, float]]) -> dict[str, Any]:
-    """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT."""
+                       m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None]:
+    """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT; returns the
+    trial's report and, when the flag is adopted, its runs (those of the recommended deployment)."""
     if rec is None or thr.rows is None or setup.sc.deployment.cross_layer_blocks:
-        return {}
+        return {}, None
     base = m(thr.rows)
     if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_p50_s"]:
-        return {}
+        return {}, None
     rows = runner.run({"x": {**_on(rec.ttl_s, rec.router_ttl_s, thr.tokens), "deployment.cross_layer_blocks": True}})["x"]
     mx = m(rows)
     gain = paired(thr.rows, rows)
@@ -544,7 +545,7 @@ def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None,
             "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
             "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
             "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
-            "text": trial_text(dc, base, mx, gain, adopted, human_s)}
+            "text": trial_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
 
 
 def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
@@ -571,8 +572,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     rec = choice.chosen
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
-    transfer = _cross_layer_stage(setup, runner, rec, thr, m)
-    exp_rows = thr.rows if rec is not None and thr.rows is not None else st.off
+    transfer, x_rows = _cross_layer_stage(setup, runner, rec, thr, m)
+    # the expected figures are the runs of the recommended deployment itself: with cross-layer blocks when adopted
+    exp_rows = x_rows if x_rows is not None else thr.rows if rec is not None and thr.rows is not None else st.off
     exp_m = m(exp_rows)
     final = ({"policy.bidirectional": False} if rec is None else
              {**_on(at.ttl_s, at.router_ttl_s, thr.tokens),
@@ -700,7 +702,10 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
     exp_m, def_m, off_m = ms
     be, threshold = setup.be, thr.tokens
     dep = setup.sc.deployment
-    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute", dep.cross_layer_blocks,
+    # the deployable config carries the cross-layer flag when the scenario sets it or the trial adopted it (the
+    # rationale tells the operator to enable it, and the expected figures are the runs with it)
+    cross_layer = dep.cross_layer_blocks or bool(extra.get("transfer", {}).get("adopted"))
+    cfg = kv_transfer_config(bidir, ttl, threshold, "recompute", cross_layer,
                              nixl_backend(setup.rs.node.link, dep.kv_transport))
 
     def shown(m: dict[str, float]) -> dict[str, float]:

@@ -226,6 +226,11 @@ def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
           "policy.router_ttl_s": float(r["router_ttl_s"]), "policy.kv_load_failure_policy": r["kv_load_failure_policy"]}
     what = (f"TTL {r['decoder_kv_blocks_ttl_s']} s, threshold {r['kv_recompute_threshold_tokens']}, router TTL "
             f"{r['router_ttl_s']} s, {r['kv_load_failure_policy']}" if r["bidirectional"] else "retention off")
+    transfer = r.get("transfer")
+    if r["bidirectional"] and isinstance(transfer, Mapping) and transfer.get("adopted") is True:
+        # the recommended deployment includes the cross-layer blocks the advisor's trial adopted (its config has them)
+        ov["deployment.cross_layer_blocks"] = True
+        what += ", cross-layer blocks"
     return ov, what
 
 

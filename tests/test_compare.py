@@ -494,3 +494,19 @@ def test_conversations_cut_at_the_context_limit_are_noted() -> None:
     plan = plan_capacity(sc, None, 60000.0, max_nodes=2, replications=1, ttl_grid=(60.0,), max_rate=False)
     # (its judging runs are 4x as long: 36 of 40 cut)
     assert any(n.startswith("WARNING: 36 conversation(s) per run were cut") for n in plan.notes), plan.notes
+
+
+def test_recommended_row_includes_an_adopted_cross_layer_flag() -> None:
+    """The recommendation's deployable config carries the cross-layer flag its trial adopted, so compare's row for
+    it simulates that deployment; a trial that did not adopt it (or retention off) adds nothing."""
+    from kvplan.plan.compare import recommendation_overrides
+
+    rec: dict[str, Any] = {"bidirectional": True, "decoder_kv_blocks_ttl_s": 60, "kv_recompute_threshold_tokens": 500,
+                           "router_ttl_s": 50, "kv_load_failure_policy": "recompute", "transfer": {"adopted": True}}
+    ov, what = recommendation_overrides(rec)
+    assert ov["deployment.cross_layer_blocks"] is True and "cross-layer" in what
+    for transfer in ({"adopted": False}, {}, None):
+        ov, _ = recommendation_overrides({**rec, "transfer": transfer})
+        assert "deployment.cross_layer_blocks" not in ov
+    ov, _ = recommendation_overrides({**rec, "bidirectional": False})
+    assert "deployment.cross_layer_blocks" not in ov

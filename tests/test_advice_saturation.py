@@ -337,6 +337,9 @@ def test_saturated_retention_off_is_not_kept_for_an_unresolved_gain() -> None:
                               "policy.decoder_kv_blocks_ttl_s": rec.decoder_kv_blocks_ttl_s,
                               "policy.router_ttl_s": rec.router_ttl_s,
                               "policy.kv_recompute_threshold_tokens": rec.kv_recompute_threshold_tokens,
-                              "policy.kv_load_failure_policy": "recompute"})
+                              "policy.kv_load_failure_policy": "recompute",
+                              # the deployable config's cross-layer flag (adopted by the advisor's trial, or not)
+                              "deployment.cross_layer_blocks": bool(rec.kv_transfer_config["decode"][
+                                  "kv_connector_extra_config"].get("enable_cross_layers_blocks", False))})
     p90 = [run_row(sim, s)["ttft_p90_s"] for s in replication_seeds(sc.seed, 2)]
     assert float(np.mean(p90)) == pytest.approx(rec.expected["ttft_p90_s"], rel=1e-9)

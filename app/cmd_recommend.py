@@ -141,6 +141,7 @@ def render_text(rec: Recommendation) -> list[str]:
         f"decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
         + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
         _saturated_line(rec.saturation or {}),
+        *_verified_line(rec),
         "",
         f"binding constraint: {rec.binding_constraint}",
         *([_slo_line(rec.slo)] if rec.slo else []),
@@ -204,4 +205,15 @@ def _slo_line(slo: dict[str, Any]) -> str:
     elif "judged_conversations" in slo and n is None:
         line += ", over the trace as it runs"
     return line + ")"
+
+
+def _verified_line(rec: Any) -> list[str]:
+    """Where the recommended column comes from (the JSON's ``verification``): the deployment itself, simulated."""
+    v = getattr(rec, "verification", None) or {}
+    if not v:
+        return []
+    seeds = v.get("seeds") or []
+    return [f"recommended column: the recommended deployment itself simulated ({len(seeds)} seed(s) "
+            f"{', '.join(str(x) for x in seeds)}, {v.get('conversations')} conversations): simulating "
+            "`verification.overrides` on these seeds reproduces it"]
 

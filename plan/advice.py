@@ -192,6 +192,9 @@ class Recommendation:
     steady_state: dict[str, Any] = field(default_factory=dict)  # conversations simulated, TTLs not steady
     transfer: dict[str, Any] = field(default_factory=dict)  # the cross-layer blocks trial (advice_transfer)
     inputs: dict[str, Any] = field(default_factory=dict)  # recommendation_inputs() of the call
+    #: how the ``expected`` figures were obtained: simulations of the recommended deployment itself (its overrides,
+    #: the advisor's seeds and conversations), so simulating those reproduces them exactly
+    verification: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (lists for tuples; NaN kept as float)."""
@@ -646,7 +649,11 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                                              "bidirectional_off": off_sat.replications,
                                              "recommended": exp_sat.replications}},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
-             "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer}
+             "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer,
+             "verification": {"by": "simulation", "expected_is": "the mean over these seeds of the recommended "
+                              "deployment simulated with these overrides (the kv_transfer_config's settings)",
+                              "overrides": final,
+                              "seeds": list(runner.seeds), "conversations": setup.sc.workload.conversations}}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
                            binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
 

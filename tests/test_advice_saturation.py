@@ -343,3 +343,8 @@ def test_saturated_retention_off_is_not_kept_for_an_unresolved_gain() -> None:
                                   "kv_connector_extra_config"].get("enable_cross_layers_blocks", False))})
     p90 = [run_row(sim, s)["ttft_p90_s"] for s in replication_seeds(sc.seed, 2)]
     assert float(np.mean(p90)) == pytest.approx(rec.expected["ttft_p90_s"], rel=1e-9)
+    # ... and the recommendation says how to reproduce it: its verification record gives the same runs
+    v = rec.verification
+    assert v["seeds"] == list(replication_seeds(sc.seed, 2)) and v["by"] == "simulation"
+    again = with_overrides(sc, {**v["overrides"], "workload.conversations": v["conversations"]})
+    assert [run_row(again, s)["ttft_p90_s"] for s in v["seeds"]] == p90

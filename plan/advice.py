@@ -159,8 +159,9 @@ class Recommendation:
     recommendation, each with a ``<metric>_ci95`` half-width) and ``baseline`` (vLLM defaults), plus
     ``bidirectional_off``, ``decode_hbm``, ``binding_constraint``, ``rationale``, ``rules``, ``assumptions``,
     ``warnings``, ``ttl_curve``, ``threshold_check``, ``slo`` and ``disagreements``, ``saturation``, ``screen``,
-    ``steady_state`` and ``transfer``, and ``inputs`` (what it
-    was computed from, :func:`recommendation_inputs`: a recommendation is reused only for the same inputs).
+    ``steady_state`` and ``transfer``, ``verification`` (how ``expected`` is reproduced by simulation), and
+    ``inputs`` (what it was computed from, :func:`recommendation_inputs`: a recommendation is reused only for the
+    same inputs).
     """
 
     bidirectional: bool

@@ -155,8 +155,8 @@ def render_text(rec: Recommendation) -> list[str]:
         *[f"disagreement: {d}" for d in rec.disagreements],
         "",
         "prefill and decode servers (identical):",
-        *([f"  (with cross-layer blocks: add \"{rec.transfer['vllm_flag']}\":true to kv_connector_extra_config)"]
-          if rec.transfer.get("adopted") else []),
+        *([f"  (includes \"{rec.transfer['vllm_flag']}\":true, adopted by the cross-layer trial: keep it only where the "
+           "attention backend supports cross-layer blocks)"] if rec.transfer.get("adopted") else []),
         f"  --kv-transfer-config '{json.dumps(rec.kv_transfer_config['prefill'], separators=(',', ':'))}'",
         f"router: {rec.router['how']}" if rec.bidirectional else f"router, {IF_KEPT_ON[0].lower()}{IF_KEPT_ON[1:]}"
                                                                   f"{rec.router['how']}",

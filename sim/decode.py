@@ -102,8 +102,6 @@ class DecodeNode(BatchOwner):
         self.static = 0  # blocks of admitted requests not (or no longer) in the batch
         self._max_tokens = self.pool.capacity * cfg.block_size
         self.retention = Retention(idx, cfg.decode_nodes)
-        # at most the earliest deadline the retention has filed (see _expire_due): before it, nothing is due
-        self._due_from = math.inf
         # ttl (vLLM), lease or ttl_evictable, and the offload tier
         self.policy = RetentionPolicy(cfg.retention, self.retention, conv_offsets)
         self.host = self.policy.host_tier()
@@ -149,7 +147,6 @@ class DecodeNode(BatchOwner):
 
     def renew_lease(self, entry: KVParams, now: float) -> bool:
         """Lease retention: the conversation's next request reached the router; renew its lease if still alive."""
-        self._due_from = -math.inf  # a deadline may be filed (see _expire_due)
         return self.policy.renew(entry, now)
 
     def mark_reading(self, pin_id: int) -> None:
@@ -222,18 +219,6 @@ class DecodeNode(BatchOwner):
         if self.host is not None:
             self.host.pop(conv)
 
-    def _expire_due(self, now: float) -> None:
-        """Release the pins due at ``now`` (:meth:`_expire`) if a filed deadline has passed.
-
-        Called where ``now >= self._due_from`` only: ``_due_from`` is at most the earliest deadline filed (set to it
-        here, lowered by :meth:`finish` and :meth:`renew_lease`, the only places that file one; a release files
-        none), so before it no deadline has passed and the check is skipped."""
-        ret = self.retention
-        if ret.next_expiry_due(now):
-            self._expire(now)
-        t = ret.next_expiry()  # after a release of the due pins, every deadline filed is after ``now``
-        self._due_from = t if t is not None else math.inf
-
     def _expire(self, now: float) -> None:
         """What an expiry does (the rule: ``sim/retention.py``): each due pin no read holds is released as of its
         deadline; its blocks become prefix cache, or go to the host tier with offload (``_unpin``)."""
@@ -283,8 +268,8 @@ class DecodeNode(BatchOwner):
 
     def fit(self, step: int, now: float) -> bool:
         """Blocks for ``step``: evict prefix cache, then preempt the newest running requests until they fit."""
-        if now >= self._due_from:
-            self._expire_due(now)
+        if now >= self.retention.due_from:  # a filed deadline has passed (Retention.due_from)
+            self._expire(now)
         pool = self.pool
         free_at_end = pool.capacity - self.static - self.batch.fin_sum - pool.pinned - pool.cached
         if free_at_end >= 0:
@@ -297,7 +282,7 @@ class DecodeNode(BatchOwner):
             return False
         pool.evict(0)
         preempted = False
-        if pool.capacity - held - pool.pinned - pool.cached < 0:  # pool.free(): evicting the cache was not enough
+        if pool.free() < 0:  # evicting the cache was not enough
             if self.policy.evictable:
                 self._evict_pins(0)
             while pool.free() < 0 and self.running:
@@ -422,8 +407,8 @@ class DecodeNode(BatchOwner):
         q = self._admit_q
         if not q or self.admission_held:
             return  # held: a preempting step is running, the batch resumes admission at its end
-        if now >= self._due_from:
-            self._expire_due(now)
+        if now >= self.retention.due_from:  # a filed deadline has passed (Retention.due_from)
+            self._expire(now)
         batch = self.batch
         pool = self.pool
         # an upper bound of the batch's blocks is enough while nothing needs evicting
@@ -478,8 +463,7 @@ class DecodeNode(BatchOwner):
         if admitted:
             if self.static + batch.fin_sum + pool.pinned > self.used_peak:  # _note_used's bound, before the step
                 self._note_used(batch.in_progress_step(now))
-            if batch.fin_sum > pool.capacity - pool.pinned - self.static:  # recheck's own first test
-                batch.recheck(now)
+            batch.recheck(now)
 
     def before_evict(self, want: int) -> None:
         """The pool looks short: first bring the held count from its upper bound to the batch's true blocks."""
@@ -603,8 +587,6 @@ class DecodeNode(BatchOwner):
             blocks = -(-(kv_tokens - left) // self.bs)
             expiry = self.policy.expiry_at_finish(r.conv, r.index, now)
             pid, old = self.retention.add(r.conv, kv_tokens, blocks, expiry, left)
-            if expiry < self._due_from:
-                self._due_from = expiry  # filed (see _expire_due)
             if old is not None:  # cannot happen with single-use routing; keep the accounting exact anyway
                 self._unpin(old, REL_EXPIRED, now)
             self.pool.pinned += blocks

@@ -34,6 +34,8 @@ from typing import Any
 
 from kvplan.sim.clock import heap_pop, heap_push
 
+_INF = float("inf")
+
 
 def pin_deadline_s(finish_s: float, hold_s: float) -> float:
     """D's ``remote_blocks_expiry_time`` of a request finished at ``finish_s`` held for ``hold_s`` (never renewed
@@ -81,9 +83,11 @@ class Retention:
     Deadlines are filed in two parts: a list in time order, to which a deadline is appended when it is not before
     the last one (pins are made in finish order and vLLM's TTL is fixed, so nearly all are), and a heap for the rest
     (a lease's deadline depends on the turn). The next deadline is the earlier of the two heads: the order of one
-    heap of all of them (entries ``(deadline, pin id)`` are all different), at O(1) instead of O(log n) for most."""
+    heap of all of them (entries ``(deadline, pin id)`` are all different), at O(1) instead of O(log n) for most.
+    ``due_from`` is the earliest deadline filed (inf: none), kept as deadlines are filed and taken, so "is anything
+    due?" is one comparison (``now >= due_from``) on the decode node's per-step path, not a call."""
 
-    __slots__ = ("pins", "of_conv", "_fifo", "_fifo_i", "_heap", "_next_id", "_stride")
+    __slots__ = ("pins", "of_conv", "_fifo", "_fifo_i", "_heap", "_next_id", "_stride", "due_from")
 
     def __init__(self, first_id: int, stride: int) -> None:
         self.pins: dict[int, Pin] = {}
@@ -93,9 +97,12 @@ class Retention:
         self._heap: list[tuple[float, int]] = []  # those filed out of order (clock.heap_push)
         self._next_id = first_id  # unique across nodes: first_id + k * stride
         self._stride = stride
+        self.due_from = _INF  # the earliest deadline filed (see the class)
 
     def _file(self, expiry_s: float, pid: int) -> None:
         """File a deadline (see the class): at the end of the ordered list unless it is before its last entry."""
+        if expiry_s < self.due_from:
+            self.due_from = expiry_s
         fifo = self._fifo
         if self._fifo_i < len(fifo):
             last: tuple[float, int] = fifo[-1]
@@ -201,6 +208,8 @@ class Retention:
         if i > 256 and 2 * i > len(fifo):  # drop the taken front now and then (amortised O(1))
             del fifo[:i]
             self._fifo_i = 0
+        t = self.next_expiry()  # the due entries are taken: every deadline still filed is after ``now``
+        self.due_from = t if t is not None else _INF
         return out
 
     def next_expiry(self) -> float | None:
@@ -215,11 +224,8 @@ class Retention:
         return heap[0][0] if heap else None
 
     def next_expiry_due(self, now: float) -> bool:
-        """Whether some filed deadline has passed (cheap check before :meth:`due`)."""
-        i = self._fifo_i
-        if i < len(self._fifo) and is_due(now, self._fifo[i][0]):
-            return True
-        return bool(self._heap) and is_due(now, self._heap[0][0])
+        """Whether some filed deadline has passed (cheap check before :meth:`due`; hot callers compare ``due_from``)."""
+        return is_due(now, self.due_from)
 
     def all_by_expiry(self) -> list[int]:
         """Every pin still held, by deadline (end of run)."""
@@ -230,3 +236,4 @@ class Retention:
         self._fifo.clear()
         self._fifo_i = 0
         self._heap.clear()
+        self.due_from = _INF

@@ -126,10 +126,7 @@ class DecodeBatch:
         self.bs = block_size
         self.owner = owner
         self._dc = cost
-        steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py), read in _boundary
-        self._batch_s = steps.batch_s
-        self._per_ctx_s = steps.per_context_s
-        self._overhead_s = steps.overhead_s
+        self._steps = DecodeSteps(cost, max_seqs)  # step time and increment per batch size (formulas.py)
         self._join_q: Fifo[Request] = new_fifo()  # sim/fifo.py
         self.step = 0  # steps completed
         self.batch = 0
@@ -520,10 +517,9 @@ class DecodeBatch:
         if b == 0:
             self._idle(now)
             return
-        # the step time and its increment (formulas.py DecodeSteps.step_time_s and increment_s, written out)
-        per_ctx = self._per_ctx_s[b]
-        self._plan_first = first = self._batch_s[b] + per_ctx * self.ctx_sum + self._overhead_s
-        self._plan_inc = per_ctx * b
+        steps = self._steps  # the one composition of a step's time (formulas.py)
+        self._plan_first = first = steps.step_time_s(b, self.ctx_sum)
+        self._plan_inc = steps.increment_s(b)
         extra = self._tail_extra(joined, first) if tails else 0.0
         if self._thread_pending > 0.0 or self._last_n == 0 or self.post_serial:
             delay = self._thread_delay(now, first, extra)

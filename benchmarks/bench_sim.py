@@ -59,16 +59,10 @@ print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time(
 """
 
 
-def _baseline_run(baseline: str) -> dict[str, float]:
-    """One reference run of another checkout (``baseline`` holds a ``kvplan`` package) in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": baseline}
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(REF)], capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _pure_run() -> dict[str, float]:
-    """One reference run of this checkout interpreted (``KVPLAN_NATIVE=0``: no compiled module) in a fresh process."""
-    env = {**os.environ, native.ENV_SWITCH: "0"}
+def _fresh_run(**env_extra: str) -> dict[str, float]:
+    """One reference run in a fresh process with ``env_extra`` in its environment: ``PYTHONPATH=DIR`` runs another
+    checkout (``DIR`` holds a ``kvplan`` package), ``KVPLAN_NATIVE="0"`` this one interpreted."""
+    env = {**os.environ, **env_extra}
     out = subprocess.run([sys.executable, "-c", ONE_RUN, str(REF)], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,7 +96,7 @@ def main() -> None:
         raw.append(raw_simpy_cpu_s(n_events))
         raw_rows.append(raw_simpy_cpu_s(n_rows))
         if args.baseline:
-            base_runs.append(_baseline_run(args.baseline))
+            base_runs.append(_fresh_run(PYTHONPATH=args.baseline))
     best = min(walls)
     turns = len(res.turns)
     speed = {
@@ -151,7 +145,7 @@ def main() -> None:
         print(f"baseline at the same moment: {speed['baseline']['turns_per_s']:,.0f} per wall second, "
               f"{speed['baseline']['turns_per_cpu_s']:,.0f} per CPU second")
     if args.pure_runs > 0:
-        pure = [_pure_run() for _ in range(args.pure_runs)]
+        pure = [_fresh_run(**{native.ENV_SWITCH: "0"}) for _ in range(args.pure_runs)]
         pt = pure[0]["turns"]
         best_cpu = min(r["cpu_s"] for r in pure)
         speed["pure_python"] = {

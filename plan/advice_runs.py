@@ -323,20 +323,15 @@ def trace_pairs(sc: Scenario, max_model_len: int | None = None) -> pd.DataFrame 
     if src is None:
         return None
     from kvplan.traces.readers import load_trace
-    from kvplan.traces.select import log as select_log
     from kvplan.traces.select import select
     from kvplan.traces.stats import turn_pairs
 
     trace = load_trace(src.path, src.format)
-    quiet = select_log.disabled  # the replay itself says what it skips ("select: N request(s) over ...")
-    select_log.disabled = True
-    try:
+    try:  # warn=False: the replay itself says what it skips ("select: N request(s) over ...")
         sel, report = select(trace, time_scale=src.time_scale, window_s=src.window_s,
-                             max_context_tokens=max_model_len, overlong=src.overlong)
+                             max_context_tokens=max_model_len, overlong=src.overlong, warn=False)
     except KvplanInputError as exc:  # nothing left to replay: every run would fail, so no advice either
         raise input_error(f"workload.trace '{src.path}'", str(exc).removeprefix("select: ")) from None
-    finally:
-        select_log.disabled = quiet
     pairs = turn_pairs(sel)  # select divided the arrivals by time_scale
     pairs.attrs["selection"] = {"input_requests": int(report["input_requests"]),
                                 "requests_replayed": int(report["kept_requests"]),

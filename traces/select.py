@@ -25,6 +25,7 @@ def select(
     seed: int = 0,
     max_context_tokens: int | None = None,
     overlong: Literal["skip", "truncate"] = "skip",
+    warn: bool = True,
 ) -> tuple[Trace, dict[str, Any]]:
     """Select part of a trace for replay; returns ``(new trace, report)`` (pure, no simulation).
 
@@ -34,6 +35,8 @@ def select(
     - ``max_context_tokens``: a request with ``input + output`` above it is dropped (``overlong='skip'``)
       or cut (``'truncate'``: the input first, down to ``max - output`` but >= 1, then the output).
     - ``time_scale > 1`` speeds arrivals up: ``arrival_s`` is divided by it after selection.
+    - ``warn``: log a warning when requests are skipped or truncated at the context limit (a caller that only
+      reads the selection, not replaying it, passes False: the replay says it).
 
     Arrivals are rebased so the first kept request is at 0. A request whose parent was dropped is
     re-attached to its nearest kept ancestor, or starts its session when there is none; turns are
@@ -69,7 +72,7 @@ def select(
     report["skipped_overlong"] = 0
     report["truncated_overlong"] = 0
     if max_context_tokens is not None:
-        keep, n_in, n_out = _context_limit(keep, n_in, n_out, max_context_tokens, overlong, report)
+        keep, n_in, n_out = _context_limit(keep, n_in, n_out, max_context_tokens, overlong, report, warn)
     rid = df["request_id"].to_numpy(dtype=np.int64)
     new_parent, reparented, orphaned = _reattach(keep, rid, df["parent_request_id"].to_numpy(dtype=np.int64))
     idx = np.flatnonzero(keep)
@@ -135,8 +138,8 @@ def _session_mask(sessions: np.ndarray, fraction: float, seed: int, keep: np.nda
 
 
 def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_tokens: int, overlong: str,
-                   report: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Skip or truncate requests with ``input + output > max_tokens`` (counted in ``report``)."""
+                   report: dict[str, Any], warn: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Skip or truncate requests with ``input + output > max_tokens`` (counted in ``report``; logged if ``warn``)."""
     if not (isinstance(max_tokens, int) and max_tokens >= 2):
         raise input_error("select: max_context_tokens", f"is {max_tokens!r}", "give an integer >= 2")
     too_long = keep & (n_in + n_out > max_tokens)
@@ -148,7 +151,7 @@ def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_to
         n_in = np.where(too_long, np.minimum(n_in, cut_in), n_in)
         n_out = np.where(too_long, np.minimum(n_out, max_tokens - n_in), n_out)
         report["truncated_overlong"] = int(too_long.sum())
-    if too_long.any() and keep.any():  # all skipped: select() refuses the trace in one line instead
+    if warn and too_long.any() and keep.any():  # all skipped: select() refuses the trace in one line instead
         log.warning("select: %d request(s) over %d tokens were %s", int(too_long.sum()), max_tokens,
                     "skipped" if overlong == "skip" else "truncated")
     return keep, n_in, n_out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_published_fit_is_deterministic_and_matches_shipped() -> None:
     assert bound is not None
     glm = load_profile("p5en-glm-5-fp8")
     assert glm.fit_report["first_turn_included_bound"]["exceeds_tolerance"] == 1.0
+
+
+@pytest.mark.parametrize("model", ["qwen3-32b", "glm-5-fp8"])
+def test_shipped_published_profile_is_what_its_command_writes(model: str, tmp_path: Path) -> None:
+    """The shipped P5en profile is byte for byte what README's command writes with today's simulator: a change of the
+    model that moves a fit must ship the refitted profile (GLM-5-FP8's went stale by ~1e-4 after 74779aa's decode fix,
+    unseen by the 1e-3 tolerance above)."""
+    out = tmp_path / f"p5en-{model}.json"
+    root = Path(str(resources.files("kvplan")))
+    assert main(["calibrate", "--published", str(root / "calibration" / "data" / "p5en_published.csv"), "--model", model,
+                 "--hardware", "p5en", "--out", str(out)]) == 0
+    shipped = root / "models" / "profiles" / f"p5en-{model}.json"
+    assert out.read_bytes() == shipped.read_bytes(), f"regenerate {shipped.name} with README's calibrate command"
 
 
 def test_shipped_profiles_are_self_contained() -> None:

@@ -66,7 +66,8 @@ def ensure_typecheck_shim(root: Path = ROOT) -> Path:
 def build_native() -> bool:
     """Compile the simulator's hot path for the current sources (``kvplan native build``; see sim/native.py).
 
-    A failed build is not fatal: kvplan then runs the same model in pure Python (about 2x slower).
+    A failed build is not fatal: kvplan then runs the same model in pure Python (about 6x slower on the reference run:
+    README, "Performance").
     """
     code = sh(BIN / "kvplan", "native", "build", check=False)
     if code != 0:

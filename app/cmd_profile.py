@@ -13,16 +13,22 @@ peak FLOP/s and HBM bandwidth) and write a prior profile with provenance and per
 
 def register(app: typer.Typer) -> None:
     """Add the ``profile`` command group to the CLI."""
+    from kvplan.models.arch import MODEL_PRESETS
+    from kvplan.models.hardware import GPU_PRESETS
+
+    # the presets as the code has them (a hand-written list missed qwen3-8b and h800, whose priors ship)
+    models = ", ".join(MODEL_PRESETS)
+    gpus = ", ".join(k for k, g in GPU_PRESETS.items() if g.aic_system)
     group = typer.Typer(help="Cost profiles: derive kernel-based priors.", no_args_is_help=True)
     app.add_typer(group, name="profile")
 
     @group.command("derive", help=DERIVE_HELP)
     def derive_cmd(
         model: str = typer.Option(
-            ..., "--model", help="Model preset (qwen3-32b, llama-3.3-70b, llama-3.1-8b, glm-5-fp8), or with --model-config"
+            ..., "--model", help=f"Model preset ({models}), or with --model-config"
             " a new name for a dense model whose architecture is read from config.json."
         ),
-        gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100-sxm, h200, b200, a100-sxm-80gb, l40s)."),
+        gpu: str = typer.Option(..., "--gpu", help=f"GPU preset with aiconfigurator kernel data ({gpus})."),
         tp: int = typer.Option(..., "--tp", help="Tensor-parallel size."),
         out: str = typer.Option(..., "--out", help="Output profile JSON."),
         model_config: str | None = typer.Option(

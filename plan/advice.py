@@ -73,6 +73,7 @@ from kvplan.plan.advice_rules import (
     binding_text,
     choose_ttl,
     col,
+    judge_recommended_slo,
     mean_ci,
     metrics,
     paired,
@@ -572,7 +573,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                                  setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text(),
                                  len(st.off)))
     warnings: list[str] = []
-    slo = apply_slo(choice, curve, off_m, setup.slo_ms, warnings)
+    # the curve's verdict only moves the TTL; the SLO is judged on the recommended deployment's runs (below)
+    slo = apply_slo(choice, curve, off_m, setup.slo_ms, [])
     rec = choice.chosen
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
@@ -583,6 +585,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     final = ({"policy.bidirectional": False} if rec is None else
              {**_on(at.ttl_s, at.router_ttl_s, thr.tokens),
               **({"deployment.cross_layer_blocks": True} if transfer.get("adopted") else {})})
+    slo = judge_recommended_slo(slo, exp_m["ttft_p90_s"], warnings)
     slo = _judge_slo_longer(setup, runner, slo, final, exp_rows, warnings)
     exp_sat = saturation(exp_rows)
     binding = binding_constraint(choice.binding, exp_m, slo, rec is not None, exp_sat.resources)

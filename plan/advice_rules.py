@@ -2,7 +2,8 @@
 
 Nothing here simulates. :func:`ttl_curve` turns the replicated rows of each TTL into :class:`TtlCandidate`
 objects; :func:`choose_ttl` applies the TTL rule (:data:`kvplan.plan.advice.RULES`); :func:`apply_slo` moves
-the TTL up for a TTFT p90 SLO; :func:`binding_constraint` names what limits the recommendation.
+the TTL up for a TTFT p90 SLO and :func:`judge_recommended_slo` judges the SLO on the recommended deployment's own
+runs; :func:`binding_constraint` names what limits the recommendation.
 """
 
 from __future__ import annotations
@@ -394,6 +395,22 @@ def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[st
     if not slo["met"]:
         warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({human_s(met_p90)} expected)")
     return slo
+
+
+def judge_recommended_slo(slo: dict[str, Any], p90_s: float, warnings: list[str]) -> dict[str, Any]:
+    """The SLO verdict on the recommended deployment itself (``p90_s``: the TTFT p90 of its runs, the ``expected``
+    column), replacing :func:`apply_slo`'s verdict on the TTL curve's runs. The curve's runs choose the TTL, but the
+    recommendation also carries the threshold the simulation check chose and, when adopted, cross-layer blocks:
+    judged on the curve, a deployment whose own p90 (printed in the same table) is within the SLO was said to miss
+    it, and one missing it could be said to meet it. ``warnings`` gets the reason when it is not met."""
+    if not slo:
+        return slo
+    slo_ms = float(slo["ttft_p90_ms"])
+    met = bool(p90_s <= slo_ms / 1000)
+    if not met:
+        where = "at any TTL" if not slo["met"] else "by the recommended deployment (its threshold and transfer settings)"
+        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met {where} ({human_s(p90_s)} expected)")
+    return {**slo, "met": met, "expected_ttft_p90_ms": p90_s * 1000}
 
 
 def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool,

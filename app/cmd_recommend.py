@@ -213,7 +213,10 @@ def _verified_line(rec: Any) -> list[str]:
     if not v:
         return []
     seeds = v.get("seeds") or []
+    n = v.get("conversations")
+    length = f"{n} conversations" if n is not None else "the trace's own sessions"
     return [f"recommended column: the recommended deployment itself simulated ({len(seeds)} seed(s) "
-            f"{', '.join(str(x) for x in seeds)}, {v.get('conversations')} conversations): simulating "
-            "`verification.overrides` on these seeds reproduces it"]
+            f"{', '.join(str(x) for x in seeds)}, {length}): simulating `verification.overrides` on these seeds "
+            "reproduces it (pinned KV mean over each seed's steady window of pinned.parquet, P busy from "
+            "summary.json's prefill_utilization_steady_max: `verification.figures` in --json)"]
 

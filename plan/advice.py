@@ -654,12 +654,44 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                                              "recommended": exp_sat.replications}},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
              "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer,
-             "verification": {"by": "simulation", "expected_is": "the mean over these seeds of the recommended "
-                              "deployment simulated with these overrides (the kv_transfer_config's settings)",
-                              "overrides": final,
-                              "seeds": list(runner.seeds), "conversations": setup.sc.workload.conversations}}
+             "verification": verification(setup.sc, final, list(runner.seeds), exp_rows)}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
                            binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
+
+
+#: Where ``kvplan simulate``'s output has each ``expected`` figure of one seed (``expected`` is the mean over the
+#: seeds): a summary.json key, or how to derive it from the result files.
+SIMULATE_FIGURES: dict[str, str] = {
+    "ttft_mean_s": "summary.json ttft_mean_s", "ttft_p50_s": "summary.json ttft_p50_s",
+    "ttft_p90_s": "summary.json ttft_p90_s", "ttft_p99_s": "summary.json ttft_p99_s",
+    "hit_rate": "summary.json hit_rate", "errors": "summary.json errors",
+    "pinned_kv_gib_peak": "summary.json pinned_kv_gib_peak",
+    "prefill_utilization": "summary.json prefill_utilization",
+    "prefill_utilization_steady": "summary.json prefill_utilization_steady_max (the busiest P engine, as "
+                                  "health.resources.prefill_compute.utilization; summary.json's "
+                                  "prefill_utilization_steady is the mean over P engines)",
+    "pinned_kv_gib_mean": "pinned.parquet: the time-weighted mean of pinned_gib (each row's level holds until the "
+                          "next row) over that seed's steady_pinned_windows_s (summary.json's pinned_kv_gib_mean is "
+                          "the whole run's, ramp-up and drain included)",
+    "decode_batch_capacity": "derived: min(max_num_seqs, (summary.json decode_kv_capacity_tokens - the pinned mean "
+                             "above in tokens per D node) / the mean prompt + output tokens of turns.parquet)",
+}
+
+
+def verification(sc: Scenario, overrides: dict[str, Any], seeds: list[int], rows: Rows) -> dict[str, Any]:
+    """How ``expected`` is reproduced: the recommended deployment's overrides, the seeds and run length it was
+    simulated with, and where ``kvplan simulate``'s output has each figure (:data:`SIMULATE_FIGURES`, with each
+    seed's steady window for the pinned-KV mean, which summary.json does not give)."""
+    trace = sc.workload.trace
+    windows = [[r.get("steady_pinned_window_start_s"), r.get("steady_pinned_window_end_s")]
+               if r.get("error") is None else None for r in rows]
+    return {"by": "simulation", "expected_is": "the mean over these seeds of the recommended deployment simulated "
+            "with these overrides (the kv_transfer_config's settings)",
+            "overrides": overrides, "seeds": seeds,
+            # a trace replays its own sessions: workload.conversations is not read
+            "conversations": None if trace is not None else sc.workload.conversations,
+            "trace": str(trace.path) if trace is not None else None,
+            "figures": dict(SIMULATE_FIGURES), "steady_pinned_windows_s": windows}
 
 
 def _judge_slo_longer(setup: _Setup, runner: _Runner, slo: dict[str, Any], final: dict[str, Any], rows: Rows,

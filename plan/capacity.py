@@ -380,6 +380,7 @@ def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_r
         "first_run_retention_unsteady": (bool(m["first_run_retention_unsteady"])
                                          if "first_run_retention_unsteady" in m else None),
         **pick.policy,
+        "verification": _verification(pick, ev),
     }
     if max_rate is not None and rate is not None:
         lo, capped = max_rate
@@ -392,6 +393,21 @@ def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_r
         out.update({"max_sustainable_rate_per_s": None, "max_rate_capped": None,
                     "usd_per_million_turns_at_max_rate": None})
     return out
+
+
+def _verification(pick: Pick, ev: Evaluator) -> dict[str, Any]:
+    """How an answer's figures are reproduced: the scenario with these overrides (deployment size, policy, rate and
+    the conversations of the run that judged it), simulated on these seeds; its TTFT p90 is the mean of the seeds'
+    summary.json ``ttft_p90_s``."""
+    ov = dict(pick.overrides)
+    judged = pick.metrics.get("judged_conversations")
+    if judged is not None and math.isfinite(judged) and ev.base.workload.trace is None:
+        ov["workload.conversations"] = int(judged)
+    return {"by": "simulation", "overrides": ov, "seeds": list(ev.seeds),
+            "expected_is": "ttft_p90_ms, ttft_p50_ms, ttft_mean_ms, hit_rate, errors, pinned_kv_gib_peak and "
+            "prefill_utilization are the means over these seeds of summary.json's ttft_p90_s (x1000), ttft_p50_s, "
+            "ttft_mean_s, hit_rate, errors, pinned_kv_gib_peak and prefill_utilization of the scenario with these "
+            "overrides (other fields as in the scenario)"}
 
 
 def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> dict[str, Any]:

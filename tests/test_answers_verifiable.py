@@ -115,3 +115,22 @@ def test_a_trace_replays_verification_names_the_trace_not_an_unread_conversation
     v = recommend(sc, replications=1, ttl_grid=(30,), workers=1).verification
     assert v["conversations"] is None and v["trace"] == str(trace)
     assert len(v["steady_pinned_windows_s"]) == len(v["seeds"]) == 1
+
+
+def test_each_capacity_answer_is_reproduced_by_simulating_its_verification() -> None:
+    # capacity's answers gave no seeds and not the judging run's length (4x the scenario's conversations or more):
+    # the SLO they claim could not be checked by simulating them
+    from kvplan.plan.capacity import plan_capacity
+    from kvplan.sim.presets import preset_scenario
+
+    sc = preset_scenario("tool-agent", conversations=60)
+    plan = plan_capacity(sc, rate_per_s=0.25, slo_ttft_p90_ms=2000, max_nodes=4, replications=2, max_rate=False)
+    answers = [m for m in (plan.with_bidirectional, plan.without_bidirectional, plan.aggregated) if m["meets_slo"]]
+    assert answers
+    for m in answers:
+        v = m["verification"]
+        assert len(v["seeds"]) == 2 and v["overrides"]["workload.conversations"] == m["judged_conversations"]
+        runs = [run(with_overrides(sc, v["overrides"]), seed).summary for seed in v["seeds"]]
+        p90 = float(np.mean([r["ttft_p90_s"] for r in runs]))
+        assert math.isclose(p90 * 1000, m["ttft_p90_ms"], rel_tol=1e-9), m["xpyd"]
+        assert p90 * 1000 <= 2000 and math.isclose(float(np.mean([r["hit_rate"] for r in runs])), m["hit_rate"])

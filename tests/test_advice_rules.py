@@ -113,3 +113,23 @@ def test_decode_batch_capacity_is_unknown_without_a_steady_window() -> None:
     hbm = recommend(sc, replications=1, ttl_grid=(30,), workers=1).decode_hbm
     at_defaults, without = hbm["decode_batch_capacity_at_vllm_defaults"], hbm["decode_batch_capacity_without_retention"]
     assert math.isnan(at_defaults) or at_defaults <= without, hbm
+
+
+def test_every_ttl_saturated_says_a_lower_mean_is_not_significant_rather_than_absent() -> None:
+    # 1P1D Llama-3.3-70B TP4 at 1 conversation/s: TTL 30 s measured a mean TTFT of 19.9 s against 56.2 s with
+    # bidirectional off (gain 36.3 s +- 80.7 s, 2 replications), and the rationale said "none lowers mean TTFT"
+    from dataclasses import replace
+
+    low = replace(cand(30, 36.3, ci=80.7), saturated="decode HBM", saturated_share=1.0)
+    low.metrics["ttft_mean_s"] = 19.9
+    worse = replace(cand(60, -57.8, ci=128.0), saturated="decode HBM", saturated_share=1.0)
+    worse.metrics["ttft_mean_s"] = 114.0
+    ev = Evidence([low, worse], 56.2, (0.1, 0.001), 0.9, None, "turn gaps p50 10 s", 0, off_saturated="P compute",
+                  replications=2)
+    choice = choose_ttl(ev)
+    assert choice.chosen is None and choice.retention_off
+    text = " ".join(choice.rationale)
+    assert "none lowers mean TTFT significantly" in text and "19.90 s against 56.20 s" in text, text
+    worst = [replace(c, benefit=(-abs(c.benefit[0]), c.benefit[1])) for c in (low, worse)]
+    text = " ".join(choose_ttl(replace(ev, curve=worst)).rationale)
+    assert "none lowers mean TTFT against bidirectional off" in text, text

@@ -132,14 +132,22 @@ def render_text(rec: Recommendation) -> list[str]:
         lines.append(f"{name:24}" + "".join(f" {ms(d, k):>21}" for d in (e, b, o)))
     lines.append(f"{'hit rate':24}{e['hit_rate']:>22.1%}{b['hit_rate']:>22.1%}{o['hit_rate']:>22.1%}")
     h = rec.decode_hbm
+
+    def num(x: float, spec: str) -> str:  # '-' where the runs define no figure (no steady window), not 'nan'
+        return format(x, spec) if math.isfinite(x) else "-"
+
+    caps = (h["decode_batch_capacity_at_recommendation"], h["decode_batch_capacity_at_vllm_defaults"],
+            h["decode_batch_capacity_without_retention"])
+    undefined = not all(math.isfinite(x) for x in (e["pinned_kv_gib_mean"], b["pinned_kv_gib_mean"], *caps))
     lines += [
-        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>13.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
-        f"{b['pinned_kv_gib_mean']:>13.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>13.1f}/{0.0:<8.1f}",
-        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>22.0f}"
-        f"{h['decode_batch_capacity_at_vllm_defaults']:>22.0f}{h['decode_batch_capacity_without_retention']:>22.0f}",
+        f"{'pinned KV mean/peak GiB':24}{num(e['pinned_kv_gib_mean'], '.1f'):>13}/{num(e['pinned_kv_gib_peak'], '.1f'):<8}"
+        f"{num(b['pinned_kv_gib_mean'], '.1f'):>13}/{num(b['pinned_kv_gib_peak'], '.1f'):<8}{0.0:>13.1f}/{0.0:<8.1f}",
+        f"{'decode batch capacity':24}" + "".join(f"{num(x, '.0f'):>22}" for x in caps),
         f"({'±: 95% CI over replications' if rec.inputs.get('replications', 2) > 1 else 'one replication: no CI'}; "
         f"decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
-        + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
+        + (f", budget {h['budget_gib']:g} GiB" if h["budget_gib"] else "")
+        + ("; '-': the runs have no steady window (arrivals of new conversations do not span one), so no steady "
+           "pinned KV mean nor the decode batch capacity derived from it)" if undefined else ")"),
         _saturated_line(rec.saturation or {}),
         *_verified_line(rec),
         "",

@@ -134,3 +134,25 @@ def test_each_capacity_answer_is_reproduced_by_simulating_its_verification() -> 
         p90 = float(np.mean([r["ttft_p90_s"] for r in runs]))
         assert math.isclose(p90 * 1000, m["ttft_p90_ms"], rel_tol=1e-9), m["xpyd"]
         assert p90 * 1000 <= 2000 and math.isclose(float(np.mean([r["hit_rate"] for r in runs])), m["hit_rate"])
+
+
+def test_recommend_text_prints_no_nan_where_a_replay_has_no_steady_window() -> None:
+    # a weka replay's sessions all start at t = 0: no steady window, so no steady pinned mean and no decode batch
+    # capacity derived from it; the table printed 'nan/63.7' and 'nan'
+    from dataclasses import replace
+    from pathlib import Path
+
+    from kvplan.app.cmd_recommend import render_text
+
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "weka_small.json"
+    sc = {"model": "qwen3-32b", "hardware": "p5en", "workload": {"trace": {"path": str(trace)}}}
+    rec = recommend(sc, replications=1, ttl_grid=(30,), workers=1)
+    # as on the AgentX sample (11 sessions at t = 0; this small file's sub-agents start later): no steady window
+    nan = math.nan
+    rec = replace(rec, expected={**rec.expected, "pinned_kv_gib_mean": nan},
+                  baseline={**rec.baseline, "pinned_kv_gib_mean": nan},
+                  decode_hbm={**rec.decode_hbm, "decode_batch_capacity_at_recommendation": nan,
+                              "decode_batch_capacity_at_vllm_defaults": nan})
+    text = "\n".join(render_text(rec))
+    assert "nan" not in text.lower().replace("nanos", ""), text
+    assert "'-': the runs have no steady window" in text

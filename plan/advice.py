@@ -73,6 +73,7 @@ from kvplan.plan.advice_rules import (
     binding_text,
     choose_ttl,
     col,
+    judge_recommended_budget,
     judge_recommended_slo,
     mean_ci,
     metrics,
@@ -641,6 +642,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         "decode_batch_capacity_without_retention": off_m["decode_batch_capacity"],
         "decode_batch_capacity_at_recommendation": exp_m["decode_batch_capacity"],
         "decode_batch_capacity_at_vllm_defaults": def_m["decode_batch_capacity"],
+        # the recommended deployment's own peak against the budget (null: no budget, or retention off)
+        "within_budget": judge_recommended_budget(setup.budget, exp_m["pinned_kv_gib_peak"],
+                                                  at.metrics["pinned_kv_gib_peak"], warnings) if bidir else None,
     }
     choice.rationale = rationale
     extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),

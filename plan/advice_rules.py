@@ -419,6 +419,23 @@ def judge_recommended_slo(slo: dict[str, Any], p90_s: float, warnings: list[str]
     return {**slo, "met": met, "expected_ttft_p90_ms": p90_s * 1000}
 
 
+def judge_recommended_budget(budget_gib: float | None, peak_gib: float, curve_peak_gib: float,
+                             warnings: list[str]) -> bool | None:
+    """Whether the recommended deployment's own peak pinned decode KV (``peak_gib``, the ``expected`` column's) fits
+    the HBM budget; None without a budget. The TTL rule judged the budget on the TTL curve's run
+    (``curve_peak_gib``), which has neither the threshold the simulation check chose nor adopted cross-layer blocks:
+    those move the peak, so a TTL inside the budget on the curve can recommend a deployment above it, said here."""
+    if budget_gib is None or not math.isfinite(peak_gib):
+        return None
+    if peak_gib <= budget_gib:
+        return True
+    warnings.append(f"the recommended deployment pins up to {peak_gib:.1f} GiB of decode KV at its peak, above the "
+                    f"{budget_gib:g} GiB budget: its TTL was judged within it on the TTL curve's run ({curve_peak_gib:.1f} "
+                    "GiB peak), and its threshold and transfer settings moved the peak; lower the TTL or raise "
+                    "--decode-hbm-budget-gib")
+    return False
+
+
 def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool,
                        saturated: Sequence[str] = ()) -> str:
     """The constraint at the recommendation (metrics ``m``): a resource its runs saturate (health keys in

@@ -156,3 +156,17 @@ def test_recommend_text_prints_no_nan_where_a_replay_has_no_steady_window() -> N
     text = "\n".join(render_text(rec))
     assert "nan" not in text.lower().replace("nanos", ""), text
     assert "'-': the runs have no steady window" in text
+
+
+def test_a_recommendation_above_the_hbm_budget_says_so() -> None:
+    # TTL 45 s peaks at 297.5 GiB on the TTL curve's run (inside a 298 GiB budget), but the recommended deployment
+    # (threshold 440, cross-layer blocks adopted) peaks at 298.5 GiB: it was recommended under the budget silently
+    sc = pulls_dominate()
+    rec = recommend(sc, replications=2, ttl_grid=(45,), decode_hbm_budget_gib=298.0)
+    curve_peak = rec.ttl_curve[0]["pinned_kv_gib_peak"]
+    peak = rec.expected["pinned_kv_gib_peak"]
+    assert rec.bidirectional and curve_peak <= 298.0 < peak  # the case this test is about
+    assert rec.decode_hbm["within_budget"] is False
+    assert any("above the 298 GiB budget" in w for w in rec.warnings), rec.warnings
+    ok = recommend(sc, replications=2, ttl_grid=(45,), decode_hbm_budget_gib=400.0)
+    assert ok.decode_hbm["within_budget"] is True and not any("budget" in w for w in ok.warnings)

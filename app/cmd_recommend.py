@@ -158,6 +158,7 @@ def render_text(rec: Recommendation) -> list[str]:
         *[f"rule: {r}" for r in rec.rules],
         *([f"rule: {rec.best_policy['rule']}"] if rec.best_policy else []),
         *([f"best policy: {rec.best_policy['why']}"] if rec.best_policy.get("why") else []),
+        *[f"best policy: not compared: {n['policy']}: {n['why']}" for n in rec.best_policy.get("not_compared", [])],
         *[f"assumption: {a}" for a in rec.assumptions],
         *[f"warning: {w}" for w in rec.warnings],
         *[f"disagreement: {d}" for d in rec.disagreements],

@@ -169,13 +169,25 @@ def _vllm_defaults() -> dict[str, Any]:
             "policy.kv_load_failure_policy": "fail"}
 
 
+def _pd_gpus(sc: Scenario) -> int:
+    dep = sc.deployment
+    tp = dep.tensor_parallel_size
+    return (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
+            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
+
+
+def aggregated_problem(sc: Scenario) -> str | None:
+    """Why the ``aggregated`` policy cannot run on ``sc``'s GPUs (not a whole number of TP replicas), else None."""
+    gpus, tp = _pd_gpus(sc), sc.deployment.tensor_parallel_size
+    return f"{gpus} GPUs are not a whole number of TP{tp} replicas" if gpus % tp else None
+
+
 def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = None) -> PolicyRun:
     """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
     dep = sc.deployment
     nodes = dep.prefill_nodes + dep.decode_nodes  # one instance each
     tp = dep.tensor_parallel_size
-    gpus = (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
-            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
+    gpus = _pd_gpus(sc)
     base, _, arg = name.partition(":")
     if base == "off":
         return PolicyRun(name, {"policy.bidirectional": False}, gpus, nodes)
@@ -202,8 +214,9 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                           "them), failure policy recompute",))
     if base == "aggregated":
         routing = arg or default_aggregated_routing(sc)
-        if gpus % tp:
-            raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
+        problem = aggregated_problem(sc)
+        if problem:
+            raise input_error("--policies aggregated", problem,
                               "set deployment.tensor_parallel_size to a divisor of the GPU count")
         nodes = gpus // tp
         return PolicyRun(name, aggregated_overrides(nodes, routing), gpus, nodes,
@@ -267,9 +280,17 @@ def recommend_with_best_policy(scenario: ScenarioLike, options: AdviceOptions) -
     rec, sc = advise(scenario, replace(options, cache=cache))
     if sc.deployment.mode == "aggregated":
         return rec
-    rows = compare(sc, list(BEST_CANDIDATES), replications=options.replications, workers=options.workers,
+    # aggregated replicas need the P/D GPUs to be whole TP replicas (heterogeneous P and D TP often are not): that
+    # alternative is left out and said so, rather than failing after the advisor's runs and losing the advice
+    problem = aggregated_problem(sc)
+    candidates = [c for c in BEST_CANDIDATES if not (problem and c == "aggregated")]
+    rows = compare(sc, candidates, replications=options.replications, workers=options.workers,
                    recommended=recommendation_overrides(rec), cache=cache)
-    return replace(rec, best_policy=best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib))
+    best = best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib)
+    if problem:
+        best["not_compared"] = [{"policy": "aggregated", "why": f"{problem} (set deployment.tensor_parallel_size to "
+                                 "a divisor of the GPU count to compare it)"}]
+    return replace(rec, best_policy=best)
 
 
 def _value(row: dict[str, Any], key: str) -> float:

@@ -170,3 +170,27 @@ def test_a_recommendation_above_the_hbm_budget_says_so() -> None:
     assert any("above the 298 GiB budget" in w for w in rec.warnings), rec.warnings
     ok = recommend(sc, replications=2, ttl_grid=(45,), decode_hbm_budget_gib=400.0)
     assert ok.decode_hbm["within_budget"] is True and not any("budget" in w for w in ok.warnings)
+
+
+def test_recommend_with_policies_keeps_its_advice_when_aggregated_replicas_cannot_be_formed() -> None:
+    # 2P3D with P at TP4 and D at TP2 (14 GPUs, tensor_parallel_size 8 by default): `kvplan recommend` (--policies on
+    # by default) ran the advisor's 18 simulations, then failed with '14 GPUs are not a whole number of TP8
+    # replicas' (exit 2, nothing printed): the advice was lost to an alternative that cannot be formed
+    from kvplan.plan.compare import recommend_with_best_policy
+
+    sc = {
+        "model": "qwen3-32b", "hardware": "p5en",
+        "deployment": {"prefill_nodes": 2, "decode_nodes": 3, "prefill_tensor_parallel_size": 4,
+                       "decode_tensor_parallel_size": 2, "max_num_seqs": 128},
+        "workload": {"conversations": 60, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 3000},
+                     "user_tokens": {"dist": "constant", "value": 200},
+                     "output_tokens": {"dist": "constant", "value": 200},
+                     "turn_gap_s": {"dist": "constant", "value": 10}},
+        "seed": 21,
+    }
+    rec = recommend_with_best_policy(sc, replications=1, ttl_grid=(30,), workers=1)
+    assert rec.best_policy["policy"] != "aggregated"
+    assert [n["policy"] for n in rec.best_policy["not_compared"]] == ["aggregated"]
+    assert "14 GPUs are not a whole number of TP8 replicas" in rec.best_policy["not_compared"][0]["why"]
+    assert "aggregated" not in [c["policy"] for c in rec.best_policy["compared"]]

@@ -75,11 +75,20 @@ def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) ->
         add.append(f"D nodes (now {dep.decode_nodes})")
     if "link" in sat.resources:
         add.append("link bandwidth")
-    rate = f" --rate {wl.arrival.rate_per_s:g}" if isinstance(wl.arrival, PoissonArrival) else ""
+    # `kvplan capacity --model M --hardware H --rate R` alone sizes the chat preset at its TP, not this workload:
+    # the search must run on the same scenario (file, or preset options, or trace) the advice ran on
+    rate = f" at {wl.arrival.rate_per_s:g} new conversations/s" if isinstance(wl.arrival, PoissonArrival) else ""
     return [f"No TTL tried removes the saturation ({sat.text()}): add {' and '.join(add) or 'nodes'} — run `kvplan "
-            f"capacity --model {rs.arch.name} --hardware {rs.node.name}{rate} --slo-ttft-p90-ms <SLO>` "
-            f"(xPyD search at this load; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D "
-            f"TP{dep.tensor_parallel_size})."]
+            "capacity` on this same scenario (the same SCENARIO.yaml, or the same --workload, --model, --hardware, "
+            f"--rate and --trace options) with --slo-ttft-p90-ms <SLO> (xPyD search{rate} for {rs.arch.name} on "
+            f"{rs.node.name}; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D {_tp_text(dep)})."]
+
+
+def _tp_text(dep: Any) -> str:
+    """``TP8``, or ``P TP4 / D TP2`` when the roles differ."""
+    p = dep.prefill_tensor_parallel_size or dep.tensor_parallel_size
+    d = dep.decode_tensor_parallel_size or dep.tensor_parallel_size
+    return f"TP{p}" if p == d else f"P TP{p} / D TP{d}"
 
 
 def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[TtlCandidate], off: Rows) -> dict[str, Any]:

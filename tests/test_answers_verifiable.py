@@ -194,3 +194,25 @@ def test_recommend_with_policies_keeps_its_advice_when_aggregated_replicas_canno
     assert [n["policy"] for n in rec.best_policy["not_compared"]] == ["aggregated"]
     assert "14 GPUs are not a whole number of TP8 replicas" in rec.best_policy["not_compared"][0]["why"]
     assert "aggregated" not in [c["policy"] for c in rec.best_policy["compared"]]
+
+
+def test_the_capacity_hint_of_a_saturated_recommendation_sizes_the_same_workload() -> None:
+    # 1P1D Llama-3.3-70B on p5 at TP4, 5k-token prefixes at 1 conversation/s: every TTL saturates P, and the advice
+    # said "run `kvplan capacity --model llama-3.3-70b --hardware p5 --rate 1 --slo-ttft-p90-ms <SLO>`", which sizes
+    # the chat preset (its own lengths, gaps and TP8), not this workload
+    sc = {
+        "model": "llama-3.3-70b", "hardware": "p5",
+        "deployment": {"tensor_parallel_size": 4, "max_num_seqs": 256, "prefill_prefix_caching": False},
+        "workload": {"conversations": 80, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "uniform", "low": 2, "high": 6},
+                     "prefix_tokens": {"dist": "lognormal", "median": 5000, "sigma": 0.5},
+                     "user_tokens": {"dist": "uniform", "low": 100, "high": 400},
+                     "output_tokens": {"dist": "uniform", "low": 100, "high": 300},
+                     "turn_gap_s": {"dist": "lognormal", "median": 10, "sigma": 0.8}},
+        "seed": 3,
+    }
+    rec = recommend(sc, replications=1, ttl_grid=(30, 60), workers=1)
+    hint = [r for r in rec.rationale if r.startswith("No TTL tried removes the saturation")]
+    assert hint, rec.rationale  # the case this test is about
+    assert "kvplan capacity --model" not in hint[0]
+    assert "on this same scenario" in hint[0] and "1P1D TP4" in hint[0]

@@ -235,7 +235,24 @@ def choose_ttl(ev: Evidence) -> TtlChoice:
     feasible = [c for c in ev.curve if c.feasible]
     if choice.retention_off and ev.off_saturated and feasible:
         return _off_saturated(ev, feasible)
+    over = [c for c in ev.curve if not c.saturated and not c.feasible]  # saturating nothing, above the budget
+    if choice.retention_off and ev.off_saturated and not feasible and over and ev.budget_gib is not None:
+        return _over_budget(ev, over)
     return choice
+
+
+def _over_budget(ev: Evidence, over: list[TtlCandidate]) -> TtlChoice:
+    """Bidirectional off saturates, and every TTL that saturates nothing peaks above the decode HBM budget: no
+    retention setting serves the load within the budget. Said as such (the budget binds), not as a gain the
+    replications failed to resolve: off's saturated mean TTFT is no measure of retention's gain (the saturation
+    rule), and more replications cannot make a TTL fit the budget."""
+    least = min(over, key=lambda c: c.metrics["pinned_kv_gib_peak"])
+    return TtlChoice(None, True, DECODE_HBM, [
+        f"Bidirectional off saturates {ev.off_saturated} at this load, and every TTL that saturates nothing pins more "
+        f"decode KV at its peak than the {ev.budget_gib:g} GiB budget (the least: TTL {least.ttl_s:g} s, "
+        f"{least.metrics['pinned_kv_gib_peak']:.1f} GiB): within this budget no TTL serves the load. Raise "
+        f"--decode-hbm-budget-gib to at least {least.metrics['pinned_kv_gib_peak']:.0f} GiB for TTL "
+        f"{least.ttl_s:g} s, or add nodes (`kvplan capacity`); until then plain P/D (bidirectional off), saturated."])
 
 
 def _by_benefit(ev: Evidence) -> TtlChoice:

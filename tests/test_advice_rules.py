@@ -133,3 +133,21 @@ def test_every_ttl_saturated_says_a_lower_mean_is_not_significant_rather_than_ab
     worst = [replace(c, benefit=(-abs(c.benefit[0]), c.benefit[1])) for c in (low, worse)]
     text = " ".join(choose_ttl(replace(ev, curve=worst)).rationale)
     assert "none lowers mean TTFT against bidirectional off" in text, text
+
+
+def test_off_saturated_and_every_unsaturated_ttl_over_the_budget_is_the_budget_not_inconclusive() -> None:
+    # 2P3D Qwen3-32B p5e TP4, budget 100 GiB: off saturates P compute (mean TTFT 8.56 s), TTL 60 s saturates nothing
+    # but peaks at 316 GiB; the advice said "INCONCLUSIVE ... rerun with --replications 4", which no replication
+    # count resolves: the budget excludes the only TTL that serves the load
+    from dataclasses import replace
+
+    sat = replace(cand(30, 5.0, peak_gib=250, budget=100, ci=10.0), saturated="P compute", saturated_share=1.0)
+    over = cand(60, 8.0, peak_gib=316, budget=100, ci=14.0)
+    assert not over.feasible and not over.saturated
+    ev = Evidence([sat, over], 8.56, (8.10, 14.04), 1.0, 100.0, "turn gaps p50 8 s", 0, off_saturated="P compute",
+                  replications=2)
+    choice = choose_ttl(ev)
+    assert choice.chosen is None and choice.retention_off and choice.binding == DECODE_HBM
+    assert not choice.inconclusive
+    text = " ".join(choice.rationale)
+    assert "100 GiB budget" in text and "TTL 60 s, 316.0 GiB" in text and "INCONCLUSIVE" not in text, text

@@ -64,9 +64,12 @@ def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) ->
         return []
     fine = [c for c in curve if not c.saturated]
     if fine:
-        best = min(fine, key=lambda c: c.metrics["ttft_mean_s"])
+        within = [c for c in fine if c.feasible]  # a candidate is feasible when unsaturated and within the budget
+        best = min(within or fine, key=lambda c: c.metrics["ttft_mean_s"])
+        over = (f", but it pins up to {best.metrics['pinned_kv_gib_peak']:.1f} GiB of decode KV, above the decode HBM "
+                "budget" if not within else "")
         return [f"Smallest change that removes the saturation: TTL {best.ttl_s:g} s (router TTL {best.router_ttl_s} s) "
-                "saturates nothing."]
+                f"saturates nothing{over}."]
     dep, wl = rs.scenario.deployment, rs.scenario.workload
     add = []
     if {"prefill_compute", "prefill_held_kv"} & set(sat.resources) and not sat.backpressure:

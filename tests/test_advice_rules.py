@@ -151,3 +151,21 @@ def test_off_saturated_and_every_unsaturated_ttl_over_the_budget_is_the_budget_n
     assert not choice.inconclusive
     text = " ".join(choice.rationale)
     assert "100 GiB budget" in text and "TTL 60 s, 316.0 GiB" in text and "INCONCLUSIVE" not in text, text
+
+
+def test_the_unsaturating_ttl_hint_prefers_the_budget_and_says_when_above_it() -> None:
+    # the hint named "TTL 60 s saturates nothing" as the change to make although TTL 60 s was above the budget
+    from dataclasses import replace
+    from typing import Any, cast
+
+    from kvplan.plan.advice_report import unsaturate_hint
+    from kvplan.plan.advice_runs import Saturation
+
+    saturated = Saturation(("prefill_compute",), replications=2)
+    tight = cand(30, 5.0, peak_gib=80, budget=100)
+    fast = cand(60, 8.0, peak_gib=316, budget=100)
+    fast.metrics["ttft_mean_s"], tight.metrics["ttft_mean_s"] = 0.3, 0.5
+    hint = unsaturate_hint(cast(Any, None), saturated, [tight, fast])
+    assert "TTL 30 s" in hint[0] and "above" not in hint[0], hint
+    hint = unsaturate_hint(cast(Any, None), saturated, [replace(tight, feasible=False), fast])
+    assert "TTL 60 s" in hint[0] and "316.0 GiB of decode KV, above the decode HBM budget" in hint[0], hint

@@ -226,6 +226,7 @@ def _verified_line(rec: Any) -> list[str]:
     length = f"{n} conversations" if n is not None else "the trace's own sessions"
     return [f"recommended column: the recommended deployment itself simulated ({len(seeds)} seed(s) "
             f"{', '.join(str(x) for x in seeds)}, {length}): simulating `verification.overrides` on these seeds "
-            "reproduces it (pinned KV mean over each seed's steady window of pinned.parquet, P busy from "
-            "summary.json's prefill_utilization_steady_max: `verification.figures` in --json)"]
+            "reproduces it (the whole scenario, the load and conversations simulated included: "
+            "`verification.scenario` in --json; pinned KV mean over each seed's steady window of pinned.parquet, P busy "
+            "from summary.json's prefill_utilization_steady_max: `verification.figures`)"]
 

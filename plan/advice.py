@@ -692,6 +692,9 @@ def verification(sc: Scenario, overrides: dict[str, Any], seeds: list[int], rows
     return {"by": "simulation", "expected_is": "the mean over these seeds of the recommended deployment simulated "
             "with these overrides (the kv_transfer_config's settings)",
             "overrides": overrides, "seeds": seeds,
+            # the whole scenario simulated, overrides applied: what a --workload preset or the CLI's --rate and
+            # --conversations changed is in no file the user has (`kvplan simulate` of this mapping as YAML, --seed)
+            "scenario": with_overrides(sc, overrides).model_dump(mode="json"),
             # a trace replays its own sessions: workload.conversations is not read
             "conversations": None if trace is not None else sc.workload.conversations,
             "trace": str(trace.path) if trace is not None else None,

@@ -231,3 +231,30 @@ def test_the_best_policy_meets_the_slo_on_the_same_judging_run_as_the_recommenda
     assert agg["slo_ttft_p90_s"] > 0.8  # the case this test is about: fast over 120 conversations, not over more
     best = rows[rec.best_policy["policy"]]
     assert best["slo_ttft_p90_s"] <= 0.8 or rec.best_policy["why"].startswith("no policy meets every constraint")
+
+
+def test_a_presets_recommendation_is_reproduced_from_its_verification_scenario(tmp_path: Any) -> None:
+    # `kvplan recommend --workload tool-agent --rate 1` (or SCENARIO.yaml --rate R): the verification gave only the
+    # policy overrides, to be applied to a preset scenario (or a rate) that is in no file the user has, so the
+    # expected figures could not be reproduced with `kvplan simulate`
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kvplan.sim.presets import preset_scenario
+
+    sc = preset_scenario("tool-agent", "qwen3-32b", "p5en", rate_per_s=1.0, conversations=40)
+    rec = recommend(sc, replications=2, ttl_grid=(15,), workers=1)
+    v = rec.verification
+    path = tmp_path / "recommended.yaml"
+    path.write_text(yaml.safe_dump(v["scenario"]))
+    p90 = []
+    for seed in v["seeds"]:
+        out = tmp_path / f"run{seed}"
+        subprocess.run([sys.executable, "-m", "kvplan.app.cli", "simulate", str(path), "--out", str(out), "--seed",
+                        str(seed)], check=True, capture_output=True)
+        p90.append(json.loads((out / "summary.json").read_text())["ttft_p90_s"])
+    assert math.isclose(float(np.mean(p90)), rec.expected["ttft_p90_s"], rel_tol=1e-9)
+    assert v["scenario"]["workload"]["arrival"]["rate_per_s"] == 1.0

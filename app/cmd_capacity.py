@@ -201,7 +201,8 @@ def render_text(plan: Any, what: str) -> list[str]:
         ver = m.get("verification") or {}
         if ver:
             out.append(f"{name}: verify by simulating the scenario with {_overrides_text(ver['overrides'])} on seeds "
-                       f"{', '.join(str(x) for x in ver['seeds'])} (TTFT p90 = the mean of their ttft_p90_s)")
+                       f"{', '.join(str(x) for x in ver['seeds'])} (TTFT p90 = the mean of their ttft_p90_s; the whole "
+                       "scenario: verification.scenario in --json)")
         if m.get("smallest_verified") is False:
             met = ", ".join(str(c.get("xpyd") or f"{c['replicas']} replicas") for c in m["neighbour_checks"]
                             if c["meets_slo"])

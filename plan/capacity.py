@@ -404,6 +404,8 @@ def _verification(pick: Pick, ev: Evaluator) -> dict[str, Any]:
     if judged is not None and math.isfinite(judged) and ev.base.workload.trace is None:
         ov["workload.conversations"] = int(judged)
     return {"by": "simulation", "overrides": ov, "seeds": list(ev.seeds),
+            # the whole scenario with the overrides applied (a --workload preset is in no file of the user's)
+            "scenario": with_overrides(ev.base, ov).model_dump(mode="json"),
             "expected_is": "ttft_p90_ms, ttft_p50_ms, ttft_mean_ms, hit_rate, errors, pinned_kv_gib_peak and "
             "prefill_utilization are the means over these seeds of summary.json's ttft_p90_s (x1000), ttft_p50_s, "
             "ttft_mean_s, hit_rate, errors, pinned_kv_gib_peak and prefill_utilization of the scenario with these "

@@ -130,7 +130,8 @@ def test_each_capacity_answer_is_reproduced_by_simulating_its_verification() -> 
     for m in answers:
         v = m["verification"]
         assert len(v["seeds"]) == 2 and v["overrides"]["workload.conversations"] == m["judged_conversations"]
-        runs = [run(with_overrides(sc, v["overrides"]), seed).summary for seed in v["seeds"]]
+        assert scenario_from_dict(v["scenario"]) == with_overrides(sc, v["overrides"])
+        runs = [run(scenario_from_dict(v["scenario"]), seed).summary for seed in v["seeds"]]
         p90 = float(np.mean([r["ttft_p90_s"] for r in runs]))
         assert math.isclose(p90 * 1000, m["ttft_p90_ms"], rel_tol=1e-9), m["xpyd"]
         assert p90 * 1000 <= 2000 and math.isclose(float(np.mean([r["hit_rate"] for r in runs])), m["hit_rate"])

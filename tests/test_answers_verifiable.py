@@ -259,3 +259,21 @@ def test_a_presets_recommendation_is_reproduced_from_its_verification_scenario(t
         p90.append(json.loads((out / "summary.json").read_text())["ttft_p90_s"])
     assert math.isclose(float(np.mean(p90)), rec.expected["ttft_p90_s"], rel_tol=1e-9)
     assert v["scenario"]["workload"]["arrival"]["rate_per_s"] == 1.0
+
+
+def test_capacity_does_not_advise_more_nodes_for_an_slo_below_the_service_time() -> None:
+    # coding-agent sessions on GLM-5-FP8 (follow-ups of ~170k tokens at p90) at 0.01 sessions/s with a 5 s SLO: the
+    # closest deployments were 8-14% busy with TTFT p90 19-20 s (a 170k-token prefill takes ~20 s alone), and the note
+    # said "raise --max-nodes, relax the SLO or lower the load": neither nodes nor a lower load shortens a prefill
+    from kvplan.plan.capacity import plan_capacity
+    from kvplan.sim.presets import preset_scenario
+
+    sc = preset_scenario("coding-agent", "glm-5-fp8", "p5en", rate_per_s=0.01, conversations=30)
+    plan = plan_capacity(sc, rate_per_s=0.01, slo_ttft_p90_ms=5000, max_nodes=6, replications=1, max_rate=False,
+                         ttl_grid=(60.0,))
+    off = plan.without_bidirectional  # 3P2D: 10% busy, waits of 1.2 s at p90 against a 19 s TTFT p90
+    assert not off["meets_slo"] and off["closest_prefill_utilization_steady"] < 0.5 and off["closest_wait_p90_s"] < 2
+    assert "not queueing" in off["note"] and "raise --max-nodes" not in off["note"], off["note"]
+    on = plan.with_bidirectional  # 1P5D: waits of 6.5 s at p90 (D's pool): more nodes may help, and it says so
+    assert not on["meets_slo"] and on["closest_wait_p90_s"] > 0.1 * on["closest_ttft_p90_ms"] / 1000
+    assert "raise --max-nodes" in on["note"]

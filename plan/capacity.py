@@ -426,7 +426,8 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
     # the keys of an answer stay present (null), so a consumer of --json reads the same shape either way
     out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "prefill_nodes": None, "decode_nodes": None,
                            "ttft_p90_ms": None, "decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
-                           "kv_recompute_threshold_tokens": None, "note": f"no deployment up to {what} meets the SLO"}
+                           "kv_recompute_threshold_tokens": None, "closest_prefill_utilization_steady": None,
+                           "closest_wait_p90_s": None, "note": f"no deployment up to {what} meets the SLO"}
     if closest is not None:
         name, p = closest
         p90 = p.metrics["ttft_p90_s"]

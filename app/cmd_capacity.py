@@ -3,6 +3,7 @@ transfer, aggregated replicas) for a scenario, a preset or a trace."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -154,6 +155,12 @@ def _p90_or_why(ms: float | None) -> str:
     return _human(ms)
 
 
+def _overrides_text(ov: dict[str, Any]) -> str:
+    """``path=value`` pairs of an answer's overrides, values as YAML/JSON reads them."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={json.dumps(v, separators=(',', ':'))}"
+                    for k, v in ov.items())
+
+
 def render_text(plan: Any, what: str) -> list[str]:
     """The plan as lines (the CLI prints them)."""
     load = f"{plan.rate_per_s:g} conversations/s" if plan.rate_per_s is not None else "the trace's clock"
@@ -191,6 +198,11 @@ def render_text(plan: Any, what: str) -> list[str]:
             + (f"; ${usd_rate:,.0f} per million turns" if usd_rate is not None else "")
             + (f", ${at_max:,.0f} at max load" if at_max is not None else "")
             + (f"; one fewer: {checks}" if checks else ""))
+        ver = m.get("verification") or {}
+        if ver:
+            out.append(f"{name}: verify by simulating the scenario with {_overrides_text(ver['overrides'])} on seeds "
+                       f"{', '.join(str(x) for x in ver['seeds'])} (TTFT p90 = the mean of their ttft_p90_s; the whole "
+                       "scenario: verification.scenario in --json)")
         if m.get("smallest_verified") is False:
             met = ", ".join(str(c.get("xpyd") or f"{c['replicas']} replicas") for c in m["neighbour_checks"]
                             if c["meets_slo"])

@@ -132,14 +132,22 @@ def render_text(rec: Recommendation) -> list[str]:
         lines.append(f"{name:24}" + "".join(f" {ms(d, k):>21}" for d in (e, b, o)))
     lines.append(f"{'hit rate':24}{e['hit_rate']:>22.1%}{b['hit_rate']:>22.1%}{o['hit_rate']:>22.1%}")
     h = rec.decode_hbm
+
+    def num(x: float, spec: str) -> str:  # '-' where the runs define no figure (no steady window), not 'nan'
+        return format(x, spec) if math.isfinite(x) else "-"
+
+    caps = (h["decode_batch_capacity_at_recommendation"], h["decode_batch_capacity_at_vllm_defaults"],
+            h["decode_batch_capacity_without_retention"])
+    undefined = not all(math.isfinite(x) for x in (e["pinned_kv_gib_mean"], b["pinned_kv_gib_mean"], *caps))
     lines += [
-        f"{'pinned KV mean/peak GiB':24}{e['pinned_kv_gib_mean']:>13.1f}/{e['pinned_kv_gib_peak']:<8.1f}"
-        f"{b['pinned_kv_gib_mean']:>13.1f}/{b['pinned_kv_gib_peak']:<8.1f}{0.0:>13.1f}/{0.0:<8.1f}",
-        f"{'decode batch capacity':24}{h['decode_batch_capacity_at_recommendation']:>22.0f}"
-        f"{h['decode_batch_capacity_at_vllm_defaults']:>22.0f}{h['decode_batch_capacity_without_retention']:>22.0f}",
+        f"{'pinned KV mean/peak GiB':24}{num(e['pinned_kv_gib_mean'], '.1f'):>13}/{num(e['pinned_kv_gib_peak'], '.1f'):<8}"
+        f"{num(b['pinned_kv_gib_mean'], '.1f'):>13}/{num(b['pinned_kv_gib_peak'], '.1f'):<8}{0.0:>13.1f}/{0.0:<8.1f}",
+        f"{'decode batch capacity':24}" + "".join(f"{num(x, '.0f'):>22}" for x in caps),
         f"({'±: 95% CI over replications' if rec.inputs.get('replications', 2) > 1 else 'one replication: no CI'}; "
         f"decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
-        + (f", budget {h['budget_gib']:g} GiB)" if h["budget_gib"] else ")"),
+        + (f", budget {h['budget_gib']:g} GiB" if h["budget_gib"] else "")
+        + ("; '-': the runs have no steady window (arrivals of new conversations do not span one), so no steady "
+           "pinned KV mean nor the decode batch capacity derived from it)" if undefined else ")"),
         _saturated_line(rec.saturation or {}),
         *_verified_line(rec),
         "",
@@ -150,6 +158,7 @@ def render_text(rec: Recommendation) -> list[str]:
         *[f"rule: {r}" for r in rec.rules],
         *([f"rule: {rec.best_policy['rule']}"] if rec.best_policy else []),
         *([f"best policy: {rec.best_policy['why']}"] if rec.best_policy.get("why") else []),
+        *[f"best policy: not compared: {n['policy']}: {n['why']}" for n in rec.best_policy.get("not_compared", [])],
         *[f"assumption: {a}" for a in rec.assumptions],
         *[f"warning: {w}" for w in rec.warnings],
         *[f"disagreement: {d}" for d in rec.disagreements],
@@ -213,7 +222,11 @@ def _verified_line(rec: Any) -> list[str]:
     if not v:
         return []
     seeds = v.get("seeds") or []
+    n = v.get("conversations")
+    length = f"{n} conversations" if n is not None else "the trace's own sessions"
     return [f"recommended column: the recommended deployment itself simulated ({len(seeds)} seed(s) "
-            f"{', '.join(str(x) for x in seeds)}, {v.get('conversations')} conversations): simulating "
-            "`verification.overrides` on these seeds reproduces it"]
+            f"{', '.join(str(x) for x in seeds)}, {length}): simulating `verification.overrides` on these seeds "
+            "reproduces it (the whole scenario, the load and conversations simulated included: "
+            "`verification.scenario` in --json; pinned KV mean over each seed's steady window of pinned.parquet, P busy "
+            "from summary.json's prefill_utilization_steady_max: `verification.figures`)"]
 

@@ -73,6 +73,8 @@ from kvplan.plan.advice_rules import (
     binding_text,
     choose_ttl,
     col,
+    judge_recommended_budget,
+    judge_recommended_slo,
     mean_ci,
     metrics,
     paired,
@@ -572,7 +574,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                                  setup.gaps.p10 if setup.gaps is not None else math.nan, off_sat.text(),
                                  len(st.off)))
     warnings: list[str] = []
-    slo = apply_slo(choice, curve, off_m, setup.slo_ms, warnings)
+    # the curve's verdict only moves the TTL; the SLO is judged on the recommended deployment's runs (below)
+    slo = apply_slo(choice, curve, off_m, setup.slo_ms, [])
     rec = choice.chosen
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
@@ -583,6 +586,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     final = ({"policy.bidirectional": False} if rec is None else
              {**_on(at.ttl_s, at.router_ttl_s, thr.tokens),
               **({"deployment.cross_layer_blocks": True} if transfer.get("adopted") else {})})
+    slo = judge_recommended_slo(slo, exp_m["ttft_p90_s"], warnings)
     slo = _judge_slo_longer(setup, runner, slo, final, exp_rows, warnings)
     exp_sat = saturation(exp_rows)
     binding = binding_constraint(choice.binding, exp_m, slo, rec is not None, exp_sat.resources)
@@ -638,6 +642,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
         "decode_batch_capacity_without_retention": off_m["decode_batch_capacity"],
         "decode_batch_capacity_at_recommendation": exp_m["decode_batch_capacity"],
         "decode_batch_capacity_at_vllm_defaults": def_m["decode_batch_capacity"],
+        # the recommended deployment's own peak against the budget (null: no budget, or retention off)
+        "within_budget": judge_recommended_budget(setup.budget, exp_m["pinned_kv_gib_peak"],
+                                                  at.metrics["pinned_kv_gib_peak"], warnings) if bidir else None,
     }
     choice.rationale = rationale
     extra = {"saturation": {"vllm_defaults": list(def_sat.resources), "bidirectional_off": list(off_sat.resources),
@@ -651,12 +658,47 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                                              "recommended": exp_sat.replications}},
              "screen": {"simulated_ttls_s": setup.ttls, "pruned_ttls_s": setup.pruned, "rule": SCREEN_RULE},
              "steady_state": steady_json(setup.sc, setup.lengthened, curve, st.off), "transfer": transfer,
-             "verification": {"by": "simulation", "expected_is": "the mean over these seeds of the recommended "
-                              "deployment simulated with these overrides (the kv_transfer_config's settings)",
-                              "overrides": final,
-                              "seeds": list(runner.seeds), "conversations": setup.sc.workload.conversations}}
+             "verification": verification(setup.sc, final, list(runner.seeds), exp_rows)}
     return _recommendation(setup, thr, bidir, ttl, router, (exp_m, def_m, off_m), hbm,
                            binding_text(binding, exp_m, gaps), choice, curve, slo, warnings, disagreements, extra)
+
+
+#: Where ``kvplan simulate``'s output has each ``expected`` figure of one seed (``expected`` is the mean over the
+#: seeds): a summary.json key, or how to derive it from the result files.
+SIMULATE_FIGURES: dict[str, str] = {
+    "ttft_mean_s": "summary.json ttft_mean_s", "ttft_p50_s": "summary.json ttft_p50_s",
+    "ttft_p90_s": "summary.json ttft_p90_s", "ttft_p99_s": "summary.json ttft_p99_s",
+    "hit_rate": "summary.json hit_rate", "errors": "summary.json errors",
+    "pinned_kv_gib_peak": "summary.json pinned_kv_gib_peak",
+    "prefill_utilization": "summary.json prefill_utilization",
+    "prefill_utilization_steady": "summary.json prefill_utilization_steady_max (the busiest P engine, as "
+                                  "health.resources.prefill_compute.utilization; summary.json's "
+                                  "prefill_utilization_steady is the mean over P engines)",
+    "pinned_kv_gib_mean": "pinned.parquet: the time-weighted mean of pinned_gib (each row's level holds until the "
+                          "next row) over that seed's steady_pinned_windows_s (summary.json's pinned_kv_gib_mean is "
+                          "the whole run's, ramp-up and drain included)",
+    "decode_batch_capacity": "derived: min(max_num_seqs, (summary.json decode_kv_capacity_tokens - the pinned mean "
+                             "above in tokens per D node) / the mean prompt + output tokens of turns.parquet)",
+}
+
+
+def verification(sc: Scenario, overrides: dict[str, Any], seeds: list[int], rows: Rows) -> dict[str, Any]:
+    """How ``expected`` is reproduced: the recommended deployment's overrides, the seeds and run length it was
+    simulated with, and where ``kvplan simulate``'s output has each figure (:data:`SIMULATE_FIGURES`, with each
+    seed's steady window for the pinned-KV mean, which summary.json does not give)."""
+    trace = sc.workload.trace
+    windows = [[r.get("steady_pinned_window_start_s"), r.get("steady_pinned_window_end_s")]
+               if r.get("error") is None else None for r in rows]
+    return {"by": "simulation", "expected_is": "the mean over these seeds of the recommended deployment simulated "
+            "with these overrides (the kv_transfer_config's settings)",
+            "overrides": overrides, "seeds": seeds,
+            # the whole scenario simulated, overrides applied: what a --workload preset or the CLI's --rate and
+            # --conversations changed is in no file the user has (`kvplan simulate` of this mapping as YAML, --seed)
+            "scenario": with_overrides(sc, overrides).model_dump(mode="json"),
+            # a trace replays its own sessions: workload.conversations is not read
+            "conversations": None if trace is not None else sc.workload.conversations,
+            "trace": str(trace.path) if trace is not None else None,
+            "figures": dict(SIMULATE_FIGURES), "steady_pinned_windows_s": windows}
 
 
 def _judge_slo_longer(setup: _Setup, runner: _Runner, slo: dict[str, Any], final: dict[str, Any], rows: Rows,

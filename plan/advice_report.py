@@ -64,9 +64,12 @@ def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) ->
         return []
     fine = [c for c in curve if not c.saturated]
     if fine:
-        best = min(fine, key=lambda c: c.metrics["ttft_mean_s"])
+        within = [c for c in fine if c.feasible]  # a candidate is feasible when unsaturated and within the budget
+        best = min(within or fine, key=lambda c: c.metrics["ttft_mean_s"])
+        over = (f", but it pins up to {best.metrics['pinned_kv_gib_peak']:.1f} GiB of decode KV, above the decode HBM "
+                "budget" if not within else "")
         return [f"Smallest change that removes the saturation: TTL {best.ttl_s:g} s (router TTL {best.router_ttl_s} s) "
-                "saturates nothing."]
+                f"saturates nothing{over}."]
     dep, wl = rs.scenario.deployment, rs.scenario.workload
     add = []
     if {"prefill_compute", "prefill_held_kv"} & set(sat.resources) and not sat.backpressure:
@@ -75,11 +78,20 @@ def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) ->
         add.append(f"D nodes (now {dep.decode_nodes})")
     if "link" in sat.resources:
         add.append("link bandwidth")
-    rate = f" --rate {wl.arrival.rate_per_s:g}" if isinstance(wl.arrival, PoissonArrival) else ""
+    # `kvplan capacity --model M --hardware H --rate R` alone sizes the chat preset at its TP, not this workload:
+    # the search must run on the same scenario (file, or preset options, or trace) the advice ran on
+    rate = f" at {wl.arrival.rate_per_s:g} new conversations/s" if isinstance(wl.arrival, PoissonArrival) else ""
     return [f"No TTL tried removes the saturation ({sat.text()}): add {' and '.join(add) or 'nodes'} — run `kvplan "
-            f"capacity --model {rs.arch.name} --hardware {rs.node.name}{rate} --slo-ttft-p90-ms <SLO>` "
-            f"(xPyD search at this load; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D "
-            f"TP{dep.tensor_parallel_size})."]
+            "capacity` on this same scenario (the same SCENARIO.yaml, or the same --workload, --model, --hardware, "
+            f"--rate and --trace options) with --slo-ttft-p90-ms <SLO> (xPyD search{rate} for {rs.arch.name} on "
+            f"{rs.node.name}; the deployment now is {dep.prefill_nodes}P{dep.decode_nodes}D {_tp_text(dep)})."]
+
+
+def _tp_text(dep: Any) -> str:
+    """``TP8``, or ``P TP4 / D TP2`` when the roles differ."""
+    p = dep.prefill_tensor_parallel_size or dep.tensor_parallel_size
+    d = dep.decode_tensor_parallel_size or dep.tensor_parallel_size
+    return f"TP{p}" if p == d else f"P TP{p} / D TP{d}"
 
 
 def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[TtlCandidate], off: Rows) -> dict[str, Any]:

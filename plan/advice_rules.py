@@ -2,7 +2,8 @@
 
 Nothing here simulates. :func:`ttl_curve` turns the replicated rows of each TTL into :class:`TtlCandidate`
 objects; :func:`choose_ttl` applies the TTL rule (:data:`kvplan.plan.advice.RULES`); :func:`apply_slo` moves
-the TTL up for a TTFT p90 SLO; :func:`binding_constraint` names what limits the recommendation.
+the TTL up for a TTFT p90 SLO and :func:`judge_recommended_slo` judges the SLO on the recommended deployment's own
+runs; :func:`binding_constraint` names what limits the recommendation.
 """
 
 from __future__ import annotations
@@ -234,7 +235,24 @@ def choose_ttl(ev: Evidence) -> TtlChoice:
     feasible = [c for c in ev.curve if c.feasible]
     if choice.retention_off and ev.off_saturated and feasible:
         return _off_saturated(ev, feasible)
+    over = [c for c in ev.curve if not c.saturated and not c.feasible]  # saturating nothing, above the budget
+    if choice.retention_off and ev.off_saturated and not feasible and over and ev.budget_gib is not None:
+        return _over_budget(ev, over)
     return choice
+
+
+def _over_budget(ev: Evidence, over: list[TtlCandidate]) -> TtlChoice:
+    """Bidirectional off saturates, and every TTL that saturates nothing peaks above the decode HBM budget: no
+    retention setting serves the load within the budget. Said as such (the budget binds), not as a gain the
+    replications failed to resolve: off's saturated mean TTFT is no measure of retention's gain (the saturation
+    rule), and more replications cannot make a TTL fit the budget."""
+    least = min(over, key=lambda c: c.metrics["pinned_kv_gib_peak"])
+    return TtlChoice(None, True, DECODE_HBM, [
+        f"Bidirectional off saturates {ev.off_saturated} at this load, and every TTL that saturates nothing pins more "
+        f"decode KV at its peak than the {ev.budget_gib:g} GiB budget (the least: TTL {least.ttl_s:g} s, "
+        f"{least.metrics['pinned_kv_gib_peak']:.1f} GiB): within this budget no TTL serves the load. Raise "
+        f"--decode-hbm-budget-gib to at least {least.metrics['pinned_kv_gib_peak']:.0f} GiB for TTL "
+        f"{least.ttl_s:g} s, or add nodes (`kvplan capacity`); until then plain P/D (bidirectional off), saturated."])
 
 
 def _by_benefit(ev: Evidence) -> TtlChoice:
@@ -311,8 +329,14 @@ def _all_saturated(ev: Evidence) -> TtlChoice:
     off = f"bidirectional off saturates {ev.off_saturated}" if ev.off_saturated else "bidirectional off does not"
     what = "; ".join(sorted({c.saturated for c in ev.curve}))
     among = "" if len(fewest) == len(ev.curve) else " of those saturating in the fewest replications"
-    pick = (f"TTL {best.ttl_s:g} s has the lowest mean TTFT{among}" if keep else
-            "none lowers mean TTFT against bidirectional off")
+    if keep:
+        pick = f"TTL {best.ttl_s:g} s has the lowest mean TTFT{among}"
+    elif best.benefit_s > 0:  # lower on average, but not significantly: say so, with the figures measured
+        pick = (f"none lowers mean TTFT significantly against bidirectional off (the lowest{among}, TTL "
+                f"{best.ttl_s:g} s: {human_s(best.metrics['ttft_mean_s'])} against {human_s(ev.off_mean_s)}, a gain "
+                f"whose 95% CI +-{human_s(best.benefit[1])} includes none over {ev.replications} replications)")
+    else:
+        pick = "none lowers mean TTFT against bidirectional off"
     return TtlChoice(best if keep else None, not keep, DECODE_HBM if "decode HBM" in best.saturated else PREFILL_COMPUTE, [
         f"Every TTL tried saturates the deployment at this load ({what}; {off}): {pick}, but the deployment is "
         "too small for the load whatever the TTL."])
@@ -394,6 +418,39 @@ def apply_slo(choice: TtlChoice, curve: list[TtlCandidate], off_metrics: dict[st
     if not slo["met"]:
         warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met at any TTL ({human_s(met_p90)} expected)")
     return slo
+
+
+def judge_recommended_slo(slo: dict[str, Any], p90_s: float, warnings: list[str]) -> dict[str, Any]:
+    """The SLO verdict on the recommended deployment itself (``p90_s``: the TTFT p90 of its runs, the ``expected``
+    column), replacing :func:`apply_slo`'s verdict on the TTL curve's runs. The curve's runs choose the TTL, but the
+    recommendation also carries the threshold the simulation check chose and, when adopted, cross-layer blocks:
+    judged on the curve, a deployment whose own p90 (printed in the same table) is within the SLO was said to miss
+    it, and one missing it could be said to meet it. ``warnings`` gets the reason when it is not met."""
+    if not slo:
+        return slo
+    slo_ms = float(slo["ttft_p90_ms"])
+    met = bool(p90_s <= slo_ms / 1000)
+    if not met:
+        where = "at any TTL" if not slo["met"] else "by the recommended deployment (its threshold and transfer settings)"
+        warnings.append(f"the TTFT p90 SLO of {slo_ms:g} ms is not met {where} ({human_s(p90_s)} expected)")
+    return {**slo, "met": met, "expected_ttft_p90_ms": p90_s * 1000}
+
+
+def judge_recommended_budget(budget_gib: float | None, peak_gib: float, curve_peak_gib: float,
+                             warnings: list[str]) -> bool | None:
+    """Whether the recommended deployment's own peak pinned decode KV (``peak_gib``, the ``expected`` column's) fits
+    the HBM budget; None without a budget. The TTL rule judged the budget on the TTL curve's run
+    (``curve_peak_gib``), which has neither the threshold the simulation check chose nor adopted cross-layer blocks:
+    those move the peak, so a TTL inside the budget on the curve can recommend a deployment above it, said here."""
+    if budget_gib is None or not math.isfinite(peak_gib):
+        return None
+    if peak_gib <= budget_gib:
+        return True
+    warnings.append(f"the recommended deployment pins up to {peak_gib:.1f} GiB of decode KV at its peak, above the "
+                    f"{budget_gib:g} GiB budget: its TTL was judged within it on the TTL curve's run ({curve_peak_gib:.1f} "
+                    "GiB peak), and its threshold and transfer settings moved the peak; lower the TTL or raise "
+                    "--decode-hbm-budget-gib")
+    return False
 
 
 def binding_constraint(binding: str, m: dict[str, float], slo: dict[str, Any], retained: bool,

@@ -66,6 +66,7 @@ from kvplan.plan.screen import screen_scenarios
 from kvplan.plan.steady import EXTEND_FACTOR, MAX_CONVERSATIONS
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import MAX_SIM_TIME_S, ClosedLoopArrival, Scenario, as_scenario, with_overrides
+from kvplan.units import human_s
 
 PLAUSIBLE_SLACK = 1.2  # screen slack below which a split is worth simulating
 SPLITS_PER_TOTAL = 3
@@ -380,6 +381,7 @@ def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_r
         "first_run_retention_unsteady": (bool(m["first_run_retention_unsteady"])
                                          if "first_run_retention_unsteady" in m else None),
         **pick.policy,
+        "verification": _verification(pick, ev),
     }
     if max_rate is not None and rate is not None:
         lo, capped = max_rate
@@ -394,12 +396,38 @@ def _answer(pick: Pick, nodes: int, usd: float | None, rate: float | None, max_r
     return out
 
 
+def _verification(pick: Pick, ev: Evaluator) -> dict[str, Any]:
+    """How an answer's figures are reproduced: the scenario with these overrides (deployment size, policy, rate and
+    the conversations of the run that judged it), simulated on these seeds; its TTFT p90 is the mean of the seeds'
+    summary.json ``ttft_p90_s``."""
+    ov = dict(pick.overrides)
+    judged = pick.metrics.get("judged_conversations")
+    if judged is not None and math.isfinite(judged) and ev.base.workload.trace is None:
+        ov["workload.conversations"] = int(judged)
+    return {"by": "simulation", "overrides": ov, "seeds": list(ev.seeds),
+            # the whole scenario with the overrides applied (a --workload preset is in no file of the user's)
+            "scenario": with_overrides(ev.base, ov).model_dump(mode="json"),
+            "expected_is": "ttft_p90_ms, ttft_p50_ms, ttft_mean_ms, hit_rate, errors, pinned_kv_gib_peak and "
+            "prefill_utilization are the means over these seeds of summary.json's ttft_p90_s (x1000), ttft_p50_s, "
+            "ttft_mean_s, hit_rate, errors, pinned_kv_gib_peak and prefill_utilization of the scenario with these "
+            "overrides (other fields as in the scenario)"}
+
+
+#: Below this steady-window busy share of the closest deployment's busiest prefill engine, a missed SLO is not a
+#: queue that more nodes remove: its TTFT p90 is the requests' own service time.
+SERVICE_BOUND_UTILISATION = 0.5
+#: ... and when no resource (P's queue, D's admission, P's held KV, the link, an engine thread) made requests wait
+#: more than this share of the TTFT p90 at p90.
+SERVICE_BOUND_WAIT_SHARE = 0.1
+
+
 def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> dict[str, Any]:
     """The answer when nothing up to the bound meets the SLO: the closest one tried and its p90."""
     # the keys of an answer stay present (null), so a consumer of --json reads the same shape either way
     out: dict[str, Any] = {"meets_slo": False, "xpyd": None, "prefill_nodes": None, "decode_nodes": None,
                            "ttft_p90_ms": None, "decoder_kv_blocks_ttl_s": None, "router_ttl_s": None,
-                           "kv_recompute_threshold_tokens": None, "note": f"no deployment up to {what} meets the SLO"}
+                           "kv_recompute_threshold_tokens": None, "closest_prefill_utilization_steady": None,
+                           "closest_wait_p90_s": None, "note": f"no deployment up to {what} meets the SLO"}
     if closest is not None:
         name, p = closest
         p90 = p.metrics["ttft_p90_s"]
@@ -414,8 +442,23 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
                     "every TTL skipped: " + ", ".join(skipped) if skipped else "runs failed")
         if skipped:
             out["ttl_candidates"] = p.candidates
-        out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms): raise "
-                        "--max-nodes, relax the SLO or lower the load")
+        busy = p.metrics.get("prefill_utilization_steady", math.nan)
+        wait = p.metrics.get("wait_p90_s", math.nan)
+        out["closest_prefill_utilization_steady"], out["closest_wait_p90_s"] = busy, wait
+        if (math.isfinite(p90) and math.isfinite(busy) and busy < SERVICE_BOUND_UTILISATION and math.isfinite(wait)
+                and wait < SERVICE_BOUND_WAIT_SHARE * p90):
+            # no queue to remove: the p90 is the service time of its requests (long prompts' prefill, recomputed
+            # contexts, transfers), which more nodes or a lower load do not shorten
+            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms), its busiest prefill "
+                            f"engine only {busy:.0%} busy over the steady window and no resource's p90 wait above "
+                            f"{human_s(wait)}: that TTFT is service time, not queueing, so more nodes or a lower load "
+                            "will not bring it to the SLO; see where it goes "
+                            "(`kvplan simulate` of that deployment: prefill_s, kv_pull_s, p2d_transfer_s per turn) "
+                            "and what shortens it (prompt lengths, prefix caching and routing that keeps a "
+                            "conversation's prefix on one engine), or relax the SLO")
+        else:
+            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms): raise "
+                            "--max-nodes, relax the SLO or lower the load")
     return out
 
 

@@ -42,6 +42,12 @@ def metrics_of(rows: list[dict[str, Any]]) -> Metrics:
                                              "steady_served_turns_per_s", "errors", "turns", "pinned_kv_gib_peak",
                                              "steady_pinned_kv_gib_mean", "conversation_span_p90_s", "retention_steady",
                                              FIRST_KEY, SECOND_KEY)}
+    # the busiest P engine's (aggregated: replica's) busy share over the steady window, health's judged figure
+    out["prefill_utilization_steady"] = _mean(ok, "health.resources.prefill_compute.utilization")
+    # the longest p90 wait any resource caused (P's queue, D's admission, P's held KV, the link, an engine thread)
+    waits = [max((float(v) for k, v in r.items() if k.startswith("health.resources.") and k.endswith(".wait_p90_s")
+                  and v is not None and math.isfinite(float(v))), default=math.nan) for r in ok]
+    out["wait_p90_s"] = float(np.mean(waits)) if waits else math.nan
     out["ttft_p90_s"] = float(np.mean(p90)) if ok and len(ok) == len(rows) else math.inf
     out["ttft_p90_s_sd"] = float(np.std(p90, ddof=1)) if len(p90) > 1 else math.nan
     # the router-TTL rule needs the worst replication's p99 of arrival -> P's decision on this very run

@@ -169,13 +169,25 @@ def _vllm_defaults() -> dict[str, Any]:
             "policy.kv_load_failure_policy": "fail"}
 
 
+def _pd_gpus(sc: Scenario) -> int:
+    dep = sc.deployment
+    tp = dep.tensor_parallel_size
+    return (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
+            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
+
+
+def aggregated_problem(sc: Scenario) -> str | None:
+    """Why the ``aggregated`` policy cannot run on ``sc``'s GPUs (not a whole number of TP replicas), else None."""
+    gpus, tp = _pd_gpus(sc), sc.deployment.tensor_parallel_size
+    return f"{gpus} GPUs are not a whole number of TP{tp} replicas" if gpus % tp else None
+
+
 def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = None) -> PolicyRun:
     """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
     dep = sc.deployment
     nodes = dep.prefill_nodes + dep.decode_nodes  # one instance each
     tp = dep.tensor_parallel_size
-    gpus = (dep.prefill_nodes * (getattr(dep, "prefill_tensor_parallel_size", None) or tp)
-            + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
+    gpus = _pd_gpus(sc)
     base, _, arg = name.partition(":")
     if base == "off":
         return PolicyRun(name, {"policy.bidirectional": False}, gpus, nodes)
@@ -202,8 +214,9 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                           "them), failure policy recompute",))
     if base == "aggregated":
         routing = arg or default_aggregated_routing(sc)
-        if gpus % tp:
-            raise input_error("--policies aggregated", f"{gpus} GPUs are not a whole number of TP{tp} replicas",
+        problem = aggregated_problem(sc)
+        if problem:
+            raise input_error("--policies aggregated", problem,
                               "set deployment.tensor_parallel_size to a divisor of the GPU count")
         nodes = gpus // tp
         return PolicyRun(name, aggregated_overrides(nodes, routing), gpus, nodes,
@@ -267,9 +280,45 @@ def recommend_with_best_policy(scenario: ScenarioLike, options: AdviceOptions) -
     rec, sc = advise(scenario, replace(options, cache=cache))
     if sc.deployment.mode == "aggregated":
         return rec
-    rows = compare(sc, list(BEST_CANDIDATES), replications=options.replications, workers=options.workers,
+    # aggregated replicas need the P/D GPUs to be whole TP replicas (heterogeneous P and D TP often are not): that
+    # alternative is left out and said so, rather than failing after the advisor's runs and losing the advice
+    problem = aggregated_problem(sc)
+    candidates = [c for c in BEST_CANDIDATES if not (problem and c == "aggregated")]
+    rows = compare(sc, candidates, replications=options.replications, workers=options.workers,
                    recommended=recommendation_overrides(rec), cache=cache)
-    return replace(rec, best_policy=best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib))
+    if options.slo_ttft_p90_ms is not None:
+        _judge_rows_longer(sc, rows, options.slo_ttft_p90_ms / 1000, options.replications, options.workers, cache)
+    best = best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib)
+    if problem:
+        best["not_compared"] = [{"policy": "aggregated", "why": f"{problem} (set deployment.tensor_parallel_size to "
+                                 "a divisor of the GPU count to compare it)"}]
+    return replace(rec, best_policy=best)
+
+
+def _judge_rows_longer(sc: Scenario, rows: list[dict[str, Any]], slo_s: float, replications: int, workers: int,
+                       cache: RunCache) -> None:
+    """The SLO verdict of each compare row as the advisor's own (:func:`kvplan.plan.advice._judge_slo_longer`) and
+    ``capacity`` judge theirs: a row meeting ``slo_s`` on its first run is simulated again with
+    :func:`kvplan.plan.steady.judging_conversations` conversations at the same rate and seeds, and that run's p90 is
+    its SLO figure (``slo_ttft_p90_s``, ``slo_judged_conversations``, and ``slo_met``, which :func:`best_policy`'s SLO
+    test reads); a row missing it on its first run keeps that run's. Judged on the first run alone, a policy at
+    capacity for the load was named the best policy meeting an SLO that the recommendation itself, judged longer,
+    was said to miss."""
+    batch = _Batch(sc, replications, workers, None, cache)
+    for row in rows:
+        row["slo_ttft_p90_s"], row["slo_judged_conversations"] = row["ttft_p90_s"], sc.workload.conversations
+        row["slo_met"] = _meets(row, slo_s)
+        if sc.workload.trace is not None or not row["slo_met"]:
+            continue
+        ov = dict(row["settings"])
+        first = batch.run({"first": ov})["first"]  # the rows compare ran (from the cache)
+        spans = [float(r["conversation_span_p90_s"]) for r in first if r.get("conversation_span_p90_s") is not None]
+        n = judging_conversations(with_overrides(sc, ov), max(spans, default=0.0))
+        if n <= sc.workload.conversations:
+            continue
+        longer = _aggregate(batch.run({"longer": {**ov, "workload.conversations": n}})["longer"])
+        row["slo_ttft_p90_s"], row["slo_judged_conversations"] = longer["ttft_p90_s"], n
+        row["slo_met"] = _meets(longer, slo_s)  # p90 and errors of the longer run
 
 
 def _value(row: dict[str, Any], key: str) -> float:

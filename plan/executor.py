@@ -71,7 +71,8 @@ def run_extras(result: Any) -> dict[str, float]:
     ``steady_pinned_kv_gib_mean``: pinned decode KV averaged over the steady window [t_a, t_b], where t_b
     is the last conversation's first arrival and t_a = min(t_b / 2, TTL + p90 conversation span) (the
     whole-run ``pinned_kv_gib_mean`` also averages the ramp-up and the drain after the last arrival); a closed
-    loop (no arrival window) uses its active span, first arrival to last response.
+    loop (no arrival window) uses its active span, first arrival to last response. ``steady_pinned_window_start_s``
+    and ``steady_pinned_window_end_s`` are t_a and t_b.
     ``pinned_token_s``: token-seconds of retention; ``retention_mean_s``: mean time a pin is held;
     ``p_decide_p99_s``: p99 of
     arrival -> P's connector decision (the slack the router TTL needs below D's TTL - margin).
@@ -112,6 +113,9 @@ def run_extras(result: Any) -> dict[str, float]:
         t_a, t_b = float(turns["arrival_s"].min()), float(turns["finish_s"].max())
     series = result.pinned_series()
     out["steady_window_s"] = max(t_b - t_a, 0.0)
+    # the window itself, so that steady_pinned_kv_gib_mean can be recomputed from a `kvplan simulate` run's
+    # pinned.parquet (summary.json's pinned_kv_gib_mean is the whole run's): recommend's `verification` quotes it
+    out["steady_pinned_window_start_s"], out["steady_pinned_window_end_s"] = t_a, t_b
     out["conversation_span_p90_s"] = span_p90
     out["steady_pinned_kv_gib_mean"] = (
         _window_mean(series["t_s"].to_numpy(), series["pinned_gib"].to_numpy(), t_a, t_b) if len(series) else 0.0

@@ -113,3 +113,59 @@ def test_decode_batch_capacity_is_unknown_without_a_steady_window() -> None:
     hbm = recommend(sc, replications=1, ttl_grid=(30,), workers=1).decode_hbm
     at_defaults, without = hbm["decode_batch_capacity_at_vllm_defaults"], hbm["decode_batch_capacity_without_retention"]
     assert math.isnan(at_defaults) or at_defaults <= without, hbm
+
+
+def test_every_ttl_saturated_says_a_lower_mean_is_not_significant_rather_than_absent() -> None:
+    # 1P1D Llama-3.3-70B TP4 at 1 conversation/s: TTL 30 s measured a mean TTFT of 19.9 s against 56.2 s with
+    # bidirectional off (gain 36.3 s +- 80.7 s, 2 replications), and the rationale said "none lowers mean TTFT"
+    from dataclasses import replace
+
+    low = replace(cand(30, 36.3, ci=80.7), saturated="decode HBM", saturated_share=1.0)
+    low.metrics["ttft_mean_s"] = 19.9
+    worse = replace(cand(60, -57.8, ci=128.0), saturated="decode HBM", saturated_share=1.0)
+    worse.metrics["ttft_mean_s"] = 114.0
+    ev = Evidence([low, worse], 56.2, (0.1, 0.001), 0.9, None, "turn gaps p50 10 s", 0, off_saturated="P compute",
+                  replications=2)
+    choice = choose_ttl(ev)
+    assert choice.chosen is None and choice.retention_off
+    text = " ".join(choice.rationale)
+    assert "none lowers mean TTFT significantly" in text and "19.90 s against 56.20 s" in text, text
+    worst = [replace(c, benefit=(-abs(c.benefit[0]), c.benefit[1])) for c in (low, worse)]
+    text = " ".join(choose_ttl(replace(ev, curve=worst)).rationale)
+    assert "none lowers mean TTFT against bidirectional off" in text, text
+
+
+def test_off_saturated_and_every_unsaturated_ttl_over_the_budget_is_the_budget_not_inconclusive() -> None:
+    # 2P3D Qwen3-32B p5e TP4, budget 100 GiB: off saturates P compute (mean TTFT 8.56 s), TTL 60 s saturates nothing
+    # but peaks at 316 GiB; the advice said "INCONCLUSIVE ... rerun with --replications 4", which no replication
+    # count resolves: the budget excludes the only TTL that serves the load
+    from dataclasses import replace
+
+    sat = replace(cand(30, 5.0, peak_gib=250, budget=100, ci=10.0), saturated="P compute", saturated_share=1.0)
+    over = cand(60, 8.0, peak_gib=316, budget=100, ci=14.0)
+    assert not over.feasible and not over.saturated
+    ev = Evidence([sat, over], 8.56, (8.10, 14.04), 1.0, 100.0, "turn gaps p50 8 s", 0, off_saturated="P compute",
+                  replications=2)
+    choice = choose_ttl(ev)
+    assert choice.chosen is None and choice.retention_off and choice.binding == DECODE_HBM
+    assert not choice.inconclusive
+    text = " ".join(choice.rationale)
+    assert "100 GiB budget" in text and "TTL 60 s, 316.0 GiB" in text and "INCONCLUSIVE" not in text, text
+
+
+def test_the_unsaturating_ttl_hint_prefers_the_budget_and_says_when_above_it() -> None:
+    # the hint named "TTL 60 s saturates nothing" as the change to make although TTL 60 s was above the budget
+    from dataclasses import replace
+    from typing import Any, cast
+
+    from kvplan.plan.advice_report import unsaturate_hint
+    from kvplan.plan.advice_runs import Saturation
+
+    saturated = Saturation(("prefill_compute",), replications=2)
+    tight = cand(30, 5.0, peak_gib=80, budget=100)
+    fast = cand(60, 8.0, peak_gib=316, budget=100)
+    fast.metrics["ttft_mean_s"], tight.metrics["ttft_mean_s"] = 0.3, 0.5
+    hint = unsaturate_hint(cast(Any, None), saturated, [tight, fast])
+    assert "TTL 30 s" in hint[0] and "above" not in hint[0], hint
+    hint = unsaturate_hint(cast(Any, None), saturated, [replace(tight, feasible=False), fast])
+    assert "TTL 60 s" in hint[0] and "316.0 GiB of decode KV, above the decode HBM budget" in hint[0], hint

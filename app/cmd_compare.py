@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,18 @@ def shown_ci(row: Mapping[str, Any], key: str) -> float | None:
     return float(ci) if isinstance(ci, float) and math.isfinite(ci) else None
 
 
+#: Why every CI is 0: what :func:`identical_replications` found, said where the CIs are printed.
+IDENTICAL_NOTE = ("the replications gave identical results (the replay has no random part): the figures are exact for "
+                  "this trace, and the ±0 says nothing about traffic like it")
+
+
+def identical_replications(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every row's replications agree exactly on every TTFT figure (CI 0 throughout): a trace replay with
+    nothing random in it (the seeds change nothing), whose ±0 must not read as certainty about similar traffic."""
+    cis = [row.get(f"{key}_ci95") for row in rows for _, key in TIME_LINES[:4]]
+    return bool(cis) and all(isinstance(c, float) and c == 0.0 for c in cis)
+
+
 #: Shares (0..1) whose CI is shown as its range clipped to 0-100% (a t interval of 2 replications can be wider)
 SHARES = frozenset({"hit_rate", "reuse_rate"})
 #: Busy shares printed at most 100%, as the health lines print them (sim/health.py): the steady-window figure can
@@ -250,6 +262,8 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     seeds = (f"replication seeds spawned from seed {rows[0]['seed']} (SeedSequence, the same for every policy)")
     ci = (f"± 95% CI over {reps} replications (shares: the CI as a range within 0-100%)" if reps > 1
           else "no ±: one replication has no CI")
+    if reps > 1 and identical_replications(rows):
+        ci += f"; {IDENTICAL_NOTE}"
     out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "

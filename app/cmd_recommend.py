@@ -102,6 +102,7 @@ def register(app: typer.Typer) -> None:
 
 def render_text(rec: Recommendation) -> list[str]:
     """Human-readable lines of a recommendation (the CLI prints them)."""
+    from kvplan.app.cmd_compare import IDENTICAL_NOTE
     from kvplan.plan.advice import IF_KEPT_ON
     from kvplan.plan.advice_rules import TURN_GAPS
 
@@ -138,12 +139,15 @@ def render_text(rec: Recommendation) -> list[str]:
 
     caps = (h["decode_batch_capacity_at_recommendation"], h["decode_batch_capacity_at_vllm_defaults"],
             h["decode_batch_capacity_without_retention"])
+    time_keys = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s")
+    identical = all(d.get(f"{k}_ci95") == 0.0 for d in (e, b, o) for k in time_keys)  # see IDENTICAL_NOTE
     undefined = not all(math.isfinite(x) for x in (e["pinned_kv_gib_mean"], b["pinned_kv_gib_mean"], *caps))
     lines += [
         f"{'pinned KV mean/peak GiB':24}{num(e['pinned_kv_gib_mean'], '.1f'):>13}/{num(e['pinned_kv_gib_peak'], '.1f'):<8}"
         f"{num(b['pinned_kv_gib_mean'], '.1f'):>13}/{num(b['pinned_kv_gib_peak'], '.1f'):<8}{0.0:>13.1f}/{0.0:<8.1f}",
         f"{'decode batch capacity':24}" + "".join(f"{num(x, '.0f'):>22}" for x in caps),
-        f"({'±: 95% CI over replications' if rec.inputs.get('replications', 2) > 1 else 'one replication: no CI'}; "
+        f"({'±: 95% CI over replications' if rec.inputs.get('replications', 2) > 1 else 'one replication: no CI'}"
+        + (f" ({IDENTICAL_NOTE})" if rec.inputs.get("replications", 2) > 1 and identical else "") + "; "
         f"decode KV pool {h['decode_kv_capacity_gib']:.0f} GiB"
         + (f", budget {h['budget_gib']:g} GiB" if h["budget_gib"] else "")
         + ("; '-': the runs have no steady window (arrivals of new conversations do not span one), so no steady "

@@ -101,7 +101,7 @@ from kvplan.plan.breakeven import BreakEven, break_even
 from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.grid import check_planned_work
 from kvplan.plan.screen import quantile_sample, screen_scenarios
-from kvplan.plan.steady import judging_conversations
+from kvplan.plan.steady import judging_conversations, judging_span_s
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.history import follow_up_tail_tokens, history_assumption
 from kvplan.sim.results import json_safe
@@ -713,10 +713,8 @@ def _judge_slo_longer(setup: _Setup, runner: _Runner, slo: dict[str, Any], final
         return slo
     if setup.sc.workload.trace is not None:
         return {**slo, "judged_conversations": None}
-    ok = [r for r in rows if r.get("error") is None]
-    spans = [float(r["conversation_span_p90_s"]) for r in ok if r.get("conversation_span_p90_s") is not None]
     first = setup.sc.workload.conversations
-    n = judging_conversations(with_overrides(setup.sc, final), float(np.mean(spans)) if spans else math.nan)
+    n = judging_conversations(with_overrides(setup.sc, final), judging_span_s(rows))
     if n <= first:
         return {**slo, "first_run_conversations": first, "judged_conversations": first}
     long_rows = runner.run({"judge": {**final, "workload.conversations": n}})["judge"]

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from kvplan.plan.executor import run_tasks
-from kvplan.plan.steady import FIRST_KEY, SECOND_KEY, growing, judging_conversations, retention_unsteady
+from kvplan.plan.steady import (
+    FIRST_KEY,
+    SECOND_KEY,
+    growing,
+    judging_conversations,
+    judging_span_s,
+    retention_unsteady,
+)
 from kvplan.sim.scenario import Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
 
@@ -43,6 +50,7 @@ def metrics_of(rows: list[dict[str, Any]]) -> Metrics:
                                              "steady_pinned_kv_gib_mean", "conversation_span_p90_s", "retention_steady",
                                              FIRST_KEY, SECOND_KEY)}
     # the busiest P engine's (aggregated: replica's) busy share over the steady window, health's judged figure
+    out["conversation_span_p90_s"] = judging_span_s(ok)  # the span judging runs are sized with (plan/steady.py)
     out["prefill_utilization_steady"] = _mean(ok, "health.resources.prefill_compute.utilization")
     # the longest p90 wait any resource caused (P's queue, D's admission, P's held KV, the link, an engine thread)
     waits = [max((float(v) for k, v in r.items() if k.startswith("health.resources.") and k.endswith(".wait_p90_s")

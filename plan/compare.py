@@ -82,7 +82,7 @@ from kvplan.plan.compare_rules import (
 from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.grid import check_planned_work
 from kvplan.plan.pricing import COST_BASIS, node_equivalents, usd_per_million_turns
-from kvplan.plan.steady import judging_conversations
+from kvplan.plan.steady import judging_conversations, judging_span_s
 from kvplan.sim.results import json_safe
 from kvplan.sim.scenario import ClosedLoopArrival, Scenario, with_overrides
 from kvplan.sim.seeds import replication_seeds
@@ -312,8 +312,7 @@ def _judge_rows_longer(sc: Scenario, rows: list[dict[str, Any]], slo_s: float, r
             continue
         ov = dict(row["settings"])
         first = batch.run({"first": ov})["first"]  # the rows compare ran (from the cache)
-        spans = [float(r["conversation_span_p90_s"]) for r in first if r.get("conversation_span_p90_s") is not None]
-        n = judging_conversations(with_overrides(sc, ov), max(spans, default=0.0))
+        n = judging_conversations(with_overrides(sc, ov), judging_span_s(first))
         if n <= sc.workload.conversations:
             continue
         longer = _aggregate(batch.run({"longer": {**ov, "workload.conversations": n}})["longer"])
@@ -381,8 +380,7 @@ def _judged(batch: _Batch, base: Scenario, v: dict[str, Any], rows: list[dict[st
     first = _meets(_aggregate(rows), slo_s)
     if not first or base.workload.trace is not None:
         return first
-    spans = [float(r["conversation_span_p90_s"]) for r in rows if r.get("conversation_span_p90_s") is not None]
-    n = judging_conversations(with_overrides(base, v), max(spans, default=0.0))
+    n = judging_conversations(with_overrides(base, v), judging_span_s(rows))
     key = ("longer", json.dumps(v, sort_keys=True))
     return _meets(_aggregate(batch.run({key: {**v, "workload.conversations": n}})[key]), slo_s)
 

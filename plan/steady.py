@@ -27,7 +27,7 @@ extended (its answers say so).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvplan.sim.scenario import Scenario
@@ -64,6 +64,17 @@ def longer_conversations(conversations: int, rate_per_s: float | None, ttl_s: fl
     if rate_per_s and math.isfinite(ttl_s + span_p90_s):
         n = max(n, math.ceil(rate_per_s * 2 * (ttl_s + span_p90_s)))
     return int(min(max(n, conversations), cap))
+
+
+def judging_span_s(rows: Sequence[Mapping[str, Any]]) -> float:
+    """The p90 conversation span a judging run is sized with: the mean over a candidate's successful replications
+    (NaN when none has one). One rule for ``recommend``, ``compare`` and ``capacity`` (its metrics are means), so that
+    the same deployment is judged on the same number of conversations by each (compare took the largest, recommend
+    the mean: 770 against 746 conversations for one deployment)."""
+    spans = [float(r["conversation_span_p90_s"]) for r in rows
+             if r.get("error") is None and r.get("conversation_span_p90_s") is not None]
+    spans = [x for x in spans if math.isfinite(x)]
+    return sum(spans) / len(spans) if spans else math.nan
 
 
 def judging_conversations(sc: Scenario, span_p90_s: float) -> int:

@@ -232,6 +232,11 @@ def test_the_best_policy_meets_the_slo_on_the_same_judging_run_as_the_recommenda
     assert agg["slo_ttft_p90_s"] > 0.8  # the case this test is about: fast over 120 conversations, not over more
     best = rows[rec.best_policy["policy"]]
     assert best["slo_ttft_p90_s"] <= 0.8 or rec.best_policy["why"].startswith("no policy meets every constraint")
+    # the recommended deployment's compare row is judged on as many conversations as the recommendation itself
+    # (plan/steady.py judging_span_s: compare took the largest replication's span, recommend the mean: 770 vs 746)
+    mine = rows["ttl_recommended"]
+    assert rec.slo["judged_conversations"] > 120
+    assert mine["slo_judged_conversations"] == rec.slo["judged_conversations"]
 
 
 def test_a_presets_recommendation_is_reproduced_from_its_verification_scenario(tmp_path: Any) -> None:

@@ -122,7 +122,9 @@ def render_text(rec: Recommendation) -> list[str]:
             [f"bidirectional_kv_xfer = false: {why_off} (see why:)", f"  {IF_KEPT_ON}{knobs}"])
     lines = [
         *head,
-        *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms, pinned KV "
+        *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms"
+           + (f" over {rec.best_policy['ttft_p90_judged_conversations']:,} conversations"
+              if rec.best_policy.get("ttft_p90_judged_conversations") else "") + ", pinned KV "
            f"mean {rec.best_policy['pinned_kv_gib_mean']:.1f} GiB; `kvplan compare` for the whole table)"]
           if rec.best_policy else []),
         "",

@@ -303,21 +303,33 @@ def _judge_rows_longer(sc: Scenario, rows: list[dict[str, Any]], slo_s: float, r
     its SLO figure (``slo_ttft_p90_s``, ``slo_judged_conversations``, and ``slo_met``, which :func:`best_policy`'s SLO
     test reads); a row missing it on its first run keeps that run's. Judged on the first run alone, a policy at
     capacity for the load was named the best policy meeting an SLO that the recommendation itself, judged longer,
-    was said to miss."""
+    was said to miss. When then no row meets the SLO, the rows not judged longer yet are too, so that
+    :func:`best_policy` ranks every policy on a run of the same kind (a policy missing the SLO over the short first
+    run was otherwise ranked on it, against the others' longer, slower runs)."""
     batch = _Batch(sc, replications, workers, None, cache)
-    for row in rows:
-        row["slo_ttft_p90_s"], row["slo_judged_conversations"] = row["ttft_p90_s"], sc.workload.conversations
-        row["slo_met"] = _meets(row, slo_s)
-        if sc.workload.trace is not None or not row["slo_met"]:
-            continue
+
+    def judge(row: dict[str, Any]) -> bool:
+        """Judge ``row`` on its longer run; False when it needs none (the first run is long enough)."""
         ov = dict(row["settings"])
         first = batch.run({"first": ov})["first"]  # the rows compare ran (from the cache)
         n = judging_conversations(with_overrides(sc, ov), judging_span_s(first))
         if n <= sc.workload.conversations:
-            continue
+            return False
         longer = _aggregate(batch.run({"longer": {**ov, "workload.conversations": n}})["longer"])
         row["slo_ttft_p90_s"], row["slo_judged_conversations"] = longer["ttft_p90_s"], n
         row["slo_met"] = _meets(longer, slo_s)  # p90 and errors of the longer run
+        return True
+
+    judged: set[int] = set()
+    for i, row in enumerate(rows):
+        row["slo_ttft_p90_s"], row["slo_judged_conversations"] = row["ttft_p90_s"], sc.workload.conversations
+        row["slo_met"] = _meets(row, slo_s)
+        if sc.workload.trace is None and row["slo_met"] and judge(row):
+            judged.add(i)
+    if judged and not any(row["slo_met"] for row in rows):
+        for i, row in enumerate(rows):
+            if i not in judged:
+                judge(row)
 
 
 def _value(row: dict[str, Any], key: str) -> float:

@@ -88,7 +88,9 @@ def _print(report: dict[str, Any], status: str, name: str, out: Path) -> None:
     for p in report["params"]:
         t.add_row(p["name"], f"{p['value']:.4g}", f"{p['prior']:.4g}", f"{p['lower']:.4g}", p["status"], p["why"])
     c.print(t)
-    s = Table(title=f"self-check: the fitted profile simulated on the measured run(s) (means within "
+    fitted = sorted(set(report.get("fitted_seeds") or []))
+    on_seed = f" with the fitted seed{'s' if len(fitted) > 1 else ''} {', '.join(map(str, fitted))}" if fitted else ""
+    s = Table(title=f"self-check: the fitted profile simulated on the measured run(s){on_seed} (means within "
                     f"{report['self_check_tolerance']:.0%} gate the status)")
     for col in ("run", "metric", "measured ms", "simulated ms", "rel. error", "gates", "within"):
         s.add_column(col)

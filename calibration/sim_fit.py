@@ -391,6 +391,7 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
                    "TTFT/TPOT statistics do not separate from the GPU scales)" for n in HELD_RESIDUALS)],
         "base_profile": f"{rs.profile.name} ({rs.profile.status_line()})",
         "self_check": check,
+        "fitted_seeds": [sc.seed for sc in scen],  # the seed of each run's simulation the fit used (self_check's)
         "held_out_check": held_out,
         "self_check_tolerance": SELF_CHECK_TOLERANCE,
         "max_prior_factor": MAX_PRIOR_FACTOR,

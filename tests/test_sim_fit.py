@@ -54,6 +54,8 @@ def test_llmd_2p1d_fit_reproduces_the_measured_run(tmp_path: Path, capsys: pytes
     assert check["ttft_mean_ms"]["simulated_ms"] == pytest.approx(sim["ttft_mean_s"] * 1e3, rel=1e-9)
     assert check["tpot_mean_ms"]["simulated_ms"] == pytest.approx(sim["tpot_mean_s"] * 1e3, rel=1e-9)
     assert all(abs(check[m]["rel_error"]) <= SELF_CHECK_TOLERANCE for m in ("ttft_mean_ms", "tpot_mean_ms"))
+    # ... on the seed the report names (the scenario's: what _simulated used)
+    assert report["fitted_seeds"] == [load_scenario(SCEN_2P1D).seed]
     # what was fitted, within the bounds, and what was held and named
     params = {p["name"]: p for p in report["params"]}  # type: ignore[attr-defined]
     assert params["prefill.gpu_scale"]["status"] == params["decode.gpu_scale"]["status"] == "fitted"

@@ -159,14 +159,6 @@ def _number_not_bool_or_text(v: Any) -> Any:
     return v
 
 
-def _bool_only(v: Any) -> Any:
-    """Refuse anything but true/false (or null) for a switch (lax mode would read 1, "yes" or "on" as true)."""
-    if v is not None and not isinstance(v, bool):
-        raise ValueError(f"{v!r} is not true or false")
-    return v
-
-
-
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
 
@@ -264,7 +256,6 @@ class Deployment(_Frozen):
     )
 
     _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
-    _switches = field_validator("cudagraph_memory_profiling", "kv_post_overlaps_forward", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:
@@ -365,8 +356,6 @@ class TraceSource(_Frozen):
         default=None, description="weka only: sessions with the same tool_tokens and system_tokens share those "
         "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
     )
-
-    _switches = field_validator("shared_prefix", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _window(self) -> TraceSource:

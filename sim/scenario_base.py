@@ -1,4 +1,5 @@
-"""The base of every scenario section: frozen, no unknown fields, finite numbers only, numbers as numbers.
+"""The base of every scenario section: frozen, no unknown fields, finite numbers only, numbers as numbers,
+switches as ``true``/``false``.
 
 Fields added to a section after scenarios were first fingerprinted are named in the section's
 ``OMIT_AT_DEFAULT`` and left out of every dump (``model_dump``, ``model_dump_json``) while they hold their
@@ -31,6 +32,13 @@ def _numeric(annotation: Any) -> tuple[bool, bool]:
     return False, False
 
 
+def _switch(annotation: Any) -> bool:
+    """Whether a field annotation is a switch (``bool`` or ``bool | None``)."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or typing.get_origin(
+        annotation) is typing.Union else (annotation,)
+    kinds = {a for a in args if a is not type(None)}
+    return kinds == {bool}
+
 
 def number_string_hint(value: str) -> str:
     """Why a number field's YAML string is refused, and how to write it: YAML 1.1 (PyYAML) reads a float only
@@ -56,13 +64,22 @@ class _Frozen(BaseModel):
     @classmethod
     def _numbers_are_numbers(cls, data: Any) -> Any:
         """Refuse ``true``/``false`` and strings in number fields (pydantic would read ``true`` as 1 and the
-        YAML 1.1 string ``5e-4`` as 0.0005 silently), and integers beyond 64 bits before any conversion.
-        The message starts with ``[[field]]`` so the scenario's error formatter names the full field path."""
+        YAML 1.1 string ``5e-4`` as 0.0005 silently), integers beyond 64 bits before any conversion, and
+        anything but ``true``/``false`` in a switch (pydantic's lax mode reads 1, ``"yes"``, ``"on"``, ``"t"`` as
+        true: every ``bool`` field of every section is strict here, in one place). The message starts with
+        ``[[field]]`` so the scenario's error formatter names the full field path."""
         if not isinstance(data, dict):
             return data
         for key, value in data.items():
             field = cls.model_fields.get(str(key))
-            if field is None or value is None or not _numeric(field.annotation)[0]:
+            if field is None or value is None:
+                continue
+            if _switch(field.annotation):
+                if not isinstance(value, bool):
+                    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                    raise ValueError(f"[[{key}]] is {shown}, not true or false; write true or false (unquoted)")
+                continue
+            if not _numeric(field.annotation)[0]:
                 continue
             if isinstance(value, bool):
                 raise ValueError(f"[[{key}]] is {str(value).lower()}, not a number (a bool is not a count)")

@@ -78,12 +78,15 @@ def register(app: typer.Typer) -> None:
             help="Fit --bench files of another model_id anyway; the profile is labelled status 'proxy', not calibrated.",
         ),
     ) -> None:
+        from kvplan.app.flags import int_range
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_hardware
         from kvplan.models.profile import save_profile
+        from kvplan.sim.scenario import MAX_TOKENS
 
+        int_range("--chunk-tokens", chunk_tokens, 1, MAX_TOKENS)  # deployment.max_num_batched_tokens' range
         if not out.parent.is_dir():
             raise input_error(f"--out {out}", "the directory does not exist", "create it first")
         traces = {"bench": bench, "multiturn": multiturn, "log": log, "prometheus": prometheus, "points": points}

@@ -33,12 +33,14 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
-        from kvplan.app.flags import seconds_list
+        from kvplan.app.flags import int_range, seconds_list
         from kvplan.app.output import console
+        from kvplan.sim.scenario import MAX_THRESHOLD_TOKENS
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
         ttl_list = seconds_list("--ttls", ttls)
+        int_range("--threshold", threshold, 0, MAX_THRESHOLD_TOKENS)  # policy.kv_recompute_threshold_tokens' range
         if html is not None:
             from kvplan.atomic import check_output_file
 

@@ -46,6 +46,7 @@ MAX_CONVERSATIONS = 1_000_000
 MAX_TOTAL_TURNS = MAX_TRACE_RECORDS
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
+MAX_THRESHOLD_TOKENS = 2**31 - 1  # kv_recompute_threshold (an int32 in vLLM's config); above any context: never pull
 MAX_LOGNORMAL_SIGMA = 10.0
 MAX_TIME_SCALE = 1e6
 
@@ -278,7 +279,9 @@ class Policy(_Frozen):
     decoder_kv_blocks_ttl_s: float = Field(
         default=480.0, ge=0, le=MAX_SIM_TIME_S, description="D retention TTL from finish (<= 1e7 s)."
     )
-    kv_recompute_threshold_tokens: int = Field(default=64, ge=0, le=2**31 - 1, description="Pull only if >= this many.")
+    kv_recompute_threshold_tokens: int = Field(
+        default=64, ge=0, le=MAX_THRESHOLD_TOKENS, description="Pull only if >= this many."
+    )
     router_ttl_s: float = Field(
         default=450.0, ge=0, le=MAX_SIM_TIME_S, description="Router entry lifetime (proxy: 450 s)."
     )

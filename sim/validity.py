@@ -103,6 +103,9 @@ def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int, batch
         raise input_error("--tokens", f"{tokens:,} is more than {MAX_COST_TOKENS:,}", "no context is that long")
     if cached_tokens > MAX_COST_TOKENS:
         raise input_error("--cached-tokens", f"{cached_tokens:,} is more than {MAX_COST_TOKENS:,}")
+    if chunk_tokens > MAX_COST_TOKENS:  # deployment.max_num_batched_tokens' bound (it sizes the activation peak)
+        raise input_error("--chunk-tokens", f"{chunk_tokens:,} is more than {MAX_COST_TOKENS:,}",
+                          "use vLLM's max_num_batched_tokens (e.g. 8192)")
     if -(-tokens // chunk_tokens) > MAX_COST_CHUNKS:
         raise input_error("--chunk-tokens", f"{chunk_tokens} splits {tokens:,} tokens into more than "
                           f"{MAX_COST_CHUNKS:,} chunks", "use vLLM's max_num_batched_tokens (e.g. 8192)")

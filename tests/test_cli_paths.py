@@ -147,3 +147,27 @@ def test_an_input_error_found_inside_the_planner_is_exactly_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, repr(err)
+
+
+HUGE = "100000000000000000000"  # 1e20 as an integer: typer parses it, only a bound refuses it
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["workload", "show", str(TRACE), "--threshold", HUGE], "--threshold"),
+        (["workload", "show", str(TRACE), "--threshold", str(2**31)], "--threshold"),
+        (["cost", "--tokens", "1000", "--chunk-tokens", HUGE], "--chunk-tokens"),
+        (["calibrate", "--bench", str(BENCH), "--model", "qwen3-32b", "--hardware", "p5en", "--out", "{tmp}/p.json",
+          "--chunk-tokens", HUGE], "--chunk-tokens"),
+    ],
+)
+def test_absurd_token_flags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                        flag: str) -> None:
+    """A token count far beyond any context (or the scenario field's own bound) is one line naming the flag."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {flag}: ") and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []

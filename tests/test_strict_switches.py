@@ -102,3 +102,18 @@ def test_cli_refuses_an_int_switch_and_a_grid_axis_of_yes(tmp_path: Path) -> Non
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "point 1" in res.stderr and "'policy.bidirectional': is 'no'" in res.stderr
     assert not (tmp_path / "r.parquet").exists()
+
+
+@pytest.mark.parametrize("value", [1, "yes", "on"])
+def test_an_inline_hardware_spec_switch_is_strict_too(value: Any) -> None:
+    from kvplan.models.hardware import get_hardware
+
+    spec = {**get_hardware("p5en").model_dump(), "name": "my-node"}
+    assert get_hardware({**spec, "gpudirect_rdma": False}).gpudirect_rdma is False
+    with pytest.raises(KvplanInputError, match=r"^hardware\.gpudirect_rdma: is .*, not true or false; write true"):
+        get_hardware({**spec, "gpudirect_rdma": value})
+    from kvplan.sim.engine import resolve
+
+    sc = scenario_from_dict({"hardware": {**spec, "gpudirect_rdma": value}, "workload": {"conversations": 2}})
+    with pytest.raises(KvplanInputError, match=r"hardware\.gpudirect_rdma: is"):
+        resolve(sc)  # what a run, sweep point or recommend resolves first

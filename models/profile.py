@@ -133,6 +133,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data, non_finite = json_loads(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
+    if not isinstance(data, dict):  # pydantic would say "field '': Input should be a valid dictionary"
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        raise input_error(str(path), f"is {kind}, not a profile (a JSON object)",
+                          "pass a profile written by kvplan calibrate or kvplan profile derive")
     bad = find_non_finite(data, "profile") if non_finite else None
     if bad is not None:
         raise input_error(f"{path}: field '{bad}'", "is NaN, Infinity or out of the float range",
@@ -142,7 +146,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"{path}: field '{loc}'", err["msg"]) from None
+        raise input_error(f"{path}: field '{loc}'", err["msg"],
+                          "re-create the profile with kvplan calibrate or kvplan profile derive") from None
     _check_complete(data, path)
     check_profile_bounds(profile, f"profile {path.name}")
     return profile

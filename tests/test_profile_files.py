@@ -51,3 +51,26 @@ def test_cost_refuses_what_no_server_serves(capsys: pytest.CaptureFixture[str], 
     assert main(["cost", "--model", "qwen3-32b", "--hardware", "p5en", "--tp", "8", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {field}: ")
+
+
+@pytest.mark.parametrize(("text", "kind"), [("[]", "an array"), ('"p5en"', "a string"), ("3", "a number"),
+                                            ("null", "null")])
+def test_a_profile_file_that_is_not_an_object_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                                      kind: str) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {path}: is {kind}, not a profile (a JSON object); pass a profile written by kvplan "
+                   "calibrate or kvplan profile derive\n")
+
+
+def test_a_wrongly_typed_profile_field_says_how_to_fix_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    data["name"] = 5
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: field 'name': ") and err.endswith("; re-create the profile with kvplan "
+                                                                            "calibrate or kvplan profile derive\n")

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.plan.grid_ties import Tie, parse_tie, parse_zip
 from kvplan.sim.scenario import (
+    MAX_SEED,
     Scenario,
     dist_mean_inline,
     load_scenario,
@@ -387,8 +388,9 @@ def grid_from_dict(
     check_runs(n_points, reps, where, yes)
     base = _load_base(data["base"], where, base_dir)
     seed = data.get("seed", base.seed)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise input_error(f"{where}: seed", f"must be an integer in 0..{MAX_SEED} (a scenario's seed range), "
+                          f"got {seed!r:.40}")
     grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where, zips=tuple(zips),
                 ties=tuple(ties))
     if validate_points:

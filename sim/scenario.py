@@ -47,6 +47,7 @@ MAX_TOTAL_TURNS = MAX_TRACE_RECORDS
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
 MAX_THRESHOLD_TOKENS = 2**31 - 1  # kv_recompute_threshold (an int32 in vLLM's config); above any context: never pull
+MAX_SEED = 2**63 - 1  # a signed 64-bit integer: the seed columns of turns/sweep results are int64
 MAX_LOGNORMAL_SIGMA = 10.0
 MAX_TIME_SCALE = 1e6
 
@@ -576,7 +577,7 @@ class Scenario(_Frozen):
     workload: Workload = Field(default_factory=Workload, description="Workload.")
     costs: CostOverrides = Field(default_factory=CostOverrides, description="Inline cost overrides.")
     simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Root seed of every random stream.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Root seed of every random stream.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -55,6 +55,25 @@ _POOL_FIX = ("raise deployment.gpu_memory_utilization or the tensor-parallel siz
              "accounting leaves after the weights), or shorten the workload")
 
 
+#: Most output tokens a run in ``simulation.decode_mode: exact`` may plan: exact steps every decode token as an
+#: event (about 4 us each in pure Python, one per token at batch 1), so this keeps its worst case near the fast
+#: mode's at its own bound of 10,000,000 turns (~0.5 h of CPU); fast mode gives the same per-turn results.
+MAX_EXACT_DECODE_TOKENS = 500_000_000
+
+
+def check_exact_decode_cost(plan: Any, decode_mode: str) -> None:
+    """Refuse, before the run, an exact-mode run whose plan holds more than :data:`MAX_EXACT_DECODE_TOKENS` output
+    tokens (the turn bound alone lets it cost days: 10,000,000 turns of 40,000-token outputs)."""
+    if decode_mode != "exact" or not len(plan.output_tokens):
+        return
+    total = int(np.sum(plan.output_tokens, dtype=np.int64))
+    if total > MAX_EXACT_DECODE_TOKENS:
+        raise input_error("simulation.decode_mode", f"exact steps every decode token, and this run plans {total:,} output "
+                          f"tokens (more than {MAX_EXACT_DECODE_TOKENS:,}: hours to days of CPU)",
+                          "use decode_mode: fast (the same per-turn times, one event per batch change), or fewer "
+                          "conversations or output tokens")
+
+
 def check_pools_hold_largest_request(
     plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int,
     decode_set: bool = True, prefill_set: bool = True,

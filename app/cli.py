@@ -190,8 +190,10 @@ def _quiet_on_closed_pipe(write: Callable[[], object]) -> None:
 
 
 def _say(message: str) -> None:
-    """One line on stderr (:func:`_quiet_on_closed_pipe`)."""
-    _quiet_on_closed_pipe(lambda: typer.echo(message, err=True))
+    """One line on stderr, whatever the message holds (a file name may contain a newline), as
+    :class:`~kvplan.errors.KvplanInputError` makes its own (:func:`_quiet_on_closed_pipe`)."""
+    line = " ".join(message.split())
+    _quiet_on_closed_pipe(lambda: typer.echo(line, err=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,3 +171,12 @@ def test_absurd_token_flags_are_refused(tmp_path: Path, capsys: pytest.CaptureFi
     assert captured.err.startswith(f"error: {flag}: ") and captured.err.count("\n") == 1, captured.err
     assert captured.out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_on_a_path_with_a_newline_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A path the OS refuses (here: a name longer than NAME_MAX) is reported from its OSError, whose file name
+    may hold a newline; the message stays one line like every other error."""
+    name = tmp_path / ("a\nb" + "x" * 300)
+    assert main(["simulate", str(name), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot access") and "File name too long" in err and err.count("\n") == 1, err

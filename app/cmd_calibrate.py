@@ -90,13 +90,18 @@ def register(app: typer.Typer) -> None:
         if not out.parent.is_dir():
             raise input_error(f"--out {out}", "the directory does not exist", "create it first")
         traces = {"bench": bench, "multiturn": multiturn, "log": log, "prometheus": prometheus, "points": points}
-        inputs = [published, *(f for files in traces.values() for f in files or [])]
+        inputs: list[Path | str | None] = [published, *(f for files in traces.values() for f in files or [])]
+        if scenario:  # the scenarios and every file they read (a profile JSON, a trace) are inputs too
+            from kvplan.plan.grid import scenario_input_files
+            from kvplan.sim.scenario import load_scenario
+
+            inputs += [*scenario, *(f for p in scenario for f in scenario_input_files(load_scenario(p)))]
         check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
         if scenario:
             from kvplan.app.calibrate_sim import calibrate_by_simulation
 
             calibrate_by_simulation(scenario, traces, model, hardware, tp, out, json_out, allow_model_mismatch,
-                                    overwrite=overwrite, inputs=[*inputs, *scenario])
+                                    overwrite=overwrite, inputs=inputs)
             return
         if model is None or hardware is None:
             raise input_error("--model" if model is None else "--hardware", "missing", "give --model and --hardware, "

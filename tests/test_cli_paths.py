@@ -180,3 +180,27 @@ def test_an_os_error_on_a_path_with_a_newline_is_one_line(tmp_path: Path, capsys
     assert main(["simulate", str(name), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot access") and "File name too long" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("target", ["scenario", "profile"])
+def test_calibrate_scenario_out_is_never_one_of_its_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str], target: str) -> None:
+    """``calibrate --bench F --scenario S.yaml --out X --overwrite``: X the scenario itself, or the profile JSON the
+    scenario reads, is refused before any work (the fit ran for seconds, then the write was refused for the
+    scenario, and a profile the scenario read was replaced)."""
+    import kvplan.calibration.sim_fit as sim_fit
+
+    def no_fit(*_a: object, **_k: object) -> None:
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(sim_fit, "fit_scenario", no_fit)
+    prof = tmp_path / "start.json"
+    prof.write_text((Path(__file__).parents[1] / "models" / "profiles" / "p5en-qwen3-32b.json").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text((DATA / "llmd-2p1d-a100.scenario.yaml").read_text() + f"profile: {prof}\n")
+    out = sc if target == "scenario" else prof
+    before = out.read_bytes()
+    assert main(["calibrate", "--bench", str(BENCH), "--scenario", str(sc), "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: is the same file as the input") and err.count("\n") == 1, err
+    assert out.read_bytes() == before

@@ -106,14 +106,18 @@ def register(app: typer.Typer) -> None:
             raise input_error(f"--out {out}", "is a directory, not a workload YAML file", "give a file path, e.g. "
                               "workload.yaml")
         report_path = out.with_name(out.stem + ".fit.json")
-        inputs = [trace, scenario]
+        inputs: list[Path | str | None] = [trace, scenario]
+        sc = load_scenario(scenario) if scenario is not None else Scenario()
+        if scenario is not None:  # and every file the scenario reads (a profile JSON, a trace, empirical samples)
+            from kvplan.plan.grid import scenario_input_files
+
+            inputs += scenario_input_files(sc)
         check_distinct([("--out", out), ("--out (report)", report_path)])
         check_output_file(out, inputs=inputs, overwrite=overwrite)
         check_output_file(report_path, "--out (report)", inputs=inputs, overwrite=overwrite)  # both before any work
         if gap_model not in ("empirical", "fit"):
             raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
-        sc = load_scenario(scenario) if scenario is not None else Scenario()
         fn = unloaded_service_time_fn(sc)
         fn.__name__ = f"unloaded service time on {sc.hardware} {sc.model} (kvplan.sim.service)"
         result = fit_workload(tr, fn, gap_model=gap_model)

@@ -204,3 +204,20 @@ def test_calibrate_scenario_out_is_never_one_of_its_inputs(tmp_path: Path, monke
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {out}: is the same file as the input") and err.count("\n") == 1, err
     assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize(("profile_name", "out_name"), [("start.json", "start.json"), ("w.fit.json", "w.yaml")])
+def test_workload_fit_never_replaces_a_file_its_scenario_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              profile_name: str, out_name: str) -> None:
+    """``workload fit T --scenario S.yaml --out X --overwrite`` with X (or its report X.fit.json) the profile JSON that
+    S.yaml names: the profile was replaced by the fitted YAML or the report (only T and S.yaml counted as inputs)."""
+    prof = tmp_path / profile_name
+    prof.write_text((Path(__file__).parents[1] / "models" / "profiles" / "p5en-qwen3-32b.json").read_text())
+    before = prof.read_bytes()
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"profile: {prof}\n")
+    assert main(["workload", "fit", str(TRACE), "--scenario", str(sc), "--out", str(tmp_path / out_name),
+                 "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "is the same file as the input" in err and err.count("\n") == 1, err
+    assert prof.read_bytes() == before and not (tmp_path / "w.yaml").exists()

@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         if trace is not None:
             if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")
-            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+            sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
         if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         from kvplan.sim.engine import resolve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,9 +73,9 @@ def register(app: typer.Typer) -> None:
 
                     raise input_error("--trace", f"the scenario already replays workload.trace "
                                       f"'{sc.workload.trace.path}'", "remove one of them")
-                sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+                sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
         elif trace is not None:  # the trace on the scenario defaults, as the dashboard replays one
-            sc = trace_replay_scenario(str(trace))
+            sc = trace_replay_scenario(os.path.abspath(trace))
         else:
             sc = default_scenario()
         if allow_unreliable:

@@ -235,3 +235,29 @@ def test_reuse_rate_counts_kv_reused_not_router_hits(tmp_path: Path, capsys: pyt
     p.write_text(yaml.safe_dump(sc))
     assert main(["simulate", str(p), "--out", str(tmp_path / "o")]) == 0
     assert re.search(r"reuse rate[^\n]*0\.0%", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("with_scenario", [False, True])
+def test_a_relative_trace_flag_is_recorded_absolute_and_replays_from_anywhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_scenario: bool) -> None:
+    """``simulate --trace t.csv`` recorded ``path: t.csv`` in the result's scenario.yaml (the README promises every
+    file path recorded absolute), so replaying that scenario.yaml from another directory failed: no t.csv beside it
+    nor in the new working directory."""
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(Path(__file__).parent / "data" / "traces" / "sessions_small.csv", work / "t.csv")
+    monkeypatch.chdir(work)
+    args = ["simulate", *(["s.yaml"] if with_scenario else []), "--trace", "t.csv", "--out", "a"]
+    if with_scenario:
+        (work / "s.yaml").write_text("policy: {decoder_kv_blocks_ttl_s: 60}\n")
+    assert main(args) == 0
+    recorded = yaml.safe_load((work / "a" / "scenario.yaml").read_text())["workload"]["trace"]["path"]
+    assert recorded == str(work / "t.csv")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["simulate", str(work / "a" / "scenario.yaml"), "--out", "b"]) == 0
+    for name in ("turns.parquet", "pinned.parquet", "summary.json", "scenario.yaml"):
+        assert (elsewhere / "b" / name).read_bytes() == (work / "a" / name).read_bytes(), name

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.inputfile import refuse_compressed, refuse_wide_encoding
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
@@ -650,7 +651,10 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
         raise input_error(str(p), f"no such {what} file")
     if p.stat().st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    data = p.read_bytes()
+    refuse_compressed(data, str(p))
+    refuse_wide_encoding(data, str(p))
+    text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise input_error(str(p), f"empty {what} file", hint)
     data = load_yaml_text(text, str(p))

@@ -74,6 +74,25 @@ def check_exact_decode_cost(plan: Any, decode_mode: str) -> None:
                           "conversations or output tokens")
 
 
+#: Most prefill chunks a run may plan (every prompt split into ``max_num_batched_tokens``-token steps, before prefix
+#: hits: an upper bound): each chunk is an engine step (~2 us in pure Python), so this keeps the worst case near half an
+#: hour; only a step budget far below vLLM's (8192, or 2048 on small GPUs) reaches it.
+MAX_PREFILL_CHUNKS = 1_000_000_000
+
+
+def check_prefill_chunk_cost(plan: Any, max_num_batched_tokens: int) -> None:
+    """Refuse, before the run, a plan whose prompts split into more than :data:`MAX_PREFILL_CHUNKS` prefill steps at
+    ``max_num_batched_tokens`` (``max_num_batched_tokens: 1`` made a 30,000-token prompt 30,000 engine steps)."""
+    if not len(plan.prompt_tokens):
+        return
+    budget = max(int(max_num_batched_tokens), 1)
+    chunks = int(np.sum(-(-np.asarray(plan.prompt_tokens, dtype=np.int64) // budget), dtype=np.int64))
+    if chunks > MAX_PREFILL_CHUNKS:
+        raise input_error("deployment.max_num_batched_tokens", f"{budget:,} tokens per step split this run's prompts "
+                          f"into up to {chunks:,} prefill steps (more than {MAX_PREFILL_CHUNKS:,}: hours to days of CPU)",
+                          "raise it (vLLM's default is 8192) or plan fewer or shorter prompts")
+
+
 def check_pools_hold_largest_request(
     plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int,
     decode_set: bool = True, prefill_set: bool = True,

@@ -221,3 +221,21 @@ def test_workload_fit_never_replaces_a_file_its_scenario_reads(tmp_path: Path, c
     err = capsys.readouterr().err
     assert "is the same file as the input" in err and err.count("\n") == 1, err
     assert prof.read_bytes() == before and not (tmp_path / "w.yaml").exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--conversations", "0"], "error: --conversations: is 0; give an integer in 1..1,000,000\n"),
+    (["--conversations", "100000000"], "error: --conversations: is 100,000,000; give an integer in 1..1,000,000\n"),
+    (["--replications", "1001"], "error: --replications: is 1,001; give an integer in 1..1,000\n"),
+    (["--slo-ttft-p90-ms", "nan"], "error: --slo-ttft-p90-ms: is nan; give a finite number > 0 and at most 1e+10\n"),
+    (["--usd-per-node-hour", "inf"], "error: --usd-per-node-hour: is inf; give a finite number >= 0 and at most 1e+06\n"),
+])
+def test_compare_checks_its_flags_like_recommend(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                flags: list[str], message: str) -> None:
+    """``compare S.yaml --conversations 0`` said "scenario with overrides: field 'workload.conversations': Input should
+    be greater than 0" (a scenario field, not the flag); its run flags now go through the checks recommend and
+    capacity share (app/flags.py), before any work."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text("workload: {conversations: 3}\n")
+    assert main(["compare", str(sc), *flags]) == 2
+    assert capsys.readouterr().err == message

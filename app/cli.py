@@ -199,6 +199,12 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. SIGINT, SIGTERM and SIGHUP end a run the same way: its temporary files
     are removed, nothing half-written is left, and the exit status is 128 + the signal's number."""
+    if sys.stdout is None:  # fd 1 closed at start (`kvplan ... >&-`): Python leaves sys.stdout None
+        # every command prints its result or what it wrote there: refused before any work, as a write error would
+        # be (a traceback from rich, or a silently dropped JSON with status 0, before)
+        _say("error: standard output is closed; redirect it to a file or /dev/null instead (kvplan prints its "
+             "results there)")
+        return 2
     _STDOUT_AT_START[:] = [_stdout_identity()]
     with _signals_end_like_sigint():
         return _main(argv)

@@ -73,3 +73,16 @@ def test_an_epipe_of_another_stream_stays_an_error(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hardware, "get_hardware", broken)
     assert main(["cost", "--tokens", "1000"]) == 2
     assert "Broken pipe" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["cost", "--tokens", "1000"], ["cost", "--tokens", "1000", "--json"]])
+def test_a_stdout_closed_at_start_is_an_error_not_a_traceback_or_a_silent_success(tmp_path: Path,
+                                                                                    args: list[str]) -> None:
+    """``kvplan ... >&-``: Python starts with ``sys.stdout = None``; rich's console raised an AttributeError
+    traceback, and a JSON result was dropped by click's echo with status 0."""
+    proc = subprocess.run([sys.executable, "-m", "kvplan.app.cli", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=300, check=False,
+                          preexec_fn=lambda: os.close(1))  # noqa: PLW1509 - the child must start with fd 1 closed
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: standard output is closed; redirect it to a file or /dev/null instead (kvplan "
+                           "prints its results there)\n")

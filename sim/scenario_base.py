@@ -32,6 +32,14 @@ def _numeric(annotation: Any) -> tuple[bool, bool]:
     return False, False
 
 
+def _number_tuple(annotation: Any) -> bool:
+    """Whether a field annotation is a tuple of numbers (``tuple[float, ...]``, ``tuple[float, float]``, ``| None``)."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or typing.get_origin(
+        annotation) is typing.Union else (annotation,)
+    tuples = [a for a in args if typing.get_origin(a) is tuple]
+    return bool(tuples) and all({x for x in typing.get_args(t) if x is not Ellipsis} <= {int, float} for t in tuples)
+
+
 def _switch(annotation: Any) -> bool:
     """Whether a field annotation is a switch (``bool`` or ``bool | None``)."""
     args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or typing.get_origin(
@@ -78,6 +86,13 @@ class _Frozen(BaseModel):
                 if not isinstance(value, bool):
                     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
                     raise ValueError(f"[[{key}]] is {shown}, not true or false; write true or false (unquoted)")
+                continue
+            if _number_tuple(field.annotation) and isinstance(value, list | tuple):
+                for i, item in enumerate(value):  # the same rule for every item of a list of numbers
+                    if isinstance(item, bool):
+                        raise ValueError(f"[[{key}]] item {i} is {str(item).lower()}, not a number")
+                    if isinstance(item, str):
+                        raise ValueError(f"[[{key}]] item {i} {number_string_hint(item)}")
                 continue
             if not _numeric(field.annotation)[0]:
                 continue

@@ -146,7 +146,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"{path}: field '{loc}'", err["msg"],
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg.startswith("[[") and "]]" in msg:  # a cost parameter's own check names it (models/costs.py)
+            key, msg = msg[2:].split("]]", 1)
+            loc, msg = (f"{loc}.{key}" if loc else key), msg.strip()
+        raise input_error(f"{path}: field '{loc}'", msg,
                           "re-create the profile with kvplan calibrate or kvplan profile derive") from None
     _check_complete(data, path)
     check_profile_bounds(profile, f"profile {path.name}")

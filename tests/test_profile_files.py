@@ -74,3 +74,34 @@ def test_a_wrongly_typed_profile_field_says_how_to_fix_it(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: field 'name': ") and err.endswith("; re-create the profile with kvplan "
                                                                             "calibrate or kvplan profile derive\n")
+
+
+@pytest.mark.parametrize(("comp", "key", "value", "shown"), [
+    ("prefill", "attention_s", True, "True"),
+    ("prefill", "attention_s", "2.6e-10", "'2.6e-10'"),
+    ("decode", "overhead_s", False, "False"),
+])
+def test_a_cost_parameter_that_is_not_a_number_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          comp: str, key: str, value: object, shown: str) -> None:
+    """A hand-edited profile with ``"attention_s": true`` was read as 1.0 s per attention pair (kvplan cost printed a
+    5,050 s prefill), and ``"2.6e-10"`` as the number: pydantic's lax mode. A cost parameter is a number."""
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    data["costs"][comp][key] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: field 'costs.{comp}.{key}': is {shown}, not a number; write a plain number")
+    assert err.count("\n") == 1
+
+
+def test_a_knot_list_item_that_is_not_a_number_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    knots = list(data["costs"]["prefill"]["linear_knots_s"])
+    assert knots, "the shipped profile has prefill knots"
+    knots[0] = str(knots[0])
+    data["costs"]["prefill"]["linear_knots_s"] = knots
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    assert "field 'costs.prefill.linear_knots_s': is '" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
@@ -50,6 +50,14 @@ class Profile(BaseModel):
         " calibrated, kernel-derived or assumed, with where from.",
     )
     notes: list[str] = Field(default_factory=list, description="Assumptions a reader must know.")
+
+    @field_validator("tensor_parallel_size", mode="before")
+    @classmethod
+    def _tp_is_an_integer(cls, v: Any) -> Any:
+        """Lax mode would read ``true`` as TP 1 (then blame a cost parameter's physical bound) and ``"8"`` as 8."""
+        if isinstance(v, bool | str):
+            raise ValueError(f"is {v!r:.40}, not an integer; write the TP size as a plain integer")
+        return v
 
     @property
     def extrapolated(self) -> bool:

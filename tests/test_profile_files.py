@@ -105,3 +105,16 @@ def test_a_knot_list_item_that_is_not_a_number_is_refused(tmp_path: Path, capsys
     path.write_text(json.dumps(data))
     assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
     assert "field 'costs.prefill.linear_knots_s': is '" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "shown"), [(True, "True"), ("8", "'8'")])
+def test_a_profile_tp_that_is_not_an_integer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        value: object, shown: str) -> None:
+    """``"tensor_parallel_size": true`` was read as TP 1, and the error then blamed prefill.attention_s's physical bound
+    at TP1; ``"8"`` was read as 8."""
+    data = json.loads((_profiles_dir() / "p5en-qwen3-32b.json").read_text())
+    data["tensor_parallel_size"] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}: field 'tensor_parallel_size': is {shown}, not an integer")

@@ -127,7 +127,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     bare = isinstance(name_or_path, str) and "/" not in name_or_path and not name_or_path.endswith(".json")
     if shipped.is_file() and bare:
         path = shipped
-    elif prior.is_file() and bare:
+    elif prior.is_file() and bare and name_or_path in shipped_priors():  # not INDEX.json, the priors' index
         path = prior
     elif text_path.is_file():
         path = text_path

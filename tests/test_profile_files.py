@@ -118,3 +118,11 @@ def test_a_profile_tp_that_is_not_an_integer_is_refused(tmp_path: Path, capsys: 
     path.write_text(json.dumps(data))
     assert main(["cost", "--profile", str(path), "--tokens", "8000"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {path}: field 'tensor_parallel_size': is {shown}, not an integer")
+
+
+def test_the_priors_index_is_not_a_profile_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--profile INDEX`` loaded models/priors/INDEX.json (the priors' index, which shipped_priors leaves out) and
+    failed on it as a broken profile ("field 'name': Field required; re-create the profile ...")."""
+    assert main(["cost", "--profile", "INDEX", "--tokens", "8000"]) == 2
+    assert capsys.readouterr().err.startswith("error: profile: no profile named or at 'INDEX'; use a path or one of")
+    assert main(["cost", "--profile", "qwen3-32b-h200-tp8", "--hardware", "p5en", "--tokens", "8000"]) == 0

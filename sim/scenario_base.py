@@ -58,11 +58,27 @@ def number_string_hint(value: str) -> str:
         return f"is the string '{value[:40]}', not a number"
     if not math.isfinite(v):
         return f"is the string '{value[:40]}', not a finite number"
+    if _yaml_reads_a_number(value):  # "8", '0.5': a number YAML reads as one, quoted
+        return f"is the string '{value[:40]}', not a number (it is quoted): write {value.strip()} without quotes"
     mant, exp = f"{v:e}".split("e")
     mant = mant.rstrip("0")
     mant += "0" if mant.endswith(".") else ""
     return (f"is the string '{value[:40]}', not a number (YAML 1.1 reads a float only with a dot and a signed "
             f"exponent: write {mant}e{exp[0]}{int(exp[1:])})")
+
+def _yaml_reads_a_number(value: str) -> bool:
+    """Whether YAML (1.1, PyYAML) reads ``value`` unquoted as a finite int or float (``8``, ``0.5``, ``5.0e-4``; not
+    ``5e-4``, which it reads as a string)."""
+    import yaml
+
+    if len(value) > 64:
+        return False
+    try:
+        read = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return False
+    return isinstance(read, int | float) and not isinstance(read, bool) and math.isfinite(read)
+
 
 class _Frozen(BaseModel):
     # finite numbers only: .inf/.nan in any float field is an error naming it (allow_inf_nan=False)

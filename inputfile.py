@@ -127,10 +127,25 @@ def refuse_compressed(data: bytes, field: str) -> None:
                               f"decompress it first (e.g. {tool} FILE) and pass the result")
 
 
+#: Byte-order marks of the wide Unicode encodings (UTF-32 first: its little-endian mark starts with UTF-16's).
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+             (b"\xfe\xff", "UTF-16"))
+
+
+def refuse_wide_encoding(data: bytes, field: str) -> None:
+    """Refuse text saved as UTF-16 or UTF-32 (Windows editors' "Unicode"), named by its byte-order mark: decoded as
+    UTF-8 it would only say 'NUL byte: a binary file' or 'invalid YAML'."""
+    for bom, name in WIDE_BOMS:
+        if data.startswith(bom):
+            raise input_error(field, f"is {name} text (it starts with a {name} byte-order mark), not UTF-8",
+                              "save it as UTF-8")
+
+
 def decode_text(data: bytes, field: str) -> str:
-    """Decode the bytes of a text file as UTF-8 (a leading BOM is dropped); compressed data, a NUL byte (a
-    binary file) or invalid UTF-8 is an error naming ``field`` (and the line)."""
+    """Decode the bytes of a text file as UTF-8 (a leading BOM is dropped); compressed data, UTF-16/32 text, a NUL
+    byte (a binary file) or invalid UTF-8 is an error naming ``field`` (and the line)."""
     refuse_compressed(data, field)
+    refuse_wide_encoding(data, field)
     nul = data.find(b"\x00")
     if nul >= 0:
         raise input_error(field, f"byte {nul} is a NUL byte: this is a binary file, not a text file")

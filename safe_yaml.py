@@ -6,6 +6,10 @@ consumer walks the shared structure), nesting thousands deep (a ``RecursionError
 constructor), and a key given twice (the last silently wins, e.g. a duplicated sweep axis). This module
 composes the node graph first (libyaml when available), walks it once with the limits below, and only
 then constructs Python objects. Errors are one-line :class:`~kvplan.errors.KvplanInputError`.
+
+A boolean is written ``true`` or ``false``: PyYAML follows YAML 1.1, which also reads an unquoted ``yes``,
+``no``, ``on`` or ``off`` (any case) as a boolean (``country: no`` becomes false), so those spellings are
+refused naming their line; quoted, they are strings (and a switch field refuses a string).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ MAX_DEPTH = 100
 #: Longest YAML integer read (Python refuses int() of over 4,300 digits; no field needs more than 20).
 MAX_INT_CHARS = 40
 MAX_EXPANDED_NODES = 250_000  # nodes after alias expansion (inline empirical lists hold at most 100,000 values)
+
+_BOOLS = ("true", "false")  # YAML 1.2's only spellings (any case); 1.1 also reads yes/no/on/off
 
 _Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -50,6 +56,9 @@ def _check(root: yaml.Node, where: str) -> None:
         if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int") and len(node.value) > MAX_INT_CHARS:
             raise input_error(f"{where}{_line(node)}", f"YAML integer of {len(node.value):,} characters",
                               f"numbers here have at most {MAX_INT_CHARS} digits")
+        if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":bool") and node.value.lower() not in _BOOLS:
+            raise input_error(f"{where}{_line(node)}", f"'{node.value}' is a YAML 1.1 boolean spelling",
+                              "write true or false (or quote it to mean the string)")
         if depth > MAX_DEPTH:
             raise input_error(f"{where}{_line(node)}", f"YAML nested deeper than {MAX_DEPTH} levels", "flatten the file")
         if key in size:

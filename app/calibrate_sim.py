@@ -23,7 +23,7 @@ def _pair_scenarios(scenarios: list[Path], n_files: int) -> list[Path]:
 def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] | None], model: str | None,
                             hardware: str | None, tp: int | None, out: Path, json_out: bool,
                             allow_model_mismatch: bool, *, overwrite: bool = False,
-                            inputs: list[Path | None] | None = None) -> None:
+                            inputs: list[Path | str | None] | None = None) -> None:
     """Parse the files, check them against the scenarios, fit by simulation, write the profile, report."""
     from kvplan.app.output import warn_unreliable
     from kvplan.calibration.calibrate import sha256_of

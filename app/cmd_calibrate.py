@@ -78,22 +78,30 @@ def register(app: typer.Typer) -> None:
             help="Fit --bench files of another model_id anyway; the profile is labelled status 'proxy', not calibrated.",
         ),
     ) -> None:
+        from kvplan.app.flags import int_range
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_hardware
         from kvplan.models.profile import save_profile
+        from kvplan.sim.scenario import MAX_TOKENS
 
+        int_range("--chunk-tokens", chunk_tokens, 1, MAX_TOKENS)  # deployment.max_num_batched_tokens' range
         if not out.parent.is_dir():
             raise input_error(f"--out {out}", "the directory does not exist", "create it first")
         traces = {"bench": bench, "multiturn": multiturn, "log": log, "prometheus": prometheus, "points": points}
-        inputs = [published, *(f for files in traces.values() for f in files or [])]
+        inputs: list[Path | str | None] = [published, *(f for files in traces.values() for f in files or [])]
+        if scenario:  # the scenarios and every file they read (a profile JSON, a trace) are inputs too
+            from kvplan.plan.grid import scenario_input_files
+            from kvplan.sim.scenario import load_scenario
+
+            inputs += [*scenario, *(f for p in scenario for f in scenario_input_files(load_scenario(p)))]
         check_output_file(out, "--out", inputs=inputs, overwrite=overwrite)  # before any work
         if scenario:
             from kvplan.app.calibrate_sim import calibrate_by_simulation
 
             calibrate_by_simulation(scenario, traces, model, hardware, tp, out, json_out, allow_model_mismatch,
-                                    overwrite=overwrite, inputs=[*inputs, *scenario])
+                                    overwrite=overwrite, inputs=inputs)
             return
         if model is None or hardware is None:
             raise input_error("--model" if model is None else "--hardware", "missing", "give --model and --hardware, "

@@ -46,7 +46,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
     if trace is not None:
         if not trace.exists():  # a file, or a directory of weka traces (as compare and simulate)
             raise input_error(f"--trace {trace}", "no such file")
-        sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+        sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
     return sc
 
 

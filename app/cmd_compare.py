@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
         ),
     ) -> None:
-        from kvplan.app.flags import MAX_WORKERS, int_range
+        from kvplan.app.flags import common_run_flags, positive_finite
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.plan.compare import compare, compare_json, parse_policies
@@ -61,11 +61,13 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.presets import preset_scenario
         from kvplan.sim.scenario import load_scenario, with_overrides
 
-        int_range("--workers", workers, 0, MAX_WORKERS)
+        # the bounds recommend and capacity check (app/flags.py), before any work
+        common_run_flags(replications, workers, conversations)
+        positive_finite("--rate", rate, upper=1e6)
+        positive_finite("--slo-ttft-p90-ms", slo_ttft_p90_ms, upper=1e10)
+        positive_finite("--usd-per-node-hour", usd, upper=1e6, allow_zero=True)
         names = parse_policies(policies)
         rec = load_recommendation(recommendation) if recommendation is not None else None
-        if not 1 <= replications <= 1000:
-            raise input_error("--replications", f"must be in [1, 1000], got {replications}")
         inputs: list[Path | str | None] = [scenario, trace, recommendation]
         if html is not None:
             check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
         if trace is not None:
             if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")
-            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+            sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
         if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         from kvplan.sim.engine import resolve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -68,8 +69,8 @@ def dashboard_url(port: int, address: str) -> str:
 
 
 def check_listen(port: int, address: str) -> None:
-    """Refuse, before launching Streamlit, an address that does not resolve or a port that cannot be bound
-    (in use, or privileged): Streamlit itself only logs it and exits 0."""
+    """Refuse, before launching Streamlit, an address that does not resolve or is not this machine's, or a port
+    that cannot be bound (in use, or privileged): Streamlit itself only logs it and exits 0."""
     from kvplan.errors import input_error
 
     try:
@@ -83,6 +84,9 @@ def check_listen(port: int, address: str) -> None:
         try:
             s.bind(sockaddr)
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # the address is no interface of this machine: not the port's fault
+                raise input_error(f"--address {address}", f"is not an address of this machine ({exc.strerror or exc})",
+                                  "use localhost, 127.0.0.1, 0.0.0.0 or one of this machine's own addresses") from None
             raise input_error(f"--port {port}", f"cannot listen on {address}:{port} ({exc.strerror or exc})",
                               "choose another --port (e.g. 8502) or stop what holds it") from None
 

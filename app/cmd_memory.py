@@ -85,7 +85,13 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_gpu, get_hardware
-        from kvplan.models.memory import plan_memory, serve_defaults, startup_free_memory_ok, with_kv_cache_dtype
+        from kvplan.models.memory import (
+            FLAG_KNOBS,
+            plan_memory,
+            serve_defaults,
+            startup_free_memory_ok,
+            with_kv_cache_dtype,
+        )
 
         if (hardware is None) == (gpu is None):
             raise input_error("--hardware/--gpu", "give exactly one of --hardware (instance) or --gpu (GPU preset)")
@@ -104,7 +110,7 @@ def register(app: typer.Typer) -> None:
         seqs = max_num_seqs or d_seqs
         _check_vllm_limits(arch, tokens, seqs, max_model_len)
         plan = plan_memory(arch, device, tp, gpu_memory_utilization, tokens, seqs, max_model_len,
-                           cudagraph_memory_profiling)
+                           cudagraph_memory_profiling, knobs=FLAG_KNOBS)
         out = {**_terms(plan), "model": arch.name, "gpu": device.name, "tensor_parallel_size": tp,
                "gpu_memory_utilization": gpu_memory_utilization, "max_num_batched_tokens": tokens,
                "max_num_seqs": seqs, "kv_cache_dtype": arch.kv_cache_dtype,

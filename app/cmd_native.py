@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         if native.current_build() is not None:
             typer.echo(f"compiled build is current: {native.cache_dir() / native.source_digest()}")
             return
+        native.check_cache_dir()  # a bad KVPLAN_NATIVE_DIR is refused before the compile, not after it
         typer.echo(f"compiling {len(native.HOT_MODULES)} modules with mypyc (about 30 s) ...")
         try:
             path = native.build()

@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
             if rate is not None or conversations is not None:
                 raise input_error("--trace", "a trace brings its own arrivals and conversations",
                                   "drop --rate and --conversations (use the trace's time_scale/window_s in a scenario)")
-            sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+            sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
         if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})
         grid = DEFAULT_TTL_GRID_S

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from kvplan.sim.scenario import field_help
+from kvplan.sim.scenario import MAX_SEED, field_help
 
 if TYPE_CHECKING:
     from kvplan.sim.engine import ProgressHook
@@ -40,7 +41,7 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        seed: int | None = typer.Option(None, "--seed", min=0, max=2**63 - 1, help="Override the scenario's seed."),
+        seed: int | None = typer.Option(None, "--seed", min=0, max=MAX_SEED, help="Override the scenario's seed."),
         trace: Path | None = typer.Option(None, "--trace", help="Replay a request trace instead of the synthetic workload."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         overwrite: bool = typer.Option(
@@ -72,9 +73,9 @@ def register(app: typer.Typer) -> None:
 
                     raise input_error("--trace", f"the scenario already replays workload.trace "
                                       f"'{sc.workload.trace.path}'", "remove one of them")
-                sc = with_overrides(sc, {"workload.trace": {"path": str(trace)}})
+                sc = with_overrides(sc, {"workload.trace": {"path": os.path.abspath(trace)}})
         elif trace is not None:  # the trace on the scenario defaults, as the dashboard replays one
-            sc = trace_replay_scenario(str(trace))
+            sc = trace_replay_scenario(os.path.abspath(trace))
         else:
             sc = default_scenario()
         if allow_unreliable:

@@ -33,12 +33,14 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Gap percentiles, follow-up probability within T, context per turn, share of short outputs."""
-        from kvplan.app.flags import seconds_list
+        from kvplan.app.flags import int_range, seconds_list
         from kvplan.app.output import console
+        from kvplan.sim.scenario import MAX_THRESHOLD_TOKENS
         from kvplan.traces.readers import load_trace
         from kvplan.traces.stats import json_ready, stats_figure, stats_table, workload_stats
 
         ttl_list = seconds_list("--ttls", ttls)
+        int_range("--threshold", threshold, 0, MAX_THRESHOLD_TOKENS)  # policy.kv_recompute_threshold_tokens' range
         if html is not None:
             from kvplan.atomic import check_output_file
 
@@ -104,14 +106,18 @@ def register(app: typer.Typer) -> None:
             raise input_error(f"--out {out}", "is a directory, not a workload YAML file", "give a file path, e.g. "
                               "workload.yaml")
         report_path = out.with_name(out.stem + ".fit.json")
-        inputs = [trace, scenario]
+        inputs: list[Path | str | None] = [trace, scenario]
+        sc = load_scenario(scenario) if scenario is not None else Scenario()
+        if scenario is not None:  # and every file the scenario reads (a profile JSON, a trace, empirical samples)
+            from kvplan.plan.grid import scenario_input_files
+
+            inputs += scenario_input_files(sc)
         check_distinct([("--out", out), ("--out (report)", report_path)])
         check_output_file(out, inputs=inputs, overwrite=overwrite)
         check_output_file(report_path, "--out (report)", inputs=inputs, overwrite=overwrite)  # both before any work
         if gap_model not in ("empirical", "fit"):
             raise input_error("--gap-model", f"is '{gap_model}'", "use empirical or fit")
         tr = load_trace(trace, fmt)
-        sc = load_scenario(scenario) if scenario is not None else Scenario()
         fn = unloaded_service_time_fn(sc)
         fn.__name__ = f"unloaded service time on {sc.hardware} {sc.model} (kvplan.sim.service)"
         result = fit_workload(tr, fn, gap_model=gap_model)

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.atomic import atomic_write_bytes
-from kvplan.calibration.derive import AIC_MODEL_PATHS, AIC_VLLM_VERSION, AicSession, derive_prior, prior_name, require_aic
+from kvplan.calibration.derive import (
+    AIC_MODEL_PATHS,
+    AIC_VLLM_VERSION,
+    AicSession,
+    derive_prior,
+    prior_name,
+    require_aic,
+    skip_reason,
+)
 from kvplan.models.arch import get_model
 from kvplan.models.hardware import GPU_PRESETS
 from kvplan.models.memory import kv_capacity_tokens
@@ -74,7 +82,8 @@ def derive_all() -> tuple[dict[str, str], dict[str, list[dict[str, Any]]]]:
                 try:
                     d = derive_prior(arch, GPU_PRESETS[gpu], tp)
                 except Exception as exc:  # aiconfigurator lacks a kernel table for this combination
-                    index["skipped"].append({"prior": name, "why": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                    # portable: no path of the generating machine in a shipped file (calibration/derive.py)
+                    index["skipped"].append({"prior": name, "why": skip_reason(exc)})
                     continue
                 fit = weights_fit(model, gpu, tp)
                 prof = d.profile

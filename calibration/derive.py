@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -71,6 +73,38 @@ DECODE_CONTEXTS = (512, 2048, 4096, 8192, 16384, 32768)
 #: Largest tokens one prefill pass of the grid may hold (vLLM's step budget is at most this in practice).
 MAX_STEP_TOKENS = 32768
 MAX_CONFIG_BYTES = 1024**2
+
+
+#: An absolute POSIX path in an error text: a ``/`` not inside a word, number or relative path, then its parts.
+_ABS_PATH = re.compile(r"(?<![\w.~/])/[^\s'\"(),;:]+")
+_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+
+
+def portable_text(text: str, root: Path | None = None) -> str:
+    """``text`` with its absolute paths made machine-independent, for files kvplan ships (``models/priors/INDEX.json``
+    records why a prior was skipped in the words of aiconfigurator's exception, which names the file it read from
+    the generating machine's virtual environment): a path inside an installed package becomes
+    ``<site-packages>/<package path>``, one inside ``root`` (the repository) relative to it, any other its last
+    part after ``.../``."""
+    base = Path(__file__).resolve().parents[1] if root is None else root
+
+    def portable(m: re.Match[str]) -> str:
+        path = m.group(0)
+        for marker in _PACKAGE_DIRS:
+            if marker in path:
+                return "<site-packages>/" + path.split(marker, 1)[1]
+        rel = os.path.relpath(path, base)
+        if not rel.startswith(".."):
+            return rel
+        return ".../" + (Path(path).name or path.strip("/"))
+
+    return _ABS_PATH.sub(portable, text)
+
+
+def skip_reason(exc: BaseException, max_chars: int = 160) -> str:
+    """Why a prior was skipped, as ``models/priors/INDEX.json`` records it: the exception's type and its message,
+    made portable (:func:`portable_text`) before it is cut to ``max_chars``."""
+    return f"{type(exc).__name__}: {portable_text(str(exc))[:max_chars]}"
 
 
 def aic_version() -> str | None:

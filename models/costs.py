@@ -61,6 +61,23 @@ __all__ = [
 class _Cost(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        """A cost parameter is a number, a knot list a list of numbers: pydantic's lax mode would read a JSON ``true``
+        as 1.0 (a second per attention pair) and ``"0.01"`` as 0.01 in a hand-edited profile, silently. (A scenario's
+        inline ``costs:`` are checked before they get here, with YAML's hints: sim/scenario.py.)"""
+        if not isinstance(data, dict):
+            return data
+        for key, value in data.items():
+            if key not in cls.model_fields or isinstance(value, dict | BaseModel):
+                continue  # an unknown key is pydantic's error; a component of CostModel is checked by its class
+            for item in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(item, bool | str):
+                    # [[key]]: the loaders put the parameter into the field path (models/profile.py, sim/scenario.py)
+                    raise ValueError(f"[[{key}]] is {item!r:.40}, not a number; write a plain number")
+        return data
+
 
 def _check_knots(knots: tuple[int, ...], values: tuple[float, ...], what: str) -> None:
     if len(knots) != len(values):

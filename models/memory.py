@@ -47,6 +47,7 @@ What vLLM measures on the GPU kvplan must model; each model states its data and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -117,6 +118,18 @@ def non_torch_bytes(tp: int) -> float:
     return NON_TORCH_BYTES_TP1 if tp == 1 else NON_TORCH_BYTES_TP
 
 
+#: How a scenario names the knobs of :func:`plan_memory` (its errors say which to change).
+SCENARIO_KNOBS: Mapping[str, str] = {
+    "tp": "deployment.tensor_parallel_size", "gpu_memory_utilization": "deployment.gpu_memory_utilization",
+    "max_num_seqs": "deployment.max_num_seqs", "max_num_batched_tokens": "deployment.max_num_batched_tokens",
+}
+#: How ``kvplan memory`` names them: its flags.
+FLAG_KNOBS: Mapping[str, str] = {
+    "tp": "--tp", "gpu_memory_utilization": "--gpu-memory-utilization", "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+}
+
+
 def plan_memory(
     arch: ModelArch,
     gpu: GPU,
@@ -126,17 +139,19 @@ def plan_memory(
     max_num_seqs: int = 1024,
     max_model_len: int | None = None,
     cudagraph_memory_profiling: bool = False,
+    knobs: Mapping[str, str] = SCENARIO_KNOBS,
 ) -> MemoryPlan:
     """vLLM's KV pool of one engine of ``tp`` GPUs: the terms of ``determine_available_memory``, then whole blocks.
 
     ``arch.kv_cache_dtype`` sets the bytes per token (MLA latents replicated on every rank). Raises a
     one-line input error when nothing is left for KV, as vLLM refuses to start ("No available memory for
-    the cache blocks").
+    the cache blocks"), naming the knobs to change as the caller's user writes them (``knobs``: the scenario's
+    fields, or :data:`FLAG_KNOBS` for ``kvplan memory``).
     """
     if tp <= 0:
-        raise input_error("deployment.tensor_parallel_size", "must be > 0")
+        raise input_error(knobs["tp"], "must be > 0")
     if not 0 < gpu_memory_utilization <= 1:
-        raise input_error("deployment.gpu_memory_utilization", "must be in (0, 1]")
+        raise input_error(knobs["gpu_memory_utilization"], "must be in (0, 1]")
     total = device_total_bytes(gpu)
     requested = total * gpu_memory_utilization
     weights = weights_bytes_per_gpu(arch, tp)
@@ -152,15 +167,15 @@ def plan_memory(
             f"model {arch.name}",
             f"weights do not fit: {weights / GIB:.2f} GiB per GPU at TP{tp} against {requested / GIB:.2f} GiB requested "
             f"({total / GIB:.2f} GiB x {gpu_memory_utilization} on {gpu.name})",
-            "raise deployment.tensor_parallel_size or gpu_memory_utilization",
+            f"raise {knobs['tp']} or {knobs['gpu_memory_utilization']}",
         )
     if blocks <= 0:
         raise input_error(
             f"model {arch.name}",
             f"no memory left for the KV cache on {gpu.name} at TP{tp}: {requested / GIB:.2f} GiB requested, weights "
             f"{weights / GIB:.2f}, activation peak {act / GIB:.2f}, non-torch {ntm / GIB:.2f} GiB",
-            "raise deployment.tensor_parallel_size or gpu_memory_utilization, or lower max_num_seqs or "
-            "max_num_batched_tokens",
+            f"raise {knobs['tp']} or {knobs['gpu_memory_utilization']}, or lower {knobs['max_num_seqs']} or "
+            f"{knobs['max_num_batched_tokens']}",
         )
     mml = max_model_len or arch.max_model_len
     return MemoryPlan(

@@ -21,8 +21,9 @@ MAX_SPEC_DEPTH = 4
 
 def check_spec_numbers(spec: Mapping[str, object], cls: type[BaseModel], where: str, depth: int = 0) -> None:
     """Refuse, before validation, a number field of ``cls`` given as a string (YAML 1.1 reads ``5e-4`` as
-    one: write ``5.0e-4``) or a bool, and any number that is not finite or beyond :data:`MAX_SPEC_NUMBER`;
-    nested specs (a node's ``gpu`` and ``link``) are checked with their own classes."""
+    one: write ``5.0e-4``) or a bool, any number that is not finite or beyond :data:`MAX_SPEC_NUMBER`, and a
+    switch (``bool`` field, e.g. a node's ``gpudirect_rdma``) given as anything but true/false; nested specs (a
+    node's ``gpu`` and ``link``) are checked with their own classes."""
     if depth > MAX_SPEC_DEPTH:
         raise input_error(where, "is nested too deeply")
     for key, value in spec.items():
@@ -33,6 +34,10 @@ def check_spec_numbers(spec: Mapping[str, object], cls: type[BaseModel], where: 
         field = f"{where}.{key}"
         if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(value, Mapping):
             check_spec_numbers(value, ann, field, depth + 1)
+            continue
+        if ann is bool or ann == bool | None:  # a switch: pydantic's lax mode would read 1, "yes", "on" as true
+            if value is not None and not isinstance(value, bool):
+                raise input_error(field, f"is {value!r:.60}, not true or false", "write true or false (unquoted)")
             continue
         numeric = ann in (int, float) or ann == float | None
         if not numeric:

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
@@ -50,6 +50,14 @@ class Profile(BaseModel):
         " calibrated, kernel-derived or assumed, with where from.",
     )
     notes: list[str] = Field(default_factory=list, description="Assumptions a reader must know.")
+
+    @field_validator("tensor_parallel_size", mode="before")
+    @classmethod
+    def _tp_is_an_integer(cls, v: Any) -> Any:
+        """Lax mode would read ``true`` as TP 1 (then blame a cost parameter's physical bound) and ``"8"`` as 8."""
+        if isinstance(v, bool | str):
+            raise ValueError(f"is {v!r:.40}, not an integer; write the TP size as a plain integer")
+        return v
 
     @property
     def extrapolated(self) -> bool:
@@ -119,7 +127,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     bare = isinstance(name_or_path, str) and "/" not in name_or_path and not name_or_path.endswith(".json")
     if shipped.is_file() and bare:
         path = shipped
-    elif prior.is_file() and bare:
+    elif prior.is_file() and bare and name_or_path in shipped_priors():  # not INDEX.json, the priors' index
         path = prior
     elif text_path.is_file():
         path = text_path
@@ -133,6 +141,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data, non_finite = json_loads(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
+    if not isinstance(data, dict):  # pydantic would say "field '': Input should be a valid dictionary"
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        raise input_error(str(path), f"is {kind}, not a profile (a JSON object)",
+                          "pass a profile written by kvplan calibrate or kvplan profile derive")
     bad = find_non_finite(data, "profile") if non_finite else None
     if bad is not None:
         raise input_error(f"{path}: field '{bad}'", "is NaN, Infinity or out of the float range",
@@ -142,7 +154,12 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"{path}: field '{loc}'", err["msg"]) from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg.startswith("[[") and "]]" in msg:  # a cost parameter's own check names it (models/costs.py)
+            key, msg = msg[2:].split("]]", 1)
+            loc, msg = (f"{loc}.{key}" if loc else key), msg.strip()
+        raise input_error(f"{path}: field '{loc}'", msg,
+                          "re-create the profile with kvplan calibrate or kvplan profile derive") from None
     _check_complete(data, path)
     check_profile_bounds(profile, f"profile {path.name}")
     return profile

@@ -20,9 +20,11 @@ scenario (pydantic validation plus preset/profile resolution and empirical files
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, replace
@@ -34,6 +36,7 @@ from pydantic import BaseModel
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.plan.grid_ties import Tie, parse_tie, parse_zip
 from kvplan.sim.scenario import (
+    MAX_SEED,
     Scenario,
     dist_mean_inline,
     load_scenario,
@@ -318,12 +321,32 @@ def check_runs(n_points: int, replications: int, where: str, yes: bool) -> None:
 
 def planned_turns(sc: Scenario) -> float:
     """The turns one run of ``sc`` plans: conversations x mean turns (at least one each; one for turns drawn from a
-    file); 0 for a trace replay (its size is bounded per run when it is read)."""
+    file); for a trace replay the trace's requests (an upper bound: a window or a session sample keeps fewer), read
+    once per file version (:func:`_trace_requests`): a run is bounded by the trace's own limit, but a command
+    replaying it many times (replications x TTLs) is bounded here like a synthetic workload."""
     wl = sc.workload
     if wl.trace is not None:
-        return 0.0
+        return float(_trace_requests(wl.trace.path, wl.trace.format))
     mean = dist_mean_inline(wl.turns)
     return wl.conversations * max(1.0, mean if mean is not None else 1.0)
+
+
+def _trace_requests(path: str, fmt: str | None) -> int:
+    """Requests of the trace at ``path`` (read with its reader, so a bad file is the reader's one-line error), cached
+    by path, format, size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    key = (os.path.abspath(path), fmt, st.st_size if st else -1, st.st_mtime_ns if st else -1)
+    return _trace_requests_cached(*key)
+
+
+@functools.lru_cache(maxsize=32)
+def _trace_requests_cached(path: str, fmt: str | None, _size: int, _mtime_ns: int) -> int:
+    from kvplan.traces.readers import load_trace
+
+    return int(load_trace(path, fmt).n_requests)
 
 
 def check_planned_work(runs: int, sc: Scenario, where: str, fix: str) -> None:
@@ -387,8 +410,9 @@ def grid_from_dict(
     check_runs(n_points, reps, where, yes)
     base = _load_base(data["base"], where, base_dir)
     seed = data.get("seed", base.seed)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise input_error(f"{where}: seed", f"must be an integer >= 0, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise input_error(f"{where}: seed", f"must be an integer in 0..{MAX_SEED} (a scenario's seed range), "
+                          f"got {seed!r:.40}")
     grid = Grid(base=base, axes=tuple(axes), replications=reps, base_seed=seed, source=where, zips=tuple(zips),
                 ties=tuple(ties))
     if validate_points:

@@ -41,7 +41,12 @@ from kvplan.sim.events import EventChunk, EventLog
 from kvplan.sim.prefill import PrefillNode
 from kvplan.sim.router import Router
 from kvplan.sim.scenario import ClosedLoopArrival, CostOverrides, Scenario, with_overrides
-from kvplan.sim.validity import check_pools_hold_largest_request, check_tensor_parallel
+from kvplan.sim.validity import (
+    check_exact_decode_cost,
+    check_pools_hold_largest_request,
+    check_prefill_chunk_cost,
+    check_tensor_parallel,
+)
 from kvplan.sim.workload import ConversationPlan, make_plan
 
 
@@ -282,6 +287,8 @@ def simulate(
                           "(every first turn is longer), so there is nothing to simulate",
                           "shorten prefix_tokens/user_tokens/output_tokens (a trace: workload.trace.overlong: truncate, "
                           "or a window with requests in it)")
+    check_exact_decode_cost(plan, scenario.simulation.decode_mode)
+    check_prefill_chunk_cost(plan, scenario.deployment.max_num_batched_tokens)
     dep = scenario.deployment
     check_pools_hold_largest_request(plan, rs.decode_capacity_tokens, rs.prefill_capacity_tokens, rs.arch.block_size_tokens,
                                      dep.decode_kv_capacity_tokens is not None, dep.prefill_kv_capacity_tokens is not None)

@@ -219,6 +219,23 @@ def _prune(keep: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def check_cache_dir() -> Path:
+    """The build cache directory, created if needed; a one-line error naming ``$KVPLAN_NATIVE_DIR`` (or the default
+    location) when it is not a directory or cannot be created, raised before the ~30 s compile rather than after."""
+    from kvplan.errors import input_error
+
+    d = cache_dir()
+    where = f"{ENV_DIR} {d}" if os.environ.get(ENV_DIR) else f"build cache {d}"
+    if d.exists() and not d.is_dir():
+        raise input_error(where, "is not a directory", f"point {ENV_DIR} at a directory (or unset it)")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise input_error(where, f"cannot be created ({exc.strerror or exc})",
+                          f"point {ENV_DIR} at a directory you can write to") from None
+    return d
+
+
 def build(quiet: bool = True) -> Path:
     """Compile :data:`HOT_MODULES` with mypyc into the cache (a no-op when the current build exists).
 
@@ -230,6 +247,7 @@ def build(quiet: bool = True) -> Path:
     final = cache_dir() / digest
     if current_build(root) is not None:
         return final
+    check_cache_dir()
     try:
         import mypyc  # noqa: F401
     except ImportError as e:

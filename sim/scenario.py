@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.inputfile import refuse_compressed, refuse_wide_encoding
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
@@ -46,6 +47,8 @@ MAX_CONVERSATIONS = 1_000_000
 MAX_TOTAL_TURNS = MAX_TRACE_RECORDS
 MAX_TURNS_PER_CONVERSATION = 100_000
 MAX_TOKENS = 10_000_000  # per request, far above any context limit (requests beyond max_model_len are cut)
+MAX_THRESHOLD_TOKENS = 2**31 - 1  # kv_recompute_threshold (an int32 in vLLM's config); above any context: never pull
+MAX_SEED = 2**63 - 1  # a signed 64-bit integer: the seed columns of turns/sweep results are int64
 MAX_LOGNORMAL_SIGMA = 10.0
 MAX_TIME_SCALE = 1e6
 
@@ -159,14 +162,6 @@ def _number_not_bool_or_text(v: Any) -> Any:
     return v
 
 
-def _bool_only(v: Any) -> Any:
-    """Refuse anything but true/false (or null) for a switch (lax mode would read 1, "yes" or "on" as true)."""
-    if v is not None and not isinstance(v, bool):
-        raise ValueError(f"{v!r} is not true or false")
-    return v
-
-
-
 class Deployment(_Frozen):
     """Where and how vLLM runs (xPyD, TP, scheduler limits, caches, routing)."""
 
@@ -264,7 +259,6 @@ class Deployment(_Frozen):
     )
 
     _numbers = field_validator("gpu_memory_utilization", "max_model_len", mode="before")(_number_not_bool_or_text)
-    _switches = field_validator("cudagraph_memory_profiling", "kv_post_overlaps_forward", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _vllm_scheduler_rules(self) -> Deployment:
@@ -287,7 +281,9 @@ class Policy(_Frozen):
     decoder_kv_blocks_ttl_s: float = Field(
         default=480.0, ge=0, le=MAX_SIM_TIME_S, description="D retention TTL from finish (<= 1e7 s)."
     )
-    kv_recompute_threshold_tokens: int = Field(default=64, ge=0, le=2**31 - 1, description="Pull only if >= this many.")
+    kv_recompute_threshold_tokens: int = Field(
+        default=64, ge=0, le=MAX_THRESHOLD_TOKENS, description="Pull only if >= this many."
+    )
     router_ttl_s: float = Field(
         default=450.0, ge=0, le=MAX_SIM_TIME_S, description="Router entry lifetime (proxy: 450 s)."
     )
@@ -365,8 +361,6 @@ class TraceSource(_Frozen):
         default=None, description="weka only: sessions with the same tool_tokens and system_tokens share those "
         "tokens as a prefix held once per node (sim/shared.py); default off (each session's own).",
     )
-
-    _switches = field_validator("shared_prefix", mode="before")(_bool_only)
 
     @model_validator(mode="after")
     def _window(self) -> TraceSource:
@@ -584,7 +578,7 @@ class Scenario(_Frozen):
     workload: Workload = Field(default_factory=Workload, description="Workload.")
     costs: CostOverrides = Field(default_factory=CostOverrides, description="Inline cost overrides.")
     simulation: Simulation = Field(default_factory=Simulation, description="Engine options.")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Root seed of every random stream.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Root seed of every random stream.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -657,7 +651,10 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
         raise input_error(str(p), f"no such {what} file")
     if p.stat().st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    data = p.read_bytes()
+    refuse_compressed(data, str(p))
+    refuse_wide_encoding(data, str(p))
+    text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise input_error(str(p), f"empty {what} file", hint)
     data = load_yaml_text(text, str(p))

@@ -55,6 +55,44 @@ _POOL_FIX = ("raise deployment.gpu_memory_utilization or the tensor-parallel siz
              "accounting leaves after the weights), or shorten the workload")
 
 
+#: Most output tokens a run in ``simulation.decode_mode: exact`` may plan: exact steps every decode token as an
+#: event (about 4 us each in pure Python, one per token at batch 1), so this keeps its worst case near the fast
+#: mode's at its own bound of 10,000,000 turns (~0.5 h of CPU); fast mode gives the same per-turn results.
+MAX_EXACT_DECODE_TOKENS = 500_000_000
+
+
+def check_exact_decode_cost(plan: Any, decode_mode: str) -> None:
+    """Refuse, before the run, an exact-mode run whose plan holds more than :data:`MAX_EXACT_DECODE_TOKENS` output
+    tokens (the turn bound alone lets it cost days: 10,000,000 turns of 40,000-token outputs)."""
+    if decode_mode != "exact" or not len(plan.output_tokens):
+        return
+    total = int(np.sum(plan.output_tokens, dtype=np.int64))
+    if total > MAX_EXACT_DECODE_TOKENS:
+        raise input_error("simulation.decode_mode", f"exact steps every decode token, and this run plans {total:,} output "
+                          f"tokens (more than {MAX_EXACT_DECODE_TOKENS:,}: hours to days of CPU)",
+                          "use decode_mode: fast (the same per-turn times, one event per batch change), or fewer "
+                          "conversations or output tokens")
+
+
+#: Most prefill chunks a run may plan (every prompt split into ``max_num_batched_tokens``-token steps, before prefix
+#: hits: an upper bound): each chunk is an engine step (~2 us in pure Python), so this keeps the worst case near half an
+#: hour; only a step budget far below vLLM's (8192, or 2048 on small GPUs) reaches it.
+MAX_PREFILL_CHUNKS = 1_000_000_000
+
+
+def check_prefill_chunk_cost(plan: Any, max_num_batched_tokens: int) -> None:
+    """Refuse, before the run, a plan whose prompts split into more than :data:`MAX_PREFILL_CHUNKS` prefill steps at
+    ``max_num_batched_tokens`` (``max_num_batched_tokens: 1`` made a 30,000-token prompt 30,000 engine steps)."""
+    if not len(plan.prompt_tokens):
+        return
+    budget = max(int(max_num_batched_tokens), 1)
+    chunks = int(np.sum(-(-np.asarray(plan.prompt_tokens, dtype=np.int64) // budget), dtype=np.int64))
+    if chunks > MAX_PREFILL_CHUNKS:
+        raise input_error("deployment.max_num_batched_tokens", f"{budget:,} tokens per step split this run's prompts "
+                          f"into up to {chunks:,} prefill steps (more than {MAX_PREFILL_CHUNKS:,}: hours to days of CPU)",
+                          "raise it (vLLM's default is 8192) or plan fewer or shorter prompts")
+
+
 def check_pools_hold_largest_request(
     plan: Any, decode_capacity_tokens: int, prefill_capacity_tokens: int, block_size: int,
     decode_set: bool = True, prefill_set: bool = True,
@@ -103,6 +141,9 @@ def check_cost_request(tokens: int, cached_tokens: int, chunk_tokens: int, batch
         raise input_error("--tokens", f"{tokens:,} is more than {MAX_COST_TOKENS:,}", "no context is that long")
     if cached_tokens > MAX_COST_TOKENS:
         raise input_error("--cached-tokens", f"{cached_tokens:,} is more than {MAX_COST_TOKENS:,}")
+    if chunk_tokens > MAX_COST_TOKENS:  # deployment.max_num_batched_tokens' bound (it sizes the activation peak)
+        raise input_error("--chunk-tokens", f"{chunk_tokens:,} is more than {MAX_COST_TOKENS:,}",
+                          "use vLLM's max_num_batched_tokens (e.g. 8192)")
     if -(-tokens // chunk_tokens) > MAX_COST_CHUNKS:
         raise input_error("--chunk-tokens", f"{chunk_tokens} splits {tokens:,} tokens into more than "
                           f"{MAX_COST_CHUNKS:,} chunks", "use vLLM's max_num_batched_tokens (e.g. 8192)")

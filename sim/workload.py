@@ -51,6 +51,7 @@ def load_empirical_values(path: str | Path, column: str | None = None) -> np.nda
     values: list[float] = []
     reader = csv.reader(io.StringIO(text))
     col_idx = 0
+    header_seen = False  # one header at most: after it, a non-number in the column is a bad value, not a header
     while True:
         try:
             row = next(reader)
@@ -61,11 +62,12 @@ def load_empirical_values(path: str | Path, column: str | None = None) -> np.nda
         lineno = reader.line_num
         if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
             continue
-        if lineno == 1 or (not values and column is not None):
+        if not header_seen and not values and (lineno == 1 or column is not None):
             if _as_float(row[col_idx] if col_idx < len(row) else "") is None:  # header line
+                header_seen = True
                 if column is not None:
                     if column not in row:
-                        raise input_error(f"{p}: line 1", f"no column '{column[:40]}' in the header") from None
+                        raise input_error(f"{p}: line {lineno}", f"no column '{column[:40]}' in the header") from None
                     col_idx = row.index(column)
                 continue
         v = _as_float(row[col_idx]) if col_idx < len(row) else None

@@ -146,3 +146,15 @@ def test_utilization_one_warns_of_the_startup_free_memory_check() -> None:
 def test_max_model_len_beyond_the_pool_warns() -> None:
     rc, out, _ = _run(["memory", "--model", "qwen3-32b", "--gpu", "h100-sxm", "--tp", "1"])
     assert rc == 0 and "warning: vLLM refuses to start" in out
+
+
+@pytest.mark.parametrize(("extra", "fix"), [
+    (["--gpu-memory-utilization", "1e-9"], "; raise --tp or --gpu-memory-utilization\n"),
+    (["--max-num-batched-tokens", "10000000"],
+     "; raise --tp or --gpu-memory-utilization, or lower --max-num-seqs or --max-num-batched-tokens\n"),
+])
+def test_a_pool_that_does_not_fit_names_the_flags_to_change(extra: list[str], fix: str) -> None:
+    """The memory accounting's refusal named the scenario's fields ("raise deployment.tensor_parallel_size or
+    gpu_memory_utilization"), which `kvplan memory` does not take: its fix names the command's own flags."""
+    rc, _out, err = _run(BASE + extra)
+    assert rc == 2 and err.endswith(fix), err

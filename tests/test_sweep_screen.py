@@ -87,8 +87,9 @@ def test_a_trace_replay_is_not_screened(tmp_path: Path, monkeypatch: Any, capsys
     from kvplan.app.cli import main
 
     trace = tmp_path / "t.csv"
+    rows = sorted((i * 2 + k * 10, i, k) for i in range(6) for k in range(3))  # a trace is sorted by arrival
     trace.write_text("session_id,timestamp_s,input_tokens,output_tokens\n"
-                     + "".join(f"s{i},{i * 2 + k * 10},{800 + 100 * k},40\n" for i in range(6) for k in range(3)))
+                     + "".join(f"s{i},{t},{800 + 100 * k},40\n" for t, i, k in rows))
     base = {**SATURATED["base"], "workload": {**SATURATED["base"]["workload"], "trace": {"path": str(trace)},
                                               "arrival": {"kind": "poisson", "rate_per_s": 50.0}}}
     grid = tmp_path / "g.yaml"

@@ -315,6 +315,25 @@ def test_directory_skips_the_json_outputs_kvplan_wrote_there(tmp_path: Path) -> 
     assert load_trace(tmp_path).n_requests == 21
 
 
+def test_directory_skips_the_result_kvplan_committed_there(tmp_path: Path) -> None:
+    """``simulate --trace DIR --out DIR --overwrite`` commits ``summary.json`` (and the rest of a result) into the
+    trace folder, named in ``DIR/.kvplan-result.json`` rather than in the single-file ledger; the next read of
+    ``DIR`` took it for a trace ("summary: missing field 'requests'") and the folder could no longer be replayed.
+    The result's files (bytes unchanged) are kvplan's output, not traces; once edited they are the user's again."""
+    from kvplan.app.cli import main
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    assert main(["simulate", "--trace", str(tmp_path), "--out", str(tmp_path), "--overwrite"]) == 0
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / ".kvplan-result.json").is_file()
+    tr = load_trace(tmp_path)
+    assert tr.n_requests == 14 and tr.n_sessions == 4
+    assert main(["workload", "show", str(tmp_path)]) == 0
+    assert main(["simulate", "--trace", str(tmp_path), "--out", str(tmp_path), "--overwrite"]) == 0  # and again
+    (tmp_path / "summary.json").write_text(SMALL.read_text())  # the user's now: a trace like the others
+    assert load_trace(tmp_path).n_requests == 21
+
+
 def test_recommend_quotes_the_gaps_of_the_requests_replayed() -> None:
     """ans12b: `recommend --trace trace_0046.json` on qwen3-32b (40,960 tokens) quoted "turn gaps p50 14 s, p90 6.9
     min" and screened its TTLs with them, from all 68 requests, though 67 are over the context and only 1 replays;

@@ -189,12 +189,15 @@ def weka_files(path: str | os.PathLike[str]) -> list[Path]:
     """The files a weka path names: itself, or every ``*.json`` of a directory (sorted, at most
     :data:`MAX_WEKA_FILES`). Hidden files are skipped, as a shell's ``*.json`` does: kvplan's own ledger
     ``.kvplan-outputs.json`` lands beside the traces when an output is written into the folder; so are the files
-    that ledger names as kvplan's outputs (``workload fit DIR --out DIR/w.yaml`` writes ``DIR/w.fit.json``)."""
+    that ledger names as kvplan's outputs (``workload fit DIR --out DIR/w.yaml`` writes ``DIR/w.fit.json``), and
+    those of a result kvplan committed there (``simulate --trace DIR --out DIR --overwrite`` writes
+    ``DIR/summary.json``, named in ``DIR/.kvplan-result.json``), bytes unchanged in both cases."""
     p = Path(path)
     if p.is_dir():
         from kvplan.atomic import kvplan_outputs
+        from kvplan.atomic_dir import own_files
 
-        own = kvplan_outputs(p)
+        own = kvplan_outputs(p) | own_files(p)
         files = sorted(f for f in p.iterdir() if f.suffix == ".json" and not f.name.startswith(".")
                        and f.name not in own and f.is_file())
         if not files:

@@ -36,6 +36,7 @@ from kvplan.app import (
     cmd_workload,
 )
 from kvplan.app.flags import refuse_empty_paths
+from kvplan.app.logs import warnings_once
 from kvplan.errors import KvplanInputError
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
              "results there)")
         return 2
     _STDOUT_AT_START[:] = [_stdout_identity()]
-    with _signals_end_like_sigint():
+    with _signals_end_like_sigint(), warnings_once():  # each distinct warning once per command (app/logs.py)
         return _main(argv)
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 import yaml
 
+from kvplan.traces.trace import TRACE_FORMAT_TEXT
+
 if TYPE_CHECKING:
     from kvplan.traces.trace import Trace
 
@@ -20,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
     @wl.command("show")
     def show(
-        trace: Path = typer.Argument(..., help="Trace file (mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV)."),
+        trace: Path = typer.Argument(..., help=f"Trace file: {TRACE_FORMAT_TEXT}."),
         fmt: str | None = typer.Option(
             None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench|weka (detected; a directory is weka)."
         ),

@@ -31,7 +31,7 @@ from kvplan.sim.scenario_retention import (
     TtlRetention,
 )
 from kvplan.sim.scenario_retention import TtlEvictableRetention as TtlEvictableRetention
-from kvplan.traces.trace import MAX_TRACE_RECORDS
+from kvplan.traces.trace import MAX_TRACE_RECORDS, TRACE_FORMAT_TEXT
 
 MAX_SCENARIO_BYTES = 4 * 1024**2
 MAX_EMPIRICAL_VALUES = 1_000_000
@@ -340,8 +340,7 @@ class TraceSource(_Frozen):
 
     OMIT_AT_DEFAULT = frozenset({"timing", "shared_prefix"})  # added with the weka format (sim/scenario_base.py)
 
-    path: str = Field(description="Trace file (Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV, weka JSON) "
-                      "or a directory of weka files.")
+    path: str = Field(description=f"Trace file: {TRACE_FORMAT_TEXT}.")
     format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
         default=None, description="Trace format (default: detected from the content; a directory is weka)."
     )

@@ -24,6 +24,10 @@ TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
 MOONCAKE_BLOCK_TOKENS = 512
 #: Minimum number of the parent's full blocks that must match before two Mooncake requests are linked.
 DEFAULT_MIN_BLOCKS = 2
+#: Every format a trace may have, as the help texts name them (one per :data:`TraceFormat`, same order).
+TRACE_FORMAT_TEXT = ("Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV (session_id,timestamp_s,input_tokens,"
+                     "output_tokens), Azure LLM 2023 CSV, LMBench multi-round QA CSV, weka (AgentX kv-cache-tester) "
+                     "JSON or a directory of them")
 #: Exact header of the generic CSV format.
 CSV_HEADER: tuple[str, ...] = ("session_id", "timestamp_s", "input_tokens", "output_tokens")
 #: Header of the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_*.csv).

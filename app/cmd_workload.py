@@ -141,8 +141,8 @@ def register(app: typer.Typer) -> None:
         arr = section.get("arrival", {})
         c.print(f"{section.get('conversations')} conversations at {float(arr.get('rate_per_s', 0)):.4g} new per s; "
                 f"turns per conversation: {_dist_text(section.get('turns'))}", markup=False)
-        gap = report.get("turn_gap_s", {}) if isinstance(report, dict) else {}
-        chosen = gap.get("chosen_family") if isinstance(gap, dict) else None
+        gap_fit = (report.get("turn_gap") or {}).get("fit") or {}
+        chosen = gap_fit.get("chosen_family")
         c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"
                 + (f" (best parametric family: {chosen})" if chosen else ""), markup=False)
         _print_reproduction(report["reproduction"])

@@ -146,3 +146,13 @@ def test_workload_fit_says_what_its_workload_does_not_reproduce(tmp_path: Path,
     for turn, q in ((1, 90), (3, 50)):
         sim = float(np.percentile(t.loc[t["turn"] == turn, "prompt_tokens"], q))
         assert sim == pytest.approx(stats[f"context turn {turn} p{q}"]["synthetic"], rel=0.1)
+
+
+def test_workload_fit_names_the_best_parametric_gap_family(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit printed '(best parametric family: ...)' from a report key that does not exist ('turn_gap_s'; the
+    family is under turn_gap.fit.chosen_family), so it never printed it."""
+    assert main(["workload", "fit", str(DATA / "sessions_small.csv"), "--out", str(tmp_path / "w.yaml")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    family = json.loads((tmp_path / "w.fit.json").read_text())["turn_gap"]["fit"]["chosen_family"]
+    assert f"(best parametric family: {family})" in printed

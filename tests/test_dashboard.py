@@ -447,3 +447,20 @@ def test_whatif_variant_deltas_are_against_vllm_defaults() -> None:
     assert "aggregated replicas" in at.caption[0].value
     assert not any("ON vs OFF" in i.value for i in at.info)
     assert any("do not apply" in i.value for i in at.info)
+
+
+def test_whatif_hit_rate_is_defined_as_the_cli_defines_it() -> None:
+    """The what-if's 'Hit rate' help said 'follow-up turns that reused KV (pulled from D, local hit, or recomputed
+    below the threshold)', but the figure is summary.json's hit_rate, the follow-ups whose context was still held: on
+    RAGPulse's fitted workload 90.2% against a reuse rate of 100% (P's prefix cache), and on the published benchmark
+    with a threshold above every prompt 100% 'reused' where nothing is (reuse rate 0%). The help now says what the
+    figure counts, and the reuse rate is shown beside it."""
+    at = _app()
+    at.number_input(key="sc_threshold").set_value(1_000_000).run()  # every held context below it: recomputed
+    assert not at.exception
+    summary = _model(**{"policy.kv_recompute_threshold_tokens": 1_000_000})
+    assert summary["hit_rate"] == 1.0 and summary["reuse_rate"] == 0.0  # held, yet nothing reused (P's cache off)
+    m = _metrics(at)
+    assert "still held" in m["Hit rate"].help and "reused KV" not in m["Hit rate"].help
+    assert m["Hit rate"].value == f"{summary['hit_rate']:.1%}"
+    assert m["Reuse rate"].value == f"{summary['reuse_rate']:.1%}"

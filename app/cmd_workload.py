@@ -164,9 +164,8 @@ def _print_reproduction(rep: dict[str, object]) -> None:
         return
     c.print(f"reproduction: {len(missed)} of {len(rows) if isinstance(rows, list) else 0} statistics `kvplan workload "
             f"show` prints differ by more than {rel:.0%} in the fitted workload's requests (unloaded; trace -> "
-            "synthetic):", markup=False)
-    for r in missed:
-        c.print(f"  {r['statistic']}: {_num(float(r['trace']))} -> {_num(float(r['synthetic']))}", markup=False)
+            "synthetic): " + "; ".join(f"{r['statistic']} {_num(float(r['trace']))} -> {_num(float(r['synthetic']))}"
+                                       for r in missed), markup=False)
     reasons = rep.get("reasons")
     for why in reasons if isinstance(reasons, list) else []:
         c.print(f"  why: {why}", markup=False)

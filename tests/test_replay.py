@@ -131,7 +131,7 @@ def test_workload_fit_says_what_its_workload_does_not_reproduce(tmp_path: Path,
     out = tmp_path / "w.yaml"
     assert main(["workload", "fit", str(tr), "--out", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "reproduction:" in printed and "context turn 1 p90: 1,000 -> 3,000" in printed
+    assert "reproduction:" in printed and "context turn 1 p90 1,000 -> 3,000" in printed
     assert "turn 1 is prefix_tokens plus one user_tokens draw" in printed
     assert "of the trace's follow-ups are shorter than their parent's prompt + output" in printed
     rep = json.loads((tmp_path / "w.fit.json").read_text())["reproduction"]

@@ -215,6 +215,15 @@ def register(app: typer.Typer) -> None:
             c.print(f"analytic screen: {n_unjudged} point{'s' * (n_unjudged > 1)} not compared, every run failed (no "
                     f"simulator verdict): point{'s' * (n_unjudged > 1)} " + ", ".join(str(int(p)) for p in ps.head(20))
                     + (", ..." if n_unjudged > 20 else ""))
+        ramp = scr[scr["not_steady"] != ""] if "not_steady" in scr.columns else scr.iloc[:0]
+        if len(ramp):
+            c.print(f"analytic screen: {len(ramp)} of {len(scr)} points not compared on steady-state figures (listed "
+                    "as not_steady): their simulated steady window starts in the ramp-up (before TTL + p90 "
+                    "conversation span for pinned KV, one p90 span for P's load), so the run is too short to confirm "
+                    "or refute the screen; raise workload.conversations", markup=False)
+            if show_disagreements:
+                for _, r in ramp.iterrows():
+                    c.print(f"  point {int(r['point'])}: {r['not_steady']}", markup=False)
         dis = scr[scr["disagreements"] != ""]
         if len(dis):
             c.print(f"analytic screen vs simulator: {len(dis)} of {len(scr)} points disagree (the simulator wins; "
@@ -227,4 +236,5 @@ def register(app: typer.Typer) -> None:
             if not compared.any():
                 c.print("analytic screen: no point compared with the simulator")
             else:
-                c.print("analytic screen and simulator agree on every point" + ("" if compared.all() else " compared"))
+                c.print("analytic screen and simulator agree on every point"
+                        + ("" if compared.all() and not len(ramp) else " compared"))

@@ -125,6 +125,11 @@ def register(app: typer.Typer) -> None:
         result = fit_workload(tr, fn, gap_model=gap_model)
         section = json_ready(workload_section(result))
         report = json_ready(result.get("report", {}))
+        from kvplan.calibration.workload_fit import reproduction_check
+        from kvplan.sim.engine import resolve
+
+        # the fitted workload's own requests against the trace, statistic by statistic (what simulate would send)
+        report["reproduction"] = json_ready(reproduction_check(tr, section, fn, resolve(sc).arch.max_model_len, report))
         from kvplan.atomic import atomic_write_bytes
 
         # the YAML is a scenario (only its workload section): `kvplan simulate OUT` runs it as it is
@@ -144,11 +149,39 @@ def register(app: typer.Typer) -> None:
         arr = section.get("arrival", {})
         c.print(f"{section.get('conversations')} conversations at {float(arr.get('rate_per_s', 0)):.4g} new per s; "
                 f"turns per conversation: {_dist_text(section.get('turns'))}", markup=False)
-        gap = report.get("turn_gap_s", {}) if isinstance(report, dict) else {}
-        chosen = gap.get("chosen_family") if isinstance(gap, dict) else None
+        gap_fit = (report.get("turn_gap") or {}).get("fit") or {}
+        chosen = gap_fit.get("chosen_family")
         c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"
                 + (f" (best parametric family: {chosen})" if chosen else ""), markup=False)
-        c.print(f"wrote {out} (simulate it as it is) and {report_path} (goodness of fit)", markup=False)
+        _print_reproduction(report["reproduction"])
+        c.print(f"wrote {out} (simulate it as it is) and {report_path} (goodness of fit, reproduction)", markup=False)
+
+
+def _print_reproduction(rep: dict[str, object]) -> None:
+    """The statistics the fitted workload does not reproduce, with the trace's and the synthetic figure, and why."""
+    from kvplan.app.output import console
+
+    c = console()
+    rows = rep.get("statistics")
+    missed = [r for r in rows if isinstance(r, dict) and not r.get("reproduced")] if isinstance(rows, list) else []
+    tol = rep.get("tolerance") or {}
+    rel = float(tol.get("relative", 0.1)) if isinstance(tol, dict) else 0.1
+    if not missed:
+        c.print(f"reproduction: every statistic `kvplan workload show` prints is within {rel:.0%} in the fitted "
+                "workload's requests (unloaded)", markup=False)
+        return
+    c.print(f"reproduction: {len(missed)} of {len(rows) if isinstance(rows, list) else 0} statistics `kvplan workload "
+            f"show` prints differ by more than {rel:.0%} in the fitted workload's requests (unloaded; trace -> "
+            "synthetic): " + "; ".join(f"{r['statistic']} {_num(float(r['trace']))} -> {_num(float(r['synthetic']))}"
+                                       for r in missed), markup=False)
+    reasons = rep.get("reasons")
+    for why in reasons if isinstance(reasons, list) else []:
+        c.print(f"  why: {why}", markup=False)
+
+
+def _num(v: float) -> str:
+    """A statistic in the table's style: whole numbers with separators from 100 up, 3 significant digits below."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _weka_stats(trace: Path, fmt: str | None) -> tuple[Trace, dict[str, object]] | None:

@@ -56,6 +56,14 @@ def _num(v: Any, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(float(v), fmt)
 
 
+def _ci(r: Mapping[str, Any], key: str, fmt: str) -> str:
+    """' ± CI' of ``key`` as the CLI table shows it (:func:`kvplan.app.cmd_compare.shown_ci`), or nothing."""
+    from kvplan.app.cmd_compare import shown_ci
+
+    ci = shown_ci(r, key)
+    return f" ± {format(ci, fmt)}" if ci is not None and r.get(key) is not None else ""
+
+
 def _time(r: Mapping[str, Any], key: str) -> str:
     from kvplan.app.cmd_compare import shown_ci  # the CLI table's rule: every CI with > 1 replication, none with 1
 
@@ -76,7 +84,7 @@ def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
             # at most 100%, as the CLI table and the health lines print it (the raw figure stays in the rows)
             "prefill/engine util": _pct(_capped(r.get("prefill_utilization_steady", r.get("prefill_utilization")))),
-            "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f"),
+            "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f") + _ci(r, "usd_per_million_turns", ",.0f"),
         })
         out.append(row)
     return pd.DataFrame(out)

@@ -36,14 +36,18 @@ def _delta(cur: float, base: float, unit: str, scale: float, digits: int) -> str
 def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[Metric]:
     """Headline metrics of ``current`` with their change against ``defaults`` (the vLLM-defaults run).
 
-    TTFT, errors and pinned HBM: lower is better (inverse colours); hit rate: higher is better.
+    TTFT, errors and pinned HBM: lower is better (inverse colours); hit and reuse rates: higher is better.
     """
     spec: list[tuple[str, str, str, float, int, DeltaColour, str]] = [
         ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
         ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
         ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),
         ("Hit rate", "hit_rate", "pp", 100.0, 1, "normal",
-         "Follow-up turns that reused KV (pulled from D, local hit, or recomputed below the threshold)."),
+         "Follow-up turns whose previous context was still held (decision pull, local or recompute_below_threshold; "
+         "summary.json hit_rate). A hit below the threshold recomputes: it reuses nothing unless P has it cached."),
+        ("Reuse rate", "reuse_rate", "pp", 100.0, 1, "normal",
+         "Follow-up turns that reused any KV of their context: a local prefix hit on P or a pull (summary.json "
+         "reuse_rate), whatever the decision was."),
         ("Errors", "errors", "", 1.0, 0, "inverse", "Turns failed by kv_load_failure_policy=fail (declined reads)."),
         ("Pinned decode KV mean", "pinned_kv_gib_mean", "GiB", 1.0, 1, "inverse",
          "Time-weighted mean decode HBM held by retention, all decode nodes."),
@@ -53,7 +57,7 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     for label, key, unit, scale, digits, colour, help_text in spec:
         cur = float(current.get(key, math.nan))
         base = float(defaults.get(key, math.nan))
-        if key == "hit_rate":
+        if key in ("hit_rate", "reuse_rate"):
             value = f"{cur:.1%}" if math.isfinite(cur) else "n/a"
         elif not math.isfinite(cur):
             value = "n/a"

@@ -43,6 +43,18 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "policy.kv_recompute_threshold_tokens": Policy.model_fields["kv_recompute_threshold_tokens"].default,
     "policy.router_ttl_s": Policy.model_fields["router_ttl_s"].default,
 }
+#: The vLLM-defaults baseline of the what-if deltas: :data:`VLLM_DEFAULTS` with bidirectional transfer on and the rest
+#: of vLLM's retention as the ``Policy`` defaults are (the fixed TTL, no host offload, failure policy fail), so that a
+#: what-if of the lease, ttl_evictable or offload variant is measured against vLLM, not against itself at 480 s.
+def vllm_defaults_overrides() -> dict[str, Any]:
+    """Dotted overrides turning a P/D scenario into vLLM's defaults (the what-if's baseline)."""
+    f = Policy.model_fields
+    return {**VLLM_DEFAULTS, "policy.bidirectional": True,
+            "policy.kv_load_failure_policy": f["kv_load_failure_policy"].default,
+            "policy.retention": f["retention"].get_default(call_default_factory=True).model_dump(),
+            "policy.offload": f["offload"].default}
+
+
 #: Workload choice that is always available: the embedded published P5en benchmark (~50 turns, ~50 ms a run).
 PUBLISHED = "published P5en benchmark"
 CUSTOM = "custom distributions"
@@ -69,7 +81,8 @@ def defaults_text() -> str:
     d = VLLM_DEFAULTS
     return (f"the vLLM defaults (TTL {d['policy.decoder_kv_blocks_ttl_s']:g} s, threshold "
             f"{d['policy.kv_recompute_threshold_tokens']} tokens, router TTL {d['policy.router_ttl_s']:g} s, "
-            "bidirectional on)")
+            f"bidirectional on, failure policy {Policy.model_fields['kv_load_failure_policy'].default}, fixed TTL "
+            "retention, no offload; on the sidebar's deployment)")
 
 
 # --- widgets -> scenario (pure) --------------------------------------------------------------------------------
@@ -293,14 +306,15 @@ class WhatIf:
     elapsed_s: float
 
 
-def whatif(scenario: Scenario) -> WhatIf:
-    """Run (cached) the scenario, its ON and OFF variants and its vLLM-defaults variant."""
+def whatif(scenario: Scenario, baseline: Scenario | None = None) -> WhatIf:
+    """Run (cached) the scenario, its ON and OFF variants and the vLLM-defaults variant of ``baseline`` (the
+    sidebar's scenario before the page's policy variant; default ``scenario``): :func:`vllm_defaults_overrides`."""
     t0 = time.perf_counter()
     keys = {
         "current": scenario_key(scenario),
         "on": scenario_key(variant(scenario, {"policy.bidirectional": True})),
         "off": scenario_key(variant(scenario, {"policy.bidirectional": False})),
-        "defaults": scenario_key(variant(scenario, {**VLLM_DEFAULTS, "policy.bidirectional": True})),
+        "defaults": scenario_key(variant(scenario if baseline is None else baseline, vllm_defaults_overrides())),
     }
     views = {name: run_view(key) for name, key in keys.items()}
     return WhatIf(views["current"], views["on"], views["off"], views["defaults"], scenario.policy.bidirectional,

@@ -269,6 +269,129 @@ def _service_description(df: Any, service_time_fn: ServiceTimeFn | None) -> str:
     return "none: the arrival-to-arrival gap is used as the idle gap"
 
 
+#: Relative difference above which a synthetic statistic is reported as not reproducing the trace's.
+REPRODUCTION_TOLERANCE = 0.10
+#: Fewest conversations drawn for the check (a trace's own count when larger).
+REPRODUCTION_CONVERSATIONS = 2000
+#: Below this absolute difference (tokens, turns or seconds) a statistic counts as reproduced whatever its ratio.
+REPRODUCTION_FLOOR = 2.0
+
+
+def synthetic_trace(section: Mapping[str, Any], service_time_fn: ServiceTimeFn, max_model_len: int,
+                    seed: int = 0) -> Trace:
+    """The requests ``kvplan simulate`` of the fitted ``section`` sends on an unloaded deployment, as a trace.
+
+    Conversations are drawn by the simulator's own :func:`kvplan.sim.workload.make_plan` (seed ``seed``, cut at
+    ``max_model_len`` as a run cuts them); a follow-up arrives at its parent's arrival + the parent's unloaded service
+    time (``service_time_fn``, the one the fit subtracted from the gaps) + the drawn idle gap, as the simulator's
+    driver sends it when nothing queues (under load the arrival-to-arrival gaps are longer).
+    """
+    import pandas as pd
+
+    from kvplan.sim.scenario import Workload
+    from kvplan.sim.workload import make_plan
+
+    plan = make_plan(Workload.model_validate(dict(section)), seed, max_model_len)
+    n = len(plan.prompt_tokens)
+    conv = np.repeat(np.arange(len(plan.turns)), plan.turns)
+    turn = np.arange(n) - plan.offsets[conv] + 1
+    svc = np.asarray(service_time_fn(plan.prompt_tokens, plan.output_tokens), dtype=float)
+    step = svc + plan.gap_s  # parent arrival -> next turn's arrival
+    arrival = np.empty(n)
+    for c in range(len(plan.turns)):
+        lo, hi = int(plan.offsets[c]), int(plan.offsets[c + 1])
+        if hi > lo:
+            arrival[lo] = plan.start_s[c]
+            arrival[lo + 1 : hi] = plan.start_s[c] + np.cumsum(step[lo : hi - 1])
+    ids = np.arange(n, dtype=np.int64)
+    frame = pd.DataFrame({
+        "request_id": ids, "session_id": conv.astype(str), "turn": turn.astype(np.int64), "arrival_s": arrival,
+        "input_tokens": plan.prompt_tokens.astype(np.int64), "output_tokens": plan.output_tokens.astype(np.int64),
+        "parent_request_id": np.where(turn > 1, ids - 1, -1), "service_s": np.nan, "linkable": True,
+    }).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    return Trace(frame, source="synthetic (kvplan workload fit)", format="csv", sha256="",
+                 notes={"truncated_conversations": plan.truncated_conversations})
+
+
+def _stat_rows(st: Mapping[str, Any]) -> dict[str, float | None]:
+    """The statistics ``kvplan workload show`` prints that a synthetic workload should reproduce."""
+    rows: dict[str, float | None] = {}
+    tps = st["turns_per_session"]
+    for k in ("mean", "p50", "p90", "p99"):  # not the max: it grows with the number of sessions drawn
+        rows[f"requests per session {k}"] = tps.get(k)
+    for k in ("p10", "p50", "p90"):
+        rows[f"gap arrival-to-arrival {k} (s)"] = st["gap_s"].get(k)
+    for turn, c in st["context_by_turn"].items():
+        for k in ("p50", "p90"):
+            rows[f"context turn {turn} {k}"] = c.get(k)
+    for k in ("p10", "p50", "p90"):
+        rows[f"new tokens per turn {k}"] = st["new_tokens_per_turn"].get(k)
+    for k in ("p10", "p50", "p90", "p99"):
+        rows[f"output tokens {k}"] = st["output_tokens"].get(k)
+    return rows
+
+
+def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn: ServiceTimeFn, max_model_len: int,
+                       fit_report: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """The statistics ``kvplan workload show`` prints, of the trace and of the fitted workload's requests
+    (:func:`synthetic_trace`), side by side, with the ones that differ by more than :data:`REPRODUCTION_TOLERANCE`
+    (and :data:`REPRODUCTION_FLOOR`) and the known reasons the fit cannot reproduce them."""
+    from kvplan.traces.stats import workload_stats
+
+    real = _stat_rows(workload_stats(trace))
+    # at least REPRODUCTION_CONVERSATIONS conversations, so that a small trace is held against its fitted
+    # distributions rather than against a few draws from them
+    drawn = {**section, "conversations": max(int(section.get("conversations", 1)), REPRODUCTION_CONVERSATIONS)}
+    synth_trace = synthetic_trace(drawn, service_time_fn, max_model_len, seed)
+    synth = _stat_rows(workload_stats(synth_trace))
+    rows: list[dict[str, Any]] = []
+    for name, a in real.items():
+        b = synth.get(name)
+        if a is None or b is None:
+            continue
+        diff = abs(float(b) - float(a))
+        ok = diff <= REPRODUCTION_FLOOR or diff <= REPRODUCTION_TOLERANCE * abs(float(a))
+        rows.append({"statistic": name, "trace": float(a), "synthetic": float(b), "reproduced": bool(ok)})
+    missed = [r for r in rows if not r["reproduced"]]
+    reasons: list[str] = []
+    names = {r["statistic"] for r in missed}
+    if any(n.startswith("context turn 1 ") for n in names):
+        reasons.append("turn 1 is prefix_tokens plus one user_tokens draw in the simulator, and the fitted "
+                       "prefix_tokens is the trace's whole first prompt, so the synthetic first prompts are longer by "
+                       "a user_tokens draw (and every later context with them)")
+    rep = dict(fit_report or {})
+    clipped = float((rep.get("user_tokens") or {}).get("clipped_share") or 0.0)
+    if clipped > 0 and any(n.startswith(("context turn", "new tokens")) for n in names):
+        reasons.append(f"{clipped:.1%} of the trace's follow-ups are shorter than their parent's prompt + output (new "
+                       "tokens < 0: the context was trimmed or rewritten); the fit clips them at 0, so the synthetic "
+                       "context only grows, and every follow-up repeats its whole previous context (workload.history "
+                       "verbatim) where the trace's did not")
+    if any(n.startswith("gap ") for n in names):
+        gap = rep.get("turn_gap") or {}
+        share = gap.get("nonpositive_idle_share")
+        reasons.append("the synthetic arrival-to-arrival gap is the drawn idle gap plus the unloaded service time "
+                       f"({gap.get('service_time', 'the fit')}); the trace's includes its own serving delays"
+                       + (f", and its {share:.1%} of gaps shorter than that service time are left out of the idle "
+                          "gaps" if share else ""))
+    if any(n.startswith("requests per session") for n in names):
+        reasons.append("turns per conversation is the longest chain per session (the simulator's conversation is a "
+                       "chain): a session with branches (regenerated answers) has more requests than turns")
+    truncated = int(synth_trace.notes.get("truncated_conversations", 0))
+    if truncated:
+        reasons.append(f"{truncated:,} synthetic conversations end early: their context would exceed the model's "
+                       f"{max_model_len:,}-token limit")
+    return {
+        "definition": "the statistics `kvplan workload show` prints, of the trace and of the requests the fitted "
+        "workload sends (drawn by the simulator's workload planner, seed "
+        f"{seed}; a follow-up at its parent's arrival + unloaded service time + idle gap: no queueing)",
+        "tolerance": {"relative": REPRODUCTION_TOLERANCE, "absolute": REPRODUCTION_FLOOR},
+        "seed": seed,
+        "statistics": rows,
+        "not_reproduced": [r["statistic"] for r in missed],
+        "reasons": reasons,
+    }
+
+
 def workload_section(fit: Mapping[str, Any]) -> dict[str, Any]:
     """The scenario ``workload`` section of a :func:`fit_workload` result (everything but ``report``)."""
     return {k: v for k, v in fit.items() if k != "report"}
@@ -279,5 +402,7 @@ __all__ = [
     "empirical",
     "fit_gap_distribution",
     "fit_workload",
+    "reproduction_check",
+    "synthetic_trace",
     "workload_section",
 ]

@@ -537,6 +537,13 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
         row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
+    # its 95% CI from the served rate's (first-order: cost = k / rate, so its relative half-width is the rate's): the
+    # cost is as uncertain as the steady served rate it divides by, and the table prints every other row with its CI
+    rate, rate_ci = agg["steady_served_turns_per_s"], agg.get("steady_served_turns_per_s_ci95")
+    row["usd_per_million_turns_ci95"] = (
+        row["usd_per_million_turns"] * float(rate_ci) / float(rate)
+        if row["usd_per_million_turns"] is not None and isinstance(rate_ci, int | float) and math.isfinite(rate_ci)
+        else None)
     row["cost_basis"] = COST_BASIS
     sat = saturation(reps)
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication

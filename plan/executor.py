@@ -79,6 +79,11 @@ def run_extras(result: Any) -> dict[str, float]:
     ``arrival_span_s`` (= t_b) and ``conversation_span_p90_s`` (p90 of first to last arrival of a conversation):
     the run reaches a steady state at a TTL only when ``arrival_span_s >= TTL + conversation_span_p90_s``.
     ``retention_steady``: 1 when retention is off or the arrival span reaches TTL + p90 conversation span, else 0;
+    ``pinned_window_after_ramp``: 1 when the pinned-KV steady window starts at or after TTL + p90 conversation span
+    (retention off or aggregated: the span), when pinned KV has stopped ramping up, else 0 (the window then averages
+    part of the ramp-up: below the steady state); ``prefill_window_after_ramp``: 1 when the summary's steady window
+    (``steady_window_start_s``, P's utilisation and the health section) starts at or after the p90 conversation span,
+    when P's load has stopped ramping up, else 0 (both read by :func:`kvplan.plan.screen.compare_screen`);
     ``steady_ttft_mean_first_s`` / ``steady_ttft_mean_second_s``: :func:`_steady_halves` (both read by
     :mod:`kvplan.plan.steady`).
     ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
@@ -142,6 +147,13 @@ def run_extras(result: Any) -> dict[str, float]:
         out["tpot_mean_s"] = tpot_mean_s(ok)
     out["retention_steady"] = float(not sc.policy.bidirectional or sc.deployment.mode == "aggregated"
                                     or out["arrival_span_s"] >= ttl + span_p90)
+    # whether the steady windows start after the ramp-up: pinned KV keeps growing until TTL + p90 conversation span
+    # (the first conversations' last pins), P's load until one p90 conversation span; a window starting earlier
+    # averages part of the ramp-up, so its figure is below the steady state the analytic screen predicts
+    retained = sc.policy.bidirectional and sc.deployment.mode != "aggregated"
+    out["pinned_window_after_ramp"] = float(t_a >= (ttl if retained else 0.0) + span_p90)
+    start = s.get("steady_window_start_s")
+    out["prefill_window_after_ramp"] = float(start is not None and float(start) >= span_p90)
     out.update(_steady_halves(ok, s.get("steady_window_start_s"), s.get("steady_window_end_s")))
     return out
 

@@ -512,8 +512,35 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     whole-run ``prefill_utilization`` only for a run without one, :data:`UTILIZATION_COLUMNS`; the metric is
     named after the column compared), and since the simulator's is an achieved busy share, which cannot exceed 1,
     the screen's offered load is capped at 1 for the comparison (the listed screen value is its own).
+    A steady-state figure of a point whose simulated window starts in the ramp-up (:func:`ramp_up_comparisons`)
+    is not a disagreement: the run is too short to say, and the point is listed there instead.
     """
+    return _compare(screen, summary)[0]
+
+
+def ramp_up_comparisons(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The (point, metric) pairs :func:`compare_screen` leaves out because the simulated figure is not a steady one.
+
+    Steady pinned KV when some replication's pinned window starts before TTL + p90 conversation span
+    (``pinned_window_after_ramp`` below 1: pinned KV is still growing there, so the window's mean is below the steady
+    state the screen predicts), P's steady utilisation when some replication's steady window starts before one p90
+    conversation span (``prefill_window_after_ramp``), and the screen's 'infeasible' against a simulator that did not
+    saturate in such a window (a saturation seen there is a verdict, and stays compared). Same columns as
+    :func:`compare_screen`; a sweep written before these flags existed compares everything, as it did.
+    """
+    return _compare(screen, summary)[1]
+
+
+def _after_ramp(m: Any, flag: str) -> bool:
+    """Whether every replication of an aggregate row had its ``flag`` window after the ramp-up (True when unknown)."""
+    col = f"{flag}_mean"
+    return col not in m.index or pd.isna(m[col]) or float(m[col]) >= 1.0
+
+
+def _compare(screen: pd.DataFrame, summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(disagreements, comparisons left out because the simulated window was in the ramp-up)."""
     rows: list[dict[str, Any]] = []
+    ramp: list[dict[str, Any]] = []
     sim = summary.set_index("point")
     pairs = [
         ("hit_rate", "screen_hit_rate", False),
@@ -526,6 +553,8 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         m = sim.loc[p]
         if no_verdict({str(k): v for k, v in m.items()}):
             continue
+        pinned_steady = _after_ramp(m, "pinned_window_after_ramp")
+        prefill_steady = _after_ramp(m, "prefill_window_after_ramp")
         for metric, scol, rel in pairs:
             col = f"{metric}_mean"
             if col not in m.index or pd.isna(m[col]) or pd.isna(s[scol]):
@@ -534,17 +563,19 @@ def compare_screen(screen: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
             a, b = float(s[scol]), float(m[col])
             bad = (abs(a - b) > tol * max(abs(b), 1e-12) and max(abs(a), abs(b)) > 0.5) if rel else abs(a - b) > tol
             if bad:
-                rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
+                row = {"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol}
+                (rows if metric != "steady_pinned_kv_gib_mean" or pinned_steady else ramp).append(row)
         util = _first({k: m[f"{k}_mean"] for k in UTILIZATION_COLUMNS if f"{k}_mean" in m.index}, UTILIZATION_COLUMNS)
         if util is not None and pd.notna(s["screen_prefill_utilization"]):
             metric, b = util
             a, tol = float(s["screen_prefill_utilization"]), TOLERANCES[metric]
             if abs(min(a, 1.0) - b) > tol:
-                rows.append({"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol})
+                row = {"point": p, "metric": metric, "screen": a, "simulator": b, "tolerance": tol}
+                (rows if metric != "prefill_utilization_steady" or prefill_steady else ramp).append(row)
         sat = simulator_saturated({str(k): v for k, v in m.items()})
         if pd.notna(s["screen_feasible"]) and bool(s["screen_feasible"]) == sat:
-            rows.append(
-                {"point": p, "metric": "feasible", "screen": float(s["screen_feasible"]), "simulator": float(not sat),
-                 "tolerance": 0.0}
-            )
-    return pd.DataFrame(rows, columns=["point", "metric", "screen", "simulator", "tolerance"])
+            row = {"point": p, "metric": "feasible", "screen": float(s["screen_feasible"]), "simulator": float(not sat),
+                   "tolerance": 0.0}
+            (rows if sat or prefill_steady else ramp).append(row)
+    cols = ["point", "metric", "screen", "simulator", "tolerance"]
+    return pd.DataFrame(rows, columns=cols), pd.DataFrame(ramp, columns=cols)

@@ -32,7 +32,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,13 @@ from kvplan.atomic_dir import ResultDirLock
 from kvplan.errors import input_error
 from kvplan.plan.executor import Task, require_ray, run_tasks, t_quantile_975
 from kvplan.plan.grid import Grid, as_grid, check_runs, check_turns, grid_from_dict, load_grid
-from kvplan.plan.screen import analytic_screen, compare_screen, finished_runs, simulator_saturated
+from kvplan.plan.screen import (
+    analytic_screen,
+    compare_screen,
+    finished_runs,
+    ramp_up_comparisons,
+    simulator_saturated,
+)
 
 __all__ = [
     "Grid",
@@ -581,15 +587,15 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
     """Per point: the screen's predictions, the simulator's means and ``disagreements`` (the simulator wins).
 
     ``disagreements`` is a ';'-separated list of ``metric(screen=..., simulator=...)``; empty when they agree.
+    ``not_steady``: the same for the steady-state figures not compared because the simulated window started in the
+    ramp-up (:func:`kvplan.plan.screen.ramp_up_comparisons`: the run is too short to confirm or refute the screen).
     ``simulator_runs``: the runs of the point that finished, which the means are over (0: every run failed, the
     simulator has no verdict and nothing is compared).
     """
     scr = analytic_screen(grid) if screen is None else screen
     dis = compare_screen(scr, summary)
-    txt = {
-        p: "; ".join(f"{r.metric}(screen={r.screen:.4g}, simulator={r.simulator:.4g})" for r in grp.itertuples())
-        for p, grp in dis.groupby("point")
-    }
+    txt = _comparison_text(dis)
+    ramp = _comparison_text(ramp_up_comparisons(scr, summary))
     keep = ["point", *grid.axis_names]
     sim_cols = [c for c in ("hit_rate_mean", "steady_pinned_kv_gib_mean_mean", "prefill_utilization_steady_mean",
                             "prefill_utilization_mean")
@@ -598,4 +604,14 @@ def screen_report(grid: Grid, summary: pd.DataFrame, screen: pd.DataFrame | None
     runs = {int(r["point"]): finished_runs(r) for _, r in summary.iterrows()}
     rep["simulator_runs"] = np.array([runs.get(int(p)) or 0 for p in rep["point"]], dtype=np.int64)
     rep["disagreements"] = [txt.get(int(p), "") for p in rep["point"]]
+    rep["not_steady"] = [ramp.get(int(p), "") for p in rep["point"]]
     return rep[keep + [c for c in rep.columns if c not in keep]]
+
+
+def _comparison_text(rows: pd.DataFrame) -> dict[int, str]:
+    """Per point, ``metric(screen=..., simulator=...)`` of each row, ';'-separated."""
+    return {
+        int(cast(int, p)): "; ".join(f"{r.metric}(screen={r.screen:.4g}, simulator={r.simulator:.4g})"
+                                     for r in grp.itertuples())
+        for p, grp in rows.groupby("point")
+    }

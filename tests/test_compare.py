@@ -510,3 +510,23 @@ def test_recommended_row_includes_an_adopted_cross_layer_flag() -> None:
         assert "deployment.cross_layer_blocks" not in ov
     ov, _ = recommendation_overrides({**rec, "bidirectional": False})
     assert "deployment.cross_layer_blocks" not in ov
+
+
+def test_cost_per_million_turns_carries_its_ci(capsys: pytest.CaptureFixture[str]) -> None:
+    """The '$ per M turns' row was the only one printed without its CI, under a footnote saying every figure is
+    ± its 95% CI: on 2P2D p5en, 150 conversations, 2 replications, off 143,977 and ttl 146,685 (+1.9% for the same
+    offered load, neither saturated) read as a difference, while the steady served rate it divides by is uncertain
+    by ±22% (off) and ±49% (ttl): 143,977 ±32,105 and 146,685 ±71,920. The row and the JSON now carry it
+    (first-order: the rate's relative half-width), recomputed here from the rows' served rates."""
+    from kvplan.app.cmd_compare import render_text
+
+    sc = scenario_from_dict({"deployment": {"prefill_nodes": 2, "decode_nodes": 2},
+                             "workload": {"conversations": 60}})
+    rows = compare(sc, ["off", "ttl"], replications=2)
+    for r in rows:
+        rate, ci = r["steady_served_turns_per_s"], r["steady_served_turns_per_s_ci95"]
+        assert r["usd_per_million_turns"] == pytest.approx(4 * 63.3 / 3600 / rate * 1e6)
+        assert r["usd_per_million_turns_ci95"] == pytest.approx(r["usd_per_million_turns"] * ci / rate)
+        assert r["usd_per_million_turns_ci95"] > 0
+    line = next(ln for ln in render_text(rows) if ln.startswith("$ per M turns"))
+    assert line.count("±") == 2

@@ -423,3 +423,44 @@ def test_calibration_page_shows_the_self_check(tmp_path: Path) -> None:
     at.file_uploader(key="calib_profile").set_value(("bad.json", json.dumps(raw).encode(), "application/json")).run()
     assert not at.exception
     assert at.warning and "unreliable" in at.warning[0].value and "measured 2 ms" in at.warning[0].value
+
+
+def test_whatif_variant_deltas_are_against_vllm_defaults() -> None:
+    """The what-if page's deltas 'against the vLLM defaults' kept the chosen variant's retention: lease's pinned KV
+    mean (48.0 GiB on the published benchmark) showed no delta, compared with lease at 480 s, where vLLM's defaults
+    hold 61.4 GiB. The baseline is now the sidebar's deployment at vLLM's defaults (fixed TTL, no offload, failure
+    policy fail), as `kvplan simulate` of it gives; and an aggregated variant is not said to have an ON/OFF effect."""
+    from kvplan.plan.compare import policy_run
+
+    at = _app()
+    at.selectbox(key="whatif_policy").set_value("lease").run()
+    assert not at.exception and not at.error
+    sc = published_benchmark()
+    lease = run(with_overrides(sc, policy_run("lease", sc).overrides)).summary
+    vllm = run(with_overrides(sc, ds.vllm_defaults_overrides())).summary
+    assert lease["pinned_kv_gib_mean"] < vllm["pinned_kv_gib_mean"] - 5
+    shown = _metrics(at)["Pinned decode KV mean"]
+    assert shown.value == f"{lease['pinned_kv_gib_mean']:,.1f} GiB"
+    assert shown.delta == f"{lease['pinned_kv_gib_mean'] - vllm['pinned_kv_gib_mean']:+,.1f} GiB"
+    at.selectbox(key="whatif_policy").set_value("aggregated (same GPUs)").run()
+    assert not at.exception
+    assert "aggregated replicas" in at.caption[0].value
+    assert not any("ON vs OFF" in i.value for i in at.info)
+    assert any("do not apply" in i.value for i in at.info)
+
+
+def test_whatif_hit_rate_is_defined_as_the_cli_defines_it() -> None:
+    """The what-if's 'Hit rate' help said 'follow-up turns that reused KV (pulled from D, local hit, or recomputed
+    below the threshold)', but the figure is summary.json's hit_rate, the follow-ups whose context was still held: on
+    RAGPulse's fitted workload 90.2% against a reuse rate of 100% (P's prefix cache), and on the published benchmark
+    with a threshold above every prompt 100% 'reused' where nothing is (reuse rate 0%). The help now says what the
+    figure counts, and the reuse rate is shown beside it."""
+    at = _app()
+    at.number_input(key="sc_threshold").set_value(1_000_000).run()  # every held context below it: recomputed
+    assert not at.exception
+    summary = _model(**{"policy.kv_recompute_threshold_tokens": 1_000_000})
+    assert summary["hit_rate"] == 1.0 and summary["reuse_rate"] == 0.0  # held, yet nothing reused (P's cache off)
+    m = _metrics(at)
+    assert "still held" in m["Hit rate"].help and "reused KV" not in m["Hit rate"].help
+    assert m["Hit rate"].value == f"{summary['hit_rate']:.1%}"
+    assert m["Reuse rate"].value == f"{summary['reuse_rate']:.1%}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -111,3 +112,47 @@ def test_replay_whole_mooncake(shared_dir: Path) -> None:
     assert r.summary["turns"] + r.summary["trace"]["skipped_overlong"] == 12031
     for key in ("ttft_p90_s", "hit_rate", "pinned_kv_gib_mean"):
         assert key in r.summary
+
+
+def test_workload_fit_says_what_its_workload_does_not_reproduce(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvplan workload fit` of RAGPulse wrote a workload whose turn-10 context p50 is 7,678 tokens (9,407 simulated
+    over 300 conversations) against the trace's 4,201, turn 1's p90 4,120 against 3,399, and said nothing: the
+    simulator's turn 1 is prefix_tokens + a user_tokens draw while the fit's prefix is the whole first prompt, and
+    45% of follow-ups rewrite their context (new tokens < 0, clipped at 0). The fit now holds the statistics
+    `workload show` prints against the fitted workload's own requests, names those beyond 10% and says why; the
+    synthetic figures are what `kvplan simulate` of the fitted workload sends."""
+    rows: list[tuple[str, float, int, int]] = []
+    for s in range(40):  # turn 1: 1,000 tokens; turn 2 adds 0 or 2,000 new tokens; turn 3 rewrites to 1,000
+        t0 = 10.0 * s
+        rows += [(f"s{s}", t0, 1000, 100), (f"s{s}", t0 + 60, 1100 + 2000 * (s % 2), 100),
+                 (f"s{s}", t0 + 120, 1000, 100)]
+    tr = _write_csv(tmp_path / "t.csv", sorted(rows, key=lambda r: r[1]))
+    out = tmp_path / "w.yaml"
+    assert main(["workload", "fit", str(tr), "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "reproduction:" in printed and "context turn 1 p90 1,000 -> 3,000" in printed
+    assert "turn 1 is prefix_tokens plus one user_tokens draw" in printed
+    assert "of the trace's follow-ups are shorter than their parent's prompt + output" in printed
+    rep = json.loads((tmp_path / "w.fit.json").read_text())["reproduction"]
+    stats = {r["statistic"]: r for r in rep["statistics"]}
+    assert {"context turn 1 p90", "context turn 3 p50"} <= set(rep["not_reproduced"])
+    assert stats["output tokens p50"]["reproduced"] and stats["requests per session mean"]["reproduced"]
+    assert stats["gap arrival-to-arrival p50 (s)"]["reproduced"]  # idle gap + the same unloaded service time
+    # the check's synthetic figures are the simulator's: simulate the fitted workload and compare
+    wl = yaml.safe_load(out.read_text())["workload"]
+    r = run(scenario_from_dict({"workload": {**wl, "conversations": 400}}))
+    t = r.turns
+    for turn, q in ((1, 90), (3, 50)):
+        sim = float(np.percentile(t.loc[t["turn"] == turn, "prompt_tokens"], q))
+        assert sim == pytest.approx(stats[f"context turn {turn} p{q}"]["synthetic"], rel=0.1)
+
+
+def test_workload_fit_names_the_best_parametric_gap_family(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit printed '(best parametric family: ...)' from a report key that does not exist ('turn_gap_s'; the
+    family is under turn_gap.fit.chosen_family), so it never printed it."""
+    assert main(["workload", "fit", str(DATA / "sessions_small.csv"), "--out", str(tmp_path / "w.yaml")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    family = json.loads((tmp_path / "w.fit.json").read_text())["turn_gap"]["fit"]["chosen_family"]
+    assert f"(best parametric family: {family})" in printed

@@ -392,9 +392,11 @@ def test_screen_report_lists_disagreements(tmp_path: Path) -> None:
     run_grid(grid(), out=out)
     rep = pd.read_parquet(tmp_path / "r.screen.parquet")
     assert {"screen_hit_rate", "hit_rate_mean", "disagreements"} <= set(rep.columns)
-    # 30 conversations in 60 s never reach the 480 s TTL's steady state: the screen over-predicts pinned KV
-    # and the report says so (the simulator wins)
-    assert "steady_pinned_kv_gib_mean" in rep.loc[rep["policy.decoder_kv_blocks_ttl_s"] == 480, "disagreements"].iloc[0]
+    # 30 conversations in 60 s never reach the 480 s TTL's steady state: the simulated pinned KV is the ramp-up's,
+    # below the screen's steady figure, and the report says the run is too short to compare it (not a disagreement)
+    at_480 = rep.loc[rep["policy.decoder_kv_blocks_ttl_s"] == 480].iloc[0]
+    assert "steady_pinned_kv_gib_mean" in at_480["not_steady"]
+    assert "steady_pinned_kv_gib_mean" not in at_480["disagreements"]
 
 
 def test_prune_runs_one_replication_of_saturated_points(tmp_path: Path) -> None:

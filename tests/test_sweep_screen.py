@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvplan.plan.screen import compare_screen, simulator_saturated
+from kvplan.plan.screen import compare_screen, ramp_up_comparisons, simulator_saturated
 from kvplan.plan.sweep import run_grid
 
 #: One P saturated by 5 conversations/s of 8,000-token prompts (the review's g2 grid, shortened): the screen's
@@ -183,3 +183,75 @@ def test_a_sweep_whose_points_were_not_compared_does_not_say_they_agree(tmp_path
     out = capsys.readouterr().out
     assert "2 closed-loop points are not screened" in out
     assert "no point compared with the simulator" in out and "agree" not in out
+
+
+#: The README's tied sweep shortened to 100 conversations (46 s of arrivals) at a 60 s TTL: the pinned-KV window
+#: [t_b / 2, t_b] ends before TTL + p90 conversation span (~130 s), so it averages the ramp-up only.
+SHORT_REFERENCE: dict[str, Any] = {
+    "base": {
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "max_num_seqs": 256, "prefill_prefix_caching": False},
+        "policy": {"decoder_kv_blocks_ttl_s": 60, "router_ttl_s": 50},
+        "workload": {
+            "conversations": 100,
+            "arrival": {"kind": "poisson", "rate_per_s": 2.15},
+            "turns": {"dist": "constant", "value": 10},
+            "prefix_tokens": {"dist": "lognormal", "median": 2000, "sigma": 0.6},
+            "user_tokens": {"dist": "uniform", "low": 100, "high": 200},
+            "output_tokens": {"dist": "uniform", "low": 50, "high": 150},
+            "turn_gap_s": {"dist": "exponential", "mean": 5},
+        },
+        "seed": 1,
+    },
+    "axes": {"policy.kv_recompute_threshold_tokens": [64]},
+    "replications": 1,
+}
+
+
+def test_a_run_still_ramping_up_is_not_a_disagreement(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """`kvplan sweep` of the README's tied grid at 100/200 conversations printed '6 of 6 points disagree (the
+    simulator wins)': steady pinned KV screen 241.8 GiB, simulator 52.3 at TTL 60 s, 2.15/s. The simulated figure
+    was the mean over [t_b / 2, t_b] = [23, 46] s while pins ramp up until TTL + p90 span (~130 s); at 1,000
+    conversations (window after the ramp) the simulator gives 263.9 GiB and agrees. Such a comparison is now listed as
+    not_steady (too short to say), not as a disagreement the simulator wins."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from kvplan.app.cli import app
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump(SHORT_REFERENCE))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["sweep", str(grid), "--out", "r.parquet", "--show-disagreements"])
+    assert res.exit_code == 0, res.output
+    row = pd.read_parquet(tmp_path / "r.parquet").iloc[0]
+    assert row["pinned_window_after_ramp"] == 0.0 and row["prefill_window_after_ramp"] == 0.0
+    assert row["steady_pinned_window_start_s"] < 60 + row["conversation_span_p90_s"]
+    rep = pd.read_parquet(tmp_path / "r.screen.parquet").iloc[0]
+    assert rep["screen_pinned_kv_gib_mean"] > 2 * rep["steady_pinned_kv_gib_mean_mean"]  # the ramp-up's mean
+    assert "steady_pinned_kv_gib_mean" not in rep["disagreements"]
+    assert "steady_pinned_kv_gib_mean" in rep["not_steady"]
+    out = " ".join(res.output.split())
+    assert "points disagree" not in out
+    assert "not compared on steady-state figures" in out and "raise workload.conversations" in out
+
+
+def test_ramp_up_flags_decide_what_is_compared() -> None:
+    screen = pd.DataFrame([{"point": 0, "screen_hit_rate": 1.0, "screen_pinned_kv_gib_mean": 240.0,
+                            "screen_prefill_utilization": 1.05, "screen_feasible": 0}])
+    sim = {"point": 0, "hit_rate_mean": 1.0, "steady_pinned_kv_gib_mean_mean": 50.0,
+           "prefill_utilization_steady_mean": 0.6, "prefill_utilization_steady_max_mean": 0.6}
+    ramping = pd.DataFrame([{**sim, "pinned_window_after_ramp_mean": 0.5, "prefill_window_after_ramp_mean": 0.0}])
+    assert compare_screen(screen, ramping).empty
+    assert ramp_up_comparisons(screen, ramping)["metric"].tolist() == [
+        "steady_pinned_kv_gib_mean", "prefill_utilization_steady", "feasible"]
+    steady = pd.DataFrame([{**sim, "pinned_window_after_ramp_mean": 1.0, "prefill_window_after_ramp_mean": 1.0}])
+    assert compare_screen(screen, steady)["metric"].tolist() == [
+        "steady_pinned_kv_gib_mean", "prefill_utilization_steady", "feasible"]
+    assert ramp_up_comparisons(screen, steady).empty
+    # a saturation the simulator saw even in the ramp-up is a verdict: the screen's 'feasible' is contradicted
+    sat = ramping.assign(prefill_utilization_steady_mean=0.99, prefill_utilization_steady_max_mean=0.99)
+    feasible = screen.assign(screen_feasible=1, screen_prefill_utilization=0.5)
+    assert "feasible" in compare_screen(feasible, sat)["metric"].tolist()
+    # a sweep written before the flags existed compares as it did
+    assert compare_screen(screen, pd.DataFrame([sim]))["metric"].tolist() == [
+        "steady_pinned_kv_gib_mean", "prefill_utilization_steady", "feasible"]

@@ -18,6 +18,7 @@ POLICIES = {"as in the sidebar": None, "lease": "lease", "ttl_evictable": "ttl_e
             "aggregated (same GPUs)": "aggregated", "off": "off"}
 choice = st.selectbox("serving policy (kvplan compare's variants of the sidebar scenario)", list(POLICIES),
                       key="whatif_policy")
+sidebar = scenario
 try:
     name = POLICIES[choice]
     if name is not None:
@@ -25,15 +26,18 @@ try:
         from kvplan.sim.scenario import with_overrides
 
         scenario = with_overrides(scenario, policy_run(name, scenario).overrides)
-    w = ds.whatif(scenario)
+    w = ds.whatif(scenario, sidebar)  # the deltas against the sidebar's deployment at vLLM's defaults
 except KvplanInputError as exc:
     ds.show_error(exc)
     st.stop()
 
 s = w.current.summary
+dep = scenario.deployment
+aggregated = dep.mode == "aggregated"
+shape = f"{dep.replicas} aggregated replicas" if aggregated else f"{dep.prefill_nodes}P{dep.decode_nodes}D"
 st.caption(
-    f"{s['model']} on {s['hardware']}, {scenario.deployment.prefill_nodes}P{scenario.deployment.decode_nodes}D "
-    f"TP{scenario.deployment.tensor_parallel_size}, profile {s['profile']} ({s['profile_status']}); "
+    f"{s['model']} on {s['hardware']}, {shape} "
+    f"TP{dep.tensor_parallel_size}, profile {s['profile']} ({s['profile_status']}); "
     f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at "
     f"{ds.defaults_text()}."
 )
@@ -50,7 +54,11 @@ for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaul
                delta_arrow="auto" if m.delta else "off")
 
 on_s, off_s = w.on.summary, w.off.summary
-st.info(ds.on_off_text(on_s, off_s))
+if aggregated:  # no P->D or D->P transfer: bidirectional on and off are the same run
+    st.info("Aggregated serving moves no KV between P and D nodes: bidirectional transfer ON and OFF do not apply "
+            "(the ON/OFF distribution below is one run twice).")
+else:
+    st.info(ds.on_off_text(on_s, off_s))
 left, right = st.columns(2)
 left.plotly_chart(figures.ttft_distribution({"ON": w.on.turns, "OFF": w.off.turns}), key="ttft_cdf")
 right.plotly_chart(figures.ttft_split(w.current.turns), key="ttft_split")

@@ -631,7 +631,10 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                             f"so its TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); "
                             f"{fix}")
     disagreements = list(thr.disagreements)
-    if rec is not None:
+    # the screen's steady pinned KV is compared only with a window past the pins' ramp-up (as sweeps do: a window
+    # inside it averages pins still accumulating, and the screen was right, plan/screen.py not_steady)
+    after_ramp = all(float(r.get("pinned_window_after_ramp", 1.0)) >= 1.0 for r in exp_rows if r.get("error") is None)
+    if rec is not None and after_ramp:
         disagreements.extend(_screen_disagreement(sc, ttl, router, thr.tokens, exp_m["pinned_kv_gib_mean"]))
     off0 = st.off[0] if st.off and st.off[0].get("error") is None else {}
     hbm = {

@@ -1,4 +1,5 @@
-"""When no policy meets the SLO, the best policy is ranked on the p90 that judged each one (plan/compare_rules.py)."""
+"""Answers judged on the right run: the best policy when no policy meets the SLO (plan/compare_rules.py), and a
+recommendation whose pinned-KV window lies in the ramp-up (plan/advice.py)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,24 @@ def test_the_first_runs_p90_ranks_when_a_policy_meets_the_slo() -> None:
     # without an SLO nothing was judged longer: the first runs decide, as before
     assert best_policy([_row("off", 0.9, 0.9, 120, False), _row("aggregated", 0.775, 2.64, 746, False)])[
         "policy"] == "aggregated"
+
+
+def test_recommend_does_not_call_a_ramp_up_mean_a_screen_disagreement() -> None:
+    # 30 conversations at 0.5/s with TTLs of 120-240 s: too few to lengthen, so the pinned-KV window lies in the pins'
+    # ramp-up (26.9 GiB simulated against the screen's steady 204.6): reported as "the simulator wins" before; the
+    # runs are flagged too short instead (as sweeps list such a point not_steady)
+    from kvplan.plan.advice import recommend
+
+    sc = {"model": "qwen3-32b", "hardware": "p5en",
+          "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 8},
+          "policy": {"bidirectional": True},
+          "workload": {"conversations": 30, "arrival": {"kind": "poisson", "rate_per_s": 0.5},
+                       "turns": {"dist": "constant", "value": 6},
+                       "prefix_tokens": {"dist": "lognormal", "median": 4000, "sigma": 0.5},
+                       "user_tokens": {"dist": "uniform", "low": 100, "high": 300},
+                       "output_tokens": {"dist": "uniform", "low": 100, "high": 300},
+                       "turn_gap_s": {"dist": "exponential", "mean": 30}},
+          "seed": 3}
+    rec = recommend(sc, replications=1, ttl_grid=(120, 240))
+    assert not any(d.startswith("pinned KV: Little's-law screen") for d in rec.disagreements)
+    assert any("too short for steady state" in w for w in rec.warnings)

@@ -238,3 +238,9 @@ def register(app: typer.Typer) -> None:
             else:
                 c.print("analytic screen and simulator agree on every point"
                         + ("" if compared.all() and not len(ramp) else " compared"))
+        if len(df) and errors == len(df):
+            # the files are complete and record each failure, but nothing was simulated: a script must not read a
+            # zero status as a sweep that ran (status 1, as a command that ran and failed; 2 stays bad input)
+            typer.echo(f"error: every run of the sweep failed (first failure above; each is in {out}'s error column)",
+                       err=True)
+            raise typer.Exit(1)

@@ -255,3 +255,20 @@ def test_ramp_up_flags_decide_what_is_compared() -> None:
     # a sweep written before the flags existed compares as it did
     assert compare_screen(screen, pd.DataFrame([sim]))["metric"].tolist() == [
         "steady_pinned_kv_gib_mean", "prefill_utilization_steady", "feasible"]
+
+
+def test_a_sweep_whose_every_run_failed_exits_non_zero(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """Every run fails (P's 1e6 s step overhead): the files record the failures, and the status is 1, not 0."""
+    import yaml
+
+    from kvplan.app.cli import main
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": {"workload": {"conversations": 50}},
+                                    "axes": {"costs.prefill.overhead_s": [1.0e6],
+                                             "policy.decoder_kv_blocks_ttl_s": [30, 60]}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(grid), "--out", "o.parquet", "--workers", "1", "--replications", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: every run of the sweep failed")
+    assert pd.read_parquet(tmp_path / "o.parquet")["error"].notna().all()

@@ -104,6 +104,7 @@ def render_text(rec: Recommendation) -> list[str]:
     """Human-readable lines of a recommendation (the CLI prints them)."""
     from kvplan.app.cmd_compare import IDENTICAL_NOTE
     from kvplan.plan.advice import IF_KEPT_ON
+    from kvplan.plan.advice_report import CONTEXT_CUT
     from kvplan.plan.advice_rules import TURN_GAPS
 
     e, b, o = rec.expected, rec.baseline, rec.bidirectional_off
@@ -120,8 +121,11 @@ def render_text(rec: Recommendation) -> list[str]:
                if rec.binding_constraint.startswith(TURN_GAPS) else f"retention held back by {rec.binding_constraint}")
     head = ([f"{knobs}, bidirectional_kv_xfer = true"] if rec.bidirectional else
             [f"bidirectional_kv_xfer = false: {why_off} (see why:)", f"  {IF_KEPT_ON}{knobs}"])
+    # a workload cut at the context limit: said under the headline, which describes the shorter workload simulated
+    cut = [w for w in rec.warnings if CONTEXT_CUT in w]
     lines = [
         *head,
+        *[f"warning: {w}" for w in cut],
         *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms"
            + (f" over {rec.best_policy['ttft_p90_judged_conversations']:,} conversations"
               if rec.best_policy.get("ttft_p90_judged_conversations") else "") + ", pinned KV "
@@ -166,7 +170,7 @@ def render_text(rec: Recommendation) -> list[str]:
         *([f"best policy: {rec.best_policy['why']}"] if rec.best_policy.get("why") else []),
         *[f"best policy: not compared: {n['policy']}: {n['why']}" for n in rec.best_policy.get("not_compared", [])],
         *[f"assumption: {a}" for a in rec.assumptions],
-        *[f"warning: {w}" for w in rec.warnings],
+        *[f"warning: {w}" for w in rec.warnings if w not in cut],
         *[f"disagreement: {d}" for d in rec.disagreements],
         "",
         "prefill and decode servers (identical):",

@@ -610,7 +610,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if transfer:
         rationale.append(transfer["text"])
     warnings.extend(run_warnings(setup.rs, curve))
-    cut = context_cut_warning(st.off, setup.rs.arch.max_model_len)
+    cut = context_cut_warning(st.off, setup.rs.arch.max_model_len,
+                              None if sc.workload.trace is not None else sc.workload.conversations)
     if cut is not None:
         warnings.append(cut)
     if st.defaults and not def_sat.resources and not steady(st.defaults, VLLM_TTL_S):

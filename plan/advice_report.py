@@ -109,13 +109,20 @@ def steady_json(sc: Scenario, lengthened: tuple[int, int] | None, curve: list[Tt
                     "a saturated TTL has no steady state at any length (its queues grow) and is listed as saturated"}
 
 
-def context_cut_warning(rows: Rows, max_model_len: int) -> str | None:
+#: What marks a context-cut warning (``recommend``'s text prints it under the headline: the advice is about the
+#: shorter workload the runs simulated).
+CONTEXT_CUT = "per run were cut at the model's context limit"
+
+
+def context_cut_warning(rows: Rows, max_model_len: int, planned: int | None = None) -> str | None:
     """What a run did not simulate: conversations cut at the context limit (``truncated_conversations``, the turns from
-    the first one beyond ``max_model_len`` on, a conversation whose first prompt is beyond it entirely), or None."""
+    the first one beyond ``max_model_len`` on, a conversation whose first prompt is beyond it entirely), or None;
+    with ``planned`` (the run's planned conversations) the share too."""
     cut = [float(r.get("truncated_conversations", 0) or 0) for r in rows if r.get("error") is None]
     if not cut or max(cut) <= 0:
         return None
-    return (f"{max(cut):,.0f} conversation(s) per run were cut at the model's context limit ({max_model_len:,} tokens): "
+    of = f" of {planned:,} ({max(cut) / planned:.0%})" if planned and planned >= max(cut) else ""
+    return (f"{max(cut):,.0f}{of} conversation(s) {CONTEXT_CUT} ({max_model_len:,} tokens): "
             "their turns from the first one beyond it on (all of them when the first prompt is) are not simulated, so "
             "the figures describe a shorter workload; use a model with a longer context or deployment.max_model_len")
 

@@ -596,7 +596,8 @@ def plan_capacity(
         from kvplan.sim.engine import resolve
 
         cut = context_cut_warning([{"truncated_conversations": ev.truncated_conversations}],
-                                  resolve(sc).arch.max_model_len)
+                                  resolve(sc).arch.max_model_len,
+                                  ev.truncated_of if sc.workload.trace is None else None)
         notes.append(f"WARNING: {cut}")
     return CapacityPlan(
         rate_per_s=inp.rate, slo_ttft_p90_ms=float(slo_ttft_p90_ms), usd_per_node_hour=inp.usd,

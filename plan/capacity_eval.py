@@ -85,6 +85,7 @@ class Evaluator:
         self.done = 0
         self.total = 0
         self.truncated_conversations = 0.0  # the most conversations any run cut at the context limit
+        self.truncated_of = 0  # ... of that run's planned conversations
 
     def many(self, variants: list[dict[str, Any]]) -> list[Metrics]:
         """The metrics of each override set (simulated once per distinct set, in parallel): its first run's, or,
@@ -127,8 +128,9 @@ class Evaluator:
         def on_result(key: Any, row: dict[str, Any]) -> None:
             rows[key[0]][key[1]] = row
             cut = row.get("truncated_conversations") if row.get("error") is None else None
-            if cut is not None and math.isfinite(float(cut)):
-                self.truncated_conversations = max(self.truncated_conversations, float(cut))
+            if cut is not None and math.isfinite(float(cut)) and float(cut) > self.truncated_conversations:
+                self.truncated_conversations = float(cut)
+                self.truncated_of = self._conversations(todo[key[0]])  # that run's planned conversations
             self.done += 1
             if self.progress:
                 self.progress(self.done, max(self.done, self.total))

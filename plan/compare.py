@@ -552,7 +552,8 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, sessions_start_together
     from kvplan.sim.engine import resolve
 
-    cut = context_cut_warning(reps, resolve(sc).arch.max_model_len)
+    cut = context_cut_warning(reps, resolve(sc).arch.max_model_len,
+                              None if sc.workload.trace is not None else sc.workload.conversations)
     if cut is not None:
         row["notes"].insert(0, cut)
     ttl = _retention_ttl(sc, r.overrides)

@@ -305,7 +305,7 @@ def test_conversations_cut_at_the_context_limit_are_said() -> None:
 
     rec = recommend(preset_scenario("coding-agent", conversations=10), replications=1, ttl_grid=(60,), workers=1)
     cut = [w for w in rec.warnings if "cut at the model's context limit (40,960 tokens)" in w]
-    assert len(cut) == 1 and cut[0].startswith("9 conversation(s) per run"), rec.warnings
+    assert len(cut) == 1 and cut[0].startswith("9 of 10 (90%) conversation(s) per run"), rec.warnings
     calm = recommend(preset_scenario("tool-agent", rate_per_s=0.05, conversations=20), replications=1, ttl_grid=(30,),
                      workers=1)
     assert not any("context limit" in w for w in calm.warnings), calm.warnings

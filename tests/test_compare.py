@@ -489,11 +489,23 @@ def test_conversations_cut_at_the_context_limit_are_noted() -> None:
 
     sc = preset_scenario("coding-agent", conversations=10)
     for row in compare(sc, policies="off,ttl", replications=1):
-        assert any(n.startswith("9 conversation(s) per run were cut at the model's context limit")
+        assert any(n.startswith("9 of 10 (90%) conversation(s) per run were cut at the model's context limit")
                    for n in row["notes"]), row["notes"]
     plan = plan_capacity(sc, None, 60000.0, max_nodes=2, replications=1, ttl_grid=(60.0,), max_rate=False)
     # (its judging runs are 4x as long: 36 of 40 cut)
-    assert any(n.startswith("WARNING: 36 conversation(s) per run were cut") for n in plan.notes), plan.notes
+    assert any(n.startswith("WARNING: 36 of 40 (90%) conversation(s) per run were cut") for n in plan.notes), plan.notes
+
+
+def test_recommend_says_a_cut_workload_under_its_headline(capsys: pytest.CaptureFixture[str]) -> None:
+    """coding-agent on qwen3-32b: 18 of 20 conversations cut at 40,960 tokens. The advice describes that shorter
+    workload, so the warning (with the share) stands under the headline, not after forty lines of rationale."""
+    assert main(["recommend", "--workload", "coding-agent", "--conversations", "20", "--replications", "1",
+                 "--no-policies", "--ttl-grid", "30,60"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first_blank = lines.index("")
+    cut = [i for i, line in enumerate(lines) if "per run were cut at the model's context limit" in line]
+    assert len(cut) == 1 and cut[0] < first_blank, lines[:first_blank + 1]
+    assert "18 of 20 (90%) conversation(s)" in lines[cut[0]]
 
 
 def test_recommended_row_includes_an_adopted_cross_layer_flag() -> None:

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
 
 def render_text(rec: Recommendation) -> list[str]:
     """Human-readable lines of a recommendation (the CLI prints them)."""
-    from kvplan.app.cmd_compare import IDENTICAL_NOTE
+    from kvplan.app.cmd_compare import IDENTICAL_NOTE, identical_replications
     from kvplan.plan.advice import IF_KEPT_ON
     from kvplan.plan.advice_report import CONTEXT_CUT
     from kvplan.plan.advice_rules import TURN_GAPS
@@ -145,8 +145,7 @@ def render_text(rec: Recommendation) -> list[str]:
 
     caps = (h["decode_batch_capacity_at_recommendation"], h["decode_batch_capacity_at_vllm_defaults"],
             h["decode_batch_capacity_without_retention"])
-    time_keys = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s")
-    identical = all(d.get(f"{k}_ci95") == 0.0 for d in (e, b, o) for k in time_keys)  # see IDENTICAL_NOTE
+    identical = identical_replications((e, b, o))  # compare's test, on the same *_ci95 keys
     undefined = not all(math.isfinite(x) for x in (e["pinned_kv_gib_mean"], b["pinned_kv_gib_mean"], *caps))
     lines += [
         f"{'pinned KV mean/peak GiB':24}{num(e['pinned_kv_gib_mean'], '.1f'):>13}/{num(e['pinned_kv_gib_peak'], '.1f'):<8}"

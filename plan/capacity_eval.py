@@ -47,10 +47,9 @@ def metrics_of(rows: list[dict[str, Any]]) -> Metrics:
     p90 = [float(r["ttft_p90_s"]) for r in ok]
     out: Metrics = {k: _mean(ok, k) for k in ("ttft_mean_s", "ttft_p50_s", "hit_rate", "prefill_utilization",
                                              "steady_served_turns_per_s", "errors", "turns", "pinned_kv_gib_peak",
-                                             "steady_pinned_kv_gib_mean", "conversation_span_p90_s", "retention_steady",
-                                             FIRST_KEY, SECOND_KEY)}
-    # the busiest P engine's (aggregated: replica's) busy share over the steady window, health's judged figure
+                                             "steady_pinned_kv_gib_mean", "retention_steady", FIRST_KEY, SECOND_KEY)}
     out["conversation_span_p90_s"] = judging_span_s(ok)  # the span judging runs are sized with (plan/steady.py)
+    # the busiest P engine's (aggregated: replica's) busy share over the steady window, health's judged figure
     out["prefill_utilization_steady"] = _mean(ok, "health.resources.prefill_compute.utilization")
     # the longest p90 wait any resource caused (P's queue, D's admission, P's held KV, the link, an engine thread)
     waits = [max((float(v) for k, v in r.items() if k.startswith("health.resources.") and k.endswith(".wait_p90_s")

@@ -7,6 +7,7 @@ scenario's ``workload`` section (``kvplan.sim.scenario.Workload``), so it can be
     arrival: {kind: poisson, rate_per_s: <sessions / trace duration>}
     turns: {dist: empirical, values: [...]}          # longest chain per session
     prefix_tokens: {dist: empirical, values: [...]}  # first-turn input
+    first_turn_user_tokens: false                    # turn 1 is that input alone (no user_tokens draw on top)
     user_tokens: {dist: empirical, values: [...]}    # new tokens per later turn, clipped at >= 0
     output_tokens: {dist: empirical, values: [...]}
     turn_gap_s: {dist: lognormal, median: m, sigma: s}   # or exponential, whichever fits better (KS)
@@ -201,6 +202,7 @@ def fit_workload(
         "arrival": {"kind": "poisson", "rate_per_s": n_sessions / duration},
         "turns": empirical(depth, max_empirical, integer=True),
         "prefix_tokens": empirical(first_in, max_empirical, integer=True),
+        "first_turn_user_tokens": False,  # prefix_tokens is the trace's whole first prompt (sim/workload.py)
         "user_tokens": (
             empirical(np.maximum(new_tok, 0.0), max_empirical, integer=True)
             if new_tok.size
@@ -355,10 +357,11 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
     missed = [r for r in rows if not r["reproduced"]]
     reasons: list[str] = []
     names = {r["statistic"] for r in missed}
-    if any(n.startswith("context turn 1 ") for n in names):
+    if any(n.startswith("context turn 1 ") for n in names) and section.get("first_turn_user_tokens", True):
         reasons.append("turn 1 is prefix_tokens plus one user_tokens draw in the simulator, and the fitted "
                        "prefix_tokens is the trace's whole first prompt, so the synthetic first prompts are longer by "
-                       "a user_tokens draw (and every later context with them)")
+                       "a user_tokens draw (and every later context with them): set workload.first_turn_user_tokens: "
+                       "false")
     rep = dict(fit_report or {})
     clipped = float((rep.get("user_tokens") or {}).get("clipped_share") or 0.0)
     if clipped > 0 and any(n.startswith(("context turn", "new tokens")) for n in names):

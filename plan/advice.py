@@ -100,7 +100,7 @@ from kvplan.plan.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_
 from kvplan.plan.breakeven import BreakEven, break_even
 from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.grid import check_planned_work
-from kvplan.plan.screen import quantile_sample, screen_scenarios
+from kvplan.plan.screen import formula_prefix_user, quantile_sample, screen_scenarios
 from kvplan.plan.steady import judging_conversations, judging_span_s
 from kvplan.sim.engine import Resolved, resolve
 from kvplan.sim.history import follow_up_tail_tokens, history_assumption
@@ -254,8 +254,7 @@ def _follow_up_shape(sc: Scenario, pairs: Any = None) -> tuple[int, int]:
         return (int(prev) if (dep.prefill_prefix_caching and same_p) else 0), int(round(tail)) + 1
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     et, et2 = t.mean(), (t * t).mean()
-    prefix = float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean())
-    user = float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean())
+    prefix, user = formula_prefix_user(wl)  # turn 1 as the formulas count it (plan/screen.py)
     out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
     km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0
     prev_prompt = prefix + user * km1 + out * (km1 - 1)

@@ -37,7 +37,7 @@ import pandas as pd
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.costs import decode_step_time_s
 from kvplan.plan.advice_rules import Rows, col, router_ttl
-from kvplan.plan.screen import quantile_sample, screen_scenarios
+from kvplan.plan.screen import formula_prefix_user, quantile_sample, screen_scenarios
 from kvplan.sim.engine import Resolved, resolve_roles
 from kvplan.sim.scenario import ClosedLoopArrival, PoissonArrival, Scenario, with_overrides
 from kvplan.units import human_s
@@ -260,8 +260,8 @@ def conversation_span_estimate_s(rs: Resolved) -> float:
     t90 = float(np.percentile(np.maximum(1, np.rint(quantile_sample(wl.turns))), 90))
     gap = float(np.mean(quantile_sample(wl.turn_gap_s)))
     out = float(np.mean(np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))))
-    ctx = float(np.mean(quantile_sample(wl.prefix_tokens))) + t90 / 2 * (
-        float(np.mean(quantile_sample(wl.user_tokens))) + out)
+    prefix, user = formula_prefix_user(wl)  # turn 1 as the formulas count it (plan/screen.py)
+    ctx = prefix + t90 / 2 * (user + out)
     service = out * decode_step_time_s(resolve_roles(rs.scenario, rs)[1].costs.decode, 1, int(ctx))  # at D's TP
     return max(t90 - 1, 0.0) * (gap + service)
 

@@ -311,14 +311,13 @@ def break_even_threshold(sc: Scenario) -> int:
     """The threshold ``recommend``'s rule starts from: the analytic pull-vs-recompute break-even of the mean
     follow-up turn (local prefix on P when it has one, the new user tokens as the tail)."""
     from kvplan.plan.breakeven import break_even
-    from kvplan.plan.screen import quantile_sample
+    from kvplan.plan.screen import formula_prefix_user, quantile_sample
     from kvplan.sim.engine import resolve
 
     wl, dep = sc.workload, sc.deployment
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     et, et2 = float(t.mean()), float((t * t).mean())
-    prefix = float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean())
-    user = float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean())
+    prefix, user = formula_prefix_user(wl)  # turn 1 as the formulas count it (plan/screen.py)
     out = float(np.maximum(1, np.rint(quantile_sample(wl.output_tokens))).mean())
     km1 = (et2 - et) / 2 / (et - 1) if et > 1 else 1.0  # mean turn index - 1 of a follow-up
     prev_prompt = prefix + user * km1 + out * (km1 - 1)

@@ -47,6 +47,7 @@ from kvplan.sim.scenario import (
     PoissonArrival,
     Scenario,
     Uniform,
+    Workload,
 )
 from kvplan.sim.workload import load_empirical_values
 
@@ -92,6 +93,15 @@ def _values(dist: Empirical) -> np.ndarray:
     if dist.values is not None:
         return np.asarray(dist.values, dtype=float)
     return load_empirical_values(dist.path or "", dist.column)
+
+
+def formula_prefix_user(wl: Workload) -> tuple[float, float]:
+    """Mean prefix and user tokens per turn as the analytic formulas take them: they count turn 1 as prefix + user,
+    so with ``workload.first_turn_user_tokens`` false (turn 1 is the prefix alone, sim/workload.py) the prefix they
+    are given is the mean prefix less the mean user draw, which makes every turn's mean prompt the simulator's."""
+    prefix = float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean())
+    user = float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean())
+    return (prefix if wl.first_turn_user_tokens else prefix - user), user
 
 
 def quantile_sample(dist: Dist, m: int = QUANTILES) -> np.ndarray:
@@ -236,13 +246,13 @@ def screen_point(sc: Scenario, cache: dict[str, Resolved]) -> ScreenPoint:
     costs = rs_p.costs if rs_d is rs_p else rs_p.costs.model_copy(update={"decode": rs_d.costs.decode})
     t = np.maximum(1, np.rint(quantile_sample(wl.turns)))
     out_q = np.maximum(1, np.rint(quantile_sample(wl.output_tokens)))
+    prefix_mean, user_mean = formula_prefix_user(wl)
     return ScreenPoint(
         turns_q=t, rate_per_s=wl.arrival.rate_per_s if isinstance(wl.arrival, PoissonArrival) else np.nan,
         client_slots=0.0 if isinstance(wl.arrival, PoissonArrival) else float(
             max(1, wl.arrival.max_active_conversations // wl.arrival.clients)),  # sim/driver.py ClosedLoop.slots
         conversations=wl.conversations, mean_turns=float(t.mean()), mean_turns_sq=float((t * t).mean()),
-        prefix_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.prefix_tokens))).mean()),
-        user_tokens=float(np.maximum(0, np.rint(quantile_sample(wl.user_tokens))).mean()),
+        prefix_tokens=prefix_mean, user_tokens=user_mean,
         output_tokens=float(out_q.mean()), output_q=out_q, gap=wl.turn_gap_s, ttl_s=pol.decoder_kv_blocks_ttl_s,
         router_ttl_s=pol.router_ttl_s, margin_s=pol.expiry_safety_margin_s + pol.clock_skew_s,
         router_on=float(pol.bidirectional and pol.send_conversation_id), threshold_tokens=pol.kv_recompute_threshold_tokens,

@@ -372,7 +372,8 @@ class Workload(_Frozen):
     """Multi-turn conversations. Token and turn counts drawn from distributions are rounded to integers."""
 
     # added with workload.history and shared prefixes (sim/scenario_base.py: old fingerprints stay)
-    OMIT_AT_DEFAULT = frozenset({"history", "history_kept_share", "shared_prefix_tokens", "shared_prefix_groups"})
+    OMIT_AT_DEFAULT = frozenset({"history", "history_kept_share", "shared_prefix_tokens", "shared_prefix_groups",
+                                 "first_turn_user_tokens"})
 
     conversations: int = Field(default=100, gt=0, le=MAX_CONVERSATIONS, description="Conversations to simulate.")
     arrival: Arrival = Field(
@@ -381,6 +382,11 @@ class Workload(_Frozen):
     turns: Dist = Field(default=Constant(value=5), description="User turns per conversation (>= 1).")
     prefix_tokens: Dist = Field(default=Constant(value=2000), description="System+tools+documents on turn 1.")
     user_tokens: Dist = Field(default=Constant(value=150), description="New user/tool tokens per turn.")
+    first_turn_user_tokens: bool = Field(
+        default=True, description="Turn 1's prompt is prefix_tokens plus a user_tokens draw (true, the default) or "
+        "prefix_tokens alone (false: prefix_tokens is the whole first prompt, as `kvplan workload fit` measures it "
+        "from a trace). The draw is made either way, so the other draws of a seed do not move.",
+    )
     output_tokens: Dist = Field(default=Constant(value=300), description="Response tokens (>= 1).")
     turn_gap_s: Dist = Field(
         default=Constant(value=0.0), description="End of a response to the next turn's arrival (think/tool time)."

@@ -207,7 +207,7 @@ def make_plan(workload: Workload, seed: int, max_model_len: int) -> Conversation
     inc = user.copy()
     inc[1:] += out[:-1]
     first = offsets[:-1]
-    inc[first] = user[first] + prefix
+    inc[first] = (user[first] + prefix) if workload.first_turn_user_tokens else prefix
     csum = np.cumsum(inc)
     base = np.zeros(n, dtype=np.int64)
     base[1:] = csum[first[1:] - 1]

@@ -126,7 +126,7 @@ def render_text(rec: Recommendation) -> list[str]:
     lines = [
         *head,
         *[f"warning: {w}" for w in cut],
-        *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {rec.best_policy['ttft_p90_s'] * 1000:.0f} ms"
+        *([f"best policy: {rec.best_policy['policy']} (TTFT p90 {human_s(rec.best_policy['ttft_p90_s'])}"
            + (f" over {rec.best_policy['ttft_p90_judged_conversations']:,} conversations"
               if rec.best_policy.get("ttft_p90_judged_conversations") else "") + ", pinned KV "
            f"mean {rec.best_policy['pinned_kv_gib_mean']:.1f} GiB; `kvplan compare` for the whole table)"]

@@ -176,7 +176,11 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
         if abs(g1 - g2) <= SAME_PINNED_REL * max(g1, g2):
             out.append(f"pinned decode KV mean is the same ({g1:.1f} GiB) at TTL {t1:g} s and {t2:g} s: the runs do not "
                        "separate them (too short for steady state, or the decode pool is full)")
-    out.extend(f"router TTL at TTL {c.ttl_s:g} s did not settle within {ROUTER_ROUNDS} rounds: its own p99 arrival->P "
-               "decision leaves no router TTL that expires before P would decline, or grows as the router TTL shrinks "
-               "(P queues at this TTL); shown at its longest router TTL" for c in curve if not c.router_settled)
+    unsettled = [c.ttl_s for c in curve if not c.router_settled]
+    if unsettled:  # one line for all of them (a saturated deployment: often every TTL of the grid)
+        at = "TTL" if len(unsettled) == 1 else "TTLs"
+        out.append(f"router TTL at {at} {', '.join(f'{t:g}' for t in unsettled)} s did not settle within "
+                   f"{ROUTER_ROUNDS} rounds: its own p99 arrival->P decision leaves no router TTL that expires before P "
+                   "would decline, or grows as the router TTL shrinks (P queues at this TTL); shown at its longest "
+                   "router TTL")
     return out

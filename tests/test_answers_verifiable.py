@@ -157,6 +157,10 @@ def test_recommend_text_prints_no_nan_where_a_replay_has_no_steady_window() -> N
     text = "\n".join(render_text(rec))
     assert "nan" not in text.lower().replace("nanos", ""), text
     assert "'-': the runs have no steady window" in text
+    # the best policy's p90 is scaled like the table's (it printed 'TTFT p90 2517366 ms' beside '48.6 min')
+    best = {"policy": "aggregated", "ttft_p90_s": 2517.366, "pinned_kv_gib_mean": 0.0, "rule": "r"}
+    line = next(ln for ln in render_text(replace(rec, best_policy=best)) if ln.startswith("best policy: aggregated"))
+    assert "TTFT p90 42.0 min" in line and " ms" not in line, line
 
 
 def test_a_recommendation_above_the_hbm_budget_says_so() -> None:

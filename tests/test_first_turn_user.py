@@ -81,7 +81,10 @@ def test_workload_fit_first_prompts_are_the_traces() -> None:
         firsts.append(x)
         for _ in range(int(rng.integers(1, 4))):
             o = int(rng.integers(20, 400))
-            sid.append(f"s{s}"); arr.append(t); n_in.append(x); n_out.append(o)
+            sid.append(f"s{s}")
+            arr.append(t)
+            n_in.append(x)
+            n_out.append(o)
             t += 60.0 + float(rng.exponential(30.0))
             x += o + int(rng.integers(10, 300))
     order = np.argsort(arr, kind="stable")

@@ -437,7 +437,7 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
         skipped = [f"TTL {c['decoder_kv_blocks_ttl_s']:g} s ({c['skipped']}"
                    + (f": p99 arrival-to-decision {c['p_decide_p99_s']:.0f} s)" if "p_decide_p99_s" in c else ")")
                    for c in p.candidates if c.get("skipped")]
-        achieved = (f"TTFT p90 {p90 * 1000:.0f} ms" if math.isfinite(p90) else
+        achieved = (f"TTFT p90 {human_s(p90)}" if math.isfinite(p90) else
                     "every TTL skipped: " + ", ".join(skipped) if skipped else "runs failed")
         if skipped:
             out["ttl_candidates"] = p.candidates
@@ -448,7 +448,7 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
                 and wait < SERVICE_BOUND_WAIT_SHARE * p90):
             # no queue to remove: the p90 is the service time of its requests (long prompts' prefill, recomputed
             # contexts, transfers), which more nodes or a lower load do not shorten
-            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms), its busiest prefill "
+            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {human_s(slo_s)}), its busiest prefill "
                             f"engine only {busy:.0%} busy over the steady window and no resource's p90 wait above "
                             f"{human_s(wait)}: that TTFT is service time, not queueing, so more nodes or a lower load "
                             "will not bring it to the SLO; see where it goes "
@@ -456,7 +456,7 @@ def _not_meeting(closest: tuple[str, Pick] | None, what: str, slo_s: float) -> d
                             "and what shortens it (prompt lengths, prefix caching and routing that keeps a "
                             "conversation's prefix on one engine), or relax the SLO")
         else:
-            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {slo_s * 1000:g} ms): raise "
+            out["note"] += (f"; closest tried: {name} with {achieved} (SLO {human_s(slo_s)}): raise "
                             "--max-nodes, relax the SLO or lower the load")
     return out
 

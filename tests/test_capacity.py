@@ -4,6 +4,7 @@ fewer does not; compare and capacity price the same deployment and load identica
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,8 @@ def test_a_hopeless_load_ends_after_a_few_runs() -> None:
     plan = plan_capacity(sc, 100.0, 2000.0, max_nodes=6, replications=1, ttl_grid=(30.0, 60.0), max_rate=False)
     for col in (plan.with_bidirectional, plan.without_bidirectional, plan.aggregated):
         assert col["meets_slo"] is False and "closest tried" in col["note"], col
+        # times scaled as the header's SLO is ('TTFT p90 19568 ms (SLO 5000 ms)' under 'SLO 5.00 s')
+        assert "(SLO 2.00 s)" in col["note"] and not re.search(r"TTFT p90 \d{4,} ms", col["note"]), col["note"]
     # the screen finds nothing plausible: per P/D column the largest total's best split only; one aggregated size
     assert plan.simulations <= 4, plan.simulations
     assert plan.without_bidirectional["closest_xpyd"] is not None

@@ -276,6 +276,9 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
         out.append(rows[0]["cost_basis"])
     if rows[0].get("slo_ttft_p90_ms") is not None:
         out.append(f"max load: new conversations/s with mean TTFT p90 <= {rows[0]['slo_ttft_p90_ms']:g} ms and <= 1% errors")
+    # a note every policy has (the workload cut at the context limit, ...) is said once, not once per column
+    common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows[1:])] if len(rows) > 1 else []
+    out.extend(f"every policy: {n}" for n in common)
     for r in rows:
-        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"]))
+        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"] if n not in common))
     return out

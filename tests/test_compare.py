@@ -542,3 +542,19 @@ def test_cost_per_million_turns_carries_its_ci(capsys: pytest.CaptureFixture[str
         assert r["usd_per_million_turns_ci95"] > 0
     line = next(ln for ln in render_text(rows) if ln.startswith("$ per M turns"))
     assert line.count("±") == 2
+
+
+def test_compare_text_says_a_note_every_policy_has_once() -> None:
+    """The workload cut at the context limit is every policy's note: the tool-agent preset printed the same 250
+    characters once per column (seven times); now once as 'every policy:', each policy's own notes on its line."""
+    from kvplan.app.cmd_compare import render_text
+
+    cut = "7 of 1,000 (1%) conversation(s) per run were cut at the model's context limit"
+    rows = [{**_text_row(p, 3, 0.0), "notes": [cut, *own]} for p, own in
+            (("off", []), ("ttl", ["run too short for steady state at TTL 480 s"]), ("lease", ["lease 30 s"]))]
+    text = render_text(rows)
+    assert sum(cut in ln for ln in text) == 1 and f"every policy: {cut}" in text
+    assert "ttl: ttl; run too short for steady state at TTL 480 s" in text and "off: off" in text
+    assert "lease: lease; lease 30 s" in text
+    solo = render_text([{**_text_row("off", 3, 0.0), "notes": [cut]}])  # one column: its note on its line
+    assert f"off: off; {cut}" in solo and not any(ln.startswith("every policy") for ln in solo)

@@ -230,6 +230,10 @@ def recommended_overrides(sc: Scenario, replications: int, workers: int,
     return recommendation_overrides(recommend(sc, replications=replications, workers=workers, progress=progress))
 
 
+RECOMMENDED_OFF = ("kvplan recommend's answer, which is retention off (bidirectional_kv_xfer false): the same "
+                   "deployment as the off column")
+
+
 def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
     """The scenario overrides of a :class:`kvplan.plan.advice.Recommendation` (or its ``to_json()`` object) and a
     one-line description."""
@@ -532,7 +536,9 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
                            "seed": sc.seed, "description": POLICY_HELP[base],
                            "settings": dict(sorted(r.overrides.items())), **agg}
     if base == "ttl_recommended":
-        row["description"] += f" ({rec_what})"
+        # recommend may answer retention off: then the column is that deployment, not one with bidirectional on
+        row["description"] = (RECOMMENDED_OFF if rec_what == "retention off" else
+                              row["description"] + f" ({rec_what})")
     if r.name.endswith(CROSS_LAYER):
         row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)

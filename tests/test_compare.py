@@ -558,3 +558,22 @@ def test_compare_text_says_a_note_every_policy_has_once() -> None:
     assert "lease: lease; lease 30 s" in text
     solo = render_text([{**_text_row("off", 3, 0.0), "notes": [cut]}])  # one column: its note on its line
     assert f"off: off; {cut}" in solo and not any(ln.startswith("every policy") for ln in solo)
+
+
+def test_a_recommendation_of_retention_off_is_described_as_that(tmp_path: Path) -> None:
+    """When recommend answers retention off, the ttl_recommended column runs the off deployment: it was described
+    as 'bidirectional at kvplan recommend's TTL, threshold and router TTL (...) (retention off)'."""
+    from kvplan.plan import advice
+    from kvplan.plan.compare import RECOMMENDED_OFF
+    from kvplan.sim.scenario import load_scenario
+
+    sc = load_scenario(_scenario(tmp_path))
+    rec = json.loads(advice.recommend(sc, replications=1).to_json())
+    off = {**rec, "bidirectional": False, "retention_off": True}
+    rows = compare(sc, ["off", "ttl_recommended"], replications=1, recommendation=off)
+    assert rows[1]["description"] == RECOMMENDED_OFF and "bidirectional at" not in rows[1]["description"]
+    assert rows[1]["settings"]["policy.bidirectional"] is False
+    assert rows[1]["ttft_p90_s"] == rows[0]["ttft_p90_s"]  # the same deployment, the same seeds
+    if rec["bidirectional"]:  # a recommendation with retention on keeps its values in the description
+        on = compare(sc, ["ttl_recommended"], replications=1, recommendation=rec)[0]["description"]
+        assert on.startswith("bidirectional at kvplan recommend's TTL") and f"TTL {rec['decoder_kv_blocks_ttl_s']} s" in on

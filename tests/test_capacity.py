@@ -120,6 +120,14 @@ def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tupl
         assert agg_row["settings"]["deployment.replicas"] == n
         assert agg_row["usd_per_million_turns"] == pytest.approx(agg["usd_per_million_turns_at_rate"], rel=1e-12)
     assert rows[0]["cost_basis"] == plan["cost_basis"]
+    # the bidirectional answer at its TTL: compare's row of the same policy, deployment and run length costs the same
+    # (both priced over the second half of the arrival window, whatever the TTL: plan/pricing.py)
+    on = plan["with_bidirectional"]
+    ov = on["verification"]["overrides"]
+    at_on = with_overrides(sc, {k: v for k, v in ov.items() if not k.startswith("policy.")})
+    policy = {k: v for k, v in ov.items() if k.startswith("policy.")}
+    (on_row,) = compare(at_on, ["ttl_recommended"], replications=REPS, recommended=(policy, "capacity's answer"))
+    assert on_row["usd_per_million_turns"] == pytest.approx(on["usd_per_million_turns_at_rate"], rel=1e-12)
 
 
 def test_capacity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

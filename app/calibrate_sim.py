@@ -32,7 +32,7 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
     from kvplan.calibration.sim_fit import bench_run, fit_scenario, multiturn_run
     from kvplan.errors import input_error
     from kvplan.models.arch import get_model
-    from kvplan.models.profile import save_profile
+    from kvplan.models.profile import save_profile, with_recorded_inputs
     from kvplan.sim.results import json_safe
     from kvplan.sim.scenario import load_scenario
 
@@ -67,7 +67,8 @@ def calibrate_by_simulation(scenarios: list[Path], traces: dict[str, list[Path] 
                 "(--allow-model-mismatch); not a calibration of this model")
         prof = prof.model_copy(update={"status": "proxy" if prof.status == "calibrated" else prof.status,
                                        "notes": [*prof.notes, note]})
-    save_profile(prof, out, overwrite=overwrite, inputs=inputs)
+    # the input files as paths from the profile's directory, not this machine's absolute paths
+    save_profile(with_recorded_inputs(prof, out), out, overwrite=overwrite, inputs=inputs)
     if prof.status == "unreliable":
         warn_unreliable(fit.report["unreliable_reasons"], out)
     if json_out:

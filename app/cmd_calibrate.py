@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
         from kvplan.models.hardware import get_hardware
-        from kvplan.models.profile import save_profile
+        from kvplan.models.profile import save_profile, with_recorded_inputs
         from kvplan.sim.scenario import MAX_TOKENS
 
         int_range("--chunk-tokens", chunk_tokens, 1, MAX_TOKENS)  # deployment.max_num_batched_tokens' range
@@ -141,7 +141,8 @@ def register(app: typer.Typer) -> None:
             prof = result.profile.model_copy(update={"status": status, "notes": [*result.profile.notes, note]})
             result = dataclasses.replace(result, profile=prof)
             result.report.setdefault("notes", []).append(note)
-        save_profile(result.profile, out, overwrite=overwrite, inputs=inputs)
+        # the input files as paths from the profile's directory, not this machine's absolute paths
+        save_profile(with_recorded_inputs(result.profile, out), out, overwrite=overwrite, inputs=inputs)
         if result.profile.status == "unreliable":
             warn_unreliable(result.report.get("unreliable_reasons", []), out)
         if json_out:

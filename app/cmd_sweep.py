@@ -40,11 +40,13 @@ COMPARED_SCREEN_COLUMNS = ("screen_hit_rate", "screen_pinned_kv_gib_mean", "scre
 
 
 def print_summary_table(summ: Any, axes: list[str]) -> None:
-    """Per-point means (axes, TTFT p50/p90 scaled for humans, hit rate, pinned peak) as a terminal table."""
+    """Per-point means (axes, TTFT p50/p90 scaled for humans, hit rate, pinned peak) as a terminal table, each column
+    in one unit and one precision over the rows shown (:func:`kvplan.app.output.seconds_column`, ``number_column``,
+    ``axis_column``)."""
     import pandas as pd
     from rich.table import Table
 
-    from kvplan.app.output import console, human_s
+    from kvplan.app.output import axis_column, console, number_column, seconds_column
 
     t = Table(title=f"per-point means ({len(summ)} points" + (f", first {MAX_TABLE_ROWS}" if len(summ) > MAX_TABLE_ROWS
                                                            else "") + ")")
@@ -53,15 +55,19 @@ def print_summary_table(summ: Any, axes: list[str]) -> None:
     cols = [(k, name) for k, name in SUMMARY_COLUMNS if k in summ.columns]
     for _, name in cols:
         t.add_column(name, justify="right")
-    for _, r in summ.head(MAX_TABLE_ROWS).iterrows():
-        cells = [str(r[a]) for a in axes]
+    shown = summ.head(MAX_TABLE_ROWS)
+    columns = [axis_column(list(shown[a])) for a in axes]
+    for k, _ in cols:
+        values = list(shown[k])
+        text = (seconds_column(values) if k.startswith("ttft") else [f"{v:.1%}" for v in values]
+                if k == "hit_rate_mean" else number_column(values))
+        columns.append(text)
+    for i, (_, r) in enumerate(shown.iterrows()):
+        cells = [c[i] for c in columns]
         failed = "replications" in r.index and "errors" in r.index and int(r["errors"]) >= int(r["replications"])
-        for k, _ in cols:
-            v = r[k]
-            if pd.isna(v):  # no finished run to average (every run of the point failed), or no such figure
-                cells.append("failed" if failed else "n/a")
-                continue
-            cells.append(human_s(v) if k.startswith("ttft") else f"{v:.1%}" if k == "hit_rate_mean" else f"{v:.4g}")
+        for j, (k, _) in enumerate(cols, start=len(axes)):
+            if pd.isna(r[k]):  # no finished run to average (every run of the point failed), or no such figure
+                cells[j] = "failed" if failed else "n/a"
         t.add_row(*cells)
     console().print(t)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,76 @@ def fmt_s(x: Any) -> str:
 
 
 TTFT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
+
+#: (upper bound of the column's largest value in seconds, factor, unit, decimals): :func:`human_s`'s steps.
+_SECOND_UNITS = ((1.0, 1000.0, "ms", 1), (120.0, 1.0, "s", 2), (7200.0, 1 / 60, "min", 1), (math.inf, 1 / 3600, "h", 1))
+#: At most this many decimals beyond a column's base precision, to keep its smallest value's leading digits.
+_EXTRA_DECIMALS = 3
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _keep_smallest(decimals: int, values: list[float], significant: int = 2) -> int:
+    """``decimals``, raised (by at most :data:`_EXTRA_DECIMALS`) so that the smallest non-zero magnitude of ``values``
+    keeps ``significant`` digits."""
+    nonzero = [abs(v) for v in values if v != 0]
+    if not nonzero:
+        return decimals
+    need = significant - 1 - math.floor(math.log10(min(nonzero)))
+    return max(decimals, min(need, decimals + _EXTRA_DECIMALS))
+
+
+def seconds_column(values: Sequence[Any]) -> list[str]:
+    """Seconds of one table column, in one unit and one precision: the unit :func:`human_s` gives the column's largest
+    value (ms, s, min, h) with its decimals (more when the smallest value would lose its leading digits); 'n/a' for a
+    missing or non-finite value. A column mixing '895.0 ms' and '2.76 s' read as two precisions."""
+    finite = [float(v) for v in values if _finite(v)]
+    if not finite:
+        return ["n/a" for _ in values]
+    top = max(abs(v) for v in finite)
+    _, factor, unit, decimals = next(u for u in _SECOND_UNITS if top < u[0])
+    decimals = _keep_smallest(decimals, [v * factor for v in finite])
+    return [f"{float(v) * factor:.{decimals}f} {unit}" if _finite(v) else "n/a" for v in values]
+
+
+def number_column(values: Sequence[Any]) -> list[str]:
+    """Numbers of one table column at one precision: none when every value is whole, else enough decimals for four
+    significant digits of the largest (0-3), more when the smallest would lose its leading digits; 'n/a' for a
+    missing or non-finite value."""
+    finite = [float(v) for v in values if _finite(v)]
+    if not finite:
+        return ["n/a" for _ in values]
+    if all(v.is_integer() for v in finite):
+        decimals = 0
+    else:
+        top = max(abs(v) for v in finite)
+        decimals = min(max(3 - math.floor(math.log10(top)), 0), 3) if top > 0 else 0
+        decimals = _keep_smallest(decimals, finite)
+    return [f"{float(v):.{decimals}f}" if _finite(v) else "n/a" for v in values]
+
+
+def _decimals(v: float, cap: int = 6) -> int:
+    """Decimals of the shortest text that reads back as ``v`` (at most ``cap``)."""
+    text = repr(float(v))
+    if "e" in text or "inf" in text or "nan" in text:
+        return cap
+    whole, _, frac = text.partition(".")
+    return 0 if frac in ("", "0") else min(len(frac), cap)
+
+
+def axis_column(values: Sequence[Any]) -> list[str]:
+    """A sweep axis's values as one column: numbers with a fraction all at the most decimals any of them needs
+    ('0.50', '60.25', '480.00'), anything else as written."""
+    real = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool) and _finite(v)]
+    if len(real) != len(values) or all(float(v).is_integer() for v in real):
+        return [str(v) for v in values]
+    decimals = max(_decimals(float(v)) for v in real)
+    return [f"{float(v):.{decimals}f}" for v in real]
 
 
 def print_summary(

@@ -60,7 +60,7 @@ def main() -> None:
         for k in ("with_bidirectional", "without_bidirectional", "aggregated"):
             print(f"  {k}: {json.dumps(_summary(d[k]))}", flush=True)
     result = {
-        "compiled_build": native.status(),
+        "compiled_build": native.status(portable=True),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "processor": platform.processor() or platform.machine()},
         "workload": "benchmarks/reference.yaml (2,000 conversations x 10 turns at 4.3/s, 1P1D TP8 Qwen3-32B p5en)",

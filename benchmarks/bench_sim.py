@@ -167,7 +167,7 @@ def main() -> None:
               f"peak RSS {row['peak_rss_mib']:.0f} MiB (process incl. imports)")
     per_conv = [m["peak_traced_mib"] / m["conversations"] for m in mem]
     result = {
-        "compiled_build": native.status(),  # sim/native.py: the compiled hot path, or why not
+        "compiled_build": native.status(portable=True),  # sim/native.py: the compiled hot path, or why not
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
         "speed": speed,
         "memory": mem,

@@ -203,7 +203,7 @@ def main() -> None:
                  for c in frames[1].columns if not frames[1][c].equals(frames[2][c])}
     prof = profile_one()
     result = {
-        "compiled_build": native.status(),  # sim/native.py: the compiled hot path, or why not
+        "compiled_build": native.status(portable=True),  # sim/native.py: the compiled hot path, or why not
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "processor": platform.processor() or platform.machine()},
         "grid": {"points": n, "base": "benchmarks/reference.yaml (20,000 turns per run)", "axes": g["axes"]},

@@ -10,7 +10,9 @@ model and hardware (an instance or a GPU preset) are known is checked against it
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -178,6 +180,38 @@ def _check_complete(data: Any, path: Path) -> None:
         if not isinstance(costs, dict) or not costs.get(comp):
             raise input_error(f"{path}: field 'costs.{comp}'", "is missing or empty (it would load as zero costs)",
                               "re-create the profile with kvplan calibrate or kvplan profile derive")
+
+
+def recorded_input(file: str | os.PathLike[str], profile_path: str | os.PathLike[str]) -> str:
+    """What a profile written to ``profile_path`` records of an input file it was fitted on: the file's path relative
+    to the profile's directory (``../data/run.json``), never this machine's absolute path; its basename when no
+    relative path exists (another drive)."""
+    base = os.path.dirname(os.path.abspath(profile_path))
+    try:
+        return os.path.relpath(os.path.abspath(file), base)
+    except ValueError:
+        return os.path.basename(os.fspath(file))
+
+
+def with_recorded_inputs(profile: Profile, profile_path: str | os.PathLike[str]) -> Profile:
+    """``profile`` with the input files its fit records (``provenance.sources[].file``, ``fit_report.runs[].file``
+    and a replayed run's ``workload.trace.path``) given relative to ``profile_path``'s directory
+    (:func:`recorded_input`), for ``kvplan calibrate`` to write: the same keys, a portable value. The files were
+    given relative to the working directory or absolute."""
+    provenance = copy.deepcopy(profile.provenance)
+    report = copy.deepcopy(profile.fit_report)
+    for src in provenance.get("sources") or []:
+        if isinstance(src, dict) and isinstance(src.get("file"), str):
+            src["file"] = recorded_input(src["file"], profile_path)
+    for run in report.get("runs") or []:
+        if not isinstance(run, dict):
+            continue
+        if isinstance(run.get("file"), str):
+            run["file"] = recorded_input(run["file"], profile_path)
+        trace = (run.get("workload") or {}).get("trace")
+        if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+            trace["path"] = recorded_input(trace["path"], profile_path)
+    return profile.model_copy(update={"provenance": provenance, "fit_report": report})
 
 
 def save_profile(profile: Profile, path: str | Path, *, overwrite: bool = False, inputs: Any = ()) -> None:

@@ -8,7 +8,11 @@ hardware, TP, workload (or trace) and policy and answers three columns:
 * ``without_bidirectional``: the smallest xPyD with it off (plain P/D);
 * ``aggregated``: the fewest aggregated vLLM replicas of the same TP (both phases per engine, prefix caching
   on, routed as ``compare``'s aggregated row: :func:`aggregated_overrides`), searched from the P/D answer's
-  instance count (doubled until the SLO is met, then bisected), with the check of one replica fewer.
+  instance count (doubled until the SLO is met, then bisected), with the check of one replica fewer. The TP is
+  the one of the scenario's P and D instances (:func:`instance_tp`, per-role TP included); when P's and D's
+  differ, an aggregated replica (one engine, both phases at one TP: ``sim/node_setup.py`` ``aggregated_config``)
+  has no TP of the scenario's, and the column says so (``not_sized``) instead of sizing replicas of
+  ``deployment.tensor_parallel_size``, a TP neither role runs.
 
 Search (the screen prunes, the simulator decides):
 
@@ -111,14 +115,40 @@ def conversations_for(base: Scenario, rate: float) -> int:
     return int(min(max(math.ceil(rate * horizon), 1), MAX_CONVERSATIONS))
 
 
-def aggregated_overrides(replicas: int, routing: str) -> dict[str, Any]:
-    """Overrides turning a P/D scenario into ``replicas`` aggregated replicas of its TP, routed by ``routing``."""
+def aggregated_overrides(replicas: int, routing: str, tp: int | None = None) -> dict[str, Any]:
+    """Overrides turning a P/D scenario into ``replicas`` aggregated replicas of its TP (``tp`` when given:
+    ``deployment.tensor_parallel_size`` is set to it), routed by ``routing``."""
     return {"deployment.prefill_tensor_parallel_size": None, "deployment.decode_tensor_parallel_size": None,
+            **({"deployment.tensor_parallel_size": tp} if tp is not None else {}),
             "deployment.mode": "aggregated", "deployment.replicas": replicas, "deployment.routing": routing,
             "deployment.prefill_prefix_caching": True, "policy.bidirectional": False,
             # aggregated serving has no decode-side retention: reset what a P/D scenario's policy may carry
             # (aggregated + lease / ttl_evictable / offload is refused as inconsistent, issue 22 item 14)
             "policy.retention": {"kind": "ttl"}, "policy.offload": None}
+
+
+def role_tps(sc: Scenario) -> tuple[int, int]:
+    """The TP of the scenario's prefill and of its decode instances (per role, else ``tensor_parallel_size``)."""
+    dep = sc.deployment
+    return (dep.prefill_tensor_parallel_size or dep.tensor_parallel_size,
+            dep.decode_tensor_parallel_size or dep.tensor_parallel_size)
+
+
+def instance_tp(sc: Scenario) -> int | None:
+    """The one TP of the scenario's P and D instances (given per role or not), the TP of aggregated replicas of
+    "the same TP"; None when P's and D's differ (heterogeneous TP: an aggregated replica runs both phases at one TP,
+    so none is the scenario's)."""
+    p, d = role_tps(sc)
+    return p if p == d else None
+
+
+def aggregated_not_sized(sc: Scenario) -> str:
+    """Why capacity's aggregated column is not sized for a heterogeneous-TP scenario, with the fix (one line)."""
+    p, d = role_tps(sc)
+    return (f"not sized: the scenario's prefill TP {p} and decode TP {d} differ, and an aggregated replica runs both "
+            f"phases at one TP (deployment.tensor_parallel_size {sc.deployment.tensor_parallel_size} is neither role's "
+            "here); to size aggregated replicas, plan a scenario of one TP (deployment.tensor_parallel_size, no "
+            "prefill/decode_tensor_parallel_size)")
 
 
 def default_aggregated_routing(sc: Scenario) -> str:
@@ -287,7 +317,8 @@ class _Planner:
         taken as monotone in the replica count: from ``guess`` (the P/D answer's instance count) doubling up to
         ``max_nodes`` until one meets, then bisection below it; the check of R - 1 is simulated."""
         def at(r: int) -> Pick:
-            ov = {**aggregated_overrides(r, routing), **self.rate_ov}
+            base_tp = self.ev.base.deployment.tensor_parallel_size
+            ov = {**aggregated_overrides(r, routing, tp if tp != base_tp else None), **self.rate_ov}
             m = self.ev.one(ov)
             return Pick(meets(m, self.slo_s), m, ov, {"replicas": r, "routing": routing, "tensor_parallel_size": tp})
 
@@ -547,7 +578,10 @@ def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> 
 
 
 def _agg_column(pl: _Planner, inp: _Inputs, routing: str, with_max_rate: bool, guess: int | None) -> dict[str, Any]:
-    tp = inp.sc.deployment.tensor_parallel_size
+    tp = instance_tp(inp.sc)
+    if tp is None:  # heterogeneous TP: no TP of the scenario's for a replica running both phases (instance_tp)
+        return {**_not_meeting(None, "", inp.slo_s), "note": aggregated_not_sized(inp.sc), "not_sized": True,
+                "routing": routing, "tensor_parallel_size": None, "replicas": None, "neighbour_checks": []}
     n, pick, checks, closest = pl.aggregated(routing, tp, guess)
     if n is None or pick is None:
         return {**_not_meeting((f"{inp.max_nodes} replicas", closest) if closest else None,
@@ -618,7 +652,10 @@ def _notes(sc: Scenario, inp: _Inputs, replications: int, threshold: int, routin
         f"{pol.clock_skew_s:g} s skew - that run's p99 arrival-to-decision, threshold {threshold} tokens "
         "(pull-vs-recompute break-even); other policy fields as in the scenario",
         f"SLO met when the mean TTFT p90 over {replications} replications is <= the SLO with <= 1% of turns errored",
-        f"aggregated: replicas of TP{sc.deployment.tensor_parallel_size}, prefix caching on, routing {routing}",
+        (f"aggregated: replicas of TP{instance_tp(sc)}, prefix caching on, routing {routing}"
+         if instance_tp(sc) is not None else
+         "aggregated: not sized (prefill TP {} and decode TP {} differ; an aggregated replica runs one TP)".format(
+             *role_tps(sc))),
         "smallest: one P fewer and one D fewer (one replica fewer) are simulated and miss the SLO "
         "(neighbour_checks)",
     ]

@@ -69,7 +69,7 @@ from kvplan.plan.advice import (
 )
 from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
 from kvplan.plan.advice_runs import saturation, steady
-from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing
+from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing, instance_tp
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
     BEST_RULE,
@@ -176,9 +176,16 @@ def _pd_gpus(sc: Scenario) -> int:
             + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
 
 
+def aggregated_tp(sc: Scenario) -> int:
+    """The TP of the ``aggregated`` policy's replicas: the one TP of ``sc``'s P and D instances when they share one
+    (given per role or not, :func:`kvplan.plan.capacity.instance_tp`), else ``deployment.tensor_parallel_size`` on
+    the same GPUs."""
+    return instance_tp(sc) or sc.deployment.tensor_parallel_size
+
+
 def aggregated_problem(sc: Scenario) -> str | None:
     """Why the ``aggregated`` policy cannot run on ``sc``'s GPUs (not a whole number of TP replicas), else None."""
-    gpus, tp = _pd_gpus(sc), sc.deployment.tensor_parallel_size
+    gpus, tp = _pd_gpus(sc), aggregated_tp(sc)
     return f"{gpus} GPUs are not a whole number of TP{tp} replicas" if gpus % tp else None
 
 
@@ -186,7 +193,7 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
     """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
     dep = sc.deployment
     nodes = dep.prefill_nodes + dep.decode_nodes  # one instance each
-    tp = dep.tensor_parallel_size
+    tp = aggregated_tp(sc)
     gpus = _pd_gpus(sc)
     base, _, arg = name.partition(":")
     if base == "off":
@@ -219,7 +226,8 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
             raise input_error("--policies aggregated", problem,
                               "set deployment.tensor_parallel_size to a divisor of the GPU count")
         nodes = gpus // tp
-        return PolicyRun(name, aggregated_overrides(nodes, routing), gpus, nodes,
+        return PolicyRun(name, aggregated_overrides(nodes, routing, tp if tp != dep.tensor_parallel_size else None),
+                         gpus, nodes,
                          (f"{nodes} aggregated replicas, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 

@@ -34,6 +34,7 @@ import numpy as np
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.atomic import deferred_signals
 from kvplan.errors import KvplanInputError, input_error
+from kvplan.plan.pricing import pricing_window, served_turns_per_s
 from kvplan.sim.events import Ev
 from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
 from kvplan.sim.summary import flatten
@@ -87,11 +88,14 @@ def run_extras(result: Any) -> dict[str, float]:
     ``steady_ttft_mean_first_s`` / ``steady_ttft_mean_second_s``: :func:`_steady_halves` (both read by
     :mod:`kvplan.plan.steady`).
     ``served_turns_per_s``: finished turns over first arrival -> last finish (the drain included);
-    ``steady_served_turns_per_s``: turns finished without error inside the steady window over its length (the
-    basis every cost per million turns uses, :mod:`kvplan.plan.pricing`; ``served_turns_per_s`` when the window
-    is empty; a closed loop's window is its active span, first arrival to last response); ``tpot_mean_s`` (unless the
-    summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that reused any KV of their
-    context (a local prefix hit on P or an aggregated replica, or a pull), whatever the decision was.
+    ``steady_served_turns_per_s``: turns finished without error inside the pricing window over its length (the
+    basis every cost per million turns uses, :func:`kvplan.plan.pricing.pricing_window`: the summary's steady window,
+    the second half of the arrival window, the same whatever the policy and TTL, not the pinned-KV window above;
+    ``served_turns_per_s`` when the window is empty; a closed loop's window is its active span, first arrival to
+    last response), ``priced_window_start_s`` / ``priced_window_end_s`` that window (NaN without one);
+    ``tpot_mean_s`` (unless the summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that
+    reused any KV of their context (a local prefix hit on P or an aggregated replica, or a pull), whatever the
+    decision was.
     """
     ev = result.events
     turns = result.turns
@@ -111,7 +115,8 @@ def run_extras(result: Any) -> dict[str, float]:
     ttl = sc.policy.decoder_kv_blocks_ttl_s if sc.policy.bidirectional else 0.0
     t_a = min(t_b / 2, ttl + span_p90)
     out["arrival_span_s"] = t_b
-    if sc.workload.arrival.kind == "closed_loop" and sc.workload.trace is None and len(turns):
+    closed = bool(sc.workload.arrival.kind == "closed_loop" and sc.workload.trace is None and len(turns))
+    if closed:
         # a closed loop's arrivals follow its responses: its last new conversation starts early (12 s into the
         # published benchmark, whose window then held 5 first turns) and it has no arrival window; its window is
         # the active span, first arrival to last response (as health's, sim/health.py)
@@ -136,10 +141,11 @@ def run_extras(result: Any) -> dict[str, float]:
     out["finished_turns_per_s"] = float(len(turns) / s["sim_end_s"]) if s.get("sim_end_s") else 0.0
     span = float(turns["finish_s"].max() - turns["arrival_s"].min()) if len(turns) else 0.0
     out["served_turns_per_s"] = float(ok["finish_s"].notna().sum() / span) if span > 0 else 0.0
-    fin = ok["finish_s"].to_numpy(dtype=float)
-    window = t_b - t_a
-    out["steady_served_turns_per_s"] = (
-        float(((fin >= t_a) & (fin <= t_b)).sum() / window) if window > 0 else out["served_turns_per_s"])
+    # priced over one window for every policy and TTL of the scenario (plan/pricing.py), not the pinned-KV one above
+    priced = pricing_window(s, (t_a, t_b) if closed else None)
+    out["priced_window_start_s"], out["priced_window_end_s"] = priced if priced is not None else (math.nan, math.nan)
+    out["steady_served_turns_per_s"] = (served_turns_per_s(ok["finish_s"].to_numpy(dtype=float), priced)
+                                        if priced is not None else out["served_turns_per_s"])
     follow = turns[turns["turn"] >= 2]
     reused = (follow["local_hit_tokens"] + follow["pulled_tokens"]) > 0
     out["reuse_rate"] = float(reused.mean()) if len(follow) else 0.0

@@ -368,8 +368,9 @@ def simulate(
 def steady_window(plan: ConversationPlan) -> tuple[float, float] | None:
     """The second half of the arrival window, ``(max(first arrival, t_b / 2), t_b)``: ``t_b`` the last new
     conversation's first arrival (open loop) or the trace's last request. The ramp-up before it and the drain
-    after it are left out; pricing's steady window (:func:`kvplan.plan.executor.run_extras`) starts at
-    ``min(t_b / 2, TTL + p90 conversation span)``, so this is the same window or its tail. None for a closed
+    after it are left out. Pricing counts served turns over this window too, the same for every policy and TTL
+    (:func:`kvplan.plan.pricing.pricing_window`); the pinned-KV window (:func:`kvplan.plan.executor.run_extras`) starts
+    at ``min(t_b / 2, TTL + p90 conversation span)``, so this is the same window or its tail. None for a closed
     loop (its arrivals follow its responses) or an empty window."""
     t = plan.arrival_s if plan.arrival_s is not None and len(plan.arrival_s) else plan.start_s
     t = t[np.isfinite(t)] if t is not None else t

@@ -115,6 +115,17 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "kvplan" / "native"
 
 
+def portable_cache_dir() -> str:
+    """:func:`cache_dir` by the rule that chose it, not as this machine's path, for files that record it (benchmark
+    results): ``$KVPLAN_NATIVE_DIR``, ``<venv>/kvplan-native`` or ``~/.cache/kvplan/native``. The build itself is
+    named by its digest, which :func:`status` records beside it."""
+    if os.environ.get(ENV_DIR):
+        return f"${ENV_DIR}"
+    if os.access(Path(sys.prefix), os.W_OK):
+        return "<venv>/kvplan-native"
+    return "~/.cache/kvplan/native"
+
+
 def current_build(root: Path | None = None) -> Path | None:
     """The build directory matching the sources on disk now, or None."""
     d = cache_dir() / source_digest(root)
@@ -201,14 +212,15 @@ def install() -> bool:
     return True
 
 
-def status() -> dict[str, object]:
-    """Whether the compiled build is in use, and why (for ``kvplan native status`` and benchmarks)."""
+def status(portable: bool = False) -> dict[str, object]:
+    """Whether the compiled build is in use, and why (for ``kvplan native status`` and benchmarks). ``cache_dir`` is
+    this machine's directory, or with ``portable`` (what a results file records) :func:`portable_cache_dir`."""
     importlib.import_module("kvplan.sim.engine")  # the engine decides (install) first; a no-op once imported
     import kvplan.sim.decode as dec
 
     compiled = not str(getattr(dec, "__file__", "")).endswith(".py")
     return {"active": bool(_STATE["active"]) and compiled, "reason": _STATE["reason"], "digest": source_digest(),
-            "cache_dir": str(cache_dir())}
+            "cache_dir": portable_cache_dir() if portable else str(cache_dir())}
 
 
 def _prune(keep: int) -> None:

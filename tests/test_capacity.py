@@ -121,6 +121,14 @@ def test_compare_and_capacity_give_the_same_cost_per_million_turns(planned: tupl
         assert agg_row["settings"]["deployment.replicas"] == n
         assert agg_row["usd_per_million_turns"] == pytest.approx(agg["usd_per_million_turns_at_rate"], rel=1e-12)
     assert rows[0]["cost_basis"] == plan["cost_basis"]
+    # the bidirectional answer at its TTL: compare's row of the same policy, deployment and run length costs the same
+    # (both priced over the second half of the arrival window, whatever the TTL: plan/pricing.py)
+    on = plan["with_bidirectional"]
+    ov = on["verification"]["overrides"]
+    at_on = with_overrides(sc, {k: v for k, v in ov.items() if not k.startswith("policy.")})
+    policy = {k: v for k, v in ov.items() if k.startswith("policy.")}
+    (on_row,) = compare(at_on, ["ttl_recommended"], replications=REPS, recommended=(policy, "capacity's answer"))
+    assert on_row["usd_per_million_turns"] == pytest.approx(on["usd_per_million_turns_at_rate"], rel=1e-12)
 
 
 def test_capacity_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -286,3 +294,54 @@ def test_capacity_text_says_when_an_answer_is_not_verified_as_the_smallest(
     off["smallest_verified"] = False
     lines = [line for line in text(plan) if "not verified" in line]
     assert len(lines) == 1 and lines[0].startswith("bidirectional off: ") and "one fewer" in lines[0], lines
+
+
+def _tp_scenario(prefill_tp: int, decode_tp: int) -> dict[str, Any]:
+    """A light load on per-role TP instances (the scenario's own tensor_parallel_size left at 8)."""
+    return {**SCENARIO, "deployment": {"max_num_seqs": 64, "prefill_prefix_caching": False,
+                                       "prefill_tensor_parallel_size": prefill_tp,
+                                       "decode_tensor_parallel_size": decode_tp},
+            "workload": {**SCENARIO["workload"], "conversations": 20, "arrival": {"kind": "poisson", "rate_per_s": 0.2}}}
+
+
+def test_capacity_does_not_size_aggregated_replicas_for_heterogeneous_tp(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Prefill TP 2 and decode TP 4: an aggregated replica runs both phases at one TP, so none is the scenario's;
+    the column sized replicas of deployment.tensor_parallel_size (8, neither role's). It says so now, runs nothing
+    aggregated, and keeps the answer's keys."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_tp_scenario(2, 4)))
+    args = ["capacity", str(path), "--slo-ttft-p90-ms", "20000", "--replications", "1", "--no-max-rate",
+            "--max-nodes", "3", "--ttl-grid", "60"]
+    assert main([*args, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    agg = plan["aggregated"]
+    assert agg["not_sized"] is True and agg["meets_slo"] is False and agg["replicas"] is None
+    assert agg["tensor_parallel_size"] is None and agg["xpyd"] is None and agg["ttft_p90_ms"] is None
+    assert "prefill TP 2 and decode TP 4 differ" in agg["note"] and "deployment.tensor_parallel_size" in agg["note"]
+    assert plan["with_bidirectional"]["meets_slo"]  # the P/D columns are planned as before
+    assert any("not sized (prefill TP 2 and decode TP 4 differ" in n for n in plan["notes"])
+    assert not any("replicas of TP8" in n for n in plan["notes"])
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "aggregated: not sized: the scenario's prefill TP 2 and decode TP 4 differ" in text
+
+
+def test_capacity_sizes_aggregated_replicas_of_a_per_role_tp_both_roles_share() -> None:
+    """Prefill and decode both TP 2, given per role: the aggregated replicas are TP 2 (they were TP 8, the unset
+    tensor_parallel_size), in the answer, its GPUs and the scenario that verifies it; compare's aggregated row is
+    the same TP 2 replicas on the P/D GPUs (it refused 4 GPUs as 'not a whole number of TP8 replicas')."""
+    from kvplan.plan.capacity import plan_capacity
+    from kvplan.plan.compare import compare
+    from kvplan.sim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict(_tp_scenario(2, 2))
+    plan = plan_capacity(sc, None, 20000.0, replications=1, max_nodes=3, ttl_grid=(60.0,), max_rate=False)
+    agg = plan.aggregated
+    assert agg["meets_slo"] and agg["tensor_parallel_size"] == 2 and agg["gpus"] == 2 * agg["replicas"]
+    dep = agg["verification"]["scenario"]["deployment"]
+    assert dep["tensor_parallel_size"] == 2 and dep["mode"] == "aggregated"
+    assert any("replicas of TP2" in n for n in plan.notes)
+    (row,) = compare(sc, ["aggregated"], replications=1)
+    assert row["gpus"] == 4 and row["settings"]["deployment.replicas"] == 2
+    assert row["settings"]["deployment.tensor_parallel_size"] == 2

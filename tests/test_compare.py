@@ -577,3 +577,41 @@ def test_a_recommendation_of_retention_off_is_described_as_that(tmp_path: Path) 
     if rec["bidirectional"]:  # a recommendation with retention on keeps its values in the description
         on = compare(sc, ["ttl_recommended"], replications=1, recommendation=rec)[0]["description"]
         assert on.startswith("bidirectional at kvplan recommend's TTL") and f"TTL {rec['decoder_kv_blocks_ttl_s']} s" in on
+
+
+def test_every_policy_of_one_comparison_is_priced_over_one_window() -> None:
+    """Retention off, vLLM's TTL and aggregated replicas on the same seed: every row's steady served rate (the cost's
+    divisor) counts the turns finished in the second half of the arrival window, [t_b / 2, t_b], t_b the last
+    conversation's first arrival, computed here from the turns. The window used to start at min(t_b / 2, TTL + p90
+    conversation span): off's (TTL 0) reached into the ramp-up and priced it 2.7% above a 10 s TTL on this
+    scenario from the window alone, more than compare's 1% cost tie-break (plan/pricing.py)."""
+    from kvplan.models.hardware import get_hardware
+    from kvplan.plan.executor import run_extras
+    from kvplan.sim.api import run
+    from kvplan.sim.scenario import with_overrides
+    from kvplan.sim.seeds import replication_seeds
+
+    data = small(deployment={"max_num_seqs": 64, "prefill_prefix_caching": False, "tensor_parallel_size": 2,
+                             "prefill_nodes": 2, "decode_nodes": 2})
+    data["workload"].update({"conversations": 200, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+                             "turns": {"dist": "uniform", "low": 2, "high": 4},
+                             "turn_gap_s": {"dist": "exponential", "mean": 5}})
+    sc = scenario_from_dict(data)
+    rows = compare(sc, ["off", "ttl", "aggregated"], replications=1)
+    seed = replication_seeds(sc.seed, 1)[0]
+    node = get_hardware(sc.hardware)
+    windows = set()
+    for row in rows:
+        res = run(with_overrides(sc, row["settings"]), seed)
+        t = res.turns
+        t_b = float(t.loc[t["turn"] == 1, "arrival_s"].max())
+        t_a = max(float(t["arrival_s"].min()), t_b / 2)
+        fin = t.loc[t["decision"] != "error", "finish_s"]
+        rate = float(((fin >= t_a) & (fin <= t_b)).sum() / (t_b - t_a))
+        assert row["steady_served_turns_per_s"] == pytest.approx(rate, rel=1e-12), row["policy"]
+        billed = row["gpus"] / node.gpus_per_node
+        assert row["usd_per_million_turns"] == pytest.approx(billed * node.usd_per_hour / 3600 / rate * 1e6, rel=1e-12)
+        x = run_extras(res)
+        assert (x["priced_window_start_s"], x["priced_window_end_s"]) == pytest.approx((t_a, t_b), rel=1e-12)
+        windows.add((x["priced_window_start_s"], x["priced_window_end_s"]))
+    assert len(windows) == 1  # one window for the three policies

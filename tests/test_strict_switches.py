@@ -32,6 +32,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "policy.send_conversation_id": {},
     "policy.retention.client_knows_end": {"kind": "lease"},
     "workload.trace.shared_prefix": {"path": "trace.json", "format": "weka"},
+    "workload.first_turn_user_tokens": {},
     "simulation.allow_unreliable_profile": {},
 }
 

@@ -62,11 +62,12 @@ def _refuse_sexagesimal(node: yaml.ScalarNode, where: str, path: str) -> None:
 
 def _check_scalar(node: yaml.ScalarNode, where: str, path: str) -> None:
     """An integer's length, a YAML 1.1 boolean spelling, a YAML 1.1 base-60 number: one-line errors."""
+    field = f" field '{path}'" if path else ""
     if node.tag.endswith(":int") and len(node.value) > MAX_INT_CHARS:
-        raise input_error(f"{where}{_line(node)}", f"YAML integer of {len(node.value):,} characters",
+        raise input_error(f"{where}{_line(node)}{field}", f"YAML integer of {len(node.value):,} characters",
                           f"numbers here have at most {MAX_INT_CHARS} digits")
     if node.tag.endswith(":bool") and node.value.lower() not in _BOOLS:
-        raise input_error(f"{where}{_line(node)}", f"'{node.value}' is a YAML 1.1 boolean spelling",
+        raise input_error(f"{where}{_line(node)}{field}", f"'{node.value}' is a YAML 1.1 boolean spelling",
                           "write true or false (or quote it to mean the string)")
     if node.tag.endswith((":int", ":float")) and ":" in node.value:
         _refuse_sexagesimal(node, where, path)

@@ -85,7 +85,8 @@ def test_a_switch_takes_true_and_false(path: str) -> None:
 
 @pytest.mark.parametrize("word", ["yes", "No", "ON", "off"])
 def test_yaml_1_1_boolean_spellings_are_refused_with_their_line(word: str) -> None:
-    with pytest.raises(KvplanInputError, match=f"s.yaml line 2: '{word}' is a YAML 1.1 boolean spelling; write true"):
+    want = f"s.yaml line 2 field 'policy.bidirectional': '{word}' is a YAML 1.1 boolean spelling; write true"
+    with pytest.raises(KvplanInputError, match=want):
         load_yaml_text(f"policy:\n  bidirectional: {word}\n", "s.yaml")
     assert load_yaml_text(f"source: '{word}'\n", "s.yaml") == {"source": word}  # quoted: the string
     assert load_yaml_text("a: True\nb: false\n", "s.yaml") == {"a": True, "b": False}

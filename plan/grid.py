@@ -56,7 +56,9 @@ MAX_TURNS = 1_000_000_000
 GRID_KEYS = ("base", "axes", "replications", "seed", "zip", "ties")
 # bump when the row schema, the seeding rule or the model's results change (invalidates resumable parts);
 # 2: vLLM's memory accounting sizes the KV pools (models/memory.py), so rows of version 1 are not resumed
-FORMAT_VERSION = 2
+# 3: steady_served_turns_per_s is counted over the pricing window (plan/pricing.py, the second half of the arrival
+#    window) and rows gain priced_window_start_s/_end_s: a version-2 row's served rate is over another window
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -468,3 +468,23 @@ def test_screen_declines_closed_loops_it_cannot_model() -> None:
     summary = pd.DataFrame([{"point": 0, "hit_rate_mean": sim_many.summary["hit_rate"], "prefill_utilization_mean": 0.0}])
     assert compare_screen(scr.assign(point=[0, 1]).iloc[:1], summary).empty  # nothing claimed, nothing contradicted
     assert "Little's law" in CLOSED_LOOP_DECLINED
+
+
+#: The row columns of the small grid below, per FORMAT_VERSION (sha256 of their sorted names, first 16 hex digits).
+#: A new or renamed row column changes the rows a resumed sweep would mix: bump plan/grid.py FORMAT_VERSION (so
+#: parts of the old version are not resumed) and record the new digest here.
+ROW_COLUMNS_BY_FORMAT = {3: "5a8c8f1ff2f13ef4"}
+
+
+def test_a_changed_row_schema_comes_with_a_new_format_version() -> None:
+    """steady_served_turns_per_s moved to the pricing window and rows gained priced_window_start_s/_end_s without a
+    FORMAT_VERSION bump, so --resume of an older sweep's parts would have mixed rows whose served rate (and $ per
+    million turns) is counted over another window, with the new columns empty."""
+    import hashlib
+    import json
+
+    from kvplan.plan.grid import FORMAT_VERSION
+
+    df = run_grid(grid(axes={"policy.decoder_kv_blocks_ttl_s": [30]}, replications=1))
+    digest = hashlib.sha256(json.dumps(sorted(df.columns)).encode()).hexdigest()[:16]
+    assert ROW_COLUMNS_BY_FORMAT.get(FORMAT_VERSION) == digest, (FORMAT_VERSION, digest)

@@ -80,7 +80,10 @@ def unsaturate_hint(rs: Resolved, sat: Saturation, curve: list[TtlCandidate]) ->
         add.append("link bandwidth")
     # `kvplan capacity --model M --hardware H --rate R` alone sizes the chat preset at its TP, not this workload:
     # the search must run on the same scenario (file, or preset options, or trace) the advice ran on
-    rate = f" at {wl.arrival.rate_per_s:g} new conversations/s" if isinstance(wl.arrival, PoissonArrival) else ""
+    # a replayed trace brings its own arrivals: the scenario's (preset's) Poisson rate is not the load searched
+    rate = (f" at {wl.arrival.rate_per_s:g} new conversations/s"
+            if isinstance(wl.arrival, PoissonArrival) and wl.trace is None else
+            " at the trace's own arrivals" if wl.trace is not None else "")
     return [f"No TTL tried removes the saturation ({sat.text()}): add {' and '.join(add) or 'nodes'} — run `kvplan "
             "capacity` on this same scenario (the same SCENARIO.yaml, or the same --workload, --model, --hardware, "
             f"--rate and --trace options) with --slo-ttft-p90-ms <SLO> (xPyD search{rate} for {rs.arch.name} on "

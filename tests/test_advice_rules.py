@@ -169,3 +169,24 @@ def test_the_unsaturating_ttl_hint_prefers_the_budget_and_says_when_above_it() -
     assert "TTL 30 s" in hint[0] and "above" not in hint[0], hint
     hint = unsaturate_hint(cast(Any, None), saturated, [replace(tight, feasible=False), fast])
     assert "TTL 60 s" in hint[0] and "316.0 GiB of decode KV, above the decode HBM budget" in hint[0], hint
+
+
+def test_the_add_nodes_hint_of_a_trace_replay_names_no_preset_rate() -> None:
+    """recommend --workload coding-agent --trace <weka folder> said 'xPyD search at 0.005 new conversations/s': the
+    preset's Poisson rate, which a replayed trace does not use (its sessions bring their own arrivals)."""
+    from pathlib import Path
+
+    from kvplan.plan.advice_report import unsaturate_hint
+    from kvplan.plan.advice_runs import Saturation
+    from kvplan.sim.engine import resolve
+    from kvplan.sim.scenario import scenario_from_dict
+
+    saturated = Saturation(("prefill_compute",), replications=2)
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "weka_small.json"
+    base = {"model": "qwen3-32b", "hardware": "p5en",
+            "workload": {"arrival": {"kind": "poisson", "rate_per_s": 0.005}}}
+    replay = {**base, "workload": {**base["workload"], "trace": {"path": str(trace)}}}
+    synthetic = unsaturate_hint(resolve(scenario_from_dict(base)), saturated, [])[0]
+    assert "xPyD search at 0.005 new conversations/s" in synthetic
+    hint = unsaturate_hint(resolve(scenario_from_dict(replay)), saturated, [])[0]
+    assert "0.005" not in hint and "xPyD search at the trace's own arrivals" in hint, hint

@@ -394,8 +394,10 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
                        "chain): a session with branches (regenerated answers) has more requests than turns")
     truncated = int(synth_trace.notes.get("truncated_conversations", 0))
     if truncated:
-        reasons.append(f"{truncated:,} synthetic conversations end early: their context would exceed the model's "
-                       f"{max_model_len:,}-token limit")
+        drawn_n = int(drawn["conversations"])
+        reasons.append(f"{truncated:,} of the {drawn_n:,} synthetic conversations drawn for this check "
+                       f"({truncated / drawn_n:.0%}) end early: their context would exceed the model's "
+                       f"{max_model_len:,}-token limit (--scenario names the model whose limit applies)")
     return {
         "definition": "the statistics `kvplan workload show` prints, of the trace and of the requests the fitted "
         "workload sends (drawn by the simulator's workload planner, seed "

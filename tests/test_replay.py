@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,16 @@ def test_workload_fit_says_a_cohort_trace_measures_no_arrival_rate(tmp_path: Pat
                 ) is warned, printed
         assert ("# WARNING: arrival.rate_per_s is not measured" in out.read_text()) is warned
         assert yaml.safe_load(out.read_text())["workload"]["arrival"]["kind"] == "poisson"  # still a valid scenario
+
+
+def test_workload_fit_gives_the_share_of_synthetic_conversations_cut(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """AgentX's fit printed '1,689 synthetic conversations end early' under '55 conversations at ...': the count is of
+    the 2,000 conversations the reproduction check draws, which the line did not say."""
+    rows = [(f"s{s}", 30.0 * s + 60.0 * k, 30000 + 6000 * k, 100) for s in range(20) for k in range(3)]
+    tr = _write_csv(tmp_path / "long.csv", sorted(rows, key=lambda r: r[1]))
+    assert main(["workload", "fit", str(tr), "--out", str(tmp_path / "w.yaml")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    m = re.search(r"why: ([\d,]+) of the 2,000 synthetic conversations drawn for this check \((\d+)%\) end early", printed)
+    assert m, printed
+    assert int(m.group(2)) == round(100 * int(m.group(1).replace(",", "")) / 2000)

@@ -199,12 +199,35 @@ def run_scenario(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> S
     return sc.model_copy(update={"costs": over})
 
 
-def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, float]:
-    """The fitted statistics of one simulated run (seconds)."""
+def simulated_summary(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, Any]:
+    """The ``summary.json`` of one simulated run."""
     from kvplan.sim.api import run as simulate
 
-    res = simulate(run_scenario(base, run, costs), keep=False)
-    return {k: float(res.summary.get(k, math.nan)) for k in TARGETS}
+    return dict(simulate(run_scenario(base, run, costs), keep=False).summary)
+
+
+def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, float]:
+    """The fitted statistics of one simulated run (seconds)."""
+    summary = simulated_summary(base, run, costs)
+    return {k: float(summary.get(k, math.nan)) for k in TARGETS}
+
+
+def saturation_note(label: str, summary: dict[str, Any]) -> str | None:
+    """What a fit on a run whose simulation saturates a resource can say (its health section), else None: the
+    statistics are then that resource's queue, which the GPU scales move little or not at all."""
+    saturated = list((summary.get("health") or {}).get("saturated") or [])
+    if not saturated:
+        return None
+    what = ", ".join(RESOURCE_NAMES.get(x, x.replace("_", " ")) for x in saturated)
+    return (f"{label}: the fitted profile's simulation of this run saturates {what} (its health section): its TTFT is "
+            "mostly that queue, so the fit says little about compute there (a scale that moves no statistic is held, not "
+            "fitted); calibrate on a run below saturation to fit the GPU scales")
+
+
+#: The health section's resources as the saturation note names them.
+RESOURCE_NAMES = {"decode_kv": "D's KV pool", "prefill_held_kv": "P's KV pool (prompts held for D)",
+                  "prefill_compute": "P compute", "link": "the P<->D link", "decode_engine_thread": "D's engine thread",
+                  "prefill_engine_thread": "P's engine thread"}
 
 
 #: The deployment whose physical bounds hold a scaled term (architecture, node, TP), or None (plain scaling).
@@ -440,6 +463,7 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
         "notes": [*(["the scenario's workload section is replaced by each file's arrivals, request count and "
                      "lengths"] if any("workload" in sc.model_fields_set for sc in scen) else []),
                   *(n for r in runs for n in r.notes),
+                  *dict.fromkeys(c["saturation"] for c in check if c.get("saturation")),
                   *([f"at their physical bound in the base (held there when a scale goes below 1, not setting its "
                      f"floor): {', '.join(at_bound)}"] if at_bound else [])],
         "mape_pct": _mape(check),
@@ -452,7 +476,9 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
     """Measured vs simulated per run and statistic with the fitted costs (means gate the status)."""
     out = []
     for sc, r in zip(scenarios, runs, strict=True):
-        sim = simulated_stats(sc, r, costs)
+        summary = simulated_summary(sc, r, costs)
+        sim = {k: float(summary.get(k, math.nan)) for k in TARGETS}
+        note = saturation_note(r.label, summary)
         for k in TARGETS:
             if k not in r.measured:
                 continue
@@ -460,7 +486,7 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
             rel = (s - m) / m if math.isfinite(s) else math.inf
             out.append({"run": r.label, "metric": k.removesuffix("_s") + "_ms", "measured_ms": m * 1e3,
                         "simulated_ms": s * 1e3, "rel_error": rel, "gated": k in CHECKED,
-                        "within": abs(rel) <= SELF_CHECK_TOLERANCE})
+                        "within": abs(rel) <= SELF_CHECK_TOLERANCE, **({"saturation": note} if note else {})})
     return out
 
 

@@ -361,3 +361,23 @@ def test_fit_at_or_below_the_prior_decode_is_calibrated(decode_scale: float, tmp
     again = simulated_stats(sc, run, fit.profile.costs)
     assert again["tpot_mean_s"] == pytest.approx(st["tpot_mean_s"], rel=0.02)
 
+
+
+def test_a_fit_on_a_saturated_run_says_so(tmp_path: Path) -> None:
+    """A multi-turn run of Llama-3.1-8B on p5 whose D pool saturates (TTL 60 s, 1.5 conversations/s) simulated with
+    prefill x1.5 and decode x1.3 was fitted to decode x1.318 with the prefill held (not identifiable: TTFT is D's
+    queue) and written 'calibrated' without a word about the saturation. The report now names it (notes and each
+    self-check row's 'saturation'); the llm-d 2P1D run, which saturates nothing, gets no such note."""
+    from kvplan.calibration.sim_fit import fit_scenario
+
+    raw = json.loads(BENCH.read_text())
+    raw.update({"request_rate": 12.0, "burstiness": 1.0})  # 10k-token prompts on two A100 P nodes: P saturates
+    path = tmp_path / "busy.json"
+    path.write_text(json.dumps(raw))
+    sc = load_scenario(SCEN_2P1D)
+    busy = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
+    notes = [n for n in busy.report["notes"] if "saturates" in n]
+    assert notes and "P compute" in notes[0] and "calibrate on a run below saturation" in notes[0], busy.report["notes"]
+    assert all("saturation" in c for c in busy.report["self_check"])
+    calm = fit_scenario(sc, [bench_run(parse_bench_serve(BENCH))])
+    assert not any("saturates" in n for n in calm.report["notes"])

@@ -90,6 +90,13 @@ def register(app: typer.Typer) -> None:
         from kvplan.sim.engine import resolve
 
         resolve(sc)  # profile and cost errors (an 'unreliable' profile among them) in one line, before any run
+        if policies is None:  # the default list: a policy this deployment cannot run is left out and said so
+            from kvplan.plan.compare import default_left_out
+
+            left_out = default_left_out(sc, names)
+            names = [n for n in names if n.partition(":")[0] not in {x["policy"] for x in left_out}]
+            for x in left_out:
+                sys.stderr.write(f"warning: {x['policy']} not compared: {x['why']}\n")
         inputs += scenario_input_files(sc)
         if html is not None:
             check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)

@@ -137,6 +137,8 @@ def register(app: typer.Typer) -> None:
             f"# Fitted by `kvplan workload fit` from {trace.name}; a scenario with only its workload section\n"
             f"# (`kvplan simulate {out.name} --out DIR`, or paste the section into a scenario).\n"
             f"# Goodness of fit and the fitting method: {report_path.name}\n"
+            + (f"# WARNING: arrival.rate_per_s is not measured: {report['arrival_warning']}\n"
+               if report.get("arrival_warning") else "")
             + yaml.safe_dump({"workload": section}, sort_keys=False, default_flow_style=None, width=120)
         )
         atomic_write_bytes(out, text.encode(), inputs=inputs, overwrite=overwrite)
@@ -149,6 +151,8 @@ def register(app: typer.Typer) -> None:
         arr = section.get("arrival", {})
         c.print(f"{section.get('conversations')} conversations at {float(arr.get('rate_per_s', 0)):.4g} new per s; "
                 f"turns per conversation: {_dist_text(section.get('turns'))}", markup=False)
+        if report.get("arrival_warning"):
+            c.print(f"warning: arrival.rate_per_s is not measured: {report['arrival_warning']}", markup=False)
         gap_fit = (report.get("turn_gap") or {}).get("fit") or {}
         chosen = gap_fit.get("chosen_family")
         c.print(f"idle turn gap: {_dist_text(section.get('turn_gap_s'))}"

@@ -23,7 +23,11 @@ singular value of the column-normalised Jacobian below :data:`MIN_INDEPENDENCE`)
 named with the reason.
 
 Bounds (:mod:`kvplan.models.bounds`): a scale may not take any term below its physical floor
-(:func:`~kvplan.models.bounds.floor_scale`) nor above :data:`UPPER_SCALE` x its prior. Parameters the
+(:func:`fit_floor`) nor above :data:`UPPER_SCALE` x its prior. A term the prior already holds at its bound (the
+kernel prior's decode ``per_seq_s``, an extrapolation slope set to the dense peak when the measured one is below it)
+stays at that bound when the scale goes below 1 (:func:`apply_values`, as :func:`kvplan.models.resolve.scaled_decode`
+carries a calibration to another prior) and does not set the floor: with it the floor of every non-MLA decode scale
+was exactly 1, so a run no faster than the prior was written ``unreliable`` ("pinned at its physical floor"). Parameters the
 statistics cannot move and the other residuals (engine CPU overheads, the D-side proxy leg, transfer
 latencies) are held at the base and named in the report.
 
@@ -53,8 +57,10 @@ from scipy.optimize import least_squares
 from kvplan.calibration.parse_bench import BenchServeResult
 from kvplan.calibration.parse_multiturn import MultiTurnStats
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.models.bounds import floor_scale
+from kvplan.models.arch import ModelArch
+from kvplan.models.bounds import REL_SLACK, _checks, physical_bounds
 from kvplan.models.costs import CostModel, scale_decode_gpu, scale_prefill_gpu
+from kvplan.models.hardware import Node
 from kvplan.models.profile import Profile, load_profile
 from kvplan.sim.scenario import CostOverrides, Scenario, scenario_from_dict
 
@@ -193,20 +199,74 @@ def run_scenario(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> S
     return sc.model_copy(update={"costs": over})
 
 
-def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, float]:
-    """The fitted statistics of one simulated run (seconds)."""
+def simulated_summary(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, Any]:
+    """The ``summary.json`` of one simulated run."""
     from kvplan.sim.api import run as simulate
 
-    res = simulate(run_scenario(base, run, costs), keep=False)
-    return {k: float(res.summary.get(k, math.nan)) for k in TARGETS}
+    return dict(simulate(run_scenario(base, run, costs), keep=False).summary)
 
 
-def apply_values(base: CostModel, values: dict[str, float]) -> CostModel:
-    """``base`` with the fitted scales applied."""
-    pc = scale_prefill_gpu(base.prefill, values["prefill.gpu_scale"], values["prefill.gpu_scale"])
-    dc = scale_decode_gpu(base.decode, values["decode.gpu_scale"])
+def simulated_stats(base: Scenario, run: MeasuredRun, costs: CostModel | None) -> dict[str, float]:
+    """The fitted statistics of one simulated run (seconds)."""
+    summary = simulated_summary(base, run, costs)
+    return {k: float(summary.get(k, math.nan)) for k in TARGETS}
+
+
+def saturation_note(label: str, summary: dict[str, Any]) -> str | None:
+    """What a fit on a run whose simulation saturates a resource can say (its health section), else None: the
+    statistics are then that resource's queue, which the GPU scales move little or not at all."""
+    saturated = list((summary.get("health") or {}).get("saturated") or [])
+    if not saturated:
+        return None
+    what = ", ".join(RESOURCE_NAMES.get(x, x.replace("_", " ")) for x in saturated)
+    return (f"{label}: the fitted profile's simulation of this run saturates {what} (its health section): its TTFT is "
+            "mostly that queue, so the fit says little about compute there (a scale that moves no statistic is held, not "
+            "fitted); calibrate on a run below saturation to fit the GPU scales")
+
+
+#: The health section's resources as the saturation note names them.
+RESOURCE_NAMES = {"decode_kv": "D's KV pool", "prefill_held_kv": "P's KV pool (prompts held for D)",
+                  "prefill_compute": "P compute", "link": "the P<->D link", "decode_engine_thread": "D's engine thread",
+                  "prefill_engine_thread": "P's engine thread"}
+
+
+#: The deployment whose physical bounds hold a scaled term (architecture, node, TP), or None (plain scaling).
+Limits = tuple[ModelArch, Node, int] | None
+
+
+def apply_values(base: CostModel, values: dict[str, float], limits: Limits = None) -> CostModel:
+    """``base`` with the fitted scales applied; with ``limits``, a term scaled below its physical bound is held at
+    it (:func:`kvplan.models.resolve.scaled_prefill` / ``scaled_decode``: only a term the prior holds at its bound
+    can reach it, the scale's floor (:func:`fit_floor`) keeps every other term above its own)."""
+    if limits is None:
+        pc = scale_prefill_gpu(base.prefill, values["prefill.gpu_scale"], values["prefill.gpu_scale"])
+        dc = scale_decode_gpu(base.decode, values["decode.gpu_scale"])
+    else:
+        from kvplan.models.resolve import scaled_decode, scaled_prefill
+
+        arch, node, tp = limits
+        pc = scaled_prefill(base.prefill, values["prefill.gpu_scale"], values["prefill.gpu_scale"], arch, node, tp)
+        dc = scaled_decode(base.decode, values["decode.gpu_scale"], arch, node, tp)
     oc = base.overhead.model_copy(update={"p_leg_s": base.overhead.p_leg_s * values["overhead.p_leg_scale"]})
     return base.model_copy(update={"prefill": pc, "decode": dc, "overhead": oc})
+
+
+def at_bound_terms(costs: CostModel, arch: ModelArch, node: Node, tp: int, component: str) -> list[str]:
+    """The terms of ``component`` the costs hold at their physical bound (within the bounds' rounding slack)."""
+    bounds = {bd.param: bd for bd in physical_bounds(arch, node, tp)}
+    return [param for param, value, lower, _why in _checks(costs, bounds)
+            if param.startswith(component + ".") and value > 0 and abs(lower / value - 1.0) <= REL_SLACK]
+
+
+def fit_floor(costs: CostModel, arch: ModelArch, node: Node, tp: int, component: str) -> float:
+    """The smallest scale of ``component``'s GPU terms that keeps every term the costs hold *above* its physical bound
+    at or above it (:func:`kvplan.models.bounds.floor_scale` without the terms already at their bound, which
+    :func:`apply_values` holds there); 1 when every bounded term is at its bound, 0 when none is bounded."""
+    bounds = {bd.param: bd for bd in physical_bounds(arch, node, tp)}
+    ratios = [lower / value for param, value, lower, _why in _checks(costs, bounds)
+              if param.startswith(component + ".") and value > 0]
+    free = [r for r in ratios if abs(r - 1.0) > REL_SLACK]
+    return max(free, default=1.0 if ratios else 0.0)
 
 
 @dataclass
@@ -216,6 +276,7 @@ class _Problem:
     base: CostModel
     free: list[str]
     held: dict[str, float]
+    limits: Limits = None
     evaluations: int = 0
 
     def values(self, x: np.ndarray) -> dict[str, float]:
@@ -223,7 +284,7 @@ class _Problem:
 
     def stats(self, values: dict[str, float]) -> list[dict[str, float]]:
         self.evaluations += 1
-        costs = apply_values(self.base, values)
+        costs = apply_values(self.base, values, self.limits)
         return [simulated_stats(sc, r, costs) for sc, r in zip(self.scenarios, self.runs, strict=True)]
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
@@ -360,14 +421,16 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
     rs = resolve(run_scenario(base, runs[0], None))
     base_costs = rs.costs
     tp = rs.scenario.deployment.tensor_parallel_size
-    floors = {"prefill.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "prefill"),
-              "decode.gpu_scale": floor_scale(base_costs, rs.arch, rs.node, tp, "decode"),
+    floors = {"prefill.gpu_scale": fit_floor(base_costs, rs.arch, rs.node, tp, "prefill"),
+              "decode.gpu_scale": fit_floor(base_costs, rs.arch, rs.node, tp, "decode"),
               "overhead.p_leg_scale": 0.0}  # a proxy leg has no physical floor beyond 0
-    prob = _Problem(scen, list(runs), base_costs, list(PARAMS), {})
+    limits: Limits = (rs.arch, rs.node, tp)
+    at_bound = [t for comp in ("prefill", "decode") for t in at_bound_terms(base_costs, rs.arch, rs.node, tp, comp)]
+    prob = _Problem(scen, list(runs), base_costs, list(PARAMS), {}, limits)
     why_held: dict[str, str] = {}
     _identify(prob, why_held, base_costs)
     values = _solve(prob, floors)
-    fitted_costs = apply_values(base_costs, values)
+    fitted_costs = apply_values(base_costs, values, limits)
     check = self_check(scen, list(runs), fitted_costs)
     held_out = held_out_check(scen, list(runs), fitted_costs)
     # a held-out miss is its own reason only where the fitted seed was within (else that miss is already the reason)
@@ -399,7 +462,10 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
         "simulations": prob.evaluations + len(runs) * (1 + HELD_OUT_SEEDS),
         "notes": [*(["the scenario's workload section is replaced by each file's arrivals, request count and "
                      "lengths"] if any("workload" in sc.model_fields_set for sc in scen) else []),
-                  *(n for r in runs for n in r.notes)],
+                  *(n for r in runs for n in r.notes),
+                  *dict.fromkeys(c["saturation"] for c in check if c.get("saturation")),
+                  *([f"at their physical bound in the base (held there when a scale goes below 1, not setting its "
+                     f"floor): {', '.join(at_bound)}"] if at_bound else [])],
         "mape_pct": _mape(check),
     }
     profile = _profile(base, rs, fitted_costs, values, report, reasons, sources or [], prob.free)
@@ -410,7 +476,9 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
     """Measured vs simulated per run and statistic with the fitted costs (means gate the status)."""
     out = []
     for sc, r in zip(scenarios, runs, strict=True):
-        sim = simulated_stats(sc, r, costs)
+        summary = simulated_summary(sc, r, costs)
+        sim = {k: float(summary.get(k, math.nan)) for k in TARGETS}
+        note = saturation_note(r.label, summary)
         for k in TARGETS:
             if k not in r.measured:
                 continue
@@ -418,7 +486,7 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
             rel = (s - m) / m if math.isfinite(s) else math.inf
             out.append({"run": r.label, "metric": k.removesuffix("_s") + "_ms", "measured_ms": m * 1e3,
                         "simulated_ms": s * 1e3, "rel_error": rel, "gated": k in CHECKED,
-                        "within": abs(rel) <= SELF_CHECK_TOLERANCE})
+                        "within": abs(rel) <= SELF_CHECK_TOLERANCE, **({"saturation": note} if note else {})})
     return out
 
 

@@ -52,6 +52,10 @@ from kvplan.errors import input_error
 from kvplan.traces.stats import PERCENTILES, ServiceTimeFn, crude_service_time_s, json_ready, turn_pairs
 from kvplan.traces.trace import Trace, at_least_one_token
 
+#: A session whose first request is within this of the trace's first request starts with the trace (s).
+TOGETHER_S = 1.0
+#: Sessions starting with the trace at least this share of them: a cohort, whose sessions / span is no arrival rate.
+COHORT_SHARE = 0.5
 #: Default cap on the number of values kept in an empirical distribution.
 MAX_EMPIRICAL_VALUES = 2000
 #: Distribution families the scenario schema can take for ``turn_gap_s``.
@@ -197,6 +201,11 @@ def fit_workload(
     positive = idle[idle > 0]
     if duration <= 0:
         raise input_error(f"trace {trace.source}", "spans 0 s, so no arrival rate can be estimated")
+    # sessions that start with the trace (weka: every file on its own clock from t = 0) are a cohort, not a stream of
+    # arrivals: sessions / duration is then no measured rate (AgentX: 55 sessions over its longest session's 70,723 s)
+    starts = sessions["arrival_s"].min().to_numpy(dtype=float)
+    together = float((starts <= float(df["arrival_s"].min()) + TOGETHER_S).mean())
+    cohort = trace.format == "weka" or (n_sessions >= 2 and together >= COHORT_SHARE)
     out: dict[str, Any] = {
         "conversations": n_sessions,
         "arrival": {"kind": "poisson", "rate_per_s": n_sessions / duration},
@@ -219,6 +228,13 @@ def fit_workload(
         "sessions": n_sessions,
         "duration_s": duration,
         "arrival": "one Poisson stream of new conversations at sessions / (last arrival - first arrival)",
+        "arrival_rate_measured": not cohort,
+        "sessions_starting_together_share": together,
+        **({"arrival_warning": f"{together:.0%} of the trace's {n_sessions} sessions start with it"
+            + (" (weka: every file on its own clock from t = 0)" if trace.format == "weka" else "")
+            + f": they are one cohort, not a stream of arrivals, so the rate {n_sessions / duration:.4g}/s (sessions / "
+            "the trace's span) is not a measured arrival rate; set workload.arrival.rate_per_s to the load to plan "
+            "for (or --rate of recommend and capacity)"} if cohort else {}),
         "turns": {
             "definition": "longest chain (max turn) per session",
             "mean": float(depth.mean()),
@@ -381,8 +397,10 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
                        "chain): a session with branches (regenerated answers) has more requests than turns")
     truncated = int(synth_trace.notes.get("truncated_conversations", 0))
     if truncated:
-        reasons.append(f"{truncated:,} synthetic conversations end early: their context would exceed the model's "
-                       f"{max_model_len:,}-token limit")
+        drawn_n = int(drawn["conversations"])
+        reasons.append(f"{truncated:,} of the {drawn_n:,} synthetic conversations drawn for this check "
+                       f"({truncated / drawn_n:.0%}) end early: their context would exceed the model's "
+                       f"{max_model_len:,}-token limit (--scenario names the model whose limit applies)")
     return {
         "definition": "the statistics `kvplan workload show` prints, of the trace and of the requests the fitted "
         "workload sends (drawn by the simulator's workload planner, seed "

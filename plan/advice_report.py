@@ -17,7 +17,7 @@ from typing import Any
 from kvplan.errors import KvplanInputError
 from kvplan.plan.advice_rules import Rows, TtlCandidate
 from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation
-from kvplan.sim.engine import Resolved
+from kvplan.sim.engine import Resolved, profile_parts
 from kvplan.sim.scenario import PoissonArrival, Scenario
 from kvplan.units import human_s
 
@@ -162,7 +162,9 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
     settle."""
     out = []
     if rs.profile.extrapolated:
-        out.append("profile not calibrated on this deployment: " + rs.profile.status_line())
+        parts = profile_parts(rs)  # heterogeneous TP: P's and D's parts from their own TP's profiles
+        out.append("profile not calibrated on this deployment: " + ("; ".join(f"{k}: {v}" for k, v in sorted(
+            parts.items())) if parts else rs.profile.status))
     # saturated (or unsettled: its P-decision delay leaves no router TTL) -> no length would be steady
     short = [c.ttl_s for c in curve if not c.steady and not c.saturated and c.router_settled]
     if short and sessions_start_together(rs.scenario):

@@ -189,6 +189,36 @@ def aggregated_problem(sc: Scenario) -> str | None:
     return f"{gpus} GPUs are not a whole number of TP{tp} replicas" if gpus % tp else None
 
 
+#: How to give ``offload`` a host tier on hardware without one.
+OFFLOAD_FIX = "set policy.offload.host_capacity_gib and host_bandwidth_gbps in the scenario"
+
+
+def offload_problem(sc: Scenario) -> str | None:
+    """Why the ``offload`` policy cannot run on ``sc``'s hardware (no host KV memory or host-to-NIC bandwidth in its
+    preset, e.g. ``h800``, and none in the scenario's ``policy.offload``), else None."""
+    node = get_hardware(sc.hardware)
+    off = sc.policy.offload
+    gib = off.host_capacity_gib if off is not None and off.host_capacity_gib is not None else node.host_kv_gib
+    gbps = off.host_bandwidth_gbps if off is not None and off.host_bandwidth_gbps is not None else node.host_to_nic_gbps
+    missing = [f"policy.offload.{k}" for k, v in (("host_capacity_gib", gib), ("host_bandwidth_gbps", gbps)) if v <= 0]
+    if not missing:
+        return None
+    return f"hardware '{node.name}' has no host KV preset and the scenario gives no {' or '.join(missing)}"
+
+
+def default_left_out(sc: Scenario, names: Sequence[str]) -> list[dict[str, str]]:
+    """The policies of ``names`` that cannot run on ``sc`` (offload without a host tier, aggregated when the GPUs are
+    not whole TP replicas), each with why: left out of a default policy list and said so, rather than failing after
+    the other policies' runs (an explicit ``--policies`` naming one is refused before any run)."""
+    out = []
+    if "offload" in names and (problem := offload_problem(sc)):
+        out.append({"policy": "offload", "why": f"{problem} ({OFFLOAD_FIX} to compare it)"})
+    if any(n.partition(":")[0] == "aggregated" for n in names) and (problem := aggregated_problem(sc)):
+        out.append({"policy": "aggregated", "why": f"{problem} (set deployment.tensor_parallel_size to a divisor of "
+                    "the GPU count to compare it)"})
+    return out
+
+
 def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = None) -> PolicyRun:
     """The overrides that turn ``sc`` into policy ``name`` on the same GPUs."""
     dep = sc.deployment
@@ -215,10 +245,16 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
                                 "policy.kv_load_failure_policy": "recompute"}, gpus, nodes,
                          ("TTL 480 s, evicted pins' reads recompute (kv_load_failure_policy recompute)",))
     if base == "offload":
-        return PolicyRun(name, {**_vllm_defaults(), "policy.offload": {}, "policy.kv_load_failure_policy": "recompute",
+        problem = offload_problem(sc)
+        if problem:
+            raise input_error("--policies offload", problem, f"{OFFLOAD_FIX}, or leave offload out of --policies")
+        # the scenario's own host tier (policy.offload), else the hardware preset's
+        own = sc.policy.offload.model_dump(mode="python") if sc.policy.offload is not None else {}
+        return PolicyRun(name, {**_vllm_defaults(), "policy.offload": own, "policy.kv_load_failure_policy": "recompute",
                                 "policy.router_ttl_s": UNLIMITED_TTL_S}, gpus, nodes,
-                         ("TTL 480 s, host tier from the hardware preset, router keeps entries (the host tier bounds "
-                          "them), failure policy recompute",))
+                         ("TTL 480 s, host tier from " + ("the scenario's policy.offload" if own else
+                          "the hardware preset") + ", router keeps entries (the host tier bounds them), failure "
+                          "policy recompute",))
     if base == "aggregated":
         routing = arg or default_aggregated_routing(sc)
         problem = aggregated_problem(sc)
@@ -294,16 +330,15 @@ def recommend_with_best_policy(scenario: ScenarioLike, options: AdviceOptions) -
         return rec
     # aggregated replicas need the P/D GPUs to be whole TP replicas (heterogeneous P and D TP often are not): that
     # alternative is left out and said so, rather than failing after the advisor's runs and losing the advice
-    problem = aggregated_problem(sc)
-    candidates = [c for c in BEST_CANDIDATES if not (problem and c == "aggregated")]
+    left_out = default_left_out(sc, BEST_CANDIDATES)
+    candidates = [c for c in BEST_CANDIDATES if c not in {x["policy"] for x in left_out}]
     rows = compare(sc, candidates, replications=options.replications, workers=options.workers,
                    recommended=recommendation_overrides(rec), cache=cache)
     if options.slo_ttft_p90_ms is not None:
         _judge_rows_longer(sc, rows, options.slo_ttft_p90_ms / 1000, options.replications, options.workers, cache)
     best = best_policy(rows, options.slo_ttft_p90_ms, options.decode_hbm_budget_gib)
-    if problem:
-        best["not_compared"] = [{"policy": "aggregated", "why": f"{problem} (set deployment.tensor_parallel_size to "
-                                 "a divisor of the GPU count to compare it)"}]
+    if left_out:
+        best["not_compared"] = left_out
     return replace(rec, best_policy=best)
 
 

@@ -247,6 +247,23 @@ def resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]
     return out[0], out[1]
 
 
+def profile_parts(rs: Resolved) -> dict[str, str]:
+    """What each part of the deployment's costs is (``Profile.component_status``), each role's own: with
+    heterogeneous TP P and D are priced by their own TP's profile (:func:`resolve_roles`), so ``prefill.*`` comes from
+    P's and ``decode.*`` from D's, labelled with that TP and profile; ``rs.profile`` is the one of
+    ``tensor_parallel_size`` (summary.json's ``profile_components``, which names it for both roles)."""
+    parts = dict(rs.profile.component_status)
+    rs_p, rs_d = resolve_roles(rs.scenario, rs)
+    for role, r in (("prefill", rs_p), ("decode", rs_d)):
+        if r is rs:
+            continue
+        tp = r.scenario.deployment.tensor_parallel_size
+        parts = {k: v for k, v in parts.items() if not k.startswith(role + ".")}
+        parts.update({k: f"{v} [{role} at TP{tp}: profile {r.profile.name}]"
+                      for k, v in r.profile.component_status.items() if k.startswith(role + ".")})
+    return parts
+
+
 CLOCK_LIMIT_S = float(2**24)  # beyond it float64 spacing (3.7e-9 s) exceeds sim/link.py's 1 ns slack: livelock
 
 

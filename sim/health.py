@@ -359,10 +359,14 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
         u, um = min(pc["utilization"], 1.0), min(pc["utilization_mean"], 1.0)  # > 1: a step straddling the edges
         busy = (f"{u:.0%} (busiest engine; mean {um:.0%})"
                 if pc.get("engines_over_busy") is not None and pc.get("engines", 1) > 1 else f"{u:.0%}")
+        dkv = res["decode_kv"]
+        # the peak held by admitted and running requests and pins (what admission waits on); ``utilization`` is the
+        # pinned peak alone, printed beside it (a run with retention off read "peak 0% (pinned 0%)" at an 18% peak)
+        used = dkv.get("used_peak_fraction")
         lines.append(f"health: nothing saturated (prefill {busy} busy over the "
                      f"{res['prefill_compute'].get('utilization_window', 'run').split(' (')[0]}, decode KV "
-                     f"peak {res['decode_kv']['utilization']:.0%} of the pool (pinned "
-                     f"{res['decode_kv']['pinned_peak_fraction']:.0%}), links "
+                     f"peak {used if used is not None else dkv['utilization']:.0%} of the pool (pinned "
+                     f"{dkv['pinned_peak_fraction']:.0%}), links "
                      f"{res['link']['utilization']:.0%} busy)")
     b = health.get("binding_resource")
     if b and b not in health["saturated"]:

@@ -292,3 +292,46 @@ def test_capacity_does_not_advise_more_nodes_for_an_slo_below_the_service_time()
     on = plan.with_bidirectional  # 1P5D: waits of 6.5 s at p90 (D's pool): more nodes may help, and it says so
     assert not on["meets_slo"] and on["closest_wait_p90_s"] > 0.1 * on["closest_ttft_p90_ms"] / 1000
     assert "raise --max-nodes" in on["note"]
+
+
+def test_policies_keep_the_advice_on_hardware_without_a_host_tier(tmp_path: Any, capsys: Any) -> None:
+    """`kvplan recommend --workload tool-agent --model qwen3-8b --hardware h800` (--policies on by default) ran 32
+    simulations, then failed with 'compare: a run failed: KvplanInputError: policy.offload.host_capacity_gib:
+    hardware 'h800' has no host KV preset' (exit 2, the advice lost), and `kvplan compare` on an h800 scenario the
+    same after its other policies' runs; compare's offload row replaced the scenario's own policy.offload with {}, so
+    the fix it named could not be applied. Now the default list leaves offload out and says why, an explicit
+    --policies offload is refused before any run, and the scenario's host tier is used."""
+    import yaml
+
+    from kvplan.app.cli import main
+    from kvplan.plan.compare import policy_run, recommend_with_best_policy
+
+    sc = {
+        "model": "qwen3-8b", "hardware": "h800",
+        "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1},
+        "workload": {"conversations": 30, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 2000},
+                     "user_tokens": {"dist": "constant", "value": 200},
+                     "output_tokens": {"dist": "constant", "value": 100},
+                     "turn_gap_s": {"dist": "constant", "value": 10}},
+        "seed": 5,
+    }
+    rec = recommend_with_best_policy(sc, replications=1, ttl_grid=(30,), workers=1)
+    assert [n["policy"] for n in rec.best_policy["not_compared"]] == ["offload"]
+    assert "hardware 'h800' has no host KV preset" in rec.best_policy["not_compared"][0]["why"]
+    assert "offload" not in [c["policy"] for c in rec.best_policy["compared"]]
+    path = tmp_path / "h800.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    assert main(["compare", str(path), "--policies", "off,offload", "--replications", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--policies offload: hardware 'h800' has no host KV preset" in err and "simulating" not in err
+    assert main(["compare", str(path), "--policies", "off,ttl", "--replications", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(path), "--replications", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "warning: offload not compared: hardware 'h800'" in cap.err
+    assert '"policy": "offload"' not in cap.out and '"policy": "off"' in cap.out
+    own = scenario_from_dict({**sc, "policy": {"offload": {"host_capacity_gib": 100, "host_bandwidth_gbps": 400}}})
+    assert policy_run("offload", own).overrides["policy.offload"] == {"host_capacity_gib": 100.0,
+                                                                      "host_bandwidth_gbps": 400.0}
+    assert run(with_overrides(own, policy_run("offload", own).overrides)).summary["turns"] == 90

@@ -135,7 +135,7 @@ def test_prefill_utilisation_is_measured_over_the_steady_window() -> None:
     the health section's utilisation is over the steady window (the second half of the arrivals, as the prefill
     intervals of the event log give it), not diluted by the drain (the whole-run figure, kept as
     summary.prefill_utilization, is under half)."""
-    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 0.5},
           "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 16000},
           "output_tokens": {"dist": "constant", "value": 3000}}
     r = run(small(workload=wl, policy={"bidirectional": False}))
@@ -318,3 +318,16 @@ def test_a_saturated_prefill_engine_is_never_printed_over_100_percent() -> None:
     assert s["prefill_utilization_steady_max"] > 1.0  # the raw share: a step straddling the window's end
     (line,) = [x for x in health_lines(s["health"]) if x.startswith("SATURATED prefill compute")]
     assert "busy 100% of the steady window" in line, line
+
+
+def test_nothing_saturated_line_prints_the_used_decode_peak() -> None:
+    """'decode KV peak' is the share of one D's pool held at once by running requests and pins, the pinned peak is
+    beside it: the line printed the pinned peak twice (retention off: 'peak 0% of the pool (pinned 0%)' while
+    running requests held 18% of it)."""
+    dep = {"max_num_seqs": 64, "prefill_prefix_caching": False, "decode_kv_capacity_tokens": 100_000}
+    s = run(small(deployment=dep, policy={"bidirectional": False})).summary
+    h = s["health"]
+    used = s["decode_kv_used_peak_fraction"]
+    assert h["saturated"] == [] and h["resources"]["decode_kv"]["pinned_peak_fraction"] == 0.0 and used >= 0.05
+    line = health_lines(h)[0]
+    assert f"decode KV peak {used:.0%} of the pool (pinned 0%)" in line, line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,38 @@ def test_workload_fit_names_the_best_parametric_gap_family(tmp_path: Path,
     printed = " ".join(capsys.readouterr().out.split())
     family = json.loads((tmp_path / "w.fit.json").read_text())["turn_gap"]["fit"]["chosen_family"]
     assert f"(best parametric family: {family})" in printed
+
+
+def test_workload_fit_says_a_cohort_trace_measures_no_arrival_rate(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvplan workload fit` of the AgentX folder wrote 'arrival: {kind: poisson, rate_per_s: 0.0007777}' (55 sessions
+    over its longest session's 70,723 s) and printed it as a fact, but 50 of its 55 sessions start at t = 0 (every weka
+    file on its own clock): the trace measures no arrival rate. A trace whose sessions mostly start with it now says
+    so (output, YAML header, report); a stream of sessions does not."""
+    cohort = [(f"s{s}", 0.0 + 60.0 * k + s * 0.01, 1000 + 300 * k, 100) for s in range(20) for k in range(3)]
+    cohort += [("late", 500.0, 1000, 100), ("late", 560.0, 1300, 100)]
+    stream = [(f"s{s}", 30.0 * s + 60.0 * k, 1000 + 300 * k, 100) for s in range(20) for k in range(3)]
+    for name, rows, warned in (("cohort", cohort, True), ("stream", stream, False)):
+        tr = _write_csv(tmp_path / f"{name}.csv", sorted(rows, key=lambda r: r[1]))
+        out = tmp_path / f"{name}.yaml"
+        assert main(["workload", "fit", str(tr), "--out", str(out)]) == 0
+        printed = " ".join(capsys.readouterr().out.split())
+        report = json.loads((tmp_path / f"{name}.fit.json").read_text())
+        assert report["arrival_rate_measured"] is (not warned), name
+        assert ("warning: arrival.rate_per_s is not measured: 95% of the trace's 21 sessions start with it" in printed
+                ) is warned, printed
+        assert ("# WARNING: arrival.rate_per_s is not measured" in out.read_text()) is warned
+        assert yaml.safe_load(out.read_text())["workload"]["arrival"]["kind"] == "poisson"  # still a valid scenario
+
+
+def test_workload_fit_gives_the_share_of_synthetic_conversations_cut(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """AgentX's fit printed '1,689 synthetic conversations end early' under '55 conversations at ...': the count is of
+    the 2,000 conversations the reproduction check draws, which the line did not say."""
+    rows = [(f"s{s}", 30.0 * s + 60.0 * k, 30000 + 6000 * k, 100) for s in range(20) for k in range(3)]
+    tr = _write_csv(tmp_path / "long.csv", sorted(rows, key=lambda r: r[1]))
+    assert main(["workload", "fit", str(tr), "--out", str(tmp_path / "w.yaml")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    m = re.search(r"why: ([\d,]+) of the 2,000 synthetic conversations drawn for this check \((\d+)%\) end early", printed)
+    assert m, printed
+    assert int(m.group(2)) == round(100 * int(m.group(1).replace(",", "")) / 2000)

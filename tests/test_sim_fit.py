@@ -325,3 +325,59 @@ def test_heterogeneous_tp_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "decode_tensor_parallel_size 2 differs from tensor_parallel_size 1" in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("decode_scale", [1.0, 0.9])
+def test_fit_at_or_below_the_prior_decode_is_calibrated(decode_scale: float, tmp_path: Path) -> None:
+    """A run whose decode is the kernel prior's (or 10% faster: its batch knots are >= 17% above their bounds on the
+    A100) is fitted and ``calibrated``. The prior holds ``decode.per_seq_s`` (its slope past the last batch knot) at
+    the dense-peak bound, which made the decode scale's floor exactly 1: a fit of the prior's own statistics was
+    written ``unreliable`` ("decode.gpu_scale = 1 is pinned at its physical floor"), a faster decode unreachable."""
+    from kvplan.calibration.sim_fit import fit_scenario, run_scenario
+    from kvplan.models.resolve import scaled_decode
+    from kvplan.sim.engine import resolve
+
+    sc = load_scenario(SCEN_2P1D)
+    run = bench_run(parse_bench_serve(BENCH))
+    rs = resolve(run_scenario(sc, run, None))
+    base = rs.costs
+    truth = base.model_copy(update={"decode": scaled_decode(base.decode, decode_scale, rs.arch, rs.node, 1)})
+    st = simulated_stats(sc, run, truth)
+    raw = json.loads(BENCH.read_text())
+    raw.update({"mean_ttft_ms": st["ttft_mean_s"] * 1e3, "median_ttft_ms": st["ttft_p50_s"] * 1e3,
+                "mean_tpot_ms": st["tpot_mean_s"] * 1e3, "median_tpot_ms": st["tpot_p50_s"] * 1e3})
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(raw))
+    fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
+    assert fit.profile.status == "calibrated", fit.report["unreliable_reasons"]
+    assert fit.values["decode.gpu_scale"] == pytest.approx(decode_scale, rel=0.02)
+    row = next(p for p in fit.report["params"] if p["name"] == "decode.gpu_scale")
+    assert row["lower"] < 0.9 and not row["at_physical_floor"]
+    assert any("decode.per_seq_s" in n for n in fit.report["notes"])
+    # the written costs are physically possible and reproduce the run
+    from kvplan.models.bounds import bound_violations
+
+    assert bound_violations(fit.profile.costs, rs.arch, rs.node, 1) == []
+    again = simulated_stats(sc, run, fit.profile.costs)
+    assert again["tpot_mean_s"] == pytest.approx(st["tpot_mean_s"], rel=0.02)
+
+
+
+def test_a_fit_on_a_saturated_run_says_so(tmp_path: Path) -> None:
+    """A multi-turn run of Llama-3.1-8B on p5 whose D pool saturates (TTL 60 s, 1.5 conversations/s) simulated with
+    prefill x1.5 and decode x1.3 was fitted to decode x1.318 with the prefill held (not identifiable: TTFT is D's
+    queue) and written 'calibrated' without a word about the saturation. The report now names it (notes and each
+    self-check row's 'saturation'); the llm-d 2P1D run, which saturates nothing, gets no such note."""
+    from kvplan.calibration.sim_fit import fit_scenario
+
+    raw = json.loads(BENCH.read_text())
+    raw.update({"request_rate": 12.0, "burstiness": 1.0})  # 10k-token prompts on two A100 P nodes: P saturates
+    path = tmp_path / "busy.json"
+    path.write_text(json.dumps(raw))
+    sc = load_scenario(SCEN_2P1D)
+    busy = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
+    notes = [n for n in busy.report["notes"] if "saturates" in n]
+    assert notes and "P compute" in notes[0] and "calibrate on a run below saturation" in notes[0], busy.report["notes"]
+    assert all("saturation" in c for c in busy.report["self_check"])
+    calm = fit_scenario(sc, [bench_run(parse_bench_serve(BENCH))])
+    assert not any("saturates" in n for n in calm.report["notes"])

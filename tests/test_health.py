@@ -135,7 +135,7 @@ def test_prefill_utilisation_is_measured_over_the_steady_window() -> None:
     the health section's utilisation is over the steady window (the second half of the arrivals, as the prefill
     intervals of the event log give it), not diluted by the drain (the whole-run figure, kept as
     summary.prefill_utilization, is under half)."""
-    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 0.5},
+    wl = {**small()["workload"], "conversations": 40, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
           "turns": {"dist": "constant", "value": 1}, "prefix_tokens": {"dist": "constant", "value": 16000},
           "output_tokens": {"dist": "constant", "value": 3000}}
     r = run(small(workload=wl, policy={"bidirectional": False}))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 import yaml
 
-from kvplan.traces.trace import TRACE_FORMAT_TEXT
+from kvplan.traces.trace import TRACE_FORMAT_TEXT, TRACE_FORMATS
 
 if TYPE_CHECKING:
     from kvplan.traces.trace import Trace
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     def show(
         trace: Path = typer.Argument(..., help=f"Trace file: {TRACE_FORMAT_TEXT}."),
         fmt: str | None = typer.Option(
-            None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench|weka (detected; a directory is weka)."
+            None, "--format", help=f"{'|'.join(TRACE_FORMATS)} (detected; a directory is weka)."
         ),
         ttls: str = typer.Option("30,60,120,300,480,600,900", "--ttls", help="TTLs (s) for follow-up probabilities."),
         threshold: int = typer.Option(64, "--threshold", min=0, help="kv_recompute_threshold for the output share."),
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="Trace file."),
         out: Path = typer.Option(..., "--out", help="Workload YAML to write (a scenario 'workload:' section)."),
         fmt: str | None = typer.Option(
-            None, "--format", help="mooncake|multiturn|ragpulse|csv|azure|lmbench|weka (detected; a directory is weka)."
+            None, "--format", help=f"{'|'.join(TRACE_FORMATS)} (detected; a directory is weka)."
         ),
         gap_model: str = typer.Option(
             "empirical", "--gap-model", help="empirical (measured idle gaps, default) or fit (best parametric family)."

@@ -165,7 +165,36 @@ def bench_run(r: BenchServeResult) -> MeasuredRun:
     workload = {"conversations": int(n), "arrival": arrival, "turns": {"dist": "constant", "value": 1},
                 "prefix_tokens": isl, "user_tokens": {"dist": "constant", "value": 0}, "output_tokens": osl,
                 "turn_gap_s": {"dist": "constant", "value": 0}}
+    replay = _bench_replay(r, arrival, label)
+    if replay is not None:  # the measured requests themselves, at their send times: nothing drawn
+        workload, notes = replay[0], [n for n in notes if "max_concurrency" not in n] + [replay[1]]
     return MeasuredRun(label, r.source, workload, measured, tuple(notes))
+
+
+def _bench_replay(r: BenchServeResult, arrival: dict[str, Any], label: str) -> tuple[dict[str, Any], str] | None:
+    """The run's own requests as a trace (``workload.trace`` format ``bench``: each successful request at its
+    ``start_times`` send time with its measured lengths), when the file has them (``--save-detailed``) and the
+    run is open loop (a finite request rate: the send times are the client's Poisson clock, its semaphore's waits
+    included). A Poisson draw at the file's rate, with lengths drawn independently, is another run: near
+    saturation its TTFT differs from the measured one by more than any fit error (a queue depends on the exact
+    arrivals), so the profile could not reproduce its own input. A closed loop (``--max-concurrency`` at rate
+    inf) is simulated as one: its send times depend on the server's speed. The first :data:`MAX_FIT_REQUESTS`
+    requests are replayed (a time window of the trace)."""
+    req = r.requests
+    if arrival["kind"] != "poisson" or req is None or "start_time_s" not in req:
+        return None
+    ok = req[req["ok"]] if "ok" in req else req
+    starts = np.sort(ok["start_time_s"].to_numpy(dtype=float))
+    if not len(starts):
+        return None
+    trace: dict[str, Any] = {"path": os.fspath(r.source), "format": "bench"}
+    what = f"its {len(starts)} successful requests"
+    if len(starts) > MAX_FIT_REQUESTS:
+        end = float(starts[MAX_FIT_REQUESTS])
+        trace["window_s"] = [0.0, end - float(starts[0])]  # the trace's clock starts at its first request
+        what = f"its first {int(np.count_nonzero(starts < end))} of {len(starts)} successful requests"
+    return {"trace": trace}, (f"{label}: replayed as measured ({what} at their send times, the file's start_times, "
+                              "with their measured lengths; format bench)")
 
 
 def multiturn_run(m: MultiTurnStats) -> MeasuredRun:

@@ -341,7 +341,7 @@ class TraceSource(_Frozen):
     OMIT_AT_DEFAULT = frozenset({"timing", "shared_prefix"})  # added with the weka format (sim/scenario_base.py)
 
     path: str = Field(description=f"Trace file: {TRACE_FORMAT_TEXT}.")
-    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"] | None = Field(
+    format: Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka", "bench"] | None = Field(
         default=None, description="Trace format (default: detected from the content; a directory is weka)."
     )
     timing: Literal["think", "original"] | None = Field(

@@ -188,7 +188,10 @@ def test_workload_fit_gives_the_share_of_synthetic_conversations_cut(tmp_path: P
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """AgentX's fit printed '1,689 synthetic conversations end early' under '55 conversations at ...': the count is of
     the 2,000 conversations the reproduction check draws, which the line did not say."""
-    rows = [(f"s{s}", 30.0 * s + 60.0 * k, 30000 + 6000 * k, 100) for s in range(20) for k in range(3)]
+    # half the sessions one 38,000-token request, half five turns from 1,000 tokens: every request fits the
+    # 40,960-token context, but the fit draws prefix and turns apart, so a long prefix with five turns is cut
+    rows = [(f"s{s}", 30.0 * s, 38000, 100) for s in range(0, 20, 2)]
+    rows += [(f"s{s}", 30.0 * s + 60.0 * k, 1000 + 5100 * k, 100) for s in range(1, 20, 2) for k in range(5)]
     tr = _write_csv(tmp_path / "long.csv", sorted(rows, key=lambda r: r[1]))
     assert main(["workload", "fit", str(tr), "--out", str(tmp_path / "w.yaml")]) == 0
     printed = " ".join(capsys.readouterr().out.split())

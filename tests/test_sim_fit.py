@@ -381,3 +381,71 @@ def test_a_fit_on_a_saturated_run_says_so(tmp_path: Path) -> None:
     assert all("saturation" in c for c in busy.report["self_check"])
     calm = fit_scenario(sc, [bench_run(parse_bench_serve(BENCH))])
     assert not any("saturates" in n for n in calm.report["notes"])
+
+
+def test_a_bench_run_is_replayed_as_measured_and_its_fit_reproduces_it(tmp_path: Path) -> None:
+    """aud14: calibrate --bench simulated a Poisson draw at the file's rate with lengths drawn apart, not the run the
+    file measured: near saturation (prefill x1.5, decode x1.3 at 6 req/s) the fit was x1.631 / x1.342 and its TTFT
+    +70.9% over held-out seeds, so the profile could not reproduce its own input. A --save-detailed file's requests
+    are now replayed at their send times with their lengths (trace format 'bench'): on a run whose P saturates the
+    fit finds the scales that made it, and simulating the written profile on that trace gives the measured TTFT."""
+    import numpy as np
+    import synthetic_traces as st
+
+    from kvplan.calibration.sim_fit import apply_values, fit_scenario, run_scenario
+    from kvplan.sim.engine import resolve
+
+    path = tmp_path / "bench.json"
+    st.write_bench_serve(path, np.random.default_rng(5), lambda n: 0.05 + 1e-4 * n, lambda c: 0.02, n=300,
+                         request_rate_req_s=5.0, model_id="meta-llama/Llama-3.1-8B-Instruct",
+                         input_len_range=(2000, 8000), output_len_range=(50, 200), fail_every=50)
+    sc = load_scenario(SCEN_2P1D)
+    run = bench_run(parse_bench_serve(path))
+    assert run.workload == {"trace": {"path": str(path), "format": "bench"}}
+    assert any("replayed as measured (its 294 successful requests" in n for n in run.notes), run.notes
+    truth = {"prefill.gpu_scale": 1.5, "decode.gpu_scale": 1.3, "overhead.p_leg_scale": 1.0}
+    stats = simulated_stats(sc, run, apply_values(resolve(run_scenario(sc, run, None)).costs, truth))
+    raw = json.loads(path.read_text())
+    for k in ("ttfts", "itls", "latencies"):  # the synthetic arrays are not the simulated run's
+        raw.pop(k)
+    raw.update({"mean_ttft_ms": stats["ttft_mean_s"] * 1e3, "median_ttft_ms": stats["ttft_p50_s"] * 1e3,
+                "mean_tpot_ms": stats["tpot_mean_s"] * 1e3, "median_tpot_ms": stats["tpot_p50_s"] * 1e3})
+    path.write_text(json.dumps(raw))
+    assert stats["ttft_mean_s"] > 5.0  # P saturates: TTFT is mostly its queue, which depends on the exact arrivals
+    fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
+    for name, value in truth.items():
+        assert fit.values[name] == pytest.approx(value, rel=0.02), name
+    assert fit.profile.status == "calibrated", fit.report["unreliable_reasons"]
+    assert all(c["within"] for c in fit.report["self_check"] + fit.report["held_out_check"])
+    # verifiable from the CLI: the written profile simulated on the scenario, the file replayed as a trace, gives the
+    # measured TTFT
+    from kvplan.models.profile import save_profile
+
+    profile = tmp_path / "p.json"
+    save_profile(fit.profile, profile)
+    scen = tmp_path / "s.yaml"
+    scen.write_text(SCEN_2P1D.read_text() + f"profile: {profile}\n")
+    assert main(["simulate", str(scen), "--trace", str(path), "--out", str(tmp_path / "sim")]) == 0
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["ttft_mean_s"] * 1e3 == pytest.approx(raw["mean_ttft_ms"], rel=0.01)
+    assert summary["turns"] == 294
+
+
+def test_a_long_bench_run_replays_its_first_requests(tmp_path: Path) -> None:
+    """More than MAX_FIT_REQUESTS requests: the fit replays the first ones, a time window of the trace's clock."""
+    import numpy as np
+    import synthetic_traces as st
+
+    from kvplan.calibration.sim_fit import MAX_FIT_REQUESTS
+    from kvplan.sim.scenario import Workload
+    from kvplan.sim.workload import make_plan
+
+    path = tmp_path / "long.json"
+    st.write_bench_serve(path, np.random.default_rng(2), lambda n: 0.05, lambda c: 0.02, n=MAX_FIT_REQUESTS + 100,
+                         model_id="meta-llama/Llama-3.1-8B-Instruct", output_len_range=(2, 4))
+    run = bench_run(parse_bench_serve(path))
+    start, end = run.workload["trace"]["window_s"]
+    assert start == 0.0 and end > 0
+    plan = make_plan(Workload.model_validate(run.workload), 0, 10**6)
+    assert len(plan.prompt_tokens) == MAX_FIT_REQUESTS
+    assert any(f"its first {MAX_FIT_REQUESTS} of {MAX_FIT_REQUESTS + 100} successful requests" in n for n in run.notes)

@@ -625,3 +625,55 @@ def test_unsorted_lmbench_is_sorted_and_counted(tmp_path: Path) -> None:
     ok = tmp_path / "ok.csv"
     ok.write_text(_LM_H + "75,20,0.04,0.5,403,1,988.5,989.1\n75,20,0.04,0.5,403,2,1000.5,1001.1\n")
     assert load_trace(ok).notes == {}
+
+
+# --- vllm bench serve results as traces -----------------------------------------------------------------------
+
+
+def _bench_file(tmp_path: Path, pretty: bool = False, **over: object) -> Path:
+    obj: dict[str, object] = {"date": "20260921-120000", "backend": "vllm", "completed": 3, "request_throughput": 1.0,
+                              "duration": 3.0, "start_times": [5000.0, 5000.5, 5001.25, 5002.0],
+                              "input_lens": [100, 200, 300, 400], "output_lens": [10, 0, 30, 40],
+                              "latencies": [0.5, 0.0, 0.7, 0.8], "errors": ["", "Bad Request", "", ""]}
+    obj.update(over)
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(obj, indent=2 if pretty else None))
+    return p
+
+
+@pytest.mark.parametrize("pretty", [False, True])
+def test_a_bench_serve_result_is_a_trace_of_its_requests(tmp_path: Path, pretty: bool) -> None:
+    """`vllm bench serve --save-result --save-detailed` (one JSON object, one line or indented): each successful
+    request is a single-turn session at its send time (start_times), with its lengths and latency as service time."""
+    p = _bench_file(tmp_path, pretty)
+    assert detect_trace_format(p) == "bench"
+    tr = load_trace(p)
+    df = tr.requests
+    assert tr.format == "bench" and len(df) == 3 and tr.notes["failed_requests_left_out"] == 1
+    assert df["arrival_s"].tolist() == [0.0, 1.25, 2.0]  # the trace's clock starts at its first request
+    assert df["input_tokens"].tolist() == [100, 300, 400] and df["output_tokens"].tolist() == [10, 30, 40]
+    assert df["service_s"].tolist() == [0.5, 0.7, 0.8] and (df["turn"] == 1).all() and df["session_id"].nunique() == 3
+    # sent out of list order (a --max-concurrency semaphore): replayed in send order, counted
+    late = load_trace(_bench_file(tmp_path, start_times=[5000.0, 5000.5, 5003.0, 5002.0]))
+    assert late.requests["arrival_s"].tolist() == [0.0, 2.0, 3.0]
+    assert late.requests["input_tokens"].tolist() == [100, 400, 300] and late.notes["requests_out_of_send_order"] == 1
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"start_times": None}, "field 'start_times' is null, not a list"),
+    ({"input_lens": [1, 2]}, "field 'input_lens' has 2 entries but 'start_times' has 4"),
+    ({"start_times": [], "input_lens": [], "output_lens": [], "latencies": [], "errors": []}, "holds no request"),
+    ({"errors": ["x", "y", "z", "w"]}, "every one of its 4 requests failed"),
+    ({"output_lens": [10, 0, 30.5, 40]}, "request 2: field 'output_lens' is 30.5, not a whole number"),
+])
+def test_a_bad_bench_trace_is_one_line(tmp_path: Path, over: dict[str, object], needle: str) -> None:
+    with pytest.raises(KvplanInputError, match=needle):
+        load_trace(_bench_file(tmp_path, **over), "bench")
+
+
+def test_a_bench_result_without_per_request_arrays_says_how_to_save_one(tmp_path: Path) -> None:
+    p = tmp_path / "agg.json"
+    p.write_text(json.dumps({"date": "x", "backend": "vllm", "completed": 3, "request_throughput": 1.0}))
+    assert detect_trace_format(p) == "bench"
+    with pytest.raises(KvplanInputError, match="has no per-request 'start_times'.*--save-detailed"):
+        load_trace(p)

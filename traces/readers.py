@@ -205,6 +205,70 @@ def _read_multiturn(text: str, label: str) -> pd.DataFrame:
     )
 
 
+def _read_bench(text: str, label: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A ``vllm bench serve --save-result --save-detailed`` result (VLLM_BEHAVIOUR.md 2.1) as a trace of single-turn
+    requests: ``start_times`` (the client's ``time.perf_counter()`` seconds at each request's send), ``input_lens``,
+    ``output_lens`` and ``latencies`` (the request's service time, when present); every request is its own session
+    (the benchmark's prompts share no conversation). Requests its ``errors`` marks failed are left out (the
+    benchmark's statistics leave them out too), counted in the notes; requests are replayed in send order (a
+    client-side semaphore, ``--max-concurrency``, may send them out of list order: sorted, counted)."""
+    try:
+        obj, _ = json_loads(text, label)
+    except json.JSONDecodeError as exc:
+        raise input_error(label, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(obj, dict):
+        raise input_error(label, f"is {_short(obj)}, not a vllm bench serve result object")
+    missing = [k for k in ("start_times", "input_lens", "output_lens") if k not in obj]
+    if missing:
+        raise input_error(label, f"has no per-request '{missing[0]}'",
+                          "save the benchmark with --save-result --save-detailed (per-request arrays)")
+    n = None
+    arrays: dict[str, list[Any]] = {}
+    for key in ("start_times", "input_lens", "output_lens", "latencies", "errors"):
+        v = obj.get(key)
+        if v is None and key in ("latencies", "errors"):
+            continue
+        if not isinstance(v, list):
+            raise input_error(label, f"field '{key}' is {_short(v)}, not a list (one entry per request)")
+        if n is None:
+            n = len(v)
+        elif len(v) != n:
+            raise input_error(label, f"field '{key}' has {len(v)} entries but 'start_times' has {n}",
+                              "every per-request array has one entry per request")
+        arrays[key] = v
+    if not n:
+        raise input_error(label, "holds no request ('start_times' is empty)", "pass a run that sent requests")
+    if n > MAX_TRACE_RECORDS:
+        raise input_error(label, f"holds {n:,} requests, more than the {MAX_TRACE_RECORDS:,} a run replays",
+                          "cut the run before replaying it")
+    errors = arrays.get("errors")
+    ok = [not e for e in errors] if errors is not None else [True] * n
+    ts: list[float] = []
+    n_in: list[int] = []
+    n_out: list[int] = []
+    svc: list[float] = []
+    for i in range(n):
+        if not ok[i]:
+            continue
+        where = f"{label}: request {i}"
+        ts.append(_number(arrays["start_times"][i], "start_times", where))
+        n_in.append(_count(arrays["input_lens"][i], "input_lens", where))
+        n_out.append(_count(arrays["output_lens"][i], "output_lens", where))
+        lat = arrays["latencies"][i] if "latencies" in arrays else None
+        svc.append(_number(lat, "latencies", where) if lat is not None else math.nan)
+    if not ts:
+        raise input_error(label, f"every one of its {n} requests failed ('errors')", "pass a run with successes")
+    t = np.asarray(ts, dtype=float)
+    order = np.argsort(t, kind="stable")
+    notes: dict[str, Any] = {"failed_requests_left_out": n - len(ts)}
+    back = int(np.count_nonzero(np.diff(t) < 0))
+    if back:
+        notes["requests_out_of_send_order"] = back
+        notes["sorted_by"] = "start_times"
+    return _link_sessions([f"r{int(i)}" for i in order], t[order], np.asarray(n_in)[order], np.asarray(n_out)[order],
+                          np.asarray(svc, dtype=float)[order]), notes
+
+
 def _read_csv(text: str, label: str) -> pd.DataFrame:
     """Parse the generic CSV (header ``session_id,timestamp_s,input_tokens,output_tokens``)."""
     reader = csv.reader(io.StringIO(text))
@@ -362,12 +426,16 @@ def detect_trace_format(path: str | os.PathLike[str], max_bytes: int = DEFAULT_M
         except (json.JSONDecodeError, KvplanInputError):
             obj = None
         if isinstance(obj, dict):
+            if {"start_times", "input_lens", "output_lens"} <= obj.keys():  # vllm bench serve --save-detailed
+                return "bench"
             if "session_id" in obj and "timestamp" in obj:
                 return "ragpulse"
             if {"timestamp", "input_length", "hash_ids"} <= obj.keys():
                 return "mooncake"
         if _looks_weka(stripped):
             return "weka"
+        if _looks_bench(stripped):
+            return "bench"
     else:
         header = tuple(c.strip() for c in first.split(","))
         known: dict[tuple[str, ...], TraceFormat] = {CSV_HEADER: "csv", AZURE_HEADER: "azure", LMBENCH_HEADER: "lmbench"}
@@ -388,11 +456,19 @@ def _looks_weka(head: str) -> bool:
     return '"requests"' in head and ('"hash_ids"' in head or '"block_size"' in head)
 
 
+def _looks_bench(head: str) -> bool:
+    """A ``vllm bench serve`` result: one JSON object whose header keys (written before the per-request arrays)
+    include the run's aggregates."""
+    return '"completed"' in head and ('"request_throughput"' in head or '"input_lens"' in head)
+
+
 def check_record_count(text: str, label: str, fmt: str) -> None:
     """Refuse, before any record is parsed, a trace with more records than a run replays
     (:data:`MAX_TRACE_RECORDS`): its lines are counted (a multi-turn JSON array: its objects), which costs
     one pass over the text, so a 100 MB file of 12 million one-token requests is refused in a fraction of a
     second instead of being built into frames that need gigabytes."""
+    if fmt == "bench":  # one JSON object of per-request arrays: counted when parsed (_read_bench)
+        return
     n = text.count("{") if fmt == "multiturn" else text.count("\n") + (not text.endswith("\n"))
     if n > MAX_TRACE_RECORDS + 1:  # + a CSV header
         unit = "objects" if fmt == "multiturn" else "lines"
@@ -438,6 +514,8 @@ def load_trace(
         df = _read_azure(text, label)
     elif fmt == "lmbench":
         df, notes = _read_lmbench(text, label)
+    elif fmt == "bench":
+        df, notes = _read_bench(text, label)
     else:
         df = _read_csv(text, label)
     return Trace(requests=df, source=label, format=fmt, sha256=digest, linking=linking, notes=notes)

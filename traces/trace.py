@@ -17,7 +17,7 @@ import pandas as pd
 from kvplan.errors import input_error
 from kvplan.inputfile import _short, decode_text, json_loads, read_bytes
 
-TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka"]
+TraceFormat = Literal["mooncake", "multiturn", "ragpulse", "csv", "azure", "lmbench", "weka", "bench"]
 TRACE_FORMATS: tuple[str, ...] = get_args(TraceFormat)
 
 #: Tokens per Mooncake hash block (FAST'25 traces).
@@ -27,7 +27,7 @@ DEFAULT_MIN_BLOCKS = 2
 #: Every format a trace may have, as the help texts name them (one per :data:`TraceFormat`, same order).
 TRACE_FORMAT_TEXT = ("Mooncake JSONL, multi-turn stats JSON, RAGPulse JSONL, CSV (session_id,timestamp_s,input_tokens,"
                      "output_tokens), Azure LLM 2023 CSV, LMBench multi-round QA CSV, weka (AgentX kv-cache-tester) "
-                     "JSON or a directory of them")
+                     "JSON or a directory of them, vllm bench serve --save-result --save-detailed JSON")
 #: Exact header of the generic CSV format.
 CSV_HEADER: tuple[str, ...] = ("session_id", "timestamp_s", "input_tokens", "output_tokens")
 #: Header of the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_*.csv).

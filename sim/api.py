@@ -9,7 +9,7 @@ from typing import Any
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.alloc import TRIM_EVERY_CHUNKS, release_free_memory
-from kvplan.sim.engine import ChunkSink, ProgressHook, simulate, thread_counters
+from kvplan.sim.engine import ChunkSink, ProgressHook, profile_parts, simulate, thread_counters
 from kvplan.sim.events import EventChunk
 from kvplan.sim.health import BUSY_FRACTION, compute_health
 from kvplan.sim.results import Result, build_result
@@ -88,7 +88,7 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "profile": rs.profile.name,
         "profile_status": rs.profile.status,
         "extrapolated": rs.profile.extrapolated,
-        "profile_components": dict(rs.profile.component_status),
+        "profile_components": profile_parts(rs),  # each role's own profile's parts under heterogeneous TP
         "decode_kv_capacity_tokens": rs_d.decode_capacity_tokens,
         "decode_kv_capacity_gib": rs_d.decode_capacity_tokens * bytes_all / GIB * n_kv,
         "prefill_kv_capacity_gib": rs_p.prefill_capacity_tokens * kv_bytes_per_token_all_ranks(rs.arch, ctx.p_tp)

@@ -250,8 +250,8 @@ def resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]
 def profile_parts(rs: Resolved) -> dict[str, str]:
     """What each part of the deployment's costs is (``Profile.component_status``), each role's own: with
     heterogeneous TP P and D are priced by their own TP's profile (:func:`resolve_roles`), so ``prefill.*`` comes from
-    P's and ``decode.*`` from D's, labelled with that TP and profile; ``rs.profile`` is the one of
-    ``tensor_parallel_size`` (summary.json's ``profile_components``, which names it for both roles)."""
+    P's and ``decode.*`` from D's, labelled with that TP and profile (``rs.profile`` is the one of
+    ``tensor_parallel_size``); summary.json's ``profile_components``."""
     parts = dict(rs.profile.component_status)
     rs_p, rs_d = resolve_roles(rs.scenario, rs)
     for role, r in (("prefill", rs_p), ("decode", rs_d)):

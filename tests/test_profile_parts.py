@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,10 @@ def test_heterogeneous_tp_profile_parts_name_each_roles_prior(tmp_path: Path, ca
     assert "llama-3.3-70b-h100-sxm-tp4" in prefill and "tp8" not in prefill.split("[")[0], prefill
     assert "[prefill at TP4: profile llama-3.3-70b-p5-tp4" in prefill
     assert "llama-3.3-70b-h100-sxm-tp8" in decode and "[decode" not in decode
+    # summary.json's profile_components too (it named the TP8 prior for P's prefill)
+    parts = json.loads((tmp_path / "run" / "summary.json").read_text())["profile_components"]
+    assert "llama-3.3-70b-h100-sxm-tp4" in parts["prefill.gpu"] and "[prefill at TP4" in parts["prefill.gpu"]
+    assert "llama-3.3-70b-h100-sxm-tp8" in parts["decode.gpu"]
     warning = next(w for w in run_warnings(resolve(load_scenario(sc)), []) if w.startswith("profile not calibrated"))
     assert "prefill.gpu: kernel-derived (prior llama-3.3-70b-h100-sxm-tp4" in warning
     assert "decode.gpu: kernel-derived (prior llama-3.3-70b-h100-sxm-tp8" in warning

@@ -517,6 +517,7 @@ class _Threshold:
     check_rows: list[dict[str, Any]]
     disagreements: list[str]
     rows: Rows | None  # the chosen TTL's rows at the chosen threshold (None: retention off)
+    be: BreakEven | None = None  # the break-even the rule used when not the setup's (cross-layer blocks adopted)
 
 
 def _threshold_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, rec_rows: Rows | None) -> _Threshold:
@@ -553,6 +554,31 @@ def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None,
             "text": trial_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
 
 
+def _cross_layer_threshold(setup: _Setup, runner: _Runner, at: TtlCandidate, thr: _Threshold, x_rows: Rows,
+                           transfer: dict[str, Any]) -> _Threshold:
+    """Stage 4b, cross-layer blocks adopted: the threshold rule applied to the deployment recommended. One region
+    per layer group instead of one per layer makes a pull cheaper (fewer descriptors), so its break-even n* is lower
+    than the one the threshold stage used; that n* is simulated with the flag against the threshold chosen without
+    it, which is kept only when significantly faster (the simulator wins), as in :func:`_check_threshold`.
+    Returns the threshold with its rows (the recommended deployment's runs) and the break-even the rule used."""
+    from dataclasses import replace
+
+    be_x = break_even(resolve(with_overrides(setup.sc, {"deployment.cross_layer_blocks": True})),
+                      setup.be.local_prefix_tokens, setup.be.tail_tokens)
+    transfer["break_even_tokens"] = be_x.tokens
+    if be_x.tokens == thr.tokens:
+        transfer["threshold_tokens"] = thr.tokens
+        return replace(thr, rows=x_rows, be=be_x)
+    rows = runner.run({"xt": {**_on(at.ttl_s, at.router_ttl_s, be_x.tokens),
+                              "deployment.cross_layer_blocks": True}})["xt"]
+    tokens, check, disagreements = _check_threshold(be_x, {be_x.tokens: rows, thr.tokens: x_rows})
+    transfer["threshold_tokens"] = tokens
+    transfer["threshold_check"] = check
+    return _Threshold(tokens, [*thr.check_rows, *({**c, "cross_layer_blocks": True} for c in check)],
+                      [*thr.disagreements, *(f"with cross-layer blocks: {d}" for d in disagreements)],
+                      rows if tokens == be_x.tokens else x_rows, be_x)
+
+
 def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     sc, dep = setup.sc, setup.sc.deployment
 
@@ -579,6 +605,10 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
     transfer, x_rows = _cross_layer_stage(setup, runner, rec, thr, m)
+    if rec is not None and x_rows is not None:  # the threshold rule on the deployment recommended, flag included
+        thr = _cross_layer_threshold(setup, runner, at, thr, x_rows, transfer)
+        x_rows = thr.rows
+    be = thr.be or setup.be  # the break-even of the deployment recommended
     # the expected figures are the runs of the recommended deployment itself: with cross-layer blocks when adopted
     exp_rows = x_rows if x_rows is not None else thr.rows if rec is not None and thr.rows is not None else st.off
     exp_m = m(exp_rows)
@@ -599,7 +629,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if choice.retention_off:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
-    rationale.append(kept_on + threshold_rationale(thr.tokens, setup.be))
+    rationale.append(kept_on + threshold_rationale(thr.tokens, be)
+                     + (" (with the cross-layer blocks adopted: the break-even of the deployment recommended)"
+                        if be is not setup.be else ""))
     fit = st.fits[at.ttl_s]
     how = (f"its own p99 arrival->P decision, {fit.rounds} simulation round(s)" if fit.settled else
            f"not settled after {fit.rounds} round(s): its own p99 arrival->P decision measured "
@@ -751,7 +783,7 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
                     binding_txt: str, choice: TtlChoice, curve: list[TtlCandidate], slo: dict[str, Any],
                     warnings: list[str], disagreements: list[str], extra: dict[str, Any]) -> Recommendation:
     exp_m, def_m, off_m = ms
-    be, threshold = setup.be, thr.tokens
+    be, threshold = thr.be or setup.be, thr.tokens
     dep = setup.sc.deployment
     # the deployable config carries the cross-layer flag when the scenario sets it or the trial adopted it (the
     # rationale tells the operator to enable it, and the expected figures are the runs with it)

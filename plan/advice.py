@@ -130,7 +130,9 @@ RULES = (
     "benefit of an unlimited TTL (memory not counted), among TTLs whose peak pinned decode KV fits the HBM budget.",
     "Threshold rule: the analytic break-even pull size n* where pulling (transfer_time_s incl. descriptors, idle "
     "link) stops beating recomputing (prefill_time_s of those tokens on top of the local prefix, minus the tail "
-    "computed anyway); checked by simulation at the target load against n*/2, 2n* and 64 (the simulator wins).",
+    "computed anyway); checked by simulation at the target load against n*/2, 2n* and 64 (the simulator wins); "
+    "when cross-layer blocks are adopted, n* of the deployment with them (a cheaper pull), checked by simulation "
+    "against the threshold chosen without them.",
     "Router rule: each TTL is simulated with router TTL = floor(D TTL - 5 s safety margin - clock skew - allowance), "
     "allowance = that run's own p99 of arrival->P decision (>= 1 s): searched from 1 s and re-run (up to 3 rounds) "
     "while the measured p99 exceeds the allowance it ran with, so a router hit is never declined by P (PR #47021).",

@@ -38,6 +38,18 @@ def _simulated(profile: Path, bench: Path = BENCH, scenario: Path = SCEN_2P1D) -
     return simulated_stats(sc, bench_run(parse_bench_serve(bench)), None)
 
 
+def _measured(src: Path, stats: dict[str, float], out: Path, drop: tuple[str, ...] = ()) -> Path:
+    """``src`` (a bench file) with its TTFT/TPOT mean and median replaced by ``stats`` (s; a simulated run's), the
+    per-request arrays in ``drop`` removed (they would disagree with those summaries), written to ``out``."""
+    raw = json.loads(src.read_text())
+    for k in drop:
+        raw.pop(k, None)
+    raw.update({"mean_ttft_ms": stats["ttft_mean_s"] * 1e3, "median_ttft_ms": stats["ttft_p50_s"] * 1e3,
+                "mean_tpot_ms": stats["tpot_mean_s"] * 1e3, "median_tpot_ms": stats["tpot_p50_s"] * 1e3})
+    out.write_text(json.dumps(raw))
+    return out
+
+
 def test_llmd_2p1d_fit_reproduces_the_measured_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, report, out, _err = _fit(tmp_path, capsys)
     assert rc == 0
@@ -204,11 +216,7 @@ def test_fit_recovers_known_scales(tmp_path: Path) -> None:
     base = resolve(run_scenario(sc, run, None)).costs
     truth = {"prefill.gpu_scale": 1.15, "decode.gpu_scale": 1.8, "overhead.p_leg_scale": 1.0}
     st = simulated_stats(sc, run, apply_values(base, truth))
-    raw = json.loads(BENCH.read_text())
-    raw.update({"mean_ttft_ms": st["ttft_mean_s"] * 1e3, "median_ttft_ms": st["ttft_p50_s"] * 1e3,
-                "mean_tpot_ms": st["tpot_mean_s"] * 1e3, "median_tpot_ms": st["tpot_p50_s"] * 1e3})
-    path = tmp_path / "truth.json"
-    path.write_text(json.dumps(raw))
+    path = _measured(BENCH, st, tmp_path / "truth.json")
     fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
     for name, value in truth.items():
         assert fit.values[name] == pytest.approx(value, rel=0.03), name
@@ -343,11 +351,7 @@ def test_fit_at_or_below_the_prior_decode_is_calibrated(decode_scale: float, tmp
     base = rs.costs
     truth = base.model_copy(update={"decode": scaled_decode(base.decode, decode_scale, rs.arch, rs.node, 1)})
     st = simulated_stats(sc, run, truth)
-    raw = json.loads(BENCH.read_text())
-    raw.update({"mean_ttft_ms": st["ttft_mean_s"] * 1e3, "median_ttft_ms": st["ttft_p50_s"] * 1e3,
-                "mean_tpot_ms": st["tpot_mean_s"] * 1e3, "median_tpot_ms": st["tpot_p50_s"] * 1e3})
-    path = tmp_path / "measured.json"
-    path.write_text(json.dumps(raw))
+    path = _measured(BENCH, st, tmp_path / "measured.json")
     fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
     assert fit.profile.status == "calibrated", fit.report["unreliable_reasons"]
     assert fit.values["decode.gpu_scale"] == pytest.approx(decode_scale, rel=0.02)
@@ -405,12 +409,7 @@ def test_a_bench_run_is_replayed_as_measured_and_its_fit_reproduces_it(tmp_path:
     assert any("replayed as measured (its 294 successful requests" in n for n in run.notes), run.notes
     truth = {"prefill.gpu_scale": 1.5, "decode.gpu_scale": 1.3, "overhead.p_leg_scale": 1.0}
     stats = simulated_stats(sc, run, apply_values(resolve(run_scenario(sc, run, None)).costs, truth))
-    raw = json.loads(path.read_text())
-    for k in ("ttfts", "itls", "latencies"):  # the synthetic arrays are not the simulated run's
-        raw.pop(k)
-    raw.update({"mean_ttft_ms": stats["ttft_mean_s"] * 1e3, "median_ttft_ms": stats["ttft_p50_s"] * 1e3,
-                "mean_tpot_ms": stats["tpot_mean_s"] * 1e3, "median_tpot_ms": stats["tpot_p50_s"] * 1e3})
-    path.write_text(json.dumps(raw))
+    _measured(path, stats, path, drop=("ttfts", "itls", "latencies"))  # the synthetic arrays are not the run's
     assert stats["ttft_mean_s"] > 5.0  # P saturates: TTFT is mostly its queue, which depends on the exact arrivals
     fit = fit_scenario(sc, [bench_run(parse_bench_serve(path))])
     for name, value in truth.items():
@@ -427,7 +426,7 @@ def test_a_bench_run_is_replayed_as_measured_and_its_fit_reproduces_it(tmp_path:
     scen.write_text(SCEN_2P1D.read_text() + f"profile: {profile}\n")
     assert main(["simulate", str(scen), "--trace", str(path), "--out", str(tmp_path / "sim")]) == 0
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
-    assert summary["ttft_mean_s"] * 1e3 == pytest.approx(raw["mean_ttft_ms"], rel=0.01)
+    assert summary["ttft_mean_s"] == pytest.approx(stats["ttft_mean_s"], rel=0.01)
     assert summary["turns"] == 294
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -183,9 +184,9 @@ def test_the_add_nodes_hint_of_a_trace_replay_names_no_preset_rate() -> None:
 
     saturated = Saturation(("prefill_compute",), replications=2)
     trace = Path(__file__).resolve().parent / "data" / "traces" / "weka_small.json"
-    base = {"model": "qwen3-32b", "hardware": "p5en",
-            "workload": {"arrival": {"kind": "poisson", "rate_per_s": 0.005}}}
-    replay = {**base, "workload": {**base["workload"], "trace": {"path": str(trace)}}}
+    arrival = {"kind": "poisson", "rate_per_s": 0.005}
+    base: dict[str, Any] = {"model": "qwen3-32b", "hardware": "p5en", "workload": {"arrival": arrival}}
+    replay = {**base, "workload": {"arrival": arrival, "trace": {"path": str(trace)}}}
     synthetic = unsaturate_hint(resolve(scenario_from_dict(base)), saturated, [])[0]
     assert "xPyD search at 0.005 new conversations/s" in synthetic
     hint = unsaturate_hint(resolve(scenario_from_dict(replay)), saturated, [])[0]

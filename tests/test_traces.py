@@ -12,6 +12,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -630,7 +631,7 @@ def test_unsorted_lmbench_is_sorted_and_counted(tmp_path: Path) -> None:
 # --- vllm bench serve results as traces -----------------------------------------------------------------------
 
 
-def _bench_file(tmp_path: Path, pretty: bool = False, **over: object) -> Path:
+def _bench_file(tmp_path: Path, pretty: bool = False, **over: Any) -> Path:
     obj: dict[str, object] = {"date": "20260921-120000", "backend": "vllm", "completed": 3, "request_throughput": 1.0,
                               "duration": 3.0, "start_times": [5000.0, 5000.5, 5001.25, 5002.0],
                               "input_lens": [100, 200, 300, 400], "output_lens": [10, 0, 30, 40],
@@ -666,9 +667,9 @@ def test_a_bench_serve_result_is_a_trace_of_its_requests(tmp_path: Path, pretty:
     ({"errors": ["x", "y", "z", "w"]}, "every one of its 4 requests failed"),
     ({"output_lens": [10, 0, 30.5, 40]}, "request 2: field 'output_lens' is 30.5, not a whole number"),
 ])
-def test_a_bad_bench_trace_is_one_line(tmp_path: Path, over: dict[str, object], needle: str) -> None:
+def test_a_bad_bench_trace_is_one_line(tmp_path: Path, over: dict[str, Any], needle: str) -> None:
     with pytest.raises(KvplanInputError, match=needle):
-        load_trace(_bench_file(tmp_path, **over), "bench")
+        load_trace(_bench_file(tmp_path, False, **over), "bench")
 
 
 def test_a_bench_result_without_per_request_arrays_says_how_to_save_one(tmp_path: Path) -> None:

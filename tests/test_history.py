@@ -17,7 +17,7 @@ from kvplan.plan.advice import _follow_up_shape, recommend
 from kvplan.plan.breakeven import break_even
 from kvplan.sim.api import run
 from kvplan.sim.engine import resolve
-from kvplan.sim.scenario import scenario_from_dict
+from kvplan.sim.scenario import scenario_from_dict, with_overrides
 from kvplan.sim.workload import make_plan
 
 
@@ -103,5 +103,9 @@ def test_recommend_threshold_follows_break_even_and_states_history() -> None:
     be_only = break_even(rs, *_follow_up_shape(only)).tokens
     assert be_only < be_verb  # a longer tail makes recomputing dearer (attention over it): pull from fewer tokens
     rec = recommend(only, replications=1, ttl_grid=(30.0,))
-    assert rec.threshold_check["analytic_break_even_tokens"] == be_only
+    # the rule's break-even is the recommended deployment's: with cross-layer blocks when the trial adopted them
+    adopted = rec.transfer.get("adopted") is True
+    rs_rec = resolve(with_overrides(only, {"deployment.cross_layer_blocks": True})) if adopted else rs
+    assert rec.threshold_check["analytic_break_even_tokens"] == break_even(rs_rec, *_follow_up_shape(only)).tokens
+    assert not adopted or rec.transfer["break_even_tokens"] < be_only  # a cheaper pull: pulled from fewer tokens
     assert any("prompt_only" in a for a in rec.assumptions)

@@ -74,3 +74,21 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
                 delta = ("+" if cur > base else "") + human_s(cur - base)
         out.append(Metric(label, value, delta, colour, help_text))
     return out
+
+
+# --- what the CLI prints after its table (pure) ----------------------------------------------------------------------
+
+def context_limit_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The workload cut at the model's context limit, as ``kvplan simulate`` says it: conversations ended early
+    (its ``note:`` line) and trace requests skipped or truncated (the ``select:`` line it logs)."""
+    out = []
+    trace = summary.get("trace") or {}
+    limit = trace.get("max_context_tokens")
+    for key, verb in (("skipped_overlong", "skipped"), ("truncated_overlong", "truncated")):
+        n = int(trace.get(key) or 0)
+        if n:
+            over = f" over {int(limit):,} tokens" if isinstance(limit, int) else ""
+            out.append(f"{n:,} trace request(s){over} were {verb} (the model's context limit)")
+    if summary.get("truncated_conversations"):
+        out.append(f"{summary['truncated_conversations']} conversations ended early at the model's context limit")
+    return out

@@ -25,7 +25,12 @@ import pandas as pd
 import streamlit as st
 
 from kvplan.app import dash_serve, dash_upload
-from kvplan.app.dash_metrics import DeltaColour, Metric, headline_metrics  # noqa: F401 - re-exported
+from kvplan.app.dash_metrics import (  # noqa: F401 - re-exported
+    DeltaColour,
+    Metric,
+    context_limit_lines,
+    headline_metrics,
+)
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.hardware import HARDWARE_PRESETS

@@ -42,6 +42,8 @@ st.caption(
     f"{ds.defaults_text()}."
 )
 warnings, notes = ds.health_warnings(s)
+for line in ds.context_limit_lines(s):  # the workload the run replayed is not the one asked for: said first
+    st.warning(line)
 for line in warnings:
     st.warning(line)
 for line in notes:

@@ -1,0 +1,75 @@
+"""The What-if page says what ``kvplan simulate`` prints for the same scenario and seed: its notes and warnings
+after the table (the workload cut at the model's context limit, settings without effect, trace notes), and its
+figures with the CLI's labels and rules (e.g. no hit rate without follow-up turns)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvplan.app import dash_state as ds
+from kvplan.app.cmd_dashboard import DASHBOARD_SCRIPT
+from kvplan.app.output import print_summary
+from kvplan.sim.api import run
+from kvplan.sim.defaults import trace_replay_scenario
+
+TIMEOUT_S = 120
+TRACE = "replay a trace file"
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=TIMEOUT_S)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _cli_lines(result: Any, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """What ``kvplan simulate`` prints after a run (``print_summary``, the same function)."""
+    capsys.readouterr()
+    print_summary(result, None)
+    return capsys.readouterr().out.splitlines()
+
+
+def _upload_trace(at: AppTest, name: str, text: str) -> AppTest:
+    at.selectbox(key="sc_workload").select(TRACE).run()
+    at.file_uploader(key="sc_trace_upload").set_value((name, text.encode(), "text/csv")).run()
+    assert not at.exception, at.exception
+    return at
+
+
+#: A generic CSV trace: one request per session (no follow-up turn), one output of 0 tokens, one request longer
+#: than Qwen3-32B's 40,960-token context.
+SINGLE_TURNS = ("session_id,timestamp_s,input_tokens,output_tokens\n"
+                "a,0,1000,100\nb,1.5,500,50\nc,3,2000,0\nd,4,200000,20\n")
+
+
+def test_conversations_cut_at_the_context_limit_are_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """The coding-agent preset's conversations grow past Qwen3-32B's context: the CLI's note is on the page."""
+    sc = ds.build_scenario(ds.ScenarioInputs(workload="coding-agent", prefill_prefix_caching=True))
+    result = run(sc)
+    n = result.summary["truncated_conversations"]
+    assert n > 0
+    cli = [ln.removeprefix("note: ") for ln in _cli_lines(result, capsys) if "context limit" in ln]
+    assert cli == [f"{n} conversations ended early at the model's context limit"]
+    at = _app()
+    at.selectbox(key="sc_workload").select("coding-agent").run()
+    assert not at.exception, at.exception
+    assert cli[0] in [w.value for w in at.warning]
+
+
+def test_trace_requests_beyond_the_context_limit_are_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A trace request longer than the model's context is skipped: the CLI logs it, the page says it too."""
+    path = tmp_path / "single.csv"
+    path.write_text(SINGLE_TURNS)
+    with caplog.at_level(logging.WARNING):
+        summary = run(trace_replay_scenario(str(path))).summary
+    assert "select: 1 request(s) over 40960 tokens were skipped" in caplog.text
+    assert summary["trace"]["skipped_overlong"] == 1
+    at = _upload_trace(_app(), "single.csv", SINGLE_TURNS)
+    assert "1 trace request(s) over 40,960 tokens were skipped (the model's context limit)" in [
+        w.value for w in at.warning]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,3 +92,11 @@ def context_limit_lines(summary: Mapping[str, Any]) -> list[str]:
     if summary.get("truncated_conversations"):
         out.append(f"{summary['truncated_conversations']} conversations ended early at the model's context limit")
     return out
+
+
+def no_effect_lines(notes: Sequence[str]) -> list[str]:
+    """The run's notes about settings it ignored (``sim.api.NO_EFFECT``), which ``kvplan simulate`` prints as
+    warnings whatever ``--verbose`` says (the other notes are assumptions, listed on request)."""
+    from kvplan.sim.api import NO_EFFECT
+
+    return [n for n in notes if n.startswith(NO_EFFECT)]

@@ -30,6 +30,7 @@ from kvplan.app.dash_metrics import (  # noqa: F401 - re-exported
     Metric,
     context_limit_lines,
     headline_metrics,
+    no_effect_lines,
 )
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS

@@ -73,3 +73,16 @@ def test_trace_requests_beyond_the_context_limit_are_said(tmp_path: Path, caplog
     at = _upload_trace(_app(), "single.csv", SINGLE_TURNS)
     assert "1 trace request(s) over 40,960 tokens were skipped (the model's context limit)" in [
         w.value for w in at.warning]
+
+
+def test_a_setting_without_effect_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """A decode TTL with bidirectional transfer off does nothing: the CLI warns, and so does the page (not only in
+    the collapsed list of assumptions)."""
+    sc = ds.build_scenario(ds.ScenarioInputs(bidirectional=False, ttl_s=100.0))
+    cli = [ln.removeprefix("warning: ") for ln in _cli_lines(run(sc), capsys) if ln.startswith("warning: no effect:")]
+    assert len(cli) == 1 and "decoder_kv_blocks_ttl_s = 100 s" in cli[0]
+    at = _app()
+    at.toggle(key="sc_bidir").set_value(False).run()
+    at.number_input(key="sc_ttl").set_value(100.0).run()
+    assert not at.exception, at.exception
+    assert cli[0] in [w.value for w in at.warning]

@@ -44,6 +44,8 @@ st.caption(
 warnings, notes = ds.health_warnings(s)
 for line in ds.context_limit_lines(s):  # the workload the run replayed is not the one asked for: said first
     st.warning(line)
+for line in ds.no_effect_lines(w.current.notes):  # a sidebar setting the run ignored (the CLI's "warning:" lines)
+    st.warning(line)
 for line in warnings:
     st.warning(line)
 for line in notes:

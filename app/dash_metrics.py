@@ -33,6 +33,21 @@ def _delta(cur: float, base: float, unit: str, scale: float, digits: int) -> str
     return f"{d:+,.{digits}f} {unit}".rstrip()
 
 
+#: What ``kvplan simulate`` prints for the hit and reuse rates of a run without a follow-up turn.
+NO_FOLLOW_UPS = "n/a (no follow-up turns)"
+
+
+def has_follow_ups(summary: Mapping[str, Any]) -> bool:
+    """Whether the run had a follow-up turn, i.e. whether its hit and reuse rates are defined (``summary.json``
+    says 0.0 for both when there was none)."""
+    return summary.get("follow_up_turns") != 0
+
+
+def rate_text(summary: Mapping[str, Any], key: str) -> str:
+    """``hit_rate`` or ``reuse_rate`` as the CLI prints it: a percentage, or :data:`NO_FOLLOW_UPS`."""
+    return f"{float(summary[key]):.1%}" if has_follow_ups(summary) else NO_FOLLOW_UPS
+
+
 def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[Metric]:
     """Headline metrics of ``current`` with their change against ``defaults`` (the vLLM-defaults run).
 
@@ -57,6 +72,10 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     for label, key, unit, scale, digits, colour, help_text in spec:
         cur = float(current.get(key, math.nan))
         base = float(defaults.get(key, math.nan))
+        if key in ("hit_rate", "reuse_rate") and not has_follow_ups(current):
+            # no follow-up turn: no rate (summary.json keeps its 0.0, a number by contract), as the CLI prints it
+            out.append(Metric(label, NO_FOLLOW_UPS, None, colour, help_text))
+            continue
         if key in ("hit_rate", "reuse_rate"):
             value = f"{cur:.1%}" if math.isfinite(cur) else "n/a"
         elif not math.isfinite(cur):

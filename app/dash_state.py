@@ -31,6 +31,7 @@ from kvplan.app.dash_metrics import (  # noqa: F401 - re-exported
     context_limit_lines,
     headline_metrics,
     no_effect_lines,
+    rate_text,
 )
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS
@@ -519,7 +520,7 @@ def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
     parts = [f"{name} {human_s(on[k])} vs {human_s(off[k])}{pct(float(on[k]), float(off[k]))}"
              for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"))]
     return (f"Bidirectional KV transfer ON vs OFF (same scenario and seed): {', '.join(parts)}; hit rate "
-            f"{float(on['hit_rate']):.1%} vs {float(off['hit_rate']):.1%}.")
+            f"{rate_text(on, 'hit_rate')} vs {rate_text(off, 'hit_rate')}.")
 
 
 #: Session key of the trace file the sidebar's scenario replays (for :func:`error_text`).

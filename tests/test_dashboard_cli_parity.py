@@ -86,3 +86,19 @@ def test_a_setting_without_effect_is_a_warning(capsys: pytest.CaptureFixture[str
     at.number_input(key="sc_ttl").set_value(100.0).run()
     assert not at.exception, at.exception
     assert cli[0] in [w.value for w in at.warning]
+
+
+def test_no_follow_up_turn_means_no_hit_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace of single-request sessions has no follow-up turn: the CLI prints 'n/a (no follow-up turns)' for the
+    hit and reuse rates (summary.json's 0.0 is a placeholder), and the page must not show 0.0%."""
+    path = tmp_path / "single.csv"
+    path.write_text(SINGLE_TURNS)
+    result = run(trace_replay_scenario(str(path)))
+    assert result.summary["follow_up_turns"] == 0
+    cli = [ln for ln in _cli_lines(result, capsys) if "rate (follow-ups" in ln]
+    assert len(cli) == 2 and all("n/a (no follow-up turns)" in ln for ln in cli)
+    at = _upload_trace(_app(), "single.csv", SINGLE_TURNS)
+    metrics = {m.label: m for m in at.metric}
+    for label in ("Hit rate", "Reuse rate"):
+        assert metrics[label].value == "n/a (no follow-up turns)" and not metrics[label].delta
+    assert "hit rate n/a (no follow-up turns) vs n/a (no follow-up turns)" in at.info[0].value

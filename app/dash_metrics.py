@@ -119,3 +119,20 @@ def no_effect_lines(notes: Sequence[str]) -> list[str]:
     from kvplan.sim.api import NO_EFFECT
 
     return [n for n in notes if n.startswith(NO_EFFECT)]
+
+
+def run_notes(summary: Mapping[str, Any]) -> list[str]:
+    """The notes ``kvplan simulate`` prints after its table about how the numbers were made: trace requests with
+    0 tokens replayed with 1, trace rows replayed sorted, percentiles from the quantile sketch."""
+    out = []
+    trace = summary.get("trace") or {}
+    for key, n in sorted(trace.items()):
+        if key.endswith("_zero_replayed_as_1") and n:
+            out.append(f"{n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "
+                       "(a request has at least one prompt and one generated token)")
+    if trace.get("rows_out_of_order_sorted"):
+        out.append(f"{trace['rows_out_of_order_sorted']:,} trace rows were earlier than the row before them; the trace "
+                   "was replayed sorted by arrival")
+    if summary.get("percentile_method") == "sketch":
+        out.append(f"percentiles: quantile sketch, within {summary.get('percentile_relative_error', 0.0):.1%} relative")
+    return out

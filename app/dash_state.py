@@ -32,6 +32,7 @@ from kvplan.app.dash_metrics import (  # noqa: F401 - re-exported
     headline_metrics,
     no_effect_lines,
     rate_text,
+    run_notes,
 )
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS

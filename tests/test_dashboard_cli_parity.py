@@ -102,3 +102,21 @@ def test_no_follow_up_turn_means_no_hit_rate(tmp_path: Path, capsys: pytest.Capt
     for label in ("Hit rate", "Reuse rate"):
         assert metrics[label].value == "n/a (no follow-up turns)" and not metrics[label].delta
     assert "hit rate n/a (no follow-up turns) vs n/a (no follow-up turns)" in at.info[0].value
+
+
+def test_trace_notes_are_on_the_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace request with 0 output tokens is replayed with 1: the CLI's note is on the page, word for word."""
+    path = tmp_path / "single.csv"
+    path.write_text(SINGLE_TURNS)
+    cli = [ln for ln in _cli_lines(run(trace_replay_scenario(str(path))), capsys) if ln.startswith("note: 1 trace")]
+    assert len(cli) == 1 and "output_tokens 0 were replayed with 1" in cli[0]
+    at = _upload_trace(_app(), "single.csv", SINGLE_TURNS)
+    assert cli[0] in [c.value for c in at.caption]
+
+
+def test_run_notes_say_sorted_rows_and_sketched_percentiles() -> None:
+    notes = ds.run_notes({"trace": {"rows_out_of_order_sorted": 3}, "percentile_method": "sketch",
+                          "percentile_relative_error": 0.005})
+    assert notes == ["3 trace rows were earlier than the row before them; the trace was replayed sorted by arrival",
+                     "percentiles: quantile sketch, within 0.5% relative"]
+    assert ds.run_notes({"trace": {}, "percentile_method": "exact"}) == []

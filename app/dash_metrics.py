@@ -24,6 +24,11 @@ class Metric:
     help: str
 
 
+def _number(v: Any) -> float:
+    """A summary figure as a float, NaN when missing (``None``) or not a number."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
 def _delta(cur: float, base: float, unit: str, scale: float, digits: int) -> str | None:
     if not (math.isfinite(cur) and math.isfinite(base)):
         return None
@@ -51,12 +56,17 @@ def rate_text(summary: Mapping[str, Any], key: str) -> str:
 def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[Metric]:
     """Headline metrics of ``current`` with their change against ``defaults`` (the vLLM-defaults run).
 
-    TTFT, errors and pinned HBM: lower is better (inverse colours); hit and reuse rates: higher is better.
+    TTFT, TPOT, errors and pinned HBM: lower is better (inverse colours); hit and reuse rates: higher is better.
+    A figure the run has not (``None``, e.g. TPOT when every output is one token) reads 'n/a'.
     """
     spec: list[tuple[str, str, str, float, int, DeltaColour, str]] = [
         ("TTFT p50", "ttft_p50_s", "ms", 1000.0, 1, "inverse", "Median time to first token (turns without error)."),
         ("TTFT p90", "ttft_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TTFT (turns without error)."),
         ("TTFT mean", "ttft_mean_s", "ms", 1000.0, 1, "inverse", "Mean TTFT (turns without error)."),
+        ("TPOT mean", "tpot_mean_s", "ms", 1000.0, 1, "inverse",
+         "Mean time per output token after the first, (last token - first token) / (output tokens - 1), as vLLM's "
+         "benchmark_serving measures it (turns without error and with more than one output token)."),
+        ("TPOT p90", "tpot_p90_s", "ms", 1000.0, 1, "inverse", "90th percentile TPOT (summary.json tpot_p90_s)."),
         ("Hit rate", "hit_rate", "pp", 100.0, 1, "normal",
          "Follow-up turns whose previous context was still held (decision pull, local or recompute_below_threshold; "
          "summary.json hit_rate). A hit below the threshold recomputes: it reuses nothing unless P has it cached."),
@@ -70,8 +80,7 @@ def headline_metrics(current: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     ]
     out = []
     for label, key, unit, scale, digits, colour, help_text in spec:
-        cur = float(current.get(key, math.nan))
-        base = float(defaults.get(key, math.nan))
+        cur, base = _number(current.get(key)), _number(defaults.get(key))
         if key in ("hit_rate", "reuse_rate") and not has_follow_ups(current):
             # no follow-up turn: no rate (summary.json keeps its 0.0, a number by contract), as the CLI prints it
             out.append(Metric(label, NO_FOLLOW_UPS, None, colour, help_text))

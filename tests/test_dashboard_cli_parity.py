@@ -120,3 +120,25 @@ def test_run_notes_say_sorted_rows_and_sketched_percentiles() -> None:
     assert notes == ["3 trace rows were earlier than the row before them; the trace was replayed sorted by arrival",
                      "percentiles: quantile sketch, within 0.5% relative"]
     assert ds.run_notes({"trace": {}, "percentile_method": "exact"}) == []
+
+
+def _cli_row(lines: list[str], label: str) -> list[str]:
+    """The values of one row of ``kvplan simulate``'s table, split at ' / '."""
+    row = next(ln for ln in lines if label in ln)
+    return row.split(label)[1].strip(" │┃").split(" / ")
+
+
+def test_tpot_is_shown_as_the_cli_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints TPOT mean / p50 / p90 for every run; the page shows TPOT mean and p90 with the same text."""
+    from kvplan.sim.defaults import published_benchmark
+
+    tpot = _cli_row(_cli_lines(run(published_benchmark()), capsys), "TPOT mean / p50 / p90")
+    metrics = {m.label: m.value for m in _app().metric}
+    assert (metrics["TPOT mean"], metrics["TPOT p90"]) == (tpot[0], tpot[2])
+
+
+def test_a_missing_figure_reads_n_a() -> None:
+    """TPOT is None when every output is one token: 'n/a', no delta, no exception."""
+    m = {x.label: x for x in ds.headline_metrics({"tpot_mean_s": None, "tpot_p90_s": None, "ttft_p50_s": 0.1},
+                                                  {"tpot_mean_s": 0.005, "ttft_p50_s": 0.1})}
+    assert m["TPOT mean"].value == "n/a" and m["TPOT mean"].delta is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from kvplan.app import dash_state as ds
@@ -55,7 +57,9 @@ for line in ds.run_notes(s):  # the CLI's "note:" lines on the replayed trace an
 if s.get("extrapolated"):
     st.warning("Profile not calibrated on this deployment: " + "; ".join(
         f"{k}: {v}" for k, v in sorted((s.get("profile_components") or {}).items())))
-for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaults.summary), strict=False):
+metrics = ds.headline_metrics(s, w.defaults.summary)
+per_row = math.ceil(len(metrics) / 2)  # two rows: times first, then reuse, errors and pinned KV
+for col, m in zip(st.columns(per_row) + st.columns(per_row), metrics, strict=False):
     col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
                delta_arrow="auto" if m.delta else "off")
 

@@ -1,0 +1,61 @@
+"""The Compare page says what ``kvplan compare`` prints for the same scenario, policies and seeds: its health row
+(a saturated policy's TTFT measures the queue), its held-KV rows and the notes under its table."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from kvplan.app import dash_state as ds
+from kvplan.app.cmd_compare import IDENTICAL_NOTE, health_cell, render_text
+from kvplan.app.cmd_dashboard import DASHBOARD_SCRIPT
+from kvplan.plan.compare import compare
+
+TIMEOUT_S = 180
+
+
+def _compare_page(policies: list[str], reps: int, tp: int | None = None) -> AppTest:
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=TIMEOUT_S)
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    if tp is not None:  # on this page: AppTest's switch_page does not carry the sidebar's session-scoped state
+        at.selectbox(key="sc_tp").select(tp).run()
+    at.multiselect(key="compare_policies").set_value(policies).run()
+    at.number_input(key="compare_reps").set_value(reps).run()
+    at.button(key="compare_run").click().run()
+    assert not at.exception and not at.error, (at.exception, at.error)
+    return at
+
+
+def _cli_row(lines: list[str], label: str) -> str:
+    return next(ln for ln in lines if ln.startswith(f"{label:24}"))[24:]
+
+
+def test_saturated_policy_is_flagged_as_the_cli_does() -> None:
+    """TP1 on the published benchmark saturates D's HBM: the CLI's health row says SATURATED and a note explains
+    it; the page's table has the same health column and the same warning."""
+    sc = ds.build_scenario(ds.ScenarioInputs(tensor_parallel_size=1))
+    rows = compare(sc, ["off", "ttl"], replications=1)
+    lines = render_text(rows)
+    health = [health_cell(r) for r in rows]
+    assert any(h.startswith("SATURATED") for h in health)
+    assert _cli_row(lines, "health").split() == " ".join(health).split()
+    saturated_note = next(ln for ln in lines if ln.startswith("SATURATED: the health section"))
+    at = _compare_page(["off", "ttl"], 1, tp=1)
+    shown = at.dataframe[0].value
+    assert list(shown["health"]) == health
+    assert saturated_note in [w.value for w in at.warning]
+
+
+def test_held_kv_and_identical_replications_as_the_cli() -> None:
+    """The published benchmark has no random part: two replications agree exactly, which the CLI says under its
+    ±0 CIs; and it prints P's held KV, which the page must show too."""
+    sc = ds.build_scenario(ds.ScenarioInputs())
+    rows = compare(sc, ["off", "ttl"], replications=2)
+    lines = render_text(rows)
+    assert any(IDENTICAL_NOTE in ln for ln in lines)
+    at = _compare_page(["off", "ttl"], 2)
+    shown = at.dataframe[0].value
+    for label in ("held KV mean GiB", "held KV peak GiB"):
+        cli = [c.split(" ±")[0] for c in _cli_row(lines, label).split("   ") if c.strip()]
+        assert [c.strip() for c in cli] == list(shown[label])
+    assert any(IDENTICAL_NOTE in w.value for w in at.warning)

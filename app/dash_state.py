@@ -197,13 +197,16 @@ def preset_names() -> list[str]:
 
 
 def cli_prefix_caching_default(workload: str) -> bool:
-    """P prefix caching as the CLI sets it for this workload choice: the published benchmark's (off) for it and
-    for a trace (``kvplan simulate --trace`` replays on the default scenario), the preset's for a preset, vLLM's
-    default (on, the ``Deployment`` field default) for a custom workload."""
+    """P prefix caching as the CLI sets it for this workload choice: the published benchmark's (off) for it, the
+    scenario that ``kvplan simulate --trace F`` replays a trace on for a trace (``trace_replay_scenario``: the field
+    defaults, on), the preset's for a preset, vLLM's default (on, the ``Deployment`` field default) for a custom
+    workload."""
     from kvplan.sim.scenario import Deployment
 
-    if workload in (PUBLISHED, TRACE):
+    if workload == PUBLISHED:
         return bool(PUBLISHED_BENCHMARK["deployment"]["prefill_prefix_caching"])
+    if workload == TRACE:  # the path is not read: any placeholder gives the deployment the CLI replays on
+        return bool(trace_replay_scenario("trace").deployment.prefill_prefix_caching)
     if workload == CUSTOM:
         return bool(Deployment.model_fields["prefill_prefix_caching"].default)
     return bool(presets.preset_scenario(workload).deployment.prefill_prefix_caching)
@@ -431,8 +434,9 @@ def scenario_sidebar() -> Scenario | None:
         st.session_state["sc_p_cache"] = cli_prefix_caching_default(wl_now)
         st.session_state["sc_p_cache_for"] = wl_now
     p_cache = _w(sb.checkbox, "prefix caching on P", "p_cache",
-                 help="Default as the CLI: off for the published benchmark and `simulate --trace` (they emulate a P "
-                      "node that evicted the conversation), on for the presets and a custom workload (vLLM's default).")
+                 help="Default as the CLI: off for the published benchmark (it emulates a P node that evicted the "
+                      "conversation), on for `simulate --trace` (the scenario defaults), the presets and a custom "
+                      "workload (vLLM's default).")
     sb.subheader("Policy")
     bidir = _w(sb.toggle, "bidirectional KV transfer", "bidir", value=d.bidirectional)
     ttl = _w(sb.number_input, "decoder_kv_blocks_ttl (s)", "ttl", min_value=0.0, value=d.ttl_s, step=10.0,

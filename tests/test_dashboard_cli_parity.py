@@ -142,3 +142,16 @@ def test_a_missing_figure_reads_n_a() -> None:
     m = {x.label: x for x in ds.headline_metrics({"tpot_mean_s": None, "tpot_p90_s": None, "ttft_p50_s": 0.1},
                                                   {"tpot_mean_s": 0.005, "ttft_p50_s": 0.1})}
     assert m["TPOT mean"].value == "n/a" and m["TPOT mean"].delta is None
+
+
+def test_trace_replay_is_the_clis(capsys: pytest.CaptureFixture[str]) -> None:
+    """An uploaded trace replays on the deployment ``kvplan simulate --trace F`` uses (``trace_replay_scenario``,
+    P prefix caching on), so the page's figures are the CLI's; the Mooncake sample reuses P's prefix cache."""
+    path = Path(__file__).parent / "data" / "traces" / "mooncake_small.jsonl"
+    result = run(trace_replay_scenario(str(path)))
+    assert result.summary["local_hit_tokens"] > 0  # prefix caching on P matters for this trace
+    ttft = _cli_row(_cli_lines(result, capsys), "TTFT mean / p50 / p90 / p99")
+    at = _upload_trace(_app(), path.name, path.read_text())
+    assert at.checkbox(key="sc_p_cache").value is True
+    metrics = {m.label: m.value for m in at.metric}
+    assert [metrics["TTFT mean"], metrics["TTFT p50"], metrics["TTFT p90"]] == ttft[:3]

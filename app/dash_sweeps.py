@@ -251,14 +251,15 @@ METRIC_LABELS = {
 
 def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     """A metric as text with its unit from its name (``_s`` -> ms, s, min or h as the size asks, rates -> %,
-    ``gib`` -> GiB) and 95% CI."""
+    ``gib`` -> GiB) and 95% CI: every finite one, 0 included, as ``kvplan recommend`` prints them (a CI of 0 is the
+    replications agreeing, not a missing CI; one replication has none: NaN)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if not isinstance(value, int | float):
         return str(value)
     ci = float(ci95) if isinstance(ci95, int | float) and math.isfinite(float(ci95)) else None
     if name.endswith("_s"):
-        return human_s(value) + (f" +/- {human_s(ci)}" if ci else "")
+        return human_s(value) + (f" +/- {human_s(ci)}" if ci is not None else "")
     if name in ("hit_rate", "pull_rate", "prefill_utilization", "prefill_utilization_steady") or name.endswith("_fraction"):
         scale, unit, fmt = 100.0, " %", ".1f"
     elif "gib" in name:
@@ -266,7 +267,7 @@ def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     else:
         scale, unit, fmt = 1.0, "", ",.4g"
     text = f"{value * scale:{fmt}}{unit}"
-    return f"{text} +/- {ci * scale:{fmt}}" if ci else text
+    return f"{text} +/- {ci * scale:{fmt}}" if ci is not None else text
 
 
 def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:

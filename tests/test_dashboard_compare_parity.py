@@ -1,5 +1,6 @@
 """The Compare page says what ``kvplan compare`` prints for the same scenario, policies and seeds: its health row
-(a saturated policy's TTFT measures the queue), its held-KV rows and the notes under its table."""
+(a saturated policy's TTFT measures the queue), its held-KV rows and the notes under its table; the Advice page's
+table shows the CIs ``kvplan recommend`` prints."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ def test_held_kv_and_identical_replications_as_the_cli() -> None:
         cli = [c.split(" ±")[0] for c in _cli_row(lines, label).split("   ") if c.strip()]
         assert [c.strip() for c in cli] == list(shown[label])
     assert any(IDENTICAL_NOTE in w.value for w in at.warning)
+
+
+def test_advice_table_shows_every_ci_as_the_cli() -> None:
+    """``kvplan recommend`` prints every TTFT cell with its 95% CI (±0.0 ms when the replications agree); the Advice
+    page showed one only where the CI was not exactly 0, so one cell of three read as uncertain."""
+    from kvplan.app import dash_sweeps as sw
+
+    rec = sw.recommendation_dict(ds.build_scenario(ds.ScenarioInputs()), None, None, 2)
+    table = sw.advice_view(rec).comparison
+    for label in ("TTFT p50", "TTFT p90", "TTFT p99", "TTFT mean"):
+        cells = list(table.loc[label])
+        assert all(" +/- " in c for c in cells), cells
+    assert sw.format_metric("ttft_p50_s", 0.1005, 0.0) == "100.5 ms +/- 0.0 ms"
+    assert sw.format_metric("ttft_p50_s", 0.1005, float("nan")) == "100.5 ms"

@@ -73,6 +73,8 @@ PRESET_PUBLISHED = "p5en-benchmark"
 AUTO_PROFILE = "auto (shipped, or prior + residuals)"
 #: Session-state key of a profile JSON produced or uploaded on the Calibration page.
 SESSION_PROFILE = "kvplan_session_profile_json"
+#: The sidebar checkbox that allows an 'unreliable' profile (named after the CLI flag the refusal names).
+ALLOW_UNRELIABLE_LABEL = "allow an unreliable profile (--allow-unreliable-profile)"
 #: Largest number of conversations the interactive what-if accepts (the CLI has no such limit).
 MAX_DASHBOARD_CONVERSATIONS = 5000
 DIST_KINDS = ("constant", "exponential", "lognormal", "uniform")
@@ -424,6 +426,11 @@ def scenario_sidebar() -> Scenario | None:
         profile = dash_upload.session_profile_path(st.session_state[SESSION_PROFILE])
     else:
         profile = str(profile_label)
+    # what `--allow-unreliable-profile` is to the CLI: the refusal of an 'unreliable' profile names that flag
+    allow_unreliable = _w(sb.checkbox, ALLOW_UNRELIABLE_LABEL, "allow_unreliable", value=False,
+                          help="Simulate with a profile of status 'unreliable' (a calibration that failed its "
+                               "self-check) anyway: simulation.allow_unreliable_profile, as the CLI's "
+                               "--allow-unreliable-profile. The page then warns that its figures rest on it.")
     sb.subheader("Deployment")
     c1, c2 = sb.columns(2)
     p_nodes = _w(c1.number_input, "prefill nodes (xP)", "p_nodes", min_value=1, max_value=64, value=d.prefill_nodes)
@@ -477,6 +484,7 @@ def scenario_sidebar() -> Scenario | None:
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
         preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),
+        extra=((("simulation.allow_unreliable_profile", True),) if allow_unreliable else ()),
     )
     st.session_state[TRACE_KEY] = trace_path
     try:
@@ -530,6 +538,14 @@ def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
 
 #: Session key of the trace file the sidebar's scenario replays (for :func:`error_text`).
 TRACE_KEY = "kvplan_trace_path"
+
+
+def unreliable_profile_warning(summary: Mapping[str, Any]) -> str | None:
+    """The warning a run on an allowed 'unreliable' profile carries (its figures rest on a failed calibration)."""
+    if summary.get("profile_status") != "unreliable":
+        return None
+    return (f"Profile {summary.get('profile')} is unreliable (its calibration failed its self-check; allowed in the "
+            "sidebar): these figures rest on it.")
 
 
 def error_text(exc: BaseException) -> str:

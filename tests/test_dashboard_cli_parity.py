@@ -155,3 +155,25 @@ def test_trace_replay_is_the_clis(capsys: pytest.CaptureFixture[str]) -> None:
     assert at.checkbox(key="sc_p_cache").value is True
     metrics = {m.label: m.value for m in at.metric}
     assert [metrics["TTFT mean"], metrics["TTFT p50"], metrics["TTFT p90"]] == ttft[:3]
+
+
+def test_an_unreliable_profile_can_be_allowed_as_in_the_cli(tmp_path: Path) -> None:
+    """The refusal of an 'unreliable' profile names --allow-unreliable-profile; the sidebar offers the same switch,
+    and a run on such a profile says so above its figures."""
+    import json
+
+    profile = json.loads((Path(__file__).parents[1] / "models" / "profiles" / "p5en-qwen3-32b.json").read_text())
+    profile.update(name="refit", status="unreliable")
+    profile.setdefault("fit_report", {})["unreliable_reasons"] = ["self-check off by 40%"]
+    at = _app()
+    at.switch_page("pages/calibration.py").run()
+    at.file_uploader(key="calib_profile").set_value(("refit.json", json.dumps(profile).encode(), "application/json"))
+    at.run()
+    at.button(key="calib_use").click().run()
+    at.switch_page("pages/whatif.py").run()
+    at.selectbox(key="sc_profile").select("session: refit").run()
+    assert not at.exception
+    assert "--allow-unreliable-profile" in at.error[0].value and not at.metric
+    at.checkbox(key="sc_allow_unreliable").check().run()
+    assert not at.exception and not at.error
+    assert at.metric and any("Profile refit is unreliable" in w.value for w in at.warning)

@@ -54,6 +54,8 @@ for line in notes:
     st.caption(line)
 for line in ds.run_notes(s):  # the CLI's "note:" lines on the replayed trace and the percentiles
     st.caption(f"note: {line}")
+if (unreliable := ds.unreliable_profile_warning(s)) is not None:
+    st.warning(unreliable)
 if s.get("extrapolated"):
     st.warning("Profile not calibrated on this deployment: " + "; ".join(
         f"{k}: {v}" for k, v in sorted((s.get("profile_components") or {}).items())))

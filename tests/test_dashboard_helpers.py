@@ -194,3 +194,17 @@ def test_grid_heatmap_marks_between_categories() -> None:
 def test_figures_module_does_not_import_streamlit() -> None:
     source = (ROOT / "app" / "figures.py").read_text()
     assert "import streamlit" not in source and "from streamlit" not in source
+
+
+def test_parameter_table_converts_to_arrow() -> None:
+    """A shipped profile's costs mix numbers and knot lists; the table's value column is one type (Streamlit sends it
+    as Arrow: the mix failed and logged a traceback on every render of the Calibration page)."""
+    import pyarrow as pa
+
+    from kvplan.models.profile import load_profile
+
+    frame = du.parameter_table(load_profile(PROFILE))
+    pa.Table.from_pandas(frame)  # raised ArrowInvalid on the mixed column
+    values = frame.set_index("parameter")["value"]
+    assert values["prefill.linear_knots_tokens"].startswith("[32, 64, 128")
+    assert float(values["transfer.per_byte_s"]) > 0  # six significant digits, not rounded to 0

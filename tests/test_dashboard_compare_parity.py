@@ -1,8 +1,10 @@
 """The Compare page says what ``kvplan compare`` prints for the same scenario, policies and seeds: its health row
 (a saturated policy's TTFT measures the queue), its held-KV rows and the notes under its table; the Advice page's
-table shows the CIs ``kvplan recommend`` prints."""
+table shows the CIs ``kvplan recommend`` prints; the Reproduce page gives ``kvplan reproduce``'s verdicts."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from streamlit.testing.v1 import AppTest
 
@@ -74,3 +76,24 @@ def test_advice_table_shows_every_ci_as_the_cli() -> None:
         assert all(" +/- " in c for c in cells), cells
     assert sw.format_metric("ttft_p50_s", 0.1005, 0.0) == "100.5 ms +/- 0.0 ms"
     assert sw.format_metric("ttft_p50_s", 0.1005, float("nan")) == "100.5 ms"
+
+
+def test_reproduce_page_gives_the_clis_verdicts(capsys: Any) -> None:
+    """``kvplan reproduce`` prints each published point's tolerance and whether it is within it, the profile and the
+    turns aggregated; the Reproduce page showed only the relative error."""
+    from kvplan.app.cli import main
+
+    assert main(["reproduce", "--model", "qwen3-32b"]) == 0
+    cli = capsys.readouterr().out.splitlines()
+    verdicts = [ln.split("│")[-2].strip() for ln in cli if ln.startswith("│ qwen3-32b")]
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=TIMEOUT_S)
+    at.run()
+    at.switch_page("pages/reproduce.py").run()
+    assert not at.exception and not at.error
+    table = at.dataframe[1].value
+    published = table[table["published_ms"].notna()]
+    assert len(verdicts) == len(published) > 0
+    assert ["yes" if v else "NO" for v in published["within_tolerance"]] == verdicts
+    captions = [c.value for c in at.caption]
+    notes = [ln for ln in cli if ln.startswith(("qwen3-32b: profile", "aggregation:"))]
+    assert len(notes) == 2 and all(line in captions for line in notes), (notes, captions)

@@ -48,6 +48,17 @@ def _pct(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.1%}"
 
 
+def _share(r: Mapping[str, Any], key: str) -> str:
+    """A share as a percentage with its CI as the CLI prints a share's: the range clipped to 0-100%."""
+    from kvplan.app.cmd_compare import shown_ci
+
+    v, ci = r.get(key), shown_ci(r, key)
+    if ci is None or v is None or (isinstance(v, float) and math.isnan(v)):
+        return _pct(v)
+    lo, hi = max(float(v) - ci, 0.0), min(float(v) + ci, 1.0)
+    return f"{float(v):.1%} [{lo * 100:.1f}-{hi * 100:.1f}%]"
+
+
 def _capped(v: Any) -> Any:
     """A busy share at most 1 (a steady-window figure above 1 is a step straddling the window's edges)."""
     return min(float(v), 1.0) if isinstance(v, int | float) and not math.isnan(v) else v
@@ -80,13 +91,13 @@ def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         row: dict[str, Any] = {"policy": r["policy"], "GPUs": r["gpus"], "health": health_cell(dict(r))}
         row.update({label: _time(r, key) for label, key in TIME_COLUMNS})
         row.update({
-            "hit rate": _pct(r.get("hit_rate")), "reuse rate": _pct(r.get("reuse_rate")),
-            "pinned KV mean GiB": _num(r.get("pinned_kv_gib_mean"), ".1f"),
-            "pinned KV peak GiB": _num(r.get("pinned_kv_gib_peak"), ".1f"),
-            # prompts P holds for D's reads (the lease's and P saturation's cost), as the CLI's held KV rows
-            "held KV mean GiB": _num(r.get("held_kv_gib_mean"), ".1f"),
-            "held KV peak GiB": _num(r.get("held_kv_gib_peak"), ".1f"),
-            "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
+            "hit rate": _share(r, "hit_rate"), "reuse rate": _share(r, "reuse_rate"),
+            # every figure with its CI where the CLI prints one (shown_ci's rule)
+            **{label: _num(r.get(key), ".1f") + _ci(r, key, ".1f") for label, key in (
+                ("pinned KV mean GiB", "pinned_kv_gib_mean"), ("pinned KV peak GiB", "pinned_kv_gib_peak"),
+                # prompts P holds for D's reads (the lease's and P saturation's cost), as the CLI's held KV rows
+                ("held KV mean GiB", "held_kv_gib_mean"), ("held KV peak GiB", "held_kv_gib_peak"),
+                ("errors", "errors"), ("preemptions", "preemptions"))},
             # at most 100%, as the CLI table and the health lines print it (the raw figure stays in the rows)
             "prefill/engine util": _pct(_capped(r.get("prefill_utilization_steady", r.get("prefill_utilization")))),
             "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f") + _ci(r, "usd_per_million_turns", ",.0f"),

@@ -59,8 +59,8 @@ def test_held_kv_and_identical_replications_as_the_cli() -> None:
     at = _compare_page(["off", "ttl"], 2)
     shown = at.dataframe[0].value
     for label in ("held KV mean GiB", "held KV peak GiB"):
-        cli = [c.split(" ±")[0] for c in _cli_row(lines, label).split("   ") if c.strip()]
-        assert [c.strip() for c in cli] == list(shown[label])
+        cli = _cli_row(lines, label).split()
+        assert [c.replace(" ", "") for c in shown[label]] == ["".join(cli[i:i + 2]) for i in range(0, len(cli), 2)]
     assert any(IDENTICAL_NOTE in w.value for w in at.warning)
 
 
@@ -97,3 +97,17 @@ def test_reproduce_page_gives_the_clis_verdicts(capsys: Any) -> None:
     captions = [c.value for c in at.caption]
     notes = [ln for ln in cli if ln.startswith(("qwen3-32b: profile", "aggregation:"))]
     assert len(notes) == 2 and all(line in captions for line in notes), (notes, captions)
+
+
+def test_compare_table_shows_every_ci_the_cli_prints() -> None:
+    """With two replications the CLI prints a CI beside every figure (shares as a range within 0-100%); the page
+    showed the times' CIs only. The pure frame against render_text, cell for cell (spaces aside)."""
+    from kvplan.app.dash_compare import compare_display_frame
+
+    rows = compare(ds.build_scenario(ds.ScenarioInputs()), ["off", "ttl"], replications=2)
+    lines, shown = render_text(rows), compare_display_frame(rows)
+    for cli_label, label in (("pinned KV mean GiB", "pinned KV mean GiB"), ("held KV peak GiB", "held KV peak GiB"),
+                             ("errors", "errors"), ("preemptions", "preemptions"), ("hit rate %", "hit rate")):
+        cli = _cli_row(lines, cli_label).split()
+        cells = [c.replace(" ", "").replace("%", "") for c in shown[label]]
+        assert cells == ["".join(cli[i:i + 2]) for i in range(0, len(cli), 2)], (cli_label, cli, cells)

@@ -20,7 +20,7 @@ from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key
 from kvplan.errors import input_error
 from kvplan.plan.advice import recommend
 from kvplan.plan.advice_runs import RESOURCE_NAMES
-from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid
+from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid, screen_report
 from kvplan.sim.scenario import PoissonArrival, Policy, Scenario
 from kvplan.units import human_s
 
@@ -143,8 +143,24 @@ def grid_frame(spec: GridSpec, progress: Callable[[float, str], object] | None =
         for m in GRID_METRICS:
             frame[m] = agg[f"{m}_mean"].to_numpy()
             frame[f"{m}_ci95"] = agg[f"{m}_ci95"].to_numpy()
+        # `kvplan sweep`'s screen table: the points whose steady window starts in the ramp-up (too short a run)
+        rep = screen_report(grid, agg).set_index("point")["not_steady"]
+        frame["not_steady"] = [str(rep.get(int(p), "")) for p in agg["point"]]
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def not_steady_warning(grid: pd.DataFrame) -> str | None:
+    """What ``kvplan sweep`` prints when points' runs are too short for steady state (``not_steady`` of its screen
+    table), said for the explorer's grid, or ``None``."""
+    flags = grid["not_steady"].fillna("") if "not_steady" in grid.columns else pd.Series(dtype=str)
+    n = int((flags != "").sum())
+    if not n:
+        return None
+    return (f"{n} of {len(grid)} points ran too short for steady state (listed as not_steady): their steady window "
+            "starts in the ramp-up (before TTL + p90 conversation span for pinned KV, one p90 span for P's load), so "
+            "their pinned KV and hit rate are not steady figures; raise the conversations (the preset's "
+            "'conversations' in the sidebar, or a custom workload's)")
 
 
 def grid_display(grid: pd.DataFrame) -> pd.DataFrame:

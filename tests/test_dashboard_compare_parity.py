@@ -1,6 +1,7 @@
 """The Compare page says what ``kvplan compare`` prints for the same scenario, policies and seeds: its health row
 (a saturated policy's TTFT measures the queue), its held-KV rows and the notes under its table; the Advice page's
-table shows the CIs ``kvplan recommend`` prints; the Reproduce page gives ``kvplan reproduce``'s verdicts."""
+table shows the CIs ``kvplan recommend`` prints; the Reproduce page gives ``kvplan reproduce``'s verdicts; the explorer
+says which points ran too short for steady state, as ``kvplan sweep``."""
 
 from __future__ import annotations
 
@@ -111,3 +112,30 @@ def test_compare_table_shows_every_ci_the_cli_prints() -> None:
         cli = _cli_row(lines, cli_label).split()
         cells = [c.replace(" ", "").replace("%", "") for c in shown[label]]
         assert cells == ["".join(cli[i:i + 2]) for i in range(0, len(cli), 2)], (cli_label, cli, cells)
+
+
+def test_explorer_says_which_points_ran_too_short() -> None:
+    """500 conversations of the chat preset do not reach steady state at TTL 30 s or 900 s: ``kvplan sweep`` lists
+    such points as not_steady (its screen table, plan.sweep.screen_report) and says so; the explorer said nothing."""
+    from kvplan.app import dash_sweeps as sw
+    from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid, screen_report
+
+    sc = ds.build_scenario(ds.ScenarioInputs(workload="chat", prefill_prefix_caching=True, preset_conversations=500))
+    cli = []
+    for ttl in (30.0, 900.0):
+        g = grid_from_dict({"base": sw.ttl_base(sc, ttl).model_dump(mode="json"),
+                            "axes": {"policy.kv_recompute_threshold_tokens": [64]}, "replications": 1}, where="test")
+        cli += list(screen_report(g, aggregate(run_grid(g), g))["not_steady"])
+    assert all(cli) and len(cli) == 2
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=TIMEOUT_S)
+    at.run()
+    at.switch_page("pages/explorer.py").run()
+    at.selectbox(key="sc_workload").select("chat").run()
+    at.number_input(key="sc_preset_conversations").set_value(500).run()
+    at.text_input(key="grid_ttls").input("30, 900").run()
+    at.text_input(key="grid_thresholds").input("64").run()
+    at.checkbox(key="grid_with_advice").set_value(False).run()
+    at.button(key="grid_run").click().run()
+    assert not at.exception and not at.error
+    assert list(at.dataframe[0].value["not_steady"]) == cli
+    assert any(w.value.startswith("2 of 2 points ran too short for steady state") for w in at.warning)

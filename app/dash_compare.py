@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvplan.app.cmd_compare import health_cell
 from kvplan.plan import compare as cmp
 from kvplan.sim.scenario import Scenario
 from kvplan.units import human_s
@@ -47,6 +48,17 @@ def _pct(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.1%}"
 
 
+def _share(r: Mapping[str, Any], key: str) -> str:
+    """A share as a percentage with its CI as the CLI prints a share's: the range clipped to 0-100%."""
+    from kvplan.app.cmd_compare import shown_ci
+
+    v, ci = r.get(key), shown_ci(r, key)
+    if ci is None or v is None or (isinstance(v, float) and math.isnan(v)):
+        return _pct(v)
+    lo, hi = max(float(v) - ci, 0.0), min(float(v) + ci, 1.0)
+    return f"{float(v):.1%} [{lo * 100:.1f}-{hi * 100:.1f}%]"
+
+
 def _capped(v: Any) -> Any:
     """A busy share at most 1 (a steady-window figure above 1 is a step straddling the window's edges)."""
     return min(float(v), 1.0) if isinstance(v, int | float) and not math.isnan(v) else v
@@ -75,19 +87,41 @@ def compare_display_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The rows for people: times scaled (ms, s, min, h) with their 95% CI, shares as %, GiB, $ per M turns."""
     out = []
     for r in rows:
-        row: dict[str, Any] = {"policy": r["policy"], "GPUs": r["gpus"]}
+        # health first, as the CLI's table: a saturated column's TTFT measures the queue, not the policy
+        row: dict[str, Any] = {"policy": r["policy"], "GPUs": r["gpus"], "health": health_cell(dict(r))}
         row.update({label: _time(r, key) for label, key in TIME_COLUMNS})
         row.update({
-            "hit rate": _pct(r.get("hit_rate")), "reuse rate": _pct(r.get("reuse_rate")),
-            "pinned KV mean GiB": _num(r.get("pinned_kv_gib_mean"), ".1f"),
-            "pinned KV peak GiB": _num(r.get("pinned_kv_gib_peak"), ".1f"),
-            "errors": _num(r.get("errors"), ".1f"), "preemptions": _num(r.get("preemptions"), ".1f"),
+            "hit rate": _share(r, "hit_rate"), "reuse rate": _share(r, "reuse_rate"),
+            # every figure with its CI where the CLI prints one (shown_ci's rule)
+            **{label: _num(r.get(key), ".1f") + _ci(r, key, ".1f") for label, key in (
+                ("pinned KV mean GiB", "pinned_kv_gib_mean"), ("pinned KV peak GiB", "pinned_kv_gib_peak"),
+                # prompts P holds for D's reads (the lease's and P saturation's cost), as the CLI's held KV rows
+                ("held KV mean GiB", "held_kv_gib_mean"), ("held KV peak GiB", "held_kv_gib_peak"),
+                ("errors", "errors"), ("preemptions", "preemptions"))},
             # at most 100%, as the CLI table and the health lines print it (the raw figure stays in the rows)
             "prefill/engine util": _pct(_capped(r.get("prefill_utilization_steady", r.get("prefill_utilization")))),
             "$ per M turns": _num(r.get("usd_per_million_turns"), ",.0f") + _ci(r, "usd_per_million_turns", ",.0f"),
         })
         out.append(row)
     return pd.DataFrame(out)
+
+
+def compare_warnings(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """What ``kvplan compare`` prints under its table about how to read it: (warnings, notes). Warnings: a policy
+    saturated a resource (its TTFT measures the queue), the replications were identical (their ±0 says nothing about
+    similar traffic); notes: a busy share shown capped at 100%."""
+    from kvplan.app.cmd_compare import CAPPED_NOTE, IDENTICAL_NOTE, capped, identical_replications
+
+    warn: list[str] = []
+    if any(r.get("saturated") for r in rows):
+        warn.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests "
+                    "waiting > 1 s at p90 on a resource >= 90% busy; that column's TTFT measures the queue, not the "
+                    "policy")
+    reps = rows[0].get("replications") if rows else None
+    if isinstance(reps, int) and reps > 1 and identical_replications(rows):
+        warn.append(f"± 0: {IDENTICAL_NOTE}")
+    notes = [CAPPED_NOTE] if any(capped(dict(r)) for r in rows) else []
+    return warn, notes
 
 
 def best_policy_text(best: Mapping[str, Any]) -> str:

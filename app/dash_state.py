@@ -25,7 +25,15 @@ import pandas as pd
 import streamlit as st
 
 from kvplan.app import dash_serve, dash_upload
-from kvplan.app.dash_metrics import DeltaColour, Metric, headline_metrics  # noqa: F401 - re-exported
+from kvplan.app.dash_metrics import (  # noqa: F401 - re-exported
+    DeltaColour,
+    Metric,
+    context_limit_lines,
+    headline_metrics,
+    no_effect_lines,
+    rate_text,
+    run_notes,
+)
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.hardware import HARDWARE_PRESETS
@@ -65,6 +73,8 @@ PRESET_PUBLISHED = "p5en-benchmark"
 AUTO_PROFILE = "auto (shipped, or prior + residuals)"
 #: Session-state key of a profile JSON produced or uploaded on the Calibration page.
 SESSION_PROFILE = "kvplan_session_profile_json"
+#: The sidebar checkbox that allows an 'unreliable' profile (named after the CLI flag the refusal names).
+ALLOW_UNRELIABLE_LABEL = "allow an unreliable profile (--allow-unreliable-profile)"
 #: Largest number of conversations the interactive what-if accepts (the CLI has no such limit).
 MAX_DASHBOARD_CONVERSATIONS = 5000
 DIST_KINDS = ("constant", "exponential", "lognormal", "uniform")
@@ -189,13 +199,16 @@ def preset_names() -> list[str]:
 
 
 def cli_prefix_caching_default(workload: str) -> bool:
-    """P prefix caching as the CLI sets it for this workload choice: the published benchmark's (off) for it and
-    for a trace (``kvplan simulate --trace`` replays on the default scenario), the preset's for a preset, vLLM's
-    default (on, the ``Deployment`` field default) for a custom workload."""
+    """P prefix caching as the CLI sets it for this workload choice: the published benchmark's (off) for it, the
+    scenario that ``kvplan simulate --trace F`` replays a trace on for a trace (``trace_replay_scenario``: the field
+    defaults, on), the preset's for a preset, vLLM's default (on, the ``Deployment`` field default) for a custom
+    workload."""
     from kvplan.sim.scenario import Deployment
 
-    if workload in (PUBLISHED, TRACE):
+    if workload == PUBLISHED:
         return bool(PUBLISHED_BENCHMARK["deployment"]["prefill_prefix_caching"])
+    if workload == TRACE:  # the path is not read: any placeholder gives the deployment the CLI replays on
+        return bool(trace_replay_scenario("trace").deployment.prefill_prefix_caching)
     if workload == CUSTOM:
         return bool(Deployment.model_fields["prefill_prefix_caching"].default)
     return bool(presets.preset_scenario(workload).deployment.prefill_prefix_caching)
@@ -413,6 +426,11 @@ def scenario_sidebar() -> Scenario | None:
         profile = dash_upload.session_profile_path(st.session_state[SESSION_PROFILE])
     else:
         profile = str(profile_label)
+    # what `--allow-unreliable-profile` is to the CLI: the refusal of an 'unreliable' profile names that flag
+    allow_unreliable = _w(sb.checkbox, ALLOW_UNRELIABLE_LABEL, "allow_unreliable", value=False,
+                          help="Simulate with a profile of status 'unreliable' (a calibration that failed its "
+                               "self-check) anyway: simulation.allow_unreliable_profile, as the CLI's "
+                               "--allow-unreliable-profile. The page then warns that its figures rest on it.")
     sb.subheader("Deployment")
     c1, c2 = sb.columns(2)
     p_nodes = _w(c1.number_input, "prefill nodes (xP)", "p_nodes", min_value=1, max_value=64, value=d.prefill_nodes)
@@ -423,8 +441,9 @@ def scenario_sidebar() -> Scenario | None:
         st.session_state["sc_p_cache"] = cli_prefix_caching_default(wl_now)
         st.session_state["sc_p_cache_for"] = wl_now
     p_cache = _w(sb.checkbox, "prefix caching on P", "p_cache",
-                 help="Default as the CLI: off for the published benchmark and `simulate --trace` (they emulate a P "
-                      "node that evicted the conversation), on for the presets and a custom workload (vLLM's default).")
+                 help="Default as the CLI: off for the published benchmark (it emulates a P node that evicted the "
+                      "conversation), on for `simulate --trace` (the scenario defaults), the presets and a custom "
+                      "workload (vLLM's default).")
     sb.subheader("Policy")
     bidir = _w(sb.toggle, "bidirectional KV transfer", "bidir", value=d.bidirectional)
     ttl = _w(sb.number_input, "decoder_kv_blocks_ttl (s)", "ttl", min_value=0.0, value=d.ttl_s, step=10.0,
@@ -465,6 +484,7 @@ def scenario_sidebar() -> Scenario | None:
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
         preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),
+        extra=((("simulation.allow_unreliable_profile", True),) if allow_unreliable else ()),
     )
     st.session_state[TRACE_KEY] = trace_path
     try:
@@ -513,11 +533,19 @@ def on_off_text(on: Mapping[str, Any], off: Mapping[str, Any]) -> str:
     parts = [f"{name} {human_s(on[k])} vs {human_s(off[k])}{pct(float(on[k]), float(off[k]))}"
              for k, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"))]
     return (f"Bidirectional KV transfer ON vs OFF (same scenario and seed): {', '.join(parts)}; hit rate "
-            f"{float(on['hit_rate']):.1%} vs {float(off['hit_rate']):.1%}.")
+            f"{rate_text(on, 'hit_rate')} vs {rate_text(off, 'hit_rate')}.")
 
 
 #: Session key of the trace file the sidebar's scenario replays (for :func:`error_text`).
 TRACE_KEY = "kvplan_trace_path"
+
+
+def unreliable_profile_warning(summary: Mapping[str, Any]) -> str | None:
+    """The warning a run on an allowed 'unreliable' profile carries (its figures rest on a failed calibration)."""
+    if summary.get("profile_status") != "unreliable":
+        return None
+    return (f"Profile {summary.get('profile')} is unreliable (its calibration failed its self-check; allowed in the "
+            "sidebar): these figures rest on it.")
 
 
 def error_text(exc: BaseException) -> str:

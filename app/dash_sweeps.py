@@ -20,7 +20,7 @@ from kvplan.app.dash_state import VLLM_DEFAULTS, scenario_from_key, scenario_key
 from kvplan.errors import input_error
 from kvplan.plan.advice import recommend
 from kvplan.plan.advice_runs import RESOURCE_NAMES
-from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid
+from kvplan.plan.sweep import aggregate, grid_from_dict, run_grid, screen_report
 from kvplan.sim.scenario import PoissonArrival, Policy, Scenario
 from kvplan.units import human_s
 
@@ -143,8 +143,24 @@ def grid_frame(spec: GridSpec, progress: Callable[[float, str], object] | None =
         for m in GRID_METRICS:
             frame[m] = agg[f"{m}_mean"].to_numpy()
             frame[f"{m}_ci95"] = agg[f"{m}_ci95"].to_numpy()
+        # `kvplan sweep`'s screen table: the points whose steady window starts in the ramp-up (too short a run)
+        rep = screen_report(grid, agg).set_index("point")["not_steady"]
+        frame["not_steady"] = [str(rep.get(int(p), "")) for p in agg["point"]]
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def not_steady_warning(grid: pd.DataFrame) -> str | None:
+    """What ``kvplan sweep`` prints when points' runs are too short for steady state (``not_steady`` of its screen
+    table), said for the explorer's grid, or ``None``."""
+    flags = grid["not_steady"].fillna("") if "not_steady" in grid.columns else pd.Series(dtype=str)
+    n = int((flags != "").sum())
+    if not n:
+        return None
+    return (f"{n} of {len(grid)} points ran too short for steady state (listed as not_steady): their steady window "
+            "starts in the ramp-up (before TTL + p90 conversation span for pinned KV, one p90 span for P's load), so "
+            "their pinned KV and hit rate are not steady figures; raise the conversations (the preset's "
+            "'conversations' in the sidebar, or a custom workload's)")
 
 
 def grid_display(grid: pd.DataFrame) -> pd.DataFrame:
@@ -251,14 +267,15 @@ METRIC_LABELS = {
 
 def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     """A metric as text with its unit from its name (``_s`` -> ms, s, min or h as the size asks, rates -> %,
-    ``gib`` -> GiB) and 95% CI."""
+    ``gib`` -> GiB) and 95% CI: every finite one, 0 included, as ``kvplan recommend`` prints them (a CI of 0 is the
+    replications agreeing, not a missing CI; one replication has none: NaN)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if not isinstance(value, int | float):
         return str(value)
     ci = float(ci95) if isinstance(ci95, int | float) and math.isfinite(float(ci95)) else None
     if name.endswith("_s"):
-        return human_s(value) + (f" +/- {human_s(ci)}" if ci else "")
+        return human_s(value) + (f" +/- {human_s(ci)}" if ci is not None else "")
     if name in ("hit_rate", "pull_rate", "prefill_utilization", "prefill_utilization_steady") or name.endswith("_fraction"):
         scale, unit, fmt = 100.0, " %", ".1f"
     elif "gib" in name:
@@ -266,7 +283,7 @@ def format_metric(name: str, value: Any, ci95: Any = None) -> str:
     else:
         scale, unit, fmt = 1.0, "", ",.4g"
     text = f"{value * scale:{fmt}}{unit}"
-    return f"{text} +/- {ci * scale:{fmt}}" if ci else text
+    return f"{text} +/- {ci * scale:{fmt}}" if ci is not None else text
 
 
 def kv_transfer_config_snippets(config: Any) -> list[tuple[str, str]]:

@@ -264,7 +264,24 @@ def parameter_table(profile: Profile) -> pd.DataFrame:
             rel = abs(se / value) if se is not None and isinstance(value, int | float) and value else None
             rows.append({"parameter": f"{comp}.{name}", "value": value, "std_error": se, "relative_error": rel,
                          "status": profile.status, "note": ""})
-    return pd.DataFrame(rows)
+    return _one_type_values(pd.DataFrame(rows))
+
+
+def _value_text(v: Any) -> str:
+    """A parameter value as text at six significant digits, a knot list as its values in brackets."""
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_value_text(x) for x in v) + "]"
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return format(float(v), ".6g")
+    return "" if v is None else str(v)
+
+
+def _one_type_values(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``value`` column as text when it mixes numbers and lists (measured knots): a table column
+    holds one type (Arrow could not convert the mix; Streamlit logged a traceback and showed its own str())."""
+    if "value" in frame.columns and any(isinstance(v, list | tuple | dict) for v in frame["value"]):
+        frame = frame.assign(value=[_value_text(v) for v in frame["value"]])
+    return frame
 
 
 def self_check_table(profile: Profile) -> pd.DataFrame | None:

@@ -2,7 +2,8 @@
 
 Every builder takes what the public API returns (``Result.turns``, ``Result.summary``,
 ``Result.pinned_series()``, sweep frames, reproduce rows) and returns a ``plotly.graph_objects.Figure``.
-Times are shown in milliseconds and memory in GiB; the units are in every axis title.
+Times are shown in ms, s or min by their size (:func:`time_unit`) and memory in GiB; the units are in every axis
+title.
 """
 
 from __future__ import annotations
@@ -63,14 +64,22 @@ def ok_ttft_ms(turns: pd.DataFrame) -> np.ndarray:
     return np.sort(ok * MS_PER_S)
 
 
+#: Decimals of a time in each unit of :func:`time_unit`, as :func:`kvplan.units.human_s` prints it.
+_UNIT_DECIMALS = {"ms": 1, "s": 2, "min": 1}
+
+
 def ttft_distribution(runs: Mapping[str, pd.DataFrame]) -> go.Figure:
-    """Empirical CDF of TTFT (ms) per labelled run (e.g. ``{"ON": turns, "OFF": turns}``), p90 marked.
+    """Empirical CDF of TTFT per labelled run (e.g. ``{"ON": turns, "OFF": turns}``), p90 marked; in ms, s or min by
+    the largest TTFT shown (:func:`time_unit`), so a saturated run's minutes are not millions of ms.
 
     Errors have no first token and are left out of the CDF (the hover says how many).
     """
     fig = go.Figure()
+    per_run = {label: ok_ttft_ms(turns) / MS_PER_S for label, turns in runs.items()}
+    scale, unit = time_unit([float(x[-1]) for x in per_run.values() if len(x)])
+    digits = _UNIT_DECIMALS[unit]
     for i, (label, turns) in enumerate(runs.items()):
-        x = ok_ttft_ms(turns)
+        x = per_run[label] * scale
         errors = int((turns["decision"] == "error").sum())
         if len(x) == 0:
             continue
@@ -79,14 +88,15 @@ def ttft_distribution(runs: Mapping[str, pd.DataFrame]) -> go.Figure:
         fig.add_trace(
             go.Scatter(
                 x=x, y=y, mode="lines", line={"shape": "hv", "color": colour}, name=f"{label} ({len(x)} turns)",
-                hovertemplate=f"{label}: %{{x:.1f}} ms, %{{y:.0%}} of turns<extra>{errors} errors excluded</extra>",
+                hovertemplate=f"{label}: %{{x:.{digits}f}} {unit}, %{{y:.0%}} of turns<extra>{errors} errors "
+                              "excluded</extra>",
             )
         )
         p90 = float(np.percentile(x, 90))
         fig.add_vline(x=p90, line={"dash": "dot", "color": colour, "width": 1},
-                      annotation_text=f"{label} p90 {p90:.0f} ms", annotation_font_color=colour,
+                      annotation_text=f"{label} p90 {p90:.{digits}f} {unit}", annotation_font_color=colour,
                       annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4])
-    return _layout(fig, "TTFT distribution: bidirectional ON vs OFF", "TTFT (ms)", "fraction of turns",
+    return _layout(fig, "TTFT distribution: bidirectional ON vs OFF", f"TTFT ({unit})", "fraction of turns",
                    yaxis={"range": [0, 1.02], "tickformat": ".0%"})
 
 
@@ -115,15 +125,17 @@ def ttft_split(turns: pd.DataFrame) -> go.Figure:
     """Stacked bars of the mean TTFT split per decision: queue, KV pull, prefill, P->D, first decode, overhead."""
     frame = ttft_split_frame(turns)
     fig = go.Figure()
+    # in ms, s or min by the largest mean TTFT of a group (time_unit), as the CDF beside it
+    scale, unit = time_unit([] if frame.empty else [float(frame["ttft_ms"].max()) / MS_PER_S])
     if not frame.empty:
         x = [f"{g} ({n})" for g, n in zip(frame.index, frame["turns"], strict=True)]
         for (label, _cols), colour in zip(TTFT_COMPONENTS, _COMPONENT_COLOURS, strict=True):
             fig.add_trace(
-                go.Bar(x=x, y=frame[label], name=label, marker_color=colour,
-                       hovertemplate=f"{label}: %{{y:.1f}} ms<extra></extra>")
+                go.Bar(x=x, y=frame[label] / MS_PER_S * scale, name=label, marker_color=colour,
+                       hovertemplate=f"{label}: %{{y:.{_UNIT_DECIMALS[unit]}f}} {unit}<extra></extra>")
             )
     return _layout(fig, "TTFT split per P decision (mean; turns in brackets)", "P decision",
-                   "mean TTFT component (ms)", barmode="stack")
+                   f"mean TTFT component ({unit})", barmode="stack")
 
 
 def decision_mix(summaries: Mapping[str, Mapping[str, Any]]) -> go.Figure:

@@ -194,3 +194,32 @@ def test_grid_heatmap_marks_between_categories() -> None:
 def test_figures_module_does_not_import_streamlit() -> None:
     source = (ROOT / "app" / "figures.py").read_text()
     assert "import streamlit" not in source and "from streamlit" not in source
+
+
+def test_parameter_table_converts_to_arrow() -> None:
+    """A shipped profile's costs mix numbers and knot lists; the table's value column is one type (Streamlit sends it
+    as Arrow: the mix failed and logged a traceback on every render of the Calibration page)."""
+    import pyarrow as pa
+
+    from kvplan.models.profile import load_profile
+
+    frame = du.parameter_table(load_profile(PROFILE))
+    pa.Table.from_pandas(frame)  # raised ArrowInvalid on the mixed column
+    values = frame.set_index("parameter")["value"]
+    assert values["prefill.linear_knots_tokens"].startswith("[32, 64, 128")
+    assert float(values["transfer.per_byte_s"]) > 0  # six significant digits, not rounded to 0
+
+
+def test_ttft_figures_scale_their_unit_as_the_metrics_do() -> None:
+    """A saturated replay's TTFT is minutes (the metrics say '32.0 min'); its CDF and split were drawn in ms
+    (millions of them). They now take ms, s or min by the largest value, the unit in the axis title."""
+    turns = pd.DataFrame({"decision": ["miss", "pull", "error"], "ttft_s": [1920.0, 600.0, float("nan")],
+                          **{c: [0.0, 0.0, 0.0] for _, cols in figures.TTFT_COMPONENTS for c in cols}})
+    turns["prefill_queue_s"] = turns["ttft_s"].fillna(0.0)
+    cdf = figures.ttft_distribution({"ON": turns})
+    assert cdf.layout.xaxis.title.text == "TTFT (min)" and max(cdf.data[0].x) == pytest.approx(32.0)
+    split = figures.ttft_split(turns)
+    assert split.layout.yaxis.title.text == "mean TTFT component (min)"
+    assert max(split.data[0].y) == pytest.approx(32.0)
+    small = figures.ttft_distribution({"ON": turns.assign(ttft_s=turns["ttft_s"] / 10_000)})
+    assert small.layout.xaxis.title.text == "TTFT (ms)"

@@ -48,7 +48,12 @@ if rows is None:
     st.stop()
 best = cmp.best_policy(rows)
 st.markdown(dc.best_policy_text(best))
+warnings, notes = dc.compare_warnings(rows)
+for line in warnings:
+    st.warning(line)
 st.dataframe(dc.compare_display_frame(rows), hide_index=True)
+for line in notes:
+    st.caption(line)
 st.caption(COST_BASIS)
 st.plotly_chart(figures.compare_figure(rows), key="compare_figure")
 st.markdown("\n".join(f"- **{r['policy']}**: {r['description']}" + "".join(f"; {n}" for n in r["notes"]) for r in rows))

@@ -51,6 +51,8 @@ grid = st.session_state.get(spec.state_key)
 if grid is None:
     st.info("Set the grid and press the button.")
     st.stop()
+if (short := sw.not_steady_warning(grid)) is not None:
+    st.warning(short)
 marks = sw.grid_marks(scenario, st.session_state.get(advice_key))
 ttft_stat = st.segmented_control("TTFT statistic", list(sw.TTFT_STATS), default="p90", key="grid_ttft_stat",
                                  help="The benchmark's p90 is set by its first turns (always a miss); mean shows reuse.")

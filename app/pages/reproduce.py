@@ -33,3 +33,9 @@ st.markdown("**ON/OFF TTFT ratio at the longest published prompt**")
 st.dataframe(dr.reproduce_ratios(rows), hide_index=True)
 st.markdown("**Every point** (published end points; kvplan at every prefix size of the sweep)")
 st.dataframe(dr.reproduce_table(rows), hide_index=True)
+notes = dr.reproduce_notes(rows, profile)
+for line in notes:  # a point outside its tolerance is a warning (the CLI's "NO"), the rest notes
+    if "outside its" in line:
+        st.warning(line)
+    else:
+        st.caption(line)

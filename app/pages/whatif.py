@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from kvplan.app import dash_state as ds
@@ -42,14 +44,24 @@ st.caption(
     f"{ds.defaults_text()}."
 )
 warnings, notes = ds.health_warnings(s)
+for line in ds.context_limit_lines(s):  # the workload the run replayed is not the one asked for: said first
+    st.warning(line)
+for line in ds.no_effect_lines(w.current.notes):  # a sidebar setting the run ignored (the CLI's "warning:" lines)
+    st.warning(line)
 for line in warnings:
     st.warning(line)
 for line in notes:
     st.caption(line)
+for line in ds.run_notes(s):  # the CLI's "note:" lines on the replayed trace and the percentiles
+    st.caption(f"note: {line}")
+if (unreliable := ds.unreliable_profile_warning(s)) is not None:
+    st.warning(unreliable)
 if s.get("extrapolated"):
     st.warning("Profile not calibrated on this deployment: " + "; ".join(
         f"{k}: {v}" for k, v in sorted((s.get("profile_components") or {}).items())))
-for col, m in zip(st.columns(4) + st.columns(4), ds.headline_metrics(s, w.defaults.summary), strict=False):
+metrics = ds.headline_metrics(s, w.defaults.summary)
+per_row = math.ceil(len(metrics) / 2)  # two rows: times first, then reuse, errors and pinned KV
+for col, m in zip(st.columns(per_row) + st.columns(per_row), metrics, strict=False):
     col.metric(m.label, m.value, m.delta, delta_color=m.delta_color, help=m.help,
                delta_arrow="auto" if m.delta else "off")
 

@@ -139,6 +139,7 @@ def plan_from_weka(source: TraceSource, seed: int, max_model_len: int) -> Conver
     prompt = np.asarray(b.prompt, dtype=np.int64)
     reuse = np.asarray(b.reuse, dtype=np.int64)
     report = _report(tr, b, source, prompt, reuse, np.asarray(b.reuse_no_out, dtype=np.int64), first, timing)
+    report["max_context_tokens"] = max_model_len  # the limit the overlong counts are against (as traces.select)
     group = shared = None
     if source.shared_prefix:
         group, shared = _shared_prefix(tr, b.session_of, prompt[first])

@@ -678,3 +678,33 @@ def test_a_bench_result_without_per_request_arrays_says_how_to_save_one(tmp_path
     assert detect_trace_format(p) == "bench"
     with pytest.raises(KvplanInputError, match="has no per-request 'start_times'.*--save-detailed"):
         load_trace(p)
+
+
+@pytest.mark.parametrize("header", ["session_id,timestamp_s,input_tokens,output_tokens",
+                                    "TIMESTAMP,ContextTokens,GeneratedTokens",
+                                    "prompt_tokens,generation_tokens,ttft,generation_time,user_id,question_id,"
+                                    "launch_time,finish_time"])
+def test_a_csv_trace_with_only_its_header_says_so(tmp_path: Path, header: str) -> None:
+    """dash14: a header-only CSV was refused as 'no requests found (only blank lines)'."""
+    p = tmp_path / "h.csv"
+    p.write_text(header + "\n")
+    with pytest.raises(KvplanInputError, match=r"no requests found \(only its header line\); add the requests"):
+        load_trace(p)
+    p.write_text("\n\n")
+    with pytest.raises(KvplanInputError, match=r"only blank lines"):
+        load_trace(p, "csv")
+
+
+def test_a_weka_replay_reports_the_context_limit_its_skips_are_against() -> None:
+    """dash14: a weka replay's trace report had the overlong counts without the limit (traces.select's reports have
+    max_context_tokens), so the dashboard's line said '1 trace request(s) were skipped' without 'over N tokens'."""
+    from kvplan.app.dash_metrics import context_limit_lines
+    from kvplan.sim.api import run
+    from kvplan.sim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({"deployment": {"max_model_len": 1700},
+                             "workload": {"trace": {"path": str(DATA / "weka_small.json")}}})
+    s = run(sc).summary
+    assert s["trace"]["max_context_tokens"] == 1700 and s["trace"]["skipped_overlong"] >= 1
+    n = s["trace"]["skipped_overlong"]
+    assert f"{n:,} trace request(s) over 1,700 tokens were skipped (the model's context limit)" in context_limit_lines(s)

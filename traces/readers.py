@@ -308,7 +308,7 @@ def _read_csv(text: str, label: str) -> pd.DataFrame:
     except csv.Error as exc:
         raise input_error(f"{label}: line {reader.line_num}", f"malformed CSV ({exc})") from None
     if header is None or not ts:
-        raise _no_records(label)
+        raise _no_records(label, header_only=header is not None)
     _check_sorted(ts, lines, label, "timestamp_s", "s")
     return _link_sessions(sess, np.asarray(ts), np.asarray(n_in), np.asarray(n_out))
 
@@ -363,7 +363,7 @@ def _read_azure(text: str, label: str) -> pd.DataFrame:
         n_in.append(_count(row[1], "ContextTokens", where, allow_string=True))
         n_out.append(_count(row[2], "GeneratedTokens", where, allow_string=True))
     if not ts:
-        raise _no_records(label)
+        raise _no_records(label, header_only=bool(text.strip()))
     # refused like the CSV and Mooncake formats (the published Azure traces are sorted): a request out of order
     # is more likely a damaged or concatenated file than something to reorder silently
     _check_sorted(ts, lines, label, "TIMESTAMP", "", shown)
@@ -397,7 +397,7 @@ def _read_lmbench(text: str, label: str) -> tuple[pd.DataFrame, dict[str, Any]]:
         ts.append(t0)
         svc.append(t1 - t0 if t1 >= t0 else math.nan)
     if not ts:
-        raise _no_records(label)
+        raise _no_records(label, header_only=bool(text.strip()))
     back = np.flatnonzero(np.diff(np.asarray(ts, dtype=float)) < 0) + 1
     notes: dict[str, Any] = {}
     if back.size:  # only when it happened: a sorted file's trace (and replay report) is unchanged

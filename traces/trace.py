@@ -239,5 +239,8 @@ def _check_sorted(times: list[float], lines: list[int], label: str, name: str, u
             f"field '{name}' is {now}, earlier than {before} on line {lines[i - 1]}",
             "the trace must be sorted by arrival (non-decreasing timestamps); sort it first",
         )
-def _no_records(label: str) -> Exception:
+def _no_records(label: str, header_only: bool = False) -> Exception:
+    """The one-line error of a trace without a request: blank, or (a CSV format) its header line and nothing after."""
+    if header_only:
+        return input_error(label, "no requests found (only its header line)", "add the requests below the header")
     return input_error(label, "no requests found (only blank lines)", "pass a non-empty trace")

@@ -147,12 +147,8 @@ def print_summary(
     c.print(t)
     if s.get("extrapolated"):
         c.print("[bold]Profile not calibrated on this deployment[/bold]; its parts:")
-        parts = s.get("profile_components") or {}
-        if s.get("prefill_profile", s["profile"]) != s["profile"] or s.get("decode_profile", s["profile"]) != s["profile"]:
-            from kvplan.sim.engine import profile_parts, resolve
-
-            parts = profile_parts(resolve(result.scenario))  # heterogeneous TP: each role's own profile
-        for k, v in sorted(parts.items()):
+        # each role's own profile's parts under heterogeneous TP (sim/engine.py profile_parts, in summary.json)
+        for k, v in sorted((s.get("profile_components") or {}).items()):
             c.print(f"  {k}: {v}", markup=False)
     from kvplan.sim.health import health_lines
 

@@ -631,11 +631,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if choice.retention_off:
         rationale.append(f"Recommended: bidirectional_kv_xfer off; if you keep it on, use the minimum TTL {ttl} s "
                          "to bound the pinned decode HBM.")
-    thr_text = threshold_rationale(thr.tokens, be)
-    if be is not setup.be:  # cross-layer blocks adopted: the break-even of the deployment recommended
-        thr_text = (thr_text.removesuffix(").") + f"; with the cross-layer blocks adopted, whose pull is cheaper: "
-                    f"{setup.be.tokens} without them).")
-    rationale.append(kept_on + thr_text)
+    rationale.append(kept_on + threshold_rationale(thr.tokens, be, setup.be if be is not setup.be else None))
     fit = st.fits[at.ttl_s]
     how = (f"its own p99 arrival->P decision, {fit.rounds} simulation round(s)" if fit.settled else
            f"not settled after {fit.rounds} round(s): its own p99 arrival->P decision measured "

@@ -489,8 +489,11 @@ def binding_text(binding: str, m: dict[str, float], gaps: str) -> str:
     }[binding]
 
 
-def threshold_rationale(threshold: int, be: BreakEven) -> str:
-    """The threshold sentence of the rationale."""
+def threshold_rationale(threshold: int, be: BreakEven, without_cross_layer: BreakEven | None = None) -> str:
+    """The threshold sentence of the rationale; ``without_cross_layer``: the break-even without the cross-layer
+    blocks the recommendation adopted (``be`` is then the one with them)."""
+    adopted = (f"; with the cross-layer blocks adopted, whose pull is cheaper: {without_cross_layer.tokens} without "
+               "them" if without_cross_layer is not None else "")
     return (f"Threshold {threshold} tokens: analytic break-even {be.tokens} ({be.verdict}; pull "
             f"{human_s(be.pull_s)} vs recompute {human_s(be.recompute_s)} at n*, local prefix "
-            f"{be.local_prefix_tokens}, tail {be.tail_tokens}).")
+            f"{be.local_prefix_tokens}, tail {be.tail_tokens}{adopted}).")

@@ -16,6 +16,16 @@ from kvplan.sim.api import run
 from kvplan.sim.scenario import scenario_from_dict, with_overrides
 
 
+def _three_turns(conversations: int, prefix: int, output: int) -> dict[str, Any]:
+    """A workload of 3-turn conversations at 1/s with constant tokens (200 user tokens a turn) and 10 s gaps."""
+    def const(v: float) -> dict[str, Any]:
+        return {"dist": "constant", "value": v}
+
+    return {"conversations": conversations, "arrival": {"kind": "poisson", "rate_per_s": 1.0}, "turns": const(3),
+            "prefix_tokens": const(prefix), "user_tokens": const(200), "output_tokens": const(output),
+            "turn_gap_s": const(10)}
+
+
 def pulls_dominate() -> dict[str, Any]:
     """2P3D Qwen3-32B on p5e at TP4, ~8k-token contexts, 8 s gaps: pulls are most of TTFT, so the cross-layer
     trial runs and is adopted (its TTFT p90 is lower than the TTL curve's run without it)."""
@@ -226,11 +236,7 @@ def test_recommend_with_policies_keeps_its_advice_when_aggregated_replicas_canno
         "model": "qwen3-32b", "hardware": "p5en",
         "deployment": {"prefill_nodes": 2, "decode_nodes": 3, "prefill_tensor_parallel_size": 4,
                        "decode_tensor_parallel_size": 2, "max_num_seqs": 128},
-        "workload": {"conversations": 60, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
-                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 3000},
-                     "user_tokens": {"dist": "constant", "value": 200},
-                     "output_tokens": {"dist": "constant", "value": 200},
-                     "turn_gap_s": {"dist": "constant", "value": 10}},
+        "workload": _three_turns(60, prefix=3000, output=200),
         "seed": 21,
     }
     rec = recommend_with_best_policy(sc, replications=1, ttl_grid=(30,), workers=1)
@@ -348,11 +354,7 @@ def test_policies_keep_the_advice_on_hardware_without_a_host_tier(tmp_path: Any,
     sc = {
         "model": "qwen3-8b", "hardware": "h800",
         "deployment": {"prefill_nodes": 1, "decode_nodes": 1, "tensor_parallel_size": 1},
-        "workload": {"conversations": 30, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
-                     "turns": {"dist": "constant", "value": 3}, "prefix_tokens": {"dist": "constant", "value": 2000},
-                     "user_tokens": {"dist": "constant", "value": 200},
-                     "output_tokens": {"dist": "constant", "value": 100},
-                     "turn_gap_s": {"dist": "constant", "value": 10}},
+        "workload": _three_turns(30, prefix=2000, output=100),
         "seed": 5,
     }
     rec = recommend_with_best_policy(sc, replications=1, ttl_grid=(30,), workers=1)

@@ -17,7 +17,7 @@ from typing import Any
 from kvplan.errors import KvplanInputError
 from kvplan.plan.advice_rules import Rows, TtlCandidate
 from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation
-from kvplan.sim.engine import Resolved, profile_parts
+from kvplan.sim.engine import Resolved, profile_parts, resolve_roles
 from kvplan.sim.scenario import PoissonArrival, Scenario
 from kvplan.units import human_s
 
@@ -161,7 +161,9 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
     steady state at any length, :data:`COHORT`), identical pinned KV at different TTLs, and router TTLs that did not
     settle."""
     out = []
-    if rs.profile.extrapolated:
+    # each role's own profile: under heterogeneous TP, P or D may run on a profile composed for its TP while
+    # tensor_parallel_size's is calibrated (qwen3-32b on p5en, P at TP4: p5en-qwen3-32b's corrections borrowed)
+    if any(r.profile.extrapolated for r in resolve_roles(rs.scenario, rs)):
         parts = profile_parts(rs)  # heterogeneous TP: P's and D's parts from their own TP's profiles
         out.append("profile not calibrated on this deployment: " + ("; ".join(f"{k}: {v}" for k, v in sorted(
             parts.items())) if parts else rs.profile.status))

@@ -305,11 +305,17 @@ def synthetic_trace(section: Mapping[str, Any], service_time_fn: ServiceTimeFn, 
     driver sends it when nothing queues (under load the arrival-to-arrival gaps are longer).
     """
     import pandas as pd
+    from pydantic import ValidationError
 
     from kvplan.sim.scenario import Workload
     from kvplan.sim.workload import make_plan
 
-    plan = make_plan(Workload.model_validate(dict(section)), seed, max_model_len)
+    try:
+        workload = Workload.model_validate(dict(section))
+    except ValidationError as exc:  # e.g. turn gaps spanning more simulated time than a plan may: one line
+        err = exc.errors()[0]
+        raise input_error("the fitted workload", str(err["msg"]).removeprefix("Value error, ")) from None
+    plan = make_plan(workload, seed, max_model_len)
     n = len(plan.prompt_tokens)
     conv = np.repeat(np.arange(len(plan.turns)), plan.turns)
     turn = np.arange(n) - plan.offsets[conv] + 1
@@ -354,12 +360,19 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
     """The statistics ``kvplan workload show`` prints, of the trace and of the fitted workload's requests
     (:func:`synthetic_trace`), side by side, with the ones that differ by more than :data:`REPRODUCTION_TOLERANCE`
     (and :data:`REPRODUCTION_FLOOR`) and the known reasons the fit cannot reproduce them."""
+    from kvplan.sim.scenario import MAX_SIM_TIME_S
     from kvplan.traces.stats import workload_stats
 
     real = _stat_rows(workload_stats(trace))
     # at least REPRODUCTION_CONVERSATIONS conversations, so that a small trace is held against its fitted
     # distributions rather than against a few draws from them
     drawn = {**section, "conversations": max(int(section.get("conversations", 1)), REPRODUCTION_CONVERSATIONS)}
+    arrival = drawn.get("arrival") or {}
+    if arrival.get("kind") == "poisson" and drawn["conversations"] / float(arrival["rate_per_s"]) > MAX_SIM_TIME_S:
+        # a sparse trace (10 sessions over a day: 2,000 drawn at its rate span 1.7e7 s) would draw beyond the
+        # simulated time a plan may span (a traceback); the statistics are per conversation on an unloaded
+        # deployment, so the rate only places the conversations in time (its own random stream): drawn closer
+        drawn["arrival"] = {**arrival, "rate_per_s": drawn["conversations"] / (MAX_SIM_TIME_S / 2)}
     synth_trace = synthetic_trace(drawn, service_time_fn, max_model_len, seed)
     synth = _stat_rows(workload_stats(synth_trace))
     rows: list[dict[str, Any]] = []

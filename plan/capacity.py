@@ -12,7 +12,7 @@ hardware, TP, workload (or trace) and policy and answers three columns:
   the one of the scenario's P and D instances (:func:`instance_tp`, per-role TP included); when P's and D's
   differ, an aggregated replica (one engine, both phases at one TP: ``sim/node_setup.py`` ``aggregated_config``)
   has no TP of the scenario's, and the column says so (``not_sized``) instead of sizing replicas of
-  ``deployment.tensor_parallel_size``, a TP neither role runs.
+  ``deployment.tensor_parallel_size``, the TP of one role at most (or of neither, both given per role).
 
 Search (the screen prunes, the simulator decides):
 
@@ -145,10 +145,12 @@ def instance_tp(sc: Scenario) -> int | None:
 def aggregated_not_sized(sc: Scenario) -> str:
     """Why capacity's aggregated column is not sized for a heterogeneous-TP scenario, with the fix (one line)."""
     p, d = role_tps(sc)
+    tp = sc.deployment.tensor_parallel_size
+    # a role without its own TP runs at tensor_parallel_size (role_tps): it is then that role's, not the other's
+    whose = "neither role's" if tp not in (p, d) else "the prefill's only" if tp == p else "the decode's only"
     return (f"not sized: the scenario's prefill TP {p} and decode TP {d} differ, and an aggregated replica runs both "
-            f"phases at one TP (deployment.tensor_parallel_size {sc.deployment.tensor_parallel_size} is neither role's "
-            "here); to size aggregated replicas, plan a scenario of one TP (deployment.tensor_parallel_size, no "
-            "prefill/decode_tensor_parallel_size)")
+            f"phases at one TP (deployment.tensor_parallel_size {tp} is {whose} here); to size aggregated replicas, "
+            "plan a scenario of one TP (deployment.tensor_parallel_size, no prefill/decode_tensor_parallel_size)")
 
 
 def default_aggregated_routing(sc: Scenario) -> str:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvplan.sim.results import Result, summary_json_bytes
+from kvplan.sim.summary import profile_label
 from kvplan.units import human_s
 
 
@@ -110,7 +111,7 @@ def print_summary(
         sys.stdout.write(summary_json_bytes(s).decode())
         return
     c = console()
-    t = Table(title=f"kvplan simulate: {s['model']} on {s['hardware']} (profile {s['profile']}, {s['profile_status']})")
+    t = Table(title=f"kvplan simulate: {s['model']} on {s['hardware']} ({profile_label(s)})")
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [

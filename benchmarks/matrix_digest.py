@@ -39,8 +39,9 @@ def _rewrite_traces(sc: dict[str, Any], traces: Path) -> dict[str, Any]:
     return sc
 
 
-def digests(native: bool) -> dict[str, dict[str, str]]:
-    """scenario name -> output file name -> sha256, for every scenario of the native test matrix."""
+def digests(native: bool, keep: Path | None = None) -> dict[str, dict[str, str]]:
+    """scenario name -> output file name -> sha256, for every scenario of the native test matrix (``keep``: a
+    directory the result directories are copied into, to read what differs)."""
     if not native:
         os.environ["KVPLAN_NATIVE"] = "0"
     sys.path.insert(0, str(ROOT / "tests"))
@@ -62,6 +63,8 @@ def digests(native: bool) -> dict[str, dict[str, str]]:
             raise SystemExit(f"{name}: kvplan simulate exited {rc}")
         out[name] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(res_dir.iterdir()) if p.is_file()}
         print(f"{name}: {len(out[name])} files", flush=True)
+        if keep is not None:
+            shutil.copytree(res_dir, keep / name, dirs_exist_ok=True)
     shutil.rmtree(work)
     return out
 
@@ -71,8 +74,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--against", type=Path, help="a previous --out: exit 1 when any digest differs")
     ap.add_argument("--native", action="store_true", help="use the compiled build when it is current")
+    ap.add_argument("--keep", type=Path, help="copy every scenario's result directory into this directory")
     a = ap.parse_args()
-    got = digests(a.native)
+    got = digests(a.native, a.keep)
     a.out.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     if a.against is None:
         return 0

@@ -9,7 +9,7 @@ from typing import Any
 import kvplan.sim.engine  # noqa: F401 - first: the engine installs the compiled hot path (sim/engine.py)
 from kvplan.models.arch import kv_bytes_per_token_all_ranks
 from kvplan.sim.alloc import TRIM_EVERY_CHUNKS, release_free_memory
-from kvplan.sim.engine import ChunkSink, ProgressHook, profile_parts, simulate, thread_counters
+from kvplan.sim.engine import ChunkSink, ProgressHook, profile_parts, run_profile_status, simulate, thread_counters
 from kvplan.sim.events import EventChunk
 from kvplan.sim.health import BUSY_FRACTION, compute_health
 from kvplan.sim.results import Result, build_result
@@ -86,15 +86,19 @@ def _derive(scenario: Scenario, seed: int, rs: Any, plan: Any, ctx: Any, stream:
         "model": rs.arch.name,
         "hardware": rs.node.name,
         "profile": rs.profile.name,
-        "profile_status": rs.profile.status,
-        "extrapolated": rs.profile.extrapolated,
-        "profile_components": profile_parts(rs),  # each role's own profile's parts under heterogeneous TP
+        # heterogeneous TP: P and D are priced by their own TP's profiles; the status is the less trustworthy one's
+        # (a calibrated TP8 profile does not make P's composed TP4 one calibrated), each role's beside it
+        "profile_status": run_profile_status((rs_p, rs_d)),
+        "extrapolated": rs_p.profile.extrapolated or rs_d.profile.extrapolated,
+        "profile_components": profile_parts(rs, (rs_p, rs_d)),  # each role's own profile's parts
         "decode_kv_capacity_tokens": rs_d.decode_capacity_tokens,
         "decode_kv_capacity_gib": rs_d.decode_capacity_tokens * bytes_all / GIB * n_kv,
         "prefill_kv_capacity_gib": rs_p.prefill_capacity_tokens * kv_bytes_per_token_all_ranks(rs.arch, ctx.p_tp)
         / GIB * scenario.deployment.prefill_nodes,
         "prefill_profile": rs_p.profile.name,
         "decode_profile": rs_d.profile.name,
+        "prefill_profile_status": rs_p.profile.status,
+        "decode_profile_status": rs_d.profile.status,
         "kv_bytes_per_token_all_ranks": bytes_all,
         "prefill_utilization": busy / (end * len(engines)) if end > 0 else 0.0,
         **_window_utilization(ctx, len(engines)),

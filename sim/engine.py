@@ -247,13 +247,13 @@ def resolve_roles(scenario: Scenario, rs: Resolved) -> tuple[Resolved, Resolved]
     return out[0], out[1]
 
 
-def profile_parts(rs: Resolved) -> dict[str, str]:
+def profile_parts(rs: Resolved, roles: tuple[Resolved, Resolved] | None = None) -> dict[str, str]:
     """What each part of the deployment's costs is (``Profile.component_status``), each role's own: with
-    heterogeneous TP P and D are priced by their own TP's profile (:func:`resolve_roles`), so ``prefill.*`` comes from
-    P's and ``decode.*`` from D's, labelled with that TP and profile (``rs.profile`` is the one of
-    ``tensor_parallel_size``); summary.json's ``profile_components``."""
+    heterogeneous TP P and D are priced by their own TP's profile (:func:`resolve_roles`, or ``roles`` when the
+    caller has them), so ``prefill.*`` comes from P's and ``decode.*`` from D's, labelled with that TP and profile
+    (``rs.profile`` is the one of ``tensor_parallel_size``); summary.json's ``profile_components``."""
     parts = dict(rs.profile.component_status)
-    rs_p, rs_d = resolve_roles(rs.scenario, rs)
+    rs_p, rs_d = roles if roles is not None else resolve_roles(rs.scenario, rs)
     for role, r in (("prefill", rs_p), ("decode", rs_d)):
         if r is rs:
             continue
@@ -262,6 +262,18 @@ def profile_parts(rs: Resolved) -> dict[str, str]:
         parts.update({k: f"{v} [{role} at TP{tp}: profile {r.profile.name}]"
                       for k, v in r.profile.component_status.items() if k.startswith(role + ".")})
     return parts
+
+
+#: Profile statuses from the most to the least trustworthy (``Profile.status``): a run priced by two profiles
+#: (heterogeneous TP) is as trustworthy as the less trustworthy of them.
+STATUS_ORDER = ("calibrated", "composed", "prior", "proxy", "unreliable")
+
+
+def run_profile_status(roles: tuple[Resolved, Resolved]) -> str:
+    """The status of the profiles a run is priced by (P's and D's, :func:`resolve_roles`): the less trustworthy one
+    (:data:`STATUS_ORDER`); with one TP both are the same profile."""
+    statuses = [r.profile.status for r in roles]
+    return max(statuses, key=lambda st: STATUS_ORDER.index(st) if st in STATUS_ORDER else len(STATUS_ORDER))
 
 
 CLOCK_LIMIT_S = float(2**24)  # beyond it float64 spacing (3.7e-9 s) exceeds sim/link.py's 1 ns slack: livelock

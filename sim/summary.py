@@ -113,3 +113,14 @@ def flatten(summary: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in summary.items():
         put(k, v)
     return out
+
+
+def profile_label(summary: Mapping[str, Any]) -> str:
+    """``profile NAME, STATUS`` of a run's summary; under heterogeneous TP, when P and D are priced by different
+    profiles, each role's (``P NAME (STATUS), D NAME (STATUS)``): the TP8 profile's name alone would hide that P
+    runs on another."""
+    p, d = summary.get("prefill_profile"), summary.get("decode_profile")
+    if p is not None and d is not None and p != d:
+        return (f"profiles P {p} ({summary.get('prefill_profile_status', '?')}), "
+                f"D {d} ({summary.get('decode_profile_status', '?')})")
+    return f"profile {summary['profile']}, {summary['profile_status']}"

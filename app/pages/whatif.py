@@ -9,6 +9,7 @@ import streamlit as st
 from kvplan.app import dash_state as ds
 from kvplan.app import figures
 from kvplan.errors import KvplanInputError
+from kvplan.sim.summary import profile_label
 
 ds.page_guard()
 
@@ -39,7 +40,7 @@ aggregated = dep.mode == "aggregated"
 shape = f"{dep.replicas} aggregated replicas" if aggregated else f"{dep.prefill_nodes}P{dep.decode_nodes}D"
 st.caption(
     f"{s['model']} on {s['hardware']}, {shape} "
-    f"TP{dep.tensor_parallel_size}, profile {s['profile']} ({s['profile_status']}); "
+    f"TP{dep.tensor_parallel_size}, {profile_label(s)}; "
     f"{s['turns']} turns in {s['conversations']} conversations. Deltas: this scenario minus the same one at "
     f"{ds.defaults_text()}."
 )

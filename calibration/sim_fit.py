@@ -461,7 +461,7 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
     values = _solve(prob, floors)
     fitted_costs = apply_values(base_costs, values, limits)
     check = self_check(scen, list(runs), fitted_costs)
-    held_out = held_out_check(scen, list(runs), fitted_costs)
+    held_out, held_out_runs = held_out_check(scen, list(runs), fitted_costs, check)
     # a held-out miss is its own reason only where the fitted seed was within (else that miss is already the reason)
     fitted_within = {(c["run"], c["metric"]) for c in check if c["within"]}
     reasons = [f"{c['run']} {c['metric']}: simulated {c['simulated_ms']:.4g} ms vs measured {c['measured_ms']:.4g} ms "
@@ -488,11 +488,15 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
         "self_check_tolerance": SELF_CHECK_TOLERANCE,
         "max_prior_factor": MAX_PRIOR_FACTOR,
         "unreliable_reasons": reasons,
-        "simulations": prob.evaluations + len(runs) * (1 + HELD_OUT_SEEDS),
+        "simulations": prob.evaluations + len(runs) + held_out_runs,
         "notes": [*(["the scenario's workload section is replaced by each file's arrivals, request count and "
                      "lengths"] if any("workload" in sc.model_fields_set for sc in scen) else []),
                   *(n for r in runs for n in r.notes),
                   *dict.fromkeys(c["saturation"] for c in check if c.get("saturation")),
+                  *dict.fromkeys(f"{c['run']}: the held-out seed gave exactly the fitted seed's statistics (a replay "
+                                 "draws nothing), so the held-out check repeats the self-check: this fit has no "
+                                 "held-out evidence; hold it against another measured run (kvplan validate)"
+                                 for c in held_out if c.get("seed_independent")),
                   *([f"at their physical bound in the base (held there when a scale goes below 1, not setting its "
                      f"floor): {', '.join(at_bound)}"] if at_bound else [])],
         "mape_pct": _mape(check),
@@ -519,25 +523,47 @@ def self_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: Co
     return out
 
 
-def held_out_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: CostModel) -> list[dict[str, Any]]:
+def held_out_check(scenarios: Sequence[Scenario], runs: list[MeasuredRun], costs: CostModel,
+                   fitted: Sequence[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Measured vs the mean simulated over :data:`HELD_OUT_SEEDS` seeds the fit did not use (the replication seeds
-    of each scenario's seed), per run and statistic (means gate the status, as in :func:`self_check`)."""
+    of each scenario's seed), per run and statistic (means gate the status, as in :func:`self_check`).
+
+    ``fitted``: the :func:`self_check` rows (the fitted seed's simulated statistics). A run whose first held-out seed
+    gives exactly the fitted seed's statistics does not depend on the seed (a replayed trace: its arrivals and
+    lengths are the measured ones, nothing is drawn): its check is that one seed, marked ``seed_independent``, since
+    more seeds would only repeat the self-check (the fit has no held-out evidence then, and the report says so).
+    Returns the rows and the number of simulations run (a run with no measured statistic is not simulated)."""
     from kvplan.sim.seeds import replication_seeds
 
+    own: dict[str, dict[str, float]] = {}
+    for c in fitted or ():
+        own.setdefault(c["run"], {})[c["metric"]] = c["simulated_ms"]
+    labels = [r.label for r in runs]
     out = []
+    simulations = 0
     for sc, r in zip(scenarios, runs, strict=True):
+        keys = [k for k in TARGETS if k in r.measured]
+        if not keys:
+            continue
         seeds = replication_seeds(sc.seed, HELD_OUT_SEEDS)
-        sims = [simulated_stats(sc.model_copy(update={"seed": seed}), r, costs) for seed in seeds]
-        for k in TARGETS:
-            if k not in r.measured:
-                continue
+        sims = [simulated_stats(sc.model_copy(update={"seed": seeds[0]}), r, costs)]
+        mine = own.get(r.label) if labels.count(r.label) == 1 else None
+        same = mine is not None and all(
+            mine.get(k.removesuffix("_s") + "_ms") == sims[0][k] * 1e3 for k in keys)
+        simulations += 1 if same else len(seeds)
+        if same:
+            seeds = seeds[:1]
+        else:
+            sims += [simulated_stats(sc.model_copy(update={"seed": seed}), r, costs) for seed in seeds[1:]]
+        for k in keys:
             vals = [s[k] for s in sims]
             m, s = r.measured[k], float(np.mean(vals)) if all(math.isfinite(v) for v in vals) else math.inf
             rel = (s - m) / m if math.isfinite(s) else math.inf
             out.append({"run": r.label, "metric": k.removesuffix("_s") + "_ms", "seeds": seeds, "measured_ms": m * 1e3,
                         "simulated_ms": s * 1e3, "simulated_ms_per_seed": [v * 1e3 for v in vals], "rel_error": rel,
-                        "gated": k in CHECKED, "within": abs(rel) <= SELF_CHECK_TOLERANCE})
-    return out
+                        "gated": k in CHECKED, "within": abs(rel) <= SELF_CHECK_TOLERANCE,
+                        **({"seed_independent": True} if same else {})})
+    return out, simulations
 
 
 def _mape(check: list[dict[str, Any]]) -> dict[str, float]:

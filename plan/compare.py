@@ -598,8 +598,12 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication
     row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
-    from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, sessions_start_together
+    from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, routing_note, sessions_start_together
     from kvplan.sim.engine import resolve
+
+    routed = routing_note(with_overrides(sc, r.overrides), reps)  # the health section's routing finding
+    if routed is not None:
+        row["notes"].append(routed)
 
     cut = context_cut_warning(reps, resolve(sc).arch.max_model_len,
                               None if sc.workload.trace is not None else sc.workload.conversations)

@@ -41,7 +41,7 @@ from kvplan.models.profile import shipped_profiles
 from kvplan.sim import presets
 from kvplan.sim.api import run
 from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark, trace_replay_scenario
-from kvplan.sim.scenario import Policy, Scenario, scenario_from_dict, with_overrides
+from kvplan.sim.scenario import MAX_SEED, Policy, Scenario, scenario_from_dict, with_overrides
 
 # --- constants ---------------------------------------------------------------------------------------------
 
@@ -215,6 +215,24 @@ def cli_prefix_caching_default(workload: str) -> bool:
     if workload == CUSTOM:
         return bool(Deployment.model_fields["prefill_prefix_caching"].default)
     return bool(presets.preset_scenario(workload).deployment.prefill_prefix_caching)
+
+
+#: The longest seed text the sidebar takes: MAX_SEED's 19 digits with room for spaces, a sign and underscores.
+SEED_MAX_CHARS = 40
+
+
+def parse_seed(text: str) -> int:
+    """The sidebar's seed text as the CLI's ``--seed`` reads it (click's integer type: Python's ``int`` of the text,
+    surrounding spaces, a sign and digit-group underscores allowed), in ``0..MAX_SEED`` as the option and the
+    scenario's ``seed`` field require; a one-line :class:`KvplanInputError` naming the field otherwise."""
+    fix = f"enter a whole number from 0 to {MAX_SEED} (2**63 - 1)"
+    try:
+        value = int(text)
+    except ValueError:
+        raise input_error("seed", f"'{text.strip()[:SEED_MAX_CHARS]}' is not a whole number", fix) from None
+    if not 0 <= value <= MAX_SEED:
+        raise input_error("seed", f"{value} is out of range", fix)
+    return value
 
 
 def build_scenario(inputs: ScenarioInputs) -> Scenario:
@@ -507,7 +525,16 @@ def scenario_sidebar() -> Scenario | None:
                help="Presets simulate about an hour of arrivals (0.5-1 s a run); fewer conversations re-render faster.")
         rate = float(r) or None
         conversations = int(n) or None
-    seed = _w(sb.number_input, "seed", "seed", min_value=0, value=0, step=1)
+    # a text field, not a number input: Streamlit's number input holds a JavaScript number, exact only up to 2**53,
+    # while the CLI's --seed and the scenario's seed take any integer up to MAX_SEED (2**63 - 1)
+    seed_text = _w(sb.text_input, "seed", "seed_text", value="0", max_chars=SEED_MAX_CHARS,
+                   help=f"Root seed of every random stream: a whole number from 0 to {MAX_SEED:,} (2**63 - 1), as "
+                        "`kvplan simulate --seed`.")
+    try:
+        seed = parse_seed(str(seed_text))
+    except KvplanInputError as exc:
+        sb.error(error_text(exc))
+        return None
     inputs = ScenarioInputs(
         model=str(model), hardware=str(hardware), profile=profile, prefill_nodes=int(p_nodes),
         decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_tensor_parallel_size=int(p_tp) or None,

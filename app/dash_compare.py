@@ -24,6 +24,32 @@ def compare_policy_choices() -> list[str]:
     return names + [n for n in AGGREGATED_ROUTED if cmp.implemented(n)]
 
 
+def default_policy_selection(sc: Scenario, names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The page's default selection (every choice but ``ttl_recommended`` and the routed aggregated variants) without
+    the policies ``sc`` cannot run, as ``kvplan compare``'s default list leaves them out
+    (:func:`kvplan.plan.compare.default_left_out`: offload without a host tier, aggregated without a TP of the
+    scenario's or on GPUs that are not whole replicas), and one line per policy left out saying why."""
+    left = cmp.default_left_out(sc, names)
+    out = {x["policy"] for x in left}
+    chosen = [n for n in names if n != "ttl_recommended" and ":" not in n and n.partition(":")[0] not in out]
+    return chosen, [f"{x['policy']} not selected: {x['why']}" for x in left]
+
+
+#: Session keys of the page's policy selection and of the policies left out when it was last drawn.
+SELECTION_KEY = "compare_policies"
+LEFT_OUT_KEY = "compare_left_out"
+
+
+def drop_left_out(state: Any, sc: Scenario, names: Sequence[str]) -> None:
+    """When the policies ``sc`` cannot run (:func:`default_policy_selection`) differ from those of the last render,
+    remove them from the page's selection in ``state`` (Streamlit's session state, a mapping), before the widget is
+    drawn; a policy the user selects again while it cannot run is refused by compare, in one line."""
+    out = sorted({x["policy"] for x in cmp.default_left_out(sc, names)})
+    if state.get(LEFT_OUT_KEY) not in (None, out) and SELECTION_KEY in state:
+        state[SELECTION_KEY] = [n for n in state[SELECTION_KEY] if n.partition(":")[0] not in out]
+    state[LEFT_OUT_KEY] = out
+
+
 def compare_caption(sc: Scenario) -> str:
     """What the page simulates, naming the deployment of the sidebar (its P/D counts, TP and GPUs)."""
     dep = sc.deployment

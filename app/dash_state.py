@@ -41,7 +41,7 @@ from kvplan.models.profile import shipped_profiles
 from kvplan.sim import presets
 from kvplan.sim.api import run
 from kvplan.sim.defaults import PUBLISHED_BENCHMARK, published_benchmark, trace_replay_scenario
-from kvplan.sim.scenario import Policy, Scenario, scenario_from_dict, with_overrides
+from kvplan.sim.scenario import MAX_SEED, Policy, Scenario, scenario_from_dict, with_overrides
 
 # --- constants ---------------------------------------------------------------------------------------------
 
@@ -154,6 +154,9 @@ class ScenarioInputs:
     prefill_nodes: int = 1
     decode_nodes: int = 1
     tensor_parallel_size: int = 8
+    prefill_tensor_parallel_size: int | None = None  # None: tensor_parallel_size (the YAML field's default)
+    decode_tensor_parallel_size: int | None = None
+    max_num_seqs: int | None = None  # None: the workload's scenario's own (the published benchmark's 8, ...)
     prefill_prefix_caching: bool = False
     bidirectional: bool = True
     ttl_s: float = float(VLLM_DEFAULTS["policy.decoder_kv_blocks_ttl_s"])
@@ -214,6 +217,24 @@ def cli_prefix_caching_default(workload: str) -> bool:
     return bool(presets.preset_scenario(workload).deployment.prefill_prefix_caching)
 
 
+#: The longest seed text the sidebar takes: MAX_SEED's 19 digits with room for spaces, a sign and underscores.
+SEED_MAX_CHARS = 40
+
+
+def parse_seed(text: str) -> int:
+    """The sidebar's seed text as the CLI's ``--seed`` reads it (click's integer type: Python's ``int`` of the text,
+    surrounding spaces, a sign and digit-group underscores allowed), in ``0..MAX_SEED`` as the option and the
+    scenario's ``seed`` field require; a one-line :class:`KvplanInputError` naming the field otherwise."""
+    fix = f"enter a whole number from 0 to {MAX_SEED} (2**63 - 1)"
+    try:
+        value = int(text)
+    except ValueError:
+        raise input_error("seed", f"'{text.strip()[:SEED_MAX_CHARS]}' is not a whole number", fix) from None
+    if not 0 <= value <= MAX_SEED:
+        raise input_error("seed", f"{value} is out of range", fix)
+    return value
+
+
 def build_scenario(inputs: ScenarioInputs) -> Scenario:
     """The validated scenario the widgets describe (raises a one-line :class:`KvplanInputError`).
 
@@ -250,6 +271,11 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         "deployment.prefill_nodes": inputs.prefill_nodes,
         "deployment.decode_nodes": inputs.decode_nodes,
         "deployment.tensor_parallel_size": inputs.tensor_parallel_size,
+        # validated as the YAML fields are (the Scenario model: 1..64 per role, max_num_seqs 1..65,536 and at most
+        # max_num_batched_tokens), so a bad value is the same one-line error as in a scenario file
+        "deployment.prefill_tensor_parallel_size": inputs.prefill_tensor_parallel_size,
+        "deployment.decode_tensor_parallel_size": inputs.decode_tensor_parallel_size,
+        **({"deployment.max_num_seqs": inputs.max_num_seqs} if inputs.max_num_seqs is not None else {}),
         "deployment.prefill_prefix_caching": inputs.prefill_prefix_caching,
         "policy.bidirectional": inputs.bidirectional,
         "policy.decoder_kv_blocks_ttl_s": inputs.ttl_s,
@@ -260,6 +286,17 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         **dict(inputs.extra),
     }
     return with_overrides(base, overrides)
+
+
+def tp_text(scenario: Scenario) -> str:
+    """The deployment's TP and ``max_num_seqs`` as the What-if page's caption says them (``TP8``, or ``P TP4 / D TP8``
+    with per-role TP)."""
+    dep = scenario.deployment
+    p = dep.prefill_tensor_parallel_size or dep.tensor_parallel_size
+    d = dep.decode_tensor_parallel_size or dep.tensor_parallel_size
+    # an aggregated replica runs one TP (sim/node_setup.py aggregated_config refuses per-role TP)
+    tp = f"TP{dep.tensor_parallel_size}" if dep.mode == "aggregated" else f"TP{p}" if p == d else f"P TP{p} / D TP{d}"
+    return f"{tp}, max_num_seqs {dep.max_num_seqs:,}"
 
 
 def scenario_key(scenario: Scenario) -> str:
@@ -436,6 +473,17 @@ def scenario_sidebar() -> Scenario | None:
     p_nodes = _w(c1.number_input, "prefill nodes (xP)", "p_nodes", min_value=1, max_value=64, value=d.prefill_nodes)
     d_nodes = _w(c2.number_input, "decode nodes (yD)", "d_nodes", min_value=1, max_value=64, value=d.decode_nodes)
     tp = _w(sb.selectbox, "tensor parallel size", "tp", options=(1, 2, 4, 8), index=3)
+    c1, c2 = sb.columns(2)
+    # 0 = not set: the YAML fields' default (tensor_parallel_size); no upper bound here, the scenario's validation
+    # refuses what a scenario file could not hold, with the same one-line error
+    p_tp = _w(c1.number_input, "prefill TP (0 = as above)", "p_tp", min_value=0, value=0, step=1,
+              help="deployment.prefill_tensor_parallel_size: the TP of the prefill instances (1 to 64).")
+    d_tp = _w(c2.number_input, "decode TP (0 = as above)", "d_tp", min_value=0, value=0, step=1,
+              help="deployment.decode_tensor_parallel_size: the TP of the decode instances (1 to 64).")
+    seqs = _w(sb.number_input, "max_num_seqs (0 = the workload's)", "max_num_seqs", min_value=0, value=0, step=1,
+              help="deployment.max_num_seqs, vLLM --max-num-seqs on P and D (1 to 65,536, at most "
+                   "max_num_batched_tokens); 0 keeps the workload's scenario's (the published benchmark: 8; a trace "
+                   "or preset: 1,024).")
     wl_now = str(st.session_state.get("sc_workload", preset_names()[0]))
     if st.session_state.get("sc_p_cache_for") != wl_now:  # a new workload choice: its CLI default again
         st.session_state["sc_p_cache"] = cli_prefix_caching_default(wl_now)
@@ -477,10 +525,21 @@ def scenario_sidebar() -> Scenario | None:
                help="Presets simulate about an hour of arrivals (0.5-1 s a run); fewer conversations re-render faster.")
         rate = float(r) or None
         conversations = int(n) or None
-    seed = _w(sb.number_input, "seed", "seed", min_value=0, value=0, step=1)
+    # a text field, not a number input: Streamlit's number input holds a JavaScript number, exact only up to 2**53,
+    # while the CLI's --seed and the scenario's seed take any integer up to MAX_SEED (2**63 - 1)
+    seed_text = _w(sb.text_input, "seed", "seed_text", value="0", max_chars=SEED_MAX_CHARS,
+                   help=f"Root seed of every random stream: a whole number from 0 to {MAX_SEED:,} (2**63 - 1), as "
+                        "`kvplan simulate --seed`.")
+    try:
+        seed = parse_seed(str(seed_text))
+    except KvplanInputError as exc:
+        sb.error(error_text(exc))
+        return None
     inputs = ScenarioInputs(
         model=str(model), hardware=str(hardware), profile=profile, prefill_nodes=int(p_nodes),
-        decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_prefix_caching=bool(p_cache),
+        decode_nodes=int(d_nodes), tensor_parallel_size=int(tp), prefill_tensor_parallel_size=int(p_tp) or None,
+        decode_tensor_parallel_size=int(d_tp) or None, max_num_seqs=int(seqs) or None,
+        prefill_prefix_caching=bool(p_cache),
         bidirectional=bool(bidir), ttl_s=float(ttl), threshold_tokens=int(threshold), router_ttl_s=float(router_ttl),
         failure_policy=str(failure), workload=str(workload), preset_rate_per_s=rate,
         preset_conversations=conversations, custom=custom, trace_path=trace_path, seed=int(seed),

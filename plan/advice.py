@@ -56,6 +56,7 @@ from kvplan.plan.advice_report import (
     VLLM_THRESHOLD,
     VLLM_TTL_S,
     context_cut_warning,
+    routing_note,
     run_warnings,
     saturation_lines,
     sessions_start_together,
@@ -641,6 +642,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     if transfer:
         rationale.append(transfer["text"])
     warnings.extend(run_warnings(setup.rs, curve))
+    routed = routing_note(sc, exp_rows)  # the health section's routing finding, on the recommended deployment's runs
+    if routed is not None:
+        warnings.append(routed)
     cut = context_cut_warning(st.off, setup.rs.arch.max_model_len,
                               None if sc.workload.trace is not None else sc.workload.conversations)
     if cut is not None:

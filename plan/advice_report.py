@@ -191,3 +191,23 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
                    "would decline, or grows as the router TTL shrinks (P queues at this TTL); shown at its longest "
                    "router TTL")
     return out
+
+
+def routing_note(sc: Scenario, rows: Rows) -> str | None:
+    """The health section's routing finding (:func:`kvplan.sim.health.routing_miss`) over a configuration's runs: when
+    ``sc`` routes its decode legs blind to where a conversation's KV is (``round_robin`` or ``random`` over several D)
+    and, on the mean of its runs, at least :data:`~kvplan.sim.health.ROUTING_MISS_SHARE` of the follow-up turns found
+    less than half their prompt in their D's prefix cache (``follow_up_d_missed_fraction``, per run from
+    :func:`kvplan.plan.executor.run_extras`), the line naming the setting that fixes it; else None."""
+    from kvplan.sim.health import ROUTING_MISS_SHARE, kv_blind_routing, routing_warning
+
+    ok = [r for r in rows if r.get("error") is None and r.get("follow_up_d_missed_fraction") is not None]
+    if not kv_blind_routing(sc) or not ok:
+        return None
+    share = sum(float(r["follow_up_d_missed_fraction"]) for r in ok) / len(ok)
+    if share < ROUTING_MISS_SHARE:
+        return None
+    found = sum(float(r.get("follow_up_d_hit_token_fraction") or 0.0) for r in ok) / len(ok)
+    counted = "one run" if len(ok) == 1 else f"mean of {len(ok)} replications"
+    return routing_warning({"routing": sc.deployment.routing, "decode_nodes": sc.deployment.decode_nodes,
+                            "missed_fraction": share, "d_hit_token_fraction": found, "counted": counted})

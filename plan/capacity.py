@@ -9,10 +9,12 @@ hardware, TP, workload (or trace) and policy and answers three columns:
 * ``aggregated``: the fewest aggregated vLLM replicas of the same TP (both phases per engine, prefix caching
   on, routed as ``compare``'s aggregated row: :func:`aggregated_overrides`), searched from the P/D answer's
   instance count (doubled until the SLO is met, then bisected), with the check of one replica fewer. The TP is
-  the one of the scenario's P and D instances (:func:`instance_tp`, per-role TP included); when P's and D's
-  differ, an aggregated replica (one engine, both phases at one TP: ``sim/node_setup.py`` ``aggregated_config``)
-  has no TP of the scenario's, and the column says so (``not_sized``) instead of sizing replicas of
-  ``deployment.tensor_parallel_size``, the TP of one role at most (or of neither, both given per role).
+  the scenario's by :data:`REPLICA_TP_RULE` (:func:`replica_tp`), the rule ``compare``'s ``aggregated`` policy
+  follows too: the TP of its P and D instances (per-role TP included); when P's and D's differ, an aggregated
+  replica (one engine, both phases at one TP: ``sim/node_setup.py`` ``aggregated_config``) takes
+  ``deployment.tensor_parallel_size`` when one role runs it (the other overrides it per role); when neither does,
+  the scenario runs no TP a replica could take as its own, and the column says so (``not_sized``) instead of
+  sizing replicas of a TP neither role runs. Every answer says which (``tensor_parallel_rule``).
 
 Search (the screen prunes, the simulator decides):
 
@@ -135,22 +137,51 @@ def role_tps(sc: Scenario) -> tuple[int, int]:
 
 
 def instance_tp(sc: Scenario) -> int | None:
-    """The one TP of the scenario's P and D instances (given per role or not), the TP of aggregated replicas of
-    "the same TP"; None when P's and D's differ (heterogeneous TP: an aggregated replica runs both phases at one TP,
-    so none is the scenario's)."""
+    """The one TP of the scenario's P and D instances (given per role or not); None when P's and D's differ."""
     p, d = role_tps(sc)
     return p if p == d else None
 
 
-def aggregated_not_sized(sc: Scenario) -> str:
-    """Why capacity's aggregated column is not sized for a heterogeneous-TP scenario, with the fix (one line)."""
-    p, d = role_tps(sc)
+#: The rule both ``capacity``'s aggregated column and ``compare``'s ``aggregated`` policy follow (:func:`replica_tp`).
+REPLICA_TP_RULE = ("an aggregated replica runs both phases at one TP (sim/node_setup.py aggregated_config), a TP of the "
+                   "scenario's instances: the TP its P and D share, else deployment.tensor_parallel_size when one role "
+                   "runs it; with P and D at two TPs and deployment.tensor_parallel_size neither, none (not sized, "
+                   "not compared)")
+
+
+def replica_tp(sc: Scenario) -> int | None:
+    """The TP of aggregated replicas "of the scenario's TP" (:data:`REPLICA_TP_RULE`): the TP P and D share (per role
+    or not); when they differ, ``deployment.tensor_parallel_size`` if one role runs it (the other overrides it per
+    role); else None: the scenario runs no TP a replica could take as its own (``tensor_parallel_size`` is then no
+    instance's, and picking P's or D's would be a guess)."""
+    shared = instance_tp(sc)
+    if shared is not None:
+        return shared
     tp = sc.deployment.tensor_parallel_size
-    # a role without its own TP runs at tensor_parallel_size (role_tps): it is then that role's, not the other's
-    whose = "neither role's" if tp not in (p, d) else "the prefill's only" if tp == p else "the decode's only"
+    return tp if tp in role_tps(sc) else None
+
+
+def replica_tp_why(sc: Scenario) -> str:
+    """Where :func:`replica_tp`'s TP comes from, or why there is none with the fix (one clause, for both outputs)."""
+    p, d = role_tps(sc)
+    tp = replica_tp(sc)
+    if tp is not None and p == d:
+        return f"TP{tp}, the TP of the scenario's P and D instances"
+    if tp is not None:
+        role = "prefill" if tp == p else "decode"
+        return (f"TP{tp} = deployment.tensor_parallel_size, the {role} instances' TP (prefill TP {p} and decode TP {d} "
+                "differ, and a replica runs both phases at one TP)")
+    return aggregated_not_sized(sc)
+
+
+def aggregated_not_sized(sc: Scenario) -> str:
+    """Why there are no aggregated replicas of the scenario's TP (heterogeneous TP, ``tensor_parallel_size`` neither
+    role's), with the fix (one line)."""
+    p, d = role_tps(sc)
     return (f"not sized: the scenario's prefill TP {p} and decode TP {d} differ, and an aggregated replica runs both "
-            f"phases at one TP (deployment.tensor_parallel_size {tp} is {whose} here); to size aggregated replicas, "
-            "plan a scenario of one TP (deployment.tensor_parallel_size, no prefill/decode_tensor_parallel_size)")
+            f"phases at one TP (deployment.tensor_parallel_size {sc.deployment.tensor_parallel_size} is neither role's "
+            f"here); to size aggregated replicas, set deployment.tensor_parallel_size to {p} or {d} (the per-role fields "
+            "keep P and D as they are)")
 
 
 def default_aggregated_routing(sc: Scenario) -> str:
@@ -580,16 +611,20 @@ def _pd_column(pl: _Planner, inp: _Inputs, bidir: bool, with_max_rate: bool) -> 
 
 
 def _agg_column(pl: _Planner, inp: _Inputs, routing: str, with_max_rate: bool, guess: int | None) -> dict[str, Any]:
-    tp = instance_tp(inp.sc)
-    if tp is None:  # heterogeneous TP: no TP of the scenario's for a replica running both phases (instance_tp)
+    tp = replica_tp(inp.sc)
+    why = replica_tp_why(inp.sc)  # the TP rule's outcome, said in every answer (tensor_parallel_rule)
+    if tp is None:  # heterogeneous TP with no TP of the scenario's for a replica running both phases (replica_tp)
         return {**_not_meeting(None, "", inp.slo_s), "note": aggregated_not_sized(inp.sc), "not_sized": True,
-                "routing": routing, "tensor_parallel_size": None, "replicas": None, "neighbour_checks": []}
+                "routing": routing, "tensor_parallel_size": None, "tensor_parallel_rule": why, "replicas": None,
+                "neighbour_checks": []}
     n, pick, checks, closest = pl.aggregated(routing, tp, guess)
     if n is None or pick is None:
         return {**_not_meeting((f"{inp.max_nodes} replicas", closest) if closest else None,
-                               f"{inp.max_nodes} replicas", inp.slo_s), "routing": routing}
+                               f"{inp.max_nodes} replicas", inp.slo_s), "routing": routing, "not_sized": False,
+                "tensor_parallel_size": tp, "tensor_parallel_rule": why}
     mr = _max_rate(pl.ev, pick.overrides, inp.rate, inp.slo_s) if with_max_rate and inp.rate is not None else None
-    return {"replicas": n, "tensor_parallel_size": tp, "routing": routing, "prefix_caching": True,
+    return {"replicas": n, "tensor_parallel_size": tp, "tensor_parallel_rule": why, "not_sized": False,
+            "routing": routing, "prefix_caching": True,
             "xpyd": f"{n} aggregated", **_answer(pick, n, inp.usd, inp.rate, mr, pl.ev), "neighbour_checks": checks,
             "smallest_verified": all(not c["meets_slo"] for c in checks)}
 
@@ -654,8 +689,8 @@ def _notes(sc: Scenario, inp: _Inputs, replications: int, threshold: int, routin
         f"{pol.clock_skew_s:g} s skew - that run's p99 arrival-to-decision, threshold {threshold} tokens "
         "(pull-vs-recompute break-even); other policy fields as in the scenario",
         f"SLO met when the mean TTFT p90 over {replications} replications is <= the SLO with <= 1% of turns errored",
-        (f"aggregated: replicas of TP{instance_tp(sc)}, prefix caching on, routing {routing}"
-         if instance_tp(sc) is not None else
+        (f"aggregated: replicas of {replica_tp_why(sc)}, prefix caching on, routing {routing}"
+         if replica_tp(sc) is not None else
          "aggregated: not sized (prefill TP {} and decode TP {} differ; an aggregated replica runs one TP)".format(
              *role_tps(sc))),
         "smallest: one P fewer and one D fewer (one replica fewer) are simulated and miss the SLO "

@@ -12,8 +12,9 @@ seeds of sweeps and ``capacity``), so the rows differ only by the policy:
 * ``lease``, ``ttl_evictable``, ``offload``: the retention alternatives (see :data:`POLICY_HELP` and
   :mod:`kvplan.sim.retention_policy`); ``lease:no_end`` is the lease when clients do not know that a
   conversation has ended. A policy the simulator does not model is refused with a one-line error.
-* ``aggregated``: the same GPUs as ``prefill_nodes + decode_nodes`` aggregated replicas of the same TP
-  (:mod:`kvplan.sim.aggregated`), routed by the scenario's routing (``aggregated:prefix_aware`` and
+* ``aggregated``: the same GPUs as aggregated replicas of the scenario's TP (:mod:`kvplan.sim.aggregated`; the TP
+  by :data:`kvplan.plan.capacity.REPLICA_TP_RULE`, as capacity's aggregated column; the row says which in
+  ``tensor_parallel_size`` and ``tensor_parallel_rule``), routed by the scenario's routing (``aggregated:prefix_aware`` and
   ``aggregated:session_affinity`` choose another one).
 
 Per policy (mean over replications, with the 95% Student-t half-width as ``<key>_ci95``): TTFT p50/p90/p99
@@ -69,7 +70,14 @@ from kvplan.plan.advice import (
 )
 from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
 from kvplan.plan.advice_runs import saturation, steady
-from kvplan.plan.capacity import aggregated_overrides, conversations_for, default_aggregated_routing, instance_tp
+from kvplan.plan.capacity import (
+    aggregated_not_sized,
+    aggregated_overrides,
+    conversations_for,
+    default_aggregated_routing,
+    replica_tp,
+    replica_tp_why,
+)
 from kvplan.plan.compare_rules import (
     BEST_CANDIDATES,
     BEST_RULE,
@@ -176,17 +184,21 @@ def _pd_gpus(sc: Scenario) -> int:
             + dep.decode_nodes * (getattr(dep, "decode_tensor_parallel_size", None) or tp))
 
 
-def aggregated_tp(sc: Scenario) -> int:
-    """The TP of the ``aggregated`` policy's replicas: the one TP of ``sc``'s P and D instances when they share one
-    (given per role or not, :func:`kvplan.plan.capacity.instance_tp`), else ``deployment.tensor_parallel_size`` on
-    the same GPUs."""
-    return instance_tp(sc) or sc.deployment.tensor_parallel_size
+def aggregated_tp(sc: Scenario) -> int | None:
+    """The TP of the ``aggregated`` policy's replicas on ``sc``'s GPUs, by the rule capacity's aggregated column
+    follows (:data:`kvplan.plan.capacity.REPLICA_TP_RULE`, :func:`kvplan.plan.capacity.replica_tp`): the TP ``sc``'s
+    P and D share, else ``deployment.tensor_parallel_size`` when one role runs it, else None (not compared)."""
+    return replica_tp(sc)
 
 
 def aggregated_problem(sc: Scenario) -> str | None:
-    """Why the ``aggregated`` policy cannot run on ``sc``'s GPUs (not a whole number of TP replicas), else None."""
+    """Why the ``aggregated`` policy cannot run on ``sc``'s GPUs (no TP of the scenario's for a replica, or not a whole
+    number of replicas of it), with the fix; else None."""
     gpus, tp = _pd_gpus(sc), aggregated_tp(sc)
-    return f"{gpus} GPUs are not a whole number of TP{tp} replicas" if gpus % tp else None
+    if tp is None:
+        return aggregated_not_sized(sc).removeprefix("not sized: ")
+    return (f"{gpus} GPUs are not a whole number of TP{tp} replicas (set deployment.tensor_parallel_size to a divisor "
+            "of the GPU count)" if gpus % tp else None)
 
 
 #: How to give ``offload`` a host tier on hardware without one.
@@ -214,8 +226,7 @@ def default_left_out(sc: Scenario, names: Sequence[str]) -> list[dict[str, str]]
     if "offload" in names and (problem := offload_problem(sc)):
         out.append({"policy": "offload", "why": f"{problem} ({OFFLOAD_FIX} to compare it)"})
     if any(n.partition(":")[0] == "aggregated" for n in names) and (problem := aggregated_problem(sc)):
-        out.append({"policy": "aggregated", "why": f"{problem} (set deployment.tensor_parallel_size to a divisor of "
-                    "the GPU count to compare it)"})
+        out.append({"policy": "aggregated", "why": problem})
     return out
 
 
@@ -258,13 +269,13 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
     if base == "aggregated":
         routing = arg or default_aggregated_routing(sc)
         problem = aggregated_problem(sc)
-        if problem:
-            raise input_error("--policies aggregated", problem,
-                              "set deployment.tensor_parallel_size to a divisor of the GPU count")
+        if problem or tp is None:
+            raise input_error("--policies aggregated", problem or "no TP for aggregated replicas",
+                              "or leave aggregated out of --policies")
         nodes = gpus // tp
         return PolicyRun(name, aggregated_overrides(nodes, routing, tp if tp != dep.tensor_parallel_size else None),
                          gpus, nodes,
-                         (f"{nodes} aggregated replicas, routing {routing}",))
+                         (f"{nodes} aggregated replicas of {replica_tp_why(sc)}, routing {routing}",))
     raise input_error("--policies", f"policy '{name}' is not modelled by this version of the simulator")
 
 
@@ -584,6 +595,9 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
                               row["description"] + f" ({rec_what})")
     if r.name.endswith(CROSS_LAYER):
         row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
+    if base == "aggregated":  # the replicas' TP and where it comes from (capacity's aggregated column says the same)
+        row["tensor_parallel_size"] = aggregated_tp(sc)
+        row["tensor_parallel_rule"] = replica_tp_why(sc)
     billed = node_equivalents(r.gpus, get_hardware(sc.hardware).gpus_per_node)
     row["usd_per_million_turns"] = usd_per_million_turns(billed, usd, agg["steady_served_turns_per_s"])
     # its 95% CI from the served rate's (first-order: cost = k / rate, so its relative half-width is the rate's): the
@@ -598,8 +612,12 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     row["saturated"] = list(sat.resources)  # health resources saturated in any replication
     row["saturated_replications"] = sat.replication_counts()  # ... and in how many of them
     row["notes"] = list(r.notes)
-    from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, sessions_start_together
+    from kvplan.plan.advice_report import COHORT, COHORT_FIX, context_cut_warning, routing_note, sessions_start_together
     from kvplan.sim.engine import resolve
+
+    routed = routing_note(with_overrides(sc, r.overrides), reps)  # the health section's routing finding
+    if routed is not None:
+        row["notes"].append(routed)
 
     cut = context_cut_warning(reps, resolve(sc).arch.max_model_len,
                               None if sc.workload.trace is not None else sc.workload.conversations)

@@ -36,6 +36,7 @@ from kvplan.atomic import deferred_signals
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.plan.pricing import pricing_window, served_turns_per_s
 from kvplan.sim.events import Ev
+from kvplan.sim.health import d_missed
 from kvplan.sim.scenario import Scenario, scenario_from_dict, with_overrides
 from kvplan.sim.summary import flatten
 
@@ -95,7 +96,9 @@ def run_extras(result: Any) -> dict[str, float]:
     last response), ``priced_window_start_s`` / ``priced_window_end_s`` that window (NaN without one);
     ``tpot_mean_s`` (unless the summary has it): :func:`tpot_mean_s`; ``reuse_rate``: share of follow-up turns that
     reused any KV of their context (a local prefix hit on P or an aggregated replica, or a pull), whatever the
-    decision was.
+    decision was; ``follow_up_d_missed_fraction``: share of the follow-up turns that did not fail whose D found less
+    than half their prompt in its prefix cache, ``follow_up_d_hit_token_fraction``: the share of their prompt tokens
+    it found (the health section's routing check, :func:`kvplan.sim.health.routing_miss`).
     """
     ev = result.events
     turns = result.turns
@@ -149,6 +152,12 @@ def run_extras(result: Any) -> dict[str, float]:
     follow = turns[turns["turn"] >= 2]
     reused = (follow["local_hit_tokens"] + follow["pulled_tokens"]) > 0
     out["reuse_rate"] = float(reused.mean()) if len(follow) else 0.0
+    # the routing check of the health section (kvplan.sim.health.routing_miss), per run: recommend and compare say it
+    follow_ok = follow[follow["decision"] != "error"]
+    prompt = float(follow_ok["prompt_tokens"].sum())
+    out["follow_up_d_missed_fraction"] = (float(d_missed(follow_ok["d_hit_tokens"], follow_ok["prompt_tokens"]).mean())
+                                          if len(follow_ok) else 0.0)
+    out["follow_up_d_hit_token_fraction"] = float(follow_ok["d_hit_tokens"].sum()) / prompt if prompt > 0 else 0.0
     if "tpot_mean_s" not in s:
         out["tpot_mean_s"] = tpot_mean_s(ok)
     out["retention_steady"] = float(not sc.policy.bidirectional or sc.deployment.mode == "aggregated"

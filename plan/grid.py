@@ -58,7 +58,9 @@ GRID_KEYS = ("base", "axes", "replications", "seed", "zip", "ties")
 # 2: vLLM's memory accounting sizes the KV pools (models/memory.py), so rows of version 1 are not resumed
 # 3: steady_served_turns_per_s is counted over the pricing window (plan/pricing.py, the second half of the arrival
 #    window) and rows gain priced_window_start_s/_end_s: a version-2 row's served rate is over another window
-FORMAT_VERSION = 3
+# 4: rows gain follow_up_d_missed_fraction and follow_up_d_hit_token_fraction (plan/executor.py run_extras, the health
+#    section's routing check): a version-3 row has them empty
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,15 @@ class Waits:
     prefill: tuple[float, float]  # prefill_queue_s
     decode: tuple[float, float]  # d_queue_s
     link: tuple[float, float]  # kv_pull_s + p2d_transfer_s
+    follow_ups: int = 0  # follow-up turns (turn >= 2)
+    follow_ups_d_missed: int = 0  # of them, those whose D found less than half their prompt (:func:`d_missed`)
+    follow_up_prompt_tokens: int = 0  # their prompt tokens
+    follow_up_d_hit_tokens: int = 0  # of them, found in their D's prefix cache (``d_hit_tokens``)
+
+
+def d_missed(d_hit_tokens: Any, prompt_tokens: Any) -> Any:
+    """Per turn: its D found less than half its prompt in its prefix cache (so D read most of it from P)."""
+    return 2 * d_hit_tokens < prompt_tokens
 
 
 def waits_of(turns: pd.DataFrame) -> Waits:
@@ -105,12 +114,69 @@ def waits_of(turns: pd.DataFrame) -> Waits:
     ok = turns[turns["decision"] != "error"]
     n = len(ok)
     link = ok["kv_pull_s"] + ok["p2d_transfer_s"]
+    follow = ok[ok["turn"] >= 2]
     return Waits(
         span_s=float(ok["finish_s"].max() - ok["arrival_s"].min()) if n else 0.0,
         prefill=(_p90(ok["prefill_queue_s"]), float(ok["prefill_queue_s"].mean()) if n else 0.0),
         decode=(_p90(ok["d_queue_s"]), float(ok["d_queue_s"].mean()) if n else 0.0),
         link=(_p90(link), float(link.mean()) if n else 0.0),
+        follow_ups=len(follow),
+        follow_ups_d_missed=int(d_missed(follow["d_hit_tokens"], follow["prompt_tokens"]).sum()),
+        follow_up_prompt_tokens=int(follow["prompt_tokens"].sum()),
+        follow_up_d_hit_tokens=int(follow["d_hit_tokens"].sum()),
     )
+
+
+#: routings that choose D without looking at where a conversation's KV is (``sim/router.py``)
+KV_BLIND_ROUTING = ("round_robin", "random")
+#: the share of follow-up turns missing their D's prefix cache (:func:`d_missed`) from which routing is reported
+ROUTING_MISS_SHARE = 0.1
+#: the setting that keeps a conversation's decode legs on one D (``sim/router.py`` ``Router.pick_decode``)
+ROUTING_FIX = "deployment.routing: session_affinity"
+
+
+def kv_blind_routing(scenario: Scenario) -> bool:
+    """The scenario routes the decode legs of P/D over several D without looking where a conversation's KV is, with
+    D's prefix caching on (so landing on another D loses it): ``round_robin`` or ``random`` (``sim/router.py``)."""
+    dep = scenario.deployment
+    return bool(dep.mode == "disaggregated" and dep.decode_nodes > 1 and dep.routing in KV_BLIND_ROUTING
+                and dep.decode_prefix_caching)
+
+
+def routing_miss(scenario: Scenario, waits: Waits) -> dict[str, Any] | None:
+    """The follow-up turns whose decode leg missed its conversation's KV because routing ignores where it is, or None.
+
+    The reference proxy (vLLM ``examples/disaggregated/disaggregated_serving/disagg_proxy_multiturn.py``) picks D
+    with its own round-robin iterator, independently of the D named in the cached ``kv_transfer_params``
+    (``random``: a ClusterIP Service's draw): with several D a follow-up's decode leg usually lands on a D that has
+    not served its conversation, which then reads the whole prompt from P instead of the new tail (D pulls
+    ``prompt - local hits``, ``nixl/pull_scheduler.py``; ``../shared/VLLM_BEHAVIOUR.md`` §1.2 step 6, §1.7).
+    Reported when the scenario routes that way (:func:`kv_blind_routing`) and at least :data:`ROUTING_MISS_SHARE`
+    of its follow-up turns (that did not fail) found less than half their prompt in their D's prefix cache
+    (measured, ``d_hit_tokens``, :func:`d_missed`). Eviction can also cause such misses; routing is named because
+    the scenario's routing makes them likely. :data:`ROUTING_FIX` (or ``prefix_aware``) keeps a conversation on
+    its D."""
+    if not kv_blind_routing(scenario) or waits.follow_ups <= 0:
+        return None
+    share = waits.follow_ups_d_missed / waits.follow_ups
+    if share < ROUTING_MISS_SHARE:
+        return None
+    found = waits.follow_up_d_hit_tokens / waits.follow_up_prompt_tokens if waits.follow_up_prompt_tokens else 0.0
+    return {"routing": scenario.deployment.routing, "decode_nodes": scenario.deployment.decode_nodes,
+            "missed_fraction": share, "d_hit_token_fraction": found,
+            "counted": f"{waits.follow_ups_d_missed:,} of {waits.follow_ups:,}"}
+
+
+def routing_warning(miss: dict[str, Any]) -> str:
+    """The line saying :func:`routing_miss`'s finding (``counted``: how the share was counted) and the setting that
+    fixes it; ``recommend`` and ``compare`` word their runs' mean with it."""
+    how = "the next D in round-robin order" if miss["routing"] == "round_robin" else "a D drawn at random"
+    return (f"routing {miss['routing']} over {miss['decode_nodes']} D: {miss['missed_fraction']:.0%} of follow-up "
+            f"turns ({miss['counted']}) found less than half their prompt in their D's prefix cache and read the rest "
+            f"from P (follow-ups found {miss['d_hit_token_fraction']:.0%} of their prompt tokens on D), because a "
+            f"follow-up's decode leg goes to {how}, not to the D holding its conversation's KV (as the reference "
+            f"proxy disagg_proxy_multiturn.py does); set {ROUTING_FIX} (or prefix_aware) to keep a conversation on "
+            "its D")
 
 
 def _prefill_held(summary: dict[str, Any], waits: Waits, prompt_mean: float, nodes: int) -> dict[str, Any]:
@@ -159,6 +225,22 @@ def _saturated(r: dict[str, Any]) -> bool:
         if r["no_room_for_a_request"]:
             return True
     return bool(waited and r["utilization"] >= BUSY_FRACTION)
+
+
+def _setting_warnings(scenario: Scenario, waits: Waits) -> list[str]:
+    """Warnings about the scenario's settings: a router TTL above D's TTL, routing that misses D's KV
+    (:func:`routing_miss`)."""
+    pol = scenario.policy
+    warnings: list[str] = []
+    if pol.bidirectional and pol.router_ttl_s > pol.decoder_kv_blocks_ttl_s:
+        warnings.append(
+            f"router_ttl_s ({pol.router_ttl_s:g} s) is above decoder_kv_blocks_ttl_s ({pol.decoder_kv_blocks_ttl_s:g} s): "
+            "the router hands out entries whose KV D has already released (misses, or declined reads)"
+        )
+    miss = routing_miss(scenario, waits)
+    if miss is not None:
+        warnings.append(routing_warning(miss))
+    return warnings
 
 
 def compute_health(
@@ -261,12 +343,7 @@ def compute_health(
             f"within expiry_safety_margin_s = {pol.expiry_safety_margin_s:g} s of its expiry; vLLM fails the request; "
             "with kv_load_failure_policy: recompute it would be recomputed). TTFT statistics exclude failed turns"
         )
-    warnings: list[str] = []
-    if pol.bidirectional and pol.router_ttl_s > pol.decoder_kv_blocks_ttl_s:
-        warnings.append(
-            f"router_ttl_s ({pol.router_ttl_s:g} s) is above decoder_kv_blocks_ttl_s ({pol.decoder_kv_blocks_ttl_s:g} s): "
-            "the router hands out entries whose KV D has already released (misses, or declined reads)"
-        )
+    warnings = _setting_warnings(scenario, waits)
     saturated = [k for k, v in resources.items() if v["saturated"]]
     labels = {"prefill_compute": "prefill compute busy", "decode_kv": "decode KV pool pinned at peak",
               "prefill_held_kv": "P's KV pool held for D's reads at peak", "link": "P<->D links busy",

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.sim.events import DECISION_NAMES, Decision, Ev, EventChunk, HoldRelease, Release, col
-from kvplan.sim.health import Waits
+from kvplan.sim.health import Waits, d_missed
 from kvplan.sim.quantiles import EXACT_PERCENTILE_MAX_TURNS, ColumnStat, LogSketch
 from kvplan.sim.result_files import TURN_COLUMNS
 from kvplan.sim.turns import ARRAY_COLUMNS, turn_arrays, turn_columns, turns_frame
@@ -528,6 +528,10 @@ class TurnAggregates:
     follow_up: int = 0
     reused: int = 0
     reused_kv: int = 0  # follow-ups that reused any KV (local prefix hit or pull > 0)
+    follow_ok_prompt: int = 0  # prompt tokens of follow-ups that did not fail (health's routing check)
+    follow_ok_d_hit: int = 0  # of them, found in their D's prefix cache (d_hit_tokens)
+    follow_ok: int = 0  # follow-ups that did not fail
+    follow_ok_d_missed: int = 0  # of them, those whose D found less than half their prompt (health.d_missed)
     cols: dict[str, ColumnStat] = field(default_factory=dict)
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
@@ -562,6 +566,11 @@ class TurnAggregates:
         kv = (t["local_hit_tokens"] + t["pulled_tokens"]) > 0
         self.reused_kv += int((kv & follow).sum())
         ok = code != int(Decision.ERROR)  # masks on the columns read, not copies of them
+        follow_ok = follow & ok
+        self.follow_ok_prompt += int(t["prompt_tokens"][follow_ok].sum())
+        self.follow_ok_d_hit += int(t["d_hit_tokens"][follow_ok].sum())
+        self.follow_ok += int(follow_ok.sum())
+        self.follow_ok_d_missed += int((d_missed(t["d_hit_tokens"], t["prompt_tokens"]) & follow_ok).sum())
 
         def col(name: str, mask: np.ndarray) -> np.ndarray:
             return t[name][mask]
@@ -596,7 +605,9 @@ class TurnAggregates:
             return c.percentile(90, 0.0), c.mean(0.0) if n else 0.0
 
         span = self.ok_finish_max - self.ok_arrival_min if n else 0.0
-        return Waits(span_s=float(span), prefill=stat("prefill_queue"), decode=stat("d_queue"), link=stat("link_wait"))
+        return Waits(span_s=float(span), prefill=stat("prefill_queue"), decode=stat("d_queue"), link=stat("link_wait"),
+                     follow_ups=self.follow_ok, follow_ups_d_missed=self.follow_ok_d_missed,
+                     follow_up_prompt_tokens=self.follow_ok_prompt, follow_up_d_hit_tokens=self.follow_ok_d_hit)
 
     def column(self, name: str) -> np.ndarray:
         """A kept column, concatenated (exact mode)."""

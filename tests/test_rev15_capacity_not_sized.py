@@ -1,7 +1,7 @@
-"""rev15: capacity's 'aggregated: not sized' note names whose TP tensor_parallel_size is.
-
-With prefill_tensor_parallel_size 4 and tensor_parallel_size 8 (decode_tensor_parallel_size unset), decode runs at
-TP8, yet the note said 'deployment.tensor_parallel_size 8 is neither role's here'."""
+"""rev15 / left15: with P and D at two TPs, aggregated replicas take deployment.tensor_parallel_size when one role runs
+it (the decode's with only prefill_tensor_parallel_size set), and only when it is neither role's are they not sized,
+with a note saying so: before, 'tensor_parallel_size 8 is neither role's here' was said of TP8 with P at TP4, where
+decode runs at TP8."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from typing import Any
 
 import pytest
 
-from kvplan.plan.capacity import aggregated_not_sized
+from kvplan.plan.capacity import aggregated_not_sized, replica_tp, replica_tp_why
 from kvplan.sim.scenario import scenario_from_dict
 
 
-@pytest.mark.parametrize(("deployment", "whose"), [
-    ({"tensor_parallel_size": 8, "prefill_tensor_parallel_size": 4}, "tensor_parallel_size 8 is the decode's only"),
-    ({"tensor_parallel_size": 2, "decode_tensor_parallel_size": 4}, "tensor_parallel_size 2 is the prefill's only"),
-    ({"prefill_tensor_parallel_size": 2, "decode_tensor_parallel_size": 4}, "tensor_parallel_size 8 is neither role's"),
+@pytest.mark.parametrize(("deployment", "tp", "whose"), [
+    ({"tensor_parallel_size": 8, "prefill_tensor_parallel_size": 4}, 8, "the decode instances' TP"),
+    ({"tensor_parallel_size": 2, "decode_tensor_parallel_size": 4}, 2, "the prefill instances' TP"),
+    ({"prefill_tensor_parallel_size": 2, "decode_tensor_parallel_size": 4}, None, "is neither role's here"),
 ])
-def test_the_note_names_whose_tp_the_shared_field_is(deployment: dict[str, Any], whose: str) -> None:
+def test_whose_tp_aggregated_replicas_take(deployment: dict[str, Any], tp: int | None, whose: str) -> None:
     sc = scenario_from_dict({"model": "qwen3-32b", "hardware": "p5en", "deployment": deployment})
-    note = aggregated_not_sized(sc)
-    assert f"deployment.{whose} here" in note, note
-    assert note.startswith("not sized: the scenario's prefill TP") and "\n" not in note
+    assert replica_tp(sc) == tp
+    why = replica_tp_why(sc)
+    assert whose in why and "\n" not in why, why
+    if tp is None:
+        assert why == aggregated_not_sized(sc) and why.startswith("not sized: the scenario's prefill TP")

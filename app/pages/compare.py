@@ -22,8 +22,14 @@ if scenario is None:
     st.stop()
 st.caption(dc.compare_caption(scenario))
 names = dc.compare_policy_choices()
+default, left_out = dc.default_policy_selection(scenario, names)  # as `kvplan compare`'s default list
+for line in left_out:
+    st.caption(line)
+# a keyed multiselect keeps its value when its default changes: a sidebar change that makes a selected policy
+# impossible (per-role TP with no TP for aggregated replicas) drops it from the selection, as from the default
+dc.drop_left_out(st.session_state, scenario, names)
 c1, c2 = st.columns([3, 1])
-chosen = c1.multiselect("policies", names, default=[n for n in names if n != "ttl_recommended" and ":" not in n],
+chosen = c1.multiselect("policies", names, default=default,
                         key="compare_policies",
                         help="aggregated:prefix_aware / aggregated:session_affinity route the aggregated replicas "
                              "KV-aware (llm-d style) instead of the sidebar's routing.")

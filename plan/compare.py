@@ -172,9 +172,13 @@ def parse_policies(text: str | Sequence[str] | None) -> list[str]:
 
 
 def _vllm_defaults() -> dict[str, Any]:
+    """vLLM's defaults for the retention rows: TTL retention, no host tier, whatever retention or offload the scenario's
+    policy carries (a scenario with ``policy.offload`` set ran the ``ttl``, ``lease`` and ``ttl_evictable`` rows with
+    its host tier too, so only the ``offload`` row differed by its router TTL and failure policy). The scenario's
+    environment (clock skew, expiry margin, conversation ids, P's lease) is kept."""
     return {"policy.bidirectional": True, "policy.decoder_kv_blocks_ttl_s": VLLM_TTL_S,
             "policy.kv_recompute_threshold_tokens": VLLM_THRESHOLD, "policy.router_ttl_s": PROXY_ROUTER_TTL_S,
-            "policy.kv_load_failure_policy": "fail"}
+            "policy.kv_load_failure_policy": "fail", "policy.retention": {"kind": "ttl"}, "policy.offload": None}
 
 
 def _pd_gpus(sc: Scenario) -> int:
@@ -261,11 +265,11 @@ def policy_run(name: str, sc: Scenario, recommended: dict[str, Any] | None = Non
             raise input_error("--policies offload", problem, f"{OFFLOAD_FIX}, or leave offload out of --policies")
         # the scenario's own host tier (policy.offload), else the hardware preset's
         own = sc.policy.offload.model_dump(mode="python") if sc.policy.offload is not None else {}
+        source = "the scenario's policy.offload" if any(v is not None for v in own.values()) else "the hardware preset"
         return PolicyRun(name, {**_vllm_defaults(), "policy.offload": own, "policy.kv_load_failure_policy": "recompute",
                                 "policy.router_ttl_s": UNLIMITED_TTL_S}, gpus, nodes,
-                         ("TTL 480 s, host tier from " + ("the scenario's policy.offload" if own else
-                          "the hardware preset") + ", router keeps entries (the host tier bounds them), failure "
-                          "policy recompute",))
+                         (f"TTL 480 s, host tier from {source}, router keeps entries (the host tier bounds them), "
+                          "failure policy recompute",))
     if base == "aggregated":
         routing = arg or default_aggregated_routing(sc)
         problem = aggregated_problem(sc)

@@ -83,13 +83,18 @@ def number_column(values: Sequence[Any]) -> list[str]:
     return [f"{float(v):.{decimals}f}" if _finite(v) else "n/a" for v in values]
 
 
-def _decimals(v: float, cap: int = 6) -> int:
-    """Decimals of the shortest text that reads back as ``v`` (at most ``cap``)."""
-    text = repr(float(v))
-    if "e" in text or "inf" in text or "nan" in text:
-        return cap
-    whole, _, frac = text.partition(".")
-    return 0 if frac in ("", "0") else min(len(frac), cap)
+AXIS_SIGNIFICANT = 12  # an axis value is shown to this many significant digits (a computed 0.1 + 0.2 reads 0.3)
+AXIS_MAX_DECIMALS = 15
+
+
+def _decimals(v: float, cap: int = AXIS_MAX_DECIMALS) -> int:
+    """Decimals of the shortest positional text of ``v`` at :data:`AXIS_SIGNIFICANT` significant digits (at most
+    ``cap``): 1e-07 needs 7 ('0.0000001'), where its repr's exponent made it '0.000000' at a fixed 6."""
+    import numpy as np
+
+    text = np.format_float_positional(float(f"{float(v):.{AXIS_SIGNIFICANT}g}"), trim="-")
+    _, _, frac = text.partition(".")
+    return min(len(frac), cap)
 
 
 def axis_column(values: Sequence[Any]) -> list[str]:

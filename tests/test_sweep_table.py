@@ -70,3 +70,10 @@ def test_column_formatters() -> None:
     assert number_column([math.nan]) == ["n/a"]
     assert axis_column([30.0, 60.0]) == ["30.0", "60.0"]  # whole floats keep their one form
     assert axis_column([1, 2.5]) == ["1.0", "2.5"] and axis_column(["a", True]) == ["a", "True"]
+
+
+def test_axis_values_keep_their_digits() -> None:
+    # rev15: 1e-7 printed as '0.000000' (a fixed 6 decimals for any exponent form) and 0.1 + 0.2 as '0.300000'
+    assert axis_column([1e-7, 2e-7]) == ["0.0000001", "0.0000002"]
+    assert axis_column([0.1 + 0.2, 0.5]) == ["0.3", "0.5"]
+    assert axis_column([0.5, 60.25, 480.0]) == ["0.50", "60.25", "480.00"]

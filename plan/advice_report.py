@@ -199,7 +199,7 @@ def routing_note(sc: Scenario, rows: Rows) -> str | None:
     and, on the mean of its runs, at least :data:`~kvplan.sim.health.ROUTING_MISS_SHARE` of the follow-up turns found
     less than half their prompt in their D's prefix cache (``follow_up_d_missed_fraction``, per run from
     :func:`kvplan.plan.executor.run_extras`), the line naming the setting that fixes it; else None."""
-    from kvplan.sim.health import ROUTING_MISS_SHARE, kv_blind_routing, routing_warning
+    from kvplan.sim.health import ROUTING_MISS_SHARE, engines_routed, kv_blind_routing, routing_warning
 
     ok = [r for r in rows if r.get("error") is None and r.get("follow_up_d_missed_fraction") is not None]
     if not kv_blind_routing(sc) or not ok:
@@ -209,5 +209,6 @@ def routing_note(sc: Scenario, rows: Rows) -> str | None:
         return None
     found = sum(float(r.get("follow_up_d_hit_token_fraction") or 0.0) for r in ok) / len(ok)
     counted = "one run" if len(ok) == 1 else f"mean of {len(ok)} replications"
-    return routing_warning({"routing": sc.deployment.routing, "decode_nodes": sc.deployment.decode_nodes,
+    n, what = engines_routed(sc)
+    return routing_warning({"routing": sc.deployment.routing, "decode_nodes": n, "engines": what,
                             "missed_fraction": share, "d_hit_token_fraction": found, "counted": counted})

@@ -155,9 +155,11 @@ def run_extras(result: Any) -> dict[str, float]:
     # the routing check of the health section (kvplan.sim.health.routing_miss), per run: recommend and compare say it
     follow_ok = follow[follow["decision"] != "error"]
     prompt = float(follow_ok["prompt_tokens"].sum())
-    out["follow_up_d_missed_fraction"] = (float(d_missed(follow_ok["d_hit_tokens"], follow_ok["prompt_tokens"]).mean())
+    # aggregated serving: the replica that prefills is the one whose cache the routing loses (local_hit_tokens)
+    hit = follow_ok["local_hit_tokens" if sc.deployment.mode == "aggregated" else "d_hit_tokens"]
+    out["follow_up_d_missed_fraction"] = (float(d_missed(hit, follow_ok["prompt_tokens"]).mean())
                                           if len(follow_ok) else 0.0)
-    out["follow_up_d_hit_token_fraction"] = float(follow_ok["d_hit_tokens"].sum()) / prompt if prompt > 0 else 0.0
+    out["follow_up_d_hit_token_fraction"] = float(hit.sum()) / prompt if prompt > 0 else 0.0
     if "tpot_mean_s" not in s:
         out["tpot_mean_s"] = tpot_mean_s(ok)
     out["retention_steady"] = float(not sc.policy.bidirectional or sc.deployment.mode == "aggregated"

@@ -102,6 +102,9 @@ class Waits:
     follow_ups_d_missed: int = 0  # of them, those whose D found less than half their prompt (:func:`d_missed`)
     follow_up_prompt_tokens: int = 0  # their prompt tokens
     follow_up_d_hit_tokens: int = 0  # of them, found in their D's prefix cache (``d_hit_tokens``)
+    # the same for the engine that prefilled them (``local_hit_tokens``: P's cache, or an aggregated replica's)
+    follow_ups_local_missed: int = 0
+    follow_up_local_hit_tokens: int = 0
 
 
 def d_missed(d_hit_tokens: Any, prompt_tokens: Any) -> Any:
@@ -124,6 +127,8 @@ def waits_of(turns: pd.DataFrame) -> Waits:
         follow_ups_d_missed=int(d_missed(follow["d_hit_tokens"], follow["prompt_tokens"]).sum()),
         follow_up_prompt_tokens=int(follow["prompt_tokens"].sum()),
         follow_up_d_hit_tokens=int(follow["d_hit_tokens"].sum()),
+        follow_ups_local_missed=int(d_missed(follow["local_hit_tokens"], follow["prompt_tokens"]).sum()),
+        follow_up_local_hit_tokens=int(follow["local_hit_tokens"].sum()),
     )
 
 
@@ -136,11 +141,21 @@ ROUTING_FIX = "deployment.routing: session_affinity"
 
 
 def kv_blind_routing(scenario: Scenario) -> bool:
-    """The scenario routes the decode legs of P/D over several D without looking where a conversation's KV is, with
-    D's prefix caching on (so landing on another D loses it): ``round_robin`` or ``random`` (``sim/router.py``)."""
+    """The scenario routes the decode legs of P/D over several D (or the requests of aggregated serving over several
+    replicas) without looking where a conversation's KV is, with that engine's prefix caching on (so landing on
+    another loses it): ``round_robin`` or ``random`` (``sim/router.py``)."""
     dep = scenario.deployment
-    return bool(dep.mode == "disaggregated" and dep.decode_nodes > 1 and dep.routing in KV_BLIND_ROUTING
-                and dep.decode_prefix_caching)
+    if dep.routing not in KV_BLIND_ROUTING:
+        return False
+    if dep.mode == "aggregated":  # a replica's prefix cache is the one prefill caching switches (sim/aggregated.py)
+        return bool(dep.replicas > 1 and dep.prefill_prefix_caching)
+    return bool(dep.decode_nodes > 1 and dep.decode_prefix_caching)
+
+
+def engines_routed(scenario: Scenario) -> tuple[int, str]:
+    """(how many engines :func:`kv_blind_routing` routes over, what they are called): D, or aggregated replicas."""
+    dep = scenario.deployment
+    return (dep.replicas, "replicas") if dep.mode == "aggregated" else (dep.decode_nodes, "D")
 
 
 def routing_miss(scenario: Scenario, waits: Waits) -> dict[str, Any] | None:
@@ -151,6 +166,8 @@ def routing_miss(scenario: Scenario, waits: Waits) -> dict[str, Any] | None:
     (``random``: a ClusterIP Service's draw): with several D a follow-up's decode leg usually lands on a D that has
     not served its conversation, which then reads the whole prompt from P instead of the new tail (D pulls
     ``prompt - local hits``, ``nixl/pull_scheduler.py``; ``../shared/VLLM_BEHAVIOUR.md`` §1.2 step 6, §1.7).
+    Aggregated replicas routed the same way lose their prefix cache alike (the replica recomputes what it lacks;
+    counted on ``local_hit_tokens``, the replica's hit).
     Reported when the scenario routes that way (:func:`kv_blind_routing`) and at least :data:`ROUTING_MISS_SHARE`
     of its follow-up turns (that did not fail) found less than half their prompt in their D's prefix cache
     (measured, ``d_hit_tokens``, :func:`d_missed`). Eviction can also cause such misses; routing is named because
@@ -158,18 +175,29 @@ def routing_miss(scenario: Scenario, waits: Waits) -> dict[str, Any] | None:
     its D."""
     if not kv_blind_routing(scenario) or waits.follow_ups <= 0:
         return None
-    share = waits.follow_ups_d_missed / waits.follow_ups
+    aggregated = scenario.deployment.mode == "aggregated"  # a replica prefills: its cache is the local hit
+    missed = waits.follow_ups_local_missed if aggregated else waits.follow_ups_d_missed
+    hit = waits.follow_up_local_hit_tokens if aggregated else waits.follow_up_d_hit_tokens
+    share = missed / waits.follow_ups
     if share < ROUTING_MISS_SHARE:
         return None
-    found = waits.follow_up_d_hit_tokens / waits.follow_up_prompt_tokens if waits.follow_up_prompt_tokens else 0.0
-    return {"routing": scenario.deployment.routing, "decode_nodes": scenario.deployment.decode_nodes,
-            "missed_fraction": share, "d_hit_token_fraction": found,
-            "counted": f"{waits.follow_ups_d_missed:,} of {waits.follow_ups:,}"}
+    found = hit / waits.follow_up_prompt_tokens if waits.follow_up_prompt_tokens else 0.0
+    n, what = engines_routed(scenario)
+    return {"routing": scenario.deployment.routing, "decode_nodes": n, "engines": what,
+            "missed_fraction": share, "d_hit_token_fraction": found, "counted": f"{missed:,} of {waits.follow_ups:,}"}
 
 
 def routing_warning(miss: dict[str, Any]) -> str:
     """The line saying :func:`routing_miss`'s finding (``counted``: how the share was counted) and the setting that
-    fixes it; ``recommend`` and ``compare`` word their runs' mean with it."""
+    fixes it; ``recommend`` and ``compare`` word their runs' mean with it. ``engines`` ``replicas``: aggregated
+    serving, whose replica recomputes what its prefix cache lacks (``D`` when absent)."""
+    if miss.get("engines") == "replicas":
+        how = "the next replica in round-robin order" if miss["routing"] == "round_robin" else "a replica drawn at random"
+        return (f"routing {miss['routing']} over {miss['decode_nodes']} replicas: {miss['missed_fraction']:.0%} of "
+                f"follow-up turns ({miss['counted']}) found less than half their prompt in their replica's prefix cache "
+                f"and recomputed the rest (follow-ups found {miss['d_hit_token_fraction']:.0%} of their prompt tokens "
+                f"cached), because a follow-up goes to {how}, not to the replica that served its conversation; set "
+                f"{ROUTING_FIX} (or prefix_aware) to keep a conversation on its replica")
     how = "the next D in round-robin order" if miss["routing"] == "round_robin" else "a D drawn at random"
     return (f"routing {miss['routing']} over {miss['decode_nodes']} D: {miss['missed_fraction']:.0%} of follow-up "
             f"turns ({miss['counted']}) found less than half their prompt in their D's prefix cache and read the rest "

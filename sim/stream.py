@@ -532,6 +532,8 @@ class TurnAggregates:
     follow_ok_d_hit: int = 0  # of them, found in their D's prefix cache (d_hit_tokens)
     follow_ok: int = 0  # follow-ups that did not fail
     follow_ok_d_missed: int = 0  # of them, those whose D found less than half their prompt (health.d_missed)
+    follow_ok_local_hit: int = 0  # the same two for the engine that prefilled them (local_hit_tokens: P's or a
+    follow_ok_local_missed: int = 0  # replica's prefix cache; health's routing check of aggregated serving)
     cols: dict[str, ColumnStat] = field(default_factory=dict)
     ok_arrival_min: float = float("nan")  # over turns that did not fail (health's span)
     ok_finish_max: float = float("nan")
@@ -571,6 +573,8 @@ class TurnAggregates:
         self.follow_ok_d_hit += int(t["d_hit_tokens"][follow_ok].sum())
         self.follow_ok += int(follow_ok.sum())
         self.follow_ok_d_missed += int((d_missed(t["d_hit_tokens"], t["prompt_tokens"]) & follow_ok).sum())
+        self.follow_ok_local_hit += int(t["local_hit_tokens"][follow_ok].sum())
+        self.follow_ok_local_missed += int((d_missed(t["local_hit_tokens"], t["prompt_tokens"]) & follow_ok).sum())
 
         def col(name: str, mask: np.ndarray) -> np.ndarray:
             return t[name][mask]
@@ -607,7 +611,9 @@ class TurnAggregates:
         span = self.ok_finish_max - self.ok_arrival_min if n else 0.0
         return Waits(span_s=float(span), prefill=stat("prefill_queue"), decode=stat("d_queue"), link=stat("link_wait"),
                      follow_ups=self.follow_ok, follow_ups_d_missed=self.follow_ok_d_missed,
-                     follow_up_prompt_tokens=self.follow_ok_prompt, follow_up_d_hit_tokens=self.follow_ok_d_hit)
+                     follow_up_prompt_tokens=self.follow_ok_prompt, follow_up_d_hit_tokens=self.follow_ok_d_hit,
+                     follow_ups_local_missed=self.follow_ok_local_missed,
+                     follow_up_local_hit_tokens=self.follow_ok_local_hit)
 
     def column(self, name: str) -> np.ndarray:
         """A kept column, concatenated (exact mode)."""

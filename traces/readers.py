@@ -342,6 +342,8 @@ def _azure_time_s(text: str, where: str) -> float:
     head, _, frac = text.partition(".")
     try:
         t = _dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.UTC)
+        if frac and not (frac.isascii() and frac.isdigit()):  # float('0.5e9') would add 5e8 s to the second
+            raise ValueError(frac)
         f = float("0." + frac) if frac else 0.0
     except ValueError:
         raise input_error(where, f"field 'TIMESTAMP' is {_short(text)}, not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None

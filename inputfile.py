@@ -71,7 +71,7 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
         if _kernel_file(st):  # /proc/self/status: stat says 0 bytes whatever it holds; never read here
             raise input_error(where, "is a special file of the kernel (/proc, /sys) whose size is unknown (stat "
                               "says 0 bytes), so it was not read", "copy its content to a regular file first")
-        raise input_error(where, "file is empty", "pass a non-empty trace file")
+        raise input_error(where, "file is empty", "pass the complete file (an empty file holds no data)")
     return st.st_size
 
 

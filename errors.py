@@ -11,7 +11,22 @@ class KvplanInputError(ValueError):
     """
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(clip_message(" ".join(str(message).split())))
+
+
+#: Longest error line printed; a longer one (a value echoed back: a 4 MiB YAML string as a model name, a 100 kB
+#: command-line argument) keeps its head (where, problem) and tail (the fix) around a count of what was left out.
+MAX_MESSAGE_CHARS = 2000
+_HEAD_CHARS, _TAIL_CHARS = 1200, 600
+
+
+def clip_message(message: str) -> str:
+    """``message`` if it fits :data:`MAX_MESSAGE_CHARS`, else its first and last characters around
+    ``[... N characters ...]``."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    cut = len(message) - _HEAD_CHARS - _TAIL_CHARS
+    return f"{message[:_HEAD_CHARS]} [... {cut:,} characters ...] {message[-_TAIL_CHARS:]}"
 
 
 def input_error(where: str, problem: str, fix: str | None = None) -> KvplanInputError:

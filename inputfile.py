@@ -65,13 +65,13 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
             where,
             f"file is {_human_bytes(st.st_size)} ({st.st_size} bytes), larger than the "
             f"{_human_bytes(max_bytes)} limit, so it was not read",
-            "pass a smaller file (split or filter the trace) or raise max_bytes",
+            "pass a smaller file (split or filter it; API callers may raise max_bytes)",
         )
     if st.st_size == 0:
         if _kernel_file(st):  # /proc/self/status: stat says 0 bytes whatever it holds; never read here
             raise input_error(where, "is a special file of the kernel (/proc, /sys) whose size is unknown (stat "
                               "says 0 bytes), so it was not read", "copy its content to a regular file first")
-        raise input_error(where, "file is empty", "pass a non-empty trace file")
+        raise input_error(where, "file is empty", "pass the complete file (an empty file holds no data)")
     return st.st_size
 
 
@@ -102,7 +102,8 @@ def read_bytes(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES, field: str | 
         raise input_error(where, f"cannot read the file ({exc.strerror})") from None
     if len(data) > max_bytes:  # the file grew after stat()
         raise input_error(
-            where, f"file is larger than the {_human_bytes(max_bytes)} limit", "raise max_bytes"
+            where, f"file is larger than the {_human_bytes(max_bytes)} limit (it grew while being read)",
+            "pass a smaller file (split or filter it) that no process is writing"
         )
     return data
 

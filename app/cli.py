@@ -37,7 +37,7 @@ from kvplan.app import (
 )
 from kvplan.app.flags import refuse_empty_paths
 from kvplan.app.logs import warnings_once
-from kvplan.errors import KvplanInputError
+from kvplan.errors import KvplanInputError, clip_message
 
 #: Sub-command modules in ``--help`` order, imported explicitly so that the layer contract sees every edge.
 COMMAND_MODULES = (
@@ -193,7 +193,7 @@ def _quiet_on_closed_pipe(write: Callable[[], object]) -> None:
 def _say(message: str) -> None:
     """One line on stderr, whatever the message holds (a file name may contain a newline), as
     :class:`~kvplan.errors.KvplanInputError` makes its own (:func:`_quiet_on_closed_pipe`)."""
-    line = " ".join(message.split())
+    line = clip_message(" ".join(message.split()))  # a 100 kB unknown option is not echoed whole
     _quiet_on_closed_pipe(lambda: typer.echo(line, err=True))
 
 

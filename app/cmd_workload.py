@@ -125,7 +125,9 @@ def register(app: typer.Typer) -> None:
         result = fit_workload(tr, fn, gap_model=gap_model)
         section = json_ready(workload_section(result))
         report = json_ready(result.get("report", {}))
-        from kvplan.calibration.workload_fit import reproduction_check
+        from kvplan.calibration.workload_fit import check_runnable, reproduction_check
+
+        check_runnable(section, str(trace))  # before anything is written: simulate would refuse this workload
         from kvplan.sim.engine import resolve
 
         # the fitted workload's own requests against the trace, statistic by statistic (what simulate would send)

@@ -57,6 +57,10 @@ def served_path(typed: str) -> str:
                           "traces under DIR")
     if "\x00" in typed:
         raise _refused(typed.replace("\x00", ""))
+    try:  # a lone surrogate (a browser string may hold one) is no file name: os.stat would raise UnicodeEncodeError
+        os.fsencode(typed)
+    except UnicodeEncodeError:
+        raise _refused(typed.encode("utf-8", "replace").decode("utf-8")) from None
     candidate = Path(typed).expanduser() if typed.startswith("~") else Path(typed)
     if not candidate.is_absolute():
         candidate = root / candidate

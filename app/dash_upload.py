@@ -64,7 +64,7 @@ def store_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> P
             "split or filter the trace",
         )
     if not data:
-        raise input_error(label, "upload is empty", "pick a non-empty trace file")
+        raise input_error(label, "upload is empty", "pick the complete file (an empty file holds no data)")
     digest = hashlib.sha256(data).hexdigest()[:32]
     folder = _root() / "uploads" / digest
     folder.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,14 @@ from kvplan.calibration.parse_logs import (
 from kvplan.calibration.parse_multiturn import MultiTurnStats, parse_multiturn_stats
 from kvplan.calibration.parse_prometheus import HistogramSeries, PrometheusScrape, parse_prometheus
 from kvplan.errors import input_error
-from kvplan.inputfile import DEFAULT_MAX_BYTES, PathLike, check_file, file_label
+from kvplan.inputfile import (
+    DEFAULT_MAX_BYTES,
+    PathLike,
+    check_file,
+    file_label,
+    refuse_compressed,
+    refuse_wide_encoding,
+)
 
 #: The format names :func:`detect_format` returns.
 FORMATS = ("bench", "multiturn", "log", "prometheus", "points", "published")
@@ -80,6 +87,9 @@ def detect_format(path: PathLike) -> str:
     check_file(path, max_bytes=2**63 - 1)  # existence and type only; the parsers enforce max_bytes
     with open(path, "rb") as fh:
         head_bytes = fh.read(SNIFF_BYTES)
+    # a gzip'd log or a UTF-16 export ('Unicode' in Windows editors) is named as such, with the fix, not as binary
+    refuse_compressed(head_bytes, where)
+    refuse_wide_encoding(head_bytes, where)
     if b"\x00" in head_bytes:
         raise input_error(where, "contains NUL bytes: this is a binary file, not a trace")
     head = head_bytes.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")

@@ -373,6 +373,8 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
         # simulated time a plan may span (a traceback); the statistics are per conversation on an unloaded
         # deployment, so the rate only places the conversations in time (its own random stream): drawn closer
         drawn["arrival"] = {**arrival, "rate_per_s": drawn["conversations"] / (MAX_SIM_TIME_S / 2)}
+    if runnable_problem(drawn) is not None:  # still not runnable (e.g. too many turns): the section as fitted
+        drawn = dict(section)
     synth_trace = synthetic_trace(drawn, service_time_fn, max_model_len, seed)
     synth = _stat_rows(workload_stats(synth_trace))
     rows: list[dict[str, Any]] = []
@@ -424,6 +426,34 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
         "not_reproduced": [r["statistic"] for r in missed],
         "reasons": reasons,
     }
+
+
+def runnable_problem(section: Mapping[str, Any]) -> str | None:
+    """Why ``section`` is not a workload ``kvplan simulate`` runs (its first validation error, naming the field), or
+    None when it is one."""
+    from pydantic import ValidationError
+
+    from kvplan.sim.scenario import Workload
+
+    try:
+        Workload.model_validate(dict(section))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        # the validator's own advice ('raise arrival.rate_per_s ...') is about a scenario's fields, not a trace's
+        msg = str(err["msg"]).removeprefix("Value error, ").split("; ", 1)[0]
+        return f"field 'workload{'.' + loc if loc else ''}': {msg}"
+    return None
+
+
+def check_runnable(section: Mapping[str, Any], label: str) -> None:
+    """Refuse (one line naming the trace and the field) a fitted ``section`` that ``kvplan simulate`` would refuse:
+    e.g. a trace whose sessions start days apart (an arrival rate so low that the drawn arrivals span more simulated
+    time than the simulator resolves) or a session with more turns than a conversation may have."""
+    problem = runnable_problem(section)
+    if problem is not None:
+        raise input_error(label, f"the workload fitted from it is not one kvplan simulate runs ({problem})",
+                          "fit a shorter stretch of the trace (fewer hours between sessions, fewer turns per session)")
 
 
 def workload_section(fit: Mapping[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,12 @@ def resolve_preset(name_or_spec: str | Mapping[str, object] | T, presets: Mappin
         if isinstance(inner, KvplanInputError):  # a model validator's own one-line error: as it was raised
             raise inner from None
         loc = ".".join(str(p) for p in err["loc"])
-        raise input_error(f"{what}.{loc}" if loc else what, err["msg"]) from None
+        fix = None
+        if err["type"] == "missing":  # 'Field required' alone did not say what an inline spec must hold
+            required = [n for n, f in cls.model_fields.items() if f.is_required()]
+            fix = (f"add it; an inline {what} spec gives at least {', '.join(required)} (or use a preset: "
+                   f"{', '.join(presets)})")
+        raise input_error(f"{what}.{loc}" if loc else what, err["msg"], fix) from None
     name = getattr(obj, "name", None)
     if isinstance(name, str) and name in presets and obj != presets[name]:
         # profiles, priors and calibrations attach to a preset's name: an inline spec under it would get them

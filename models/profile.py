@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
-from kvplan.inputfile import find_non_finite, json_loads
+from kvplan.inputfile import decode_text, find_non_finite, json_loads
 from kvplan.models.costs import CostModel
 
 MAX_PROFILE_BYTES = 8 * 1024**2
@@ -139,9 +139,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
         )
     if path.stat().st_size > MAX_PROFILE_BYTES:
         raise input_error(str(path), "profile file larger than 8 MiB", "is this really a kvplan profile?")
+    raw = path.read_bytes()
+    if not raw.strip():  # 'not valid JSON (Expecting value: line 1 column 1)' said nothing of an empty file
+        raise input_error(str(path), "profile file is empty", "re-create it with kvplan calibrate")
+    # compressed, UTF-16/32, binary or not UTF-8: named as such (and the line), not as a JSON or codec error
+    text = decode_text(raw, str(path))
     try:
-        data, non_finite = json_loads(path.read_text(encoding="utf-8"), str(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data, non_finite = json_loads(text, str(path))
+    except json.JSONDecodeError as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
     if not isinstance(data, dict):  # pydantic would say "field '': Input should be a valid dictionary"
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")

@@ -25,6 +25,7 @@ final files exist. Parts are crash-safe against process death, not power loss (n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -171,16 +172,19 @@ class PartStore:
                     if not (0 <= p < self.shape[0] and 0 <= k < self.shape[1]):
                         log.warning("ignoring part %s: the grid has no point %d, replication %d", f, p, k)
                         continue
-                    rows[(p, k)] = json.loads(f.read_text())
+                    data = json.loads(f.read_text())
                 except (ValueError, json.JSONDecodeError):
                     log.warning("ignoring unreadable part %s (it will be recomputed)", f)
+                    continue
+                rows[(p, k)] = checked_part(f, data)
         return rows
 
     def commit(self, point: int, rep: int, row: dict[str, Any]) -> None:
-        """Write one finished run atomically."""
+        """Write one finished run atomically (with its checksum, :func:`checked_part`)."""
         shard = self.dir / f"{point // SHARD:06d}"
         shard.mkdir(exist_ok=True)
-        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(row).encode(), ledger=False)
+        data = {**row, PART_DIGEST_KEY: part_digest(row)}
+        atomic_write_bytes(shard / f"{point}-{rep}.json", json.dumps(data).encode(), ledger=False)
 
     def _trash(self) -> Path:
         return self.dir.with_name(f".{self.dir.name}.done")
@@ -207,6 +211,39 @@ class PartStore:
         trash = self._trash()
         if trash.exists() and foreign_in_parts(trash) is None:
             shutil.rmtree(trash, ignore_errors=True)
+
+
+#: Key of a part's checksum (:func:`part_digest` of the rest of the part); never a metric, dropped on reading.
+PART_DIGEST_KEY = "_sha256"
+
+
+def part_digest(row: dict[str, Any]) -> str:
+    """sha256 of a part's row (its canonical JSON text)."""
+    return hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
+
+
+def checked_part(path: Path, data: Any) -> dict[str, Any]:
+    """The row of part file ``path`` (its JSON ``data``), or a one-line error when it is not what kvplan wrote: a
+    checksum that does not match (the file was edited or damaged), an ``error`` that is not text, a metric that is
+    not a number, or a finished run without any metric. A part of an older kvplan (no checksum) is checked the same
+    way, so a damaged part stops ``--resume`` with the part named instead of reaching the results (or a traceback)."""
+    fix = "delete that file (--resume recomputes its run) or use another --out"
+    if not isinstance(data, dict):
+        raise input_error(str(path), "is not a JSON object, so not a part kvplan sweep wrote", fix)
+    row = dict(data)
+    digest = row.pop(PART_DIGEST_KEY, None)
+    if digest is not None and digest != part_digest(row):
+        raise input_error(str(path), "was changed after kvplan sweep wrote it (its checksum does not match)", fix)
+    error = row.get("error")
+    if error is not None and not isinstance(error, str):
+        raise input_error(str(path), f"field 'error' is {type(error).__name__}, not text or null", fix)
+    for key, value in row.items():
+        if key != "error" and (isinstance(value, bool) or not isinstance(value, int | float | None)):
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+            raise input_error(str(path), f"field '{key}' is {shown}, not a number", fix)
+    if error is None and len(row) == 1:
+        raise input_error(str(path), "holds a finished run without any metric", fix)
+    return row
 
 
 def committed_runs(out: str | Path) -> int:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.inputfile import refuse_compressed, refuse_wide_encoding
+from kvplan.inputfile import decode_text
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
@@ -657,9 +657,10 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
     if p.stat().st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")
     data = p.read_bytes()
-    refuse_compressed(data, str(p))
-    refuse_wide_encoding(data, str(p))
-    text = data.decode("utf-8", errors="replace")
+    # compressed, UTF-16/32, binary (a NUL byte) or not UTF-8 (naming the line): decoding with replacement characters
+    # called a binary file 'invalid YAML (truncated or mis-indented file?)' and turned a Latin-1 'é' in a value into
+    # U+FFFD silently
+    text = decode_text(data, str(p))
     if not text.strip():
         raise input_error(str(p), f"empty {what} file", hint)
     data = load_yaml_text(text, str(p))

@@ -252,7 +252,7 @@ SIM_CASES: list[Case] = [
     sim_text("yaml not a mapping", "expected a mapping", "- a\n- b\n"),
     sim_text("yaml python tag", "YAML error", "model: !!python/object/apply:os.system ['true']\n"),
     sim_text("yaml truncated", "YAML error", "model: qwen3-32b\npolicy:\n  bidirectional: [true,\n"),
-    sim_text("yaml binary junk", "YAML error", "\x00\x01\x02\x03: [\n"),
+    sim_text("yaml binary junk", "binary file", "\x00\x01\x02\x03: [\n"),
     sim_text("yaml empty", "empty scenario", ""),
     Case("scenario missing file", ["simulate", "{d}/nope.yaml", "--out", "{d}/o"], "no such scenario file"),
     Case("scenario 5 MiB", ["simulate", "{d}/s.yaml", "--out", "{d}/o"], "larger than 4 MiB",

@@ -205,6 +205,18 @@ def _read_multiturn(text: str, label: str) -> pd.DataFrame:
     )
 
 
+def _latency_s(value: Any, where: str) -> float:
+    """A bench request's ``latencies`` entry as its service time (NaN when absent): vllm bench serve measures it as
+    finish - send, so a negative one is refused (it would lengthen the idle gaps workload show/fit report)."""
+    if value is None:
+        return math.nan
+    out = _number(value, "latencies", where)
+    if out < 0:
+        raise input_error(where, f"field 'latencies' is negative ({out:g} s)",
+                          "a request's latency is its service time in seconds (>= 0); check the file")
+    return out
+
+
 def _read_bench(text: str, label: str) -> tuple[pd.DataFrame, dict[str, Any]]:
     """A ``vllm bench serve --save-result --save-detailed`` result (VLLM_BEHAVIOUR.md 2.1) as a trace of single-turn
     requests: ``start_times`` (the client's ``time.perf_counter()`` seconds at each request's send), ``input_lens``,
@@ -254,8 +266,7 @@ def _read_bench(text: str, label: str) -> tuple[pd.DataFrame, dict[str, Any]]:
         ts.append(_number(arrays["start_times"][i], "start_times", where))
         n_in.append(_count(arrays["input_lens"][i], "input_lens", where))
         n_out.append(_count(arrays["output_lens"][i], "output_lens", where))
-        lat = arrays["latencies"][i] if "latencies" in arrays else None
-        svc.append(_number(lat, "latencies", where) if lat is not None else math.nan)
+        svc.append(_latency_s(arrays["latencies"][i] if "latencies" in arrays else None, where))
     if not ts:
         raise input_error(label, f"every one of its {n} requests failed ('errors')", "pass a run with successes")
     t = np.asarray(ts, dtype=float)
@@ -342,6 +353,8 @@ def _azure_time_s(text: str, where: str) -> float:
     head, _, frac = text.partition(".")
     try:
         t = _dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=_dt.UTC)
+        if frac and not (frac.isascii() and frac.isdigit()):  # float('0.5e9') would add 5e8 s to the second
+            raise ValueError(frac)
         f = float("0." + frac) if frac else 0.0
     except ValueError:
         raise input_error(where, f"field 'TIMESTAMP' is {_short(text)}, not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None

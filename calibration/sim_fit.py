@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,7 +79,9 @@ CHECKED = ("ttft_mean_s", "tpot_mean_s")
 HELD_OUT_SEEDS = 3
 #: A parameter whose largest effect on a fitted statistic is below this (d log stat / d log param) is held.
 MIN_SENSITIVITY = 0.05
-#: Finite-difference step in log space (the simulated statistics move in small steps: wide differences).
+#: Finite-difference step in log space (the simulated statistics move in small steps: wide differences). An absolute
+#: step of the optimiser's Jacobian (:func:`_log_step_jacobian`): scipy's ``diff_step`` is relative to |x|, and x is
+#: log(scale), so near the prior (scale 1, x 0) its step shrank to nothing (1.5e-8 at x = 0, 9e-4 at scale 1.018).
 DIFF_STEP = 0.05
 MAX_EVALUATIONS = 30
 #: A fitted GPU scale this close above its physical floor (log space: one finite-difference step) is checked for
@@ -312,6 +314,7 @@ class _Problem:
     held: dict[str, float]
     limits: Limits = None
     evaluations: int = 0
+    _last: tuple[bytes, np.ndarray] | None = None
 
     def values(self, x: np.ndarray) -> dict[str, float]:
         return {**self.held, **{n: float(math.exp(v)) for n, v in zip(self.free, x, strict=True)}}
@@ -322,6 +325,14 @@ class _Problem:
         return [simulated_stats(sc, r, costs) for sc, r in zip(self.scenarios, self.runs, strict=True)]
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
+        key = np.asarray(x, dtype=np.float64).tobytes()
+        if self._last is not None and self._last[0] == key:  # the optimiser asks again at x for its Jacobian
+            return self._last[1].copy()
+        res = self._residuals(x)
+        self._last = (key, res.copy())
+        return res
+
+    def _residuals(self, x: np.ndarray) -> np.ndarray:
         out = []
         for r, sim in zip(self.runs, self.stats(self.values(x)), strict=True):
             for k, w in TARGETS.items():
@@ -340,6 +351,21 @@ def _jacobian(prob: _Problem, x: np.ndarray) -> np.ndarray:
         xp[i] += SENSITIVITY_STEP
         cols.append((prob.residuals(xp) - r0) / SENSITIVITY_STEP)
     return np.column_stack(cols) if cols else np.zeros((r0.size, 0))
+
+
+def _log_step_jacobian(prob: _Problem, hi: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The optimiser's Jacobian: forward differences of :data:`DIFF_STEP` in log space at every x (backward where the
+    step would cross the upper bound), whatever |x| is."""
+    def jac(x: np.ndarray) -> np.ndarray:
+        r0 = prob.residuals(x)
+        cols = []
+        for i in range(len(x)):
+            h = DIFF_STEP if x[i] + DIFF_STEP <= hi[i] else -DIFF_STEP
+            xp = np.array(x, dtype=np.float64)
+            xp[i] += h
+            cols.append((prob.residuals(xp) - r0) / h)
+        return np.column_stack(cols)
+    return jac
 
 
 def _start(prob: _Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -416,8 +442,8 @@ def _solve(prob: _Problem, floors: dict[str, float]) -> dict[str, float]:
     lo = np.array([math.log(max(floors[n], 1.0 / UPPER_SCALE)) for n in prob.free])
     hi = np.array([math.log(UPPER_SCALE)] * len(prob.free))
     x0 = _start(prob, lo, hi)
-    sol = least_squares(prob.residuals, x0, bounds=(lo, hi), diff_step=DIFF_STEP, max_nfev=MAX_EVALUATIONS,
-                        x_scale=1.0, method="trf")
+    sol = least_squares(prob.residuals, x0, jac=_log_step_jacobian(prob, hi), bounds=(lo, hi),
+                        max_nfev=MAX_EVALUATIONS, x_scale=1.0, method="trf")
     return prob.values(sol.x)
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,9 +79,16 @@ CHECKED = ("ttft_mean_s", "tpot_mean_s")
 HELD_OUT_SEEDS = 3
 #: A parameter whose largest effect on a fitted statistic is below this (d log stat / d log param) is held.
 MIN_SENSITIVITY = 0.05
-#: Finite-difference step in log space (the simulated statistics move in small steps: wide differences).
+#: Finite-difference step in log space (the simulated statistics move in small steps: wide differences). An absolute
+#: step of the optimiser's Jacobian (:func:`_log_step_jacobian`): scipy's ``diff_step`` is relative to |x|, and x is
+#: log(scale), so near the prior (scale 1, x 0) its step shrank to nothing (1.5e-8 at x = 0, 9e-4 at scale 1.018).
 DIFF_STEP = 0.05
 MAX_EVALUATIONS = 30
+#: A fitted GPU scale this close above its physical floor (log space: one finite-difference step) is checked for
+#: pinning: the bounded optimiser ('trf' keeps its iterates strictly inside the bounds) stops short of a floor the
+#: statistics push against (aud15: Qwen3-8B simulated with decode x0.9 under its floor x0.9484 was fitted to x0.9486,
+#: 1.7e-4 above, and written 'calibrated'), so within this band the statistics are evaluated one band below the floor.
+FLOOR_BAND = DIFF_STEP
 #: Requests simulated per run and evaluation at most (a fit simulates each run ~40 times: keep each small).
 MAX_FIT_REQUESTS = 1000
 #: Fitted parameters, each a factor over the base (kernel prior plus residuals), in the order they are kept when
@@ -307,6 +314,7 @@ class _Problem:
     held: dict[str, float]
     limits: Limits = None
     evaluations: int = 0
+    _last: tuple[bytes, np.ndarray] | None = None
 
     def values(self, x: np.ndarray) -> dict[str, float]:
         return {**self.held, **{n: float(math.exp(v)) for n, v in zip(self.free, x, strict=True)}}
@@ -317,6 +325,14 @@ class _Problem:
         return [simulated_stats(sc, r, costs) for sc, r in zip(self.scenarios, self.runs, strict=True)]
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
+        key = np.asarray(x, dtype=np.float64).tobytes()
+        if self._last is not None and self._last[0] == key:  # the optimiser asks again at x for its Jacobian
+            return self._last[1].copy()
+        res = self._residuals(x)
+        self._last = (key, res.copy())
+        return res
+
+    def _residuals(self, x: np.ndarray) -> np.ndarray:
         out = []
         for r, sim in zip(self.runs, self.stats(self.values(x)), strict=True):
             for k, w in TARGETS.items():
@@ -335,6 +351,21 @@ def _jacobian(prob: _Problem, x: np.ndarray) -> np.ndarray:
         xp[i] += SENSITIVITY_STEP
         cols.append((prob.residuals(xp) - r0) / SENSITIVITY_STEP)
     return np.column_stack(cols) if cols else np.zeros((r0.size, 0))
+
+
+def _log_step_jacobian(prob: _Problem, hi: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The optimiser's Jacobian: forward differences of :data:`DIFF_STEP` in log space at every x (backward where the
+    step would cross the upper bound), whatever |x| is."""
+    def jac(x: np.ndarray) -> np.ndarray:
+        r0 = prob.residuals(x)
+        cols = []
+        for i in range(len(x)):
+            h = DIFF_STEP if x[i] + DIFF_STEP <= hi[i] else -DIFF_STEP
+            xp = np.array(x, dtype=np.float64)
+            xp[i] += h
+            cols.append((prob.residuals(xp) - r0) / h)
+        return np.column_stack(cols)
+    return jac
 
 
 def _start(prob: _Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -411,18 +442,44 @@ def _solve(prob: _Problem, floors: dict[str, float]) -> dict[str, float]:
     lo = np.array([math.log(max(floors[n], 1.0 / UPPER_SCALE)) for n in prob.free])
     hi = np.array([math.log(UPPER_SCALE)] * len(prob.free))
     x0 = _start(prob, lo, hi)
-    sol = least_squares(prob.residuals, x0, bounds=(lo, hi), diff_step=DIFF_STEP, max_nfev=MAX_EVALUATIONS,
-                        x_scale=1.0, method="trf")
+    sol = least_squares(prob.residuals, x0, jac=_log_step_jacobian(prob, hi), bounds=(lo, hi),
+                        max_nfev=MAX_EVALUATIONS, x_scale=1.0, method="trf")
     return prob.values(sol.x)
 
 
+def _pinned_at_floor(prob: _Problem, values: dict[str, float], floors: dict[str, float]) -> set[str]:
+    """The free parameters whose fit is held up by their physical floor: at it, or within :data:`FLOOR_BAND` above it
+    where the residuals with that parameter a band *below* the floor are smaller than at the fitted value (the
+    statistics ask for a GPU faster than the floor allows; the optimiser only stopped short of the bound). Probed below
+    the floor, not at it: a simulated statistic moves in small steps, so two points 1e-4 apart can compare either way.
+    One simulation per such parameter, plus one at the fitted values."""
+    pinned: set[str] = set()
+    base_cost: float | None = None
+    x = np.array([math.log(values[n]) for n in prob.free])
+    for i, n in enumerate(prob.free):
+        floor = floors[n]
+        if floor <= 0 or values[n] > floor * math.exp(FLOOR_BAND):
+            continue
+        if values[n] <= floor * (1 + 1e-6):
+            pinned.add(n)
+            continue
+        if base_cost is None:
+            base_cost = float(np.sum(prob.residuals(x) ** 2))
+        at = x.copy()
+        at[i] = math.log(floor) - FLOOR_BAND
+        if float(np.sum(prob.residuals(at) ** 2)) < base_cost:
+            pinned.add(n)
+    return pinned
+
+
 def _param_rows(values: dict[str, float], floors: dict[str, float], free: list[str], why_held: dict[str, str],
-                reasons: list[str]) -> list[dict[str, Any]]:
-    """One row per parameter; appends to ``reasons`` every parameter beyond its limits."""
+                reasons: list[str], pinned: set[str] | None = None) -> list[dict[str, Any]]:
+    """One row per parameter; appends to ``reasons`` every parameter beyond its limits (``pinned``: the free ones held
+    up by their physical floor, :func:`_pinned_at_floor`; default: those at it)."""
     rows = []
     for n in PARAMS:
         v = values[n]
-        at_floor = n in free and v <= floors[n] * (1 + 1e-6)
+        at_floor = n in free and (n in pinned if pinned is not None else v <= floors[n] * (1 + 1e-6))
         if v > MAX_PRIOR_FACTOR:  # downwards a GPU scale meets its physical floor first; an overhead may be ~0
             reasons.append(f"{n} = {v:.4g} x the prior, beyond {MAX_PRIOR_FACTOR:.0f}x")
         if at_floor:
@@ -459,6 +516,7 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
     why_held: dict[str, str] = {}
     _identify(prob, why_held, base_costs)
     values = _solve(prob, floors)
+    pinned = _pinned_at_floor(prob, values, floors)
     fitted_costs = apply_values(base_costs, values, limits)
     check = self_check(scen, list(runs), fitted_costs)
     held_out, held_out_runs = held_out_check(scen, list(runs), fitted_costs, check)
@@ -472,7 +530,7 @@ def fit_scenario(base: Scenario, runs: Sequence[MeasuredRun], scenarios: Sequenc
                 f"measured {c['measured_ms']:.4g} ms ({c['rel_error']:+.1%}, tolerance {SELF_CHECK_TOLERANCE:.0%}): the "
                 "fit matches its own seed's queueing, not the run"
                 for c in held_out if c["gated"] and not c["within"] and (c["run"], c["metric"]) in fitted_within]
-    params = _param_rows(values, floors, prob.free, why_held, reasons)
+    params = _param_rows(values, floors, prob.free, why_held, reasons, pinned)
     report = {
         "method": "simulation (calibration/sim_fit.py: scipy.optimize.least_squares over the simulated run)",
         "runs": [{"label": r.label, "file": r.source, "workload": r.workload, "measured_s": r.measured,

@@ -97,7 +97,15 @@ from kvplan.plan.advice_runs import (
     trace_pairs,
     workload_gaps,
 )
-from kvplan.plan.advice_transfer import PULL_SHARE_TRIAL, VLLM_FLAG, descriptor_cost, mean_pulled_tokens, trial_text
+from kvplan.plan.advice_transfer import (
+    BREAK_EVEN_SHARE_TRIAL,
+    PULL_SHARE_TRIAL,
+    VLLM_FLAG,
+    descriptor_cost,
+    mean_pulled_tokens,
+    threshold_trial_text,
+    trial_text,
+)
 from kvplan.plan.breakeven import BreakEven, break_even
 from kvplan.plan.executor import RunCache, run_tasks
 from kvplan.plan.grid import check_planned_work
@@ -535,30 +543,58 @@ def _threshold_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, r
     return _Threshold(tokens, check_rows, disagreements, thr_rows[tokens])
 
 
+def _cross_layer_break_even(setup: _Setup) -> BreakEven:
+    """The break-even n* of the scenario with cross-layer blocks (same local prefix and tail as the setup's)."""
+    return break_even(resolve(with_overrides(setup.sc, {"deployment.cross_layer_blocks": True})),
+                      setup.be.local_prefix_tokens, setup.be.tail_tokens)
+
+
 def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, thr: _Threshold,
-                       m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None]:
-    """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT; returns the
-    trial's report and, when the flag is adopted, its runs (those of the recommended deployment)."""
+                       m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None, Rows | None]:
+    """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT, or when the
+    descriptors set the threshold (the flag's break-even at most :data:`BREAK_EVEN_SHARE_TRIAL` of it: that threshold
+    recomputes the pulls the flag would make cheap, so the flag is also simulated at its own break-even and adopted
+    when the better of the two is significantly faster). Returns the trial's report and, when the flag is adopted, its
+    runs at the chosen threshold (those of the recommended deployment) and at the flag's break-even (or None)."""
     if rec is None or thr.rows is None or setup.sc.deployment.cross_layer_blocks:
-        return {}, None
+        return {}, None, None
     base = m(thr.rows)
+    be_x: BreakEven | None = None
     if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_p50_s"]:
-        return {}, None
-    rows = runner.run({"x": {**_on(rec.ttl_s, rec.router_ttl_s, thr.tokens), "deployment.cross_layer_blocks": True}})["x"]
+        be_x = _cross_layer_break_even(setup)
+        if not be_x.tokens <= BREAK_EVEN_SHARE_TRIAL * thr.tokens:
+            return {}, None, None
+    flag = {**_on(rec.ttl_s, rec.router_ttl_s, thr.tokens), "deployment.cross_layer_blocks": True}
+    if be_x is not None:  # the descriptors set the threshold: the flag at its own break-even too
+        runs = runner.run({"x": flag, "xt": {**flag, "policy.kv_recompute_threshold_tokens": be_x.tokens}})
+        rows, xt_rows = runs["x"], runs["xt"]
+        gain_x, gain_xt = paired(thr.rows, rows), paired(thr.rows, xt_rows)
+        adopted = significant_gain(gain_x, base["ttft_mean_s"]) or significant_gain(gain_xt, base["ttft_mean_s"])
+        mx = m(xt_rows)
+        dc = descriptor_cost(setup.rs, thr.tokens)
+        return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
+                "trigger": "break_even", "trial_threshold_tokens": be_x.tokens,
+                "ttft_mean_gain_s": gain_xt[0], "ttft_mean_gain_ci95": gain_xt[1],
+                "ttft_mean_gain_at_threshold_s": gain_x[0], "ttft_mean_gain_at_threshold_ci95": gain_x[1],
+                "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
+                "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
+                "text": threshold_trial_text(dc, be_x.tokens, base, mx, gain_xt, adopted, human_s)}, (
+                    rows if adopted else None), (xt_rows if adopted else None)
+    rows = runner.run({"x": flag})["x"]
     mx = m(rows)
     gain = paired(thr.rows, rows)
     adopted = significant_gain(gain, base["ttft_mean_s"])
     ok = [r for r in thr.rows if r.get("error") is None]
     dc = descriptor_cost(setup.rs, mean_pulled_tokens(ok[0]) if ok else 0)
     return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
-            "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
+            "trigger": "pull_share", "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
             "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
             "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
-            "text": trial_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
+            "text": trial_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None), None
 
 
 def _cross_layer_threshold(setup: _Setup, runner: _Runner, at: TtlCandidate, thr: _Threshold, x_rows: Rows,
-                           transfer: dict[str, Any]) -> _Threshold:
+                           transfer: dict[str, Any], xt_rows: Rows | None = None) -> _Threshold:
     """Stage 4b, cross-layer blocks adopted: the threshold rule applied to the deployment recommended. One region
     per layer group instead of one per layer makes a pull cheaper (fewer descriptors), so its break-even n* is lower
     than the one the threshold stage used; that n* is simulated with the flag against the threshold chosen without
@@ -566,14 +602,13 @@ def _cross_layer_threshold(setup: _Setup, runner: _Runner, at: TtlCandidate, thr
     Returns the threshold with its rows (the recommended deployment's runs) and the break-even the rule used."""
     from dataclasses import replace
 
-    be_x = break_even(resolve(with_overrides(setup.sc, {"deployment.cross_layer_blocks": True})),
-                      setup.be.local_prefix_tokens, setup.be.tail_tokens)
+    be_x = _cross_layer_break_even(setup)
     transfer["break_even_tokens"] = be_x.tokens
     if be_x.tokens == thr.tokens:
         transfer["threshold_tokens"] = thr.tokens
         return replace(thr, rows=x_rows, be=be_x)
-    rows = runner.run({"xt": {**_on(at.ttl_s, at.router_ttl_s, be_x.tokens),
-                              "deployment.cross_layer_blocks": True}})["xt"]
+    rows = xt_rows if xt_rows is not None else runner.run({"xt": {**_on(at.ttl_s, at.router_ttl_s, be_x.tokens),
+                                                                  "deployment.cross_layer_blocks": True}})["xt"]
     tokens, check, disagreements = _check_threshold(be_x, {be_x.tokens: rows, thr.tokens: x_rows})
     transfer["threshold_tokens"] = tokens
     transfer["threshold_check"] = check
@@ -607,9 +642,9 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     rec = choice.chosen
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
-    transfer, x_rows = _cross_layer_stage(setup, runner, rec, thr, m)
+    transfer, x_rows, xt_rows = _cross_layer_stage(setup, runner, rec, thr, m)
     if rec is not None and x_rows is not None:  # the threshold rule on the deployment recommended, flag included
-        thr = _cross_layer_threshold(setup, runner, at, thr, x_rows, transfer)
+        thr = _cross_layer_threshold(setup, runner, at, thr, x_rows, transfer, xt_rows)
         x_rows = thr.rows
     be = thr.be or setup.be  # the break-even of the deployment recommended
     # the expected figures are the runs of the recommended deployment itself: with cross-layer blocks when adopted

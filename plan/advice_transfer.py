@@ -20,6 +20,12 @@ from kvplan.sim.pull import read_path
 
 #: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50.
 PULL_SHARE_TRIAL = 0.25
+#: ... or when the flag's break-even is at most this share of the chosen threshold: the descriptors set the threshold,
+#: which then recomputes the pulls the flag would make cheap, so the pulls left cannot show what the flag is worth
+#: (aud15: Qwen3-8B on h800 TP8, chat at 2/s: threshold 26,066 tokens, a 221.7 ms pull with 117,000 descriptors per
+#: rank, 22.1 ms with cross-layer blocks; pulls 0.2% of TTFT p50, no trial, and the flag with its own break-even was
+#: 9% lower on TTFT mean and 18% on p90).
+BREAK_EVEN_SHARE_TRIAL = 0.5
 #: vLLM's switch (kv_connector_extra_config, nixl_connector_usage.md) behind deployment.cross_layer_blocks.
 VLLM_FLAG = "enable_cross_layers_blocks"
 
@@ -67,4 +73,19 @@ def trial_text(dc: DescriptorCost, m_off: dict[str, float], m_on: dict[str, floa
             f"{fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; with cross_layer_blocks "
             f"{dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}. Simulated with the same seeds: "
             f"TTFT p50 {fmt(m_off['ttft_p50_s'])} -> {fmt(m_on['ttft_p50_s'])}, p90 {fmt(m_off['ttft_p90_s'])} -> "
+            f"{fmt(m_on['ttft_p90_s'])} (mean {fmt(gain[0])} lower): {verdict}.")
+
+
+def threshold_trial_text(dc: DescriptorCost, break_even_cross_layer: int, m_off: dict[str, float],
+                         m_on: dict[str, float], gain: tuple[float, float], adopted: bool, fmt: Any) -> str:
+    """The rationale sentence of the cross-layer trial run because the descriptors set the threshold (``dc`` at the
+    chosen threshold; the trial's runs with the flag at ``break_even_cross_layer``)."""
+    verdict = (f"enable it ({VLLM_FLAG}: true in kv_connector_extra_config on P and D, where the attention backend "
+               "supports it)" if adopted else "no significant gain here")
+    return (f"Transfer: the threshold {dc.tokens:,} tokens is where a pull stops beating recompute because a "
+            f"{dc.tokens:,}-token pull posts {dc.descriptors:,} descriptors per rank (regions x blocks), "
+            f"{fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; with cross_layer_blocks "
+            f"{dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}, and the break-even falls to "
+            f"{break_even_cross_layer:,} tokens. Simulated with the same seeds, the flag at that threshold: TTFT p50 "
+            f"{fmt(m_off['ttft_p50_s'])} -> {fmt(m_on['ttft_p50_s'])}, p90 {fmt(m_off['ttft_p90_s'])} -> "
             f"{fmt(m_on['ttft_p90_s'])} (mean {fmt(gain[0])} lower): {verdict}.")

@@ -177,8 +177,9 @@ def render_text(plan: Any, what: str) -> list[str]:
         if m.get("decoder_kv_blocks_ttl_s") is not None:
             pol = (f" TTL {m['decoder_kv_blocks_ttl_s']:g} s, router TTL {m['router_ttl_s']:g} s, threshold "
                    f"{m['kv_recompute_threshold_tokens']};")
-        if name == "aggregated":
-            pol = f" routing {m['routing']};"
+        if name == "aggregated":  # replicas of which TP (the rule is in tensor_parallel_rule)
+            tp = m.get("tensor_parallel_size")
+            pol = (f" TP{tp} replicas," if tp is not None else "") + f" routing {m['routing']};"
         checks = ", ".join(f"{c.get('xpyd') or str(c['replicas']) + ' replicas'} "
                            f"{'meets' if c['meets_slo'] else 'misses'} ({_p90_or_why(c['ttft_p90_ms'])})"
                            for c in m["neighbour_checks"])

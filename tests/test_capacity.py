@@ -345,3 +345,21 @@ def test_capacity_sizes_aggregated_replicas_of_a_per_role_tp_both_roles_share() 
     (row,) = compare(sc, ["aggregated"], replications=1)
     assert row["gpus"] == 4 and row["settings"]["deployment.replicas"] == 2
     assert row["settings"]["deployment.tensor_parallel_size"] == 2
+
+
+def test_capacity_text_names_the_tp_of_the_aggregated_replicas(planned: tuple[Path, dict[str, Any]]) -> None:
+    """The aggregated line said how many replicas, not of which TP (left15): under per-role TP it is a choice
+    (tensor_parallel_rule), so the line names it."""
+    from kvplan.app.cmd_capacity import render_text
+    from kvplan.plan.capacity import CapacityPlan
+
+    path, plan = planned
+    agg = plan["aggregated"]
+    fields = {k: plan[k] for k in CapacityPlan.__dataclass_fields__ if k in plan}
+    lines = render_text(CapacityPlan(**{**fields, "notes": tuple(plan["notes"]),
+                                        "disagreements": tuple(plan["disagreements"])}), str(path))
+    line = next(ln for ln in lines if ln.startswith("aggregated: "))
+    if agg.get("meets_slo"):
+        assert f" TP{agg['tensor_parallel_size']} replicas, routing {agg['routing']};" in line, line
+    else:
+        assert line == f"aggregated: {agg.get('note')}"

@@ -4,10 +4,12 @@ ran with the scenario's host tier (and ``ttl`` with its lease), found by helper 
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvplan.plan.compare import policy_run
 from kvplan.sim.scenario import scenario_from_dict, with_overrides
 
-SC = {"model": "qwen3-32b", "hardware": "p5en",
+SC: dict[str, Any] = {"model": "qwen3-32b", "hardware": "p5en",
       "policy": {"bidirectional": True, "offload": {}, "retention": {"kind": "lease"}}}
 
 

@@ -37,7 +37,8 @@ def _run(router_ttl_s: float, ttl_s: float, margin_s: float = 5.0) -> dict[str, 
     r = run(sc)
     follow = r.turns[r.turns["turn"] == 2]
     assert len(follow) == N
-    return {**follow["decision"].value_counts().to_dict(), "router_hit": int((follow["router"] == "hit").sum())}
+    counts = {str(k): int(v) for k, v in follow["decision"].value_counts().items()}
+    return {**counts, "router_hit": int((follow["router"] == "hit").sum())}
 
 
 def _within(count: int, p: float) -> None:

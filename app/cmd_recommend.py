@@ -189,6 +189,9 @@ def _run_notes(rec: Recommendation) -> list[str]:
     if scr.get("pruned_ttls_s"):
         out.append(f"screen: simulated TTLs {', '.join(f'{t:g}' for t in scr['simulated_ttls_s'])} s; pruned "
                    f"{', '.join(f'{t:g}' for t in scr['pruned_ttls_s'])} s ({scr['rule']})")
+    if scr.get("retried_ttls_s"):
+        out.append(f"screen: also simulated {', '.join(f'{t:g}' for t in scr['retried_ttls_s'])} s: "
+                   f"{scr['retried_why']}")
     if ss.get("lengthened"):
         out.append(f"steady state: runs lengthened from {ss['conversations_asked']:,} to "
                    f"{ss['conversations_simulated']:,} conversations (arrival span >= 2 x (TTL + p90 conversation span))")

@@ -173,11 +173,11 @@ def _print_reproduction(rep: dict[str, object]) -> None:
     tol = rep.get("tolerance") or {}
     rel = float(tol.get("relative", 0.1)) if isinstance(tol, dict) else 0.1
     if not missed:
-        c.print(f"reproduction: every statistic `kvplan workload show` prints is within {rel:.0%} in the fitted "
-                "workload's requests (unloaded)", markup=False)
+        c.print(f"reproduction: every statistic `kvplan workload show` prints, and the load, is within {rel:.0%} in "
+                "the fitted workload's requests (unloaded)", markup=False)
         return
-    c.print(f"reproduction: {len(missed)} of {len(rows) if isinstance(rows, list) else 0} statistics `kvplan workload "
-            f"show` prints differ by more than {rel:.0%} in the fitted workload's requests (unloaded; trace -> "
+    c.print(f"reproduction: {len(missed)} of {len(rows) if isinstance(rows, list) else 0} statistics (`kvplan workload "
+            f"show`'s and the load) differ by more than {rel:.0%} in the fitted workload's requests (unloaded; trace -> "
             "synthetic): " + "; ".join(f"{r['statistic']} {_num(float(r['trace']))} -> {_num(float(r['synthetic']))}"
                                        for r in missed), markup=False)
     reasons = rep.get("reasons")

@@ -300,7 +300,8 @@ def _service_description(df: Any, service_time_fn: ServiceTimeFn | None) -> str:
 REPRODUCTION_TOLERANCE = 0.10
 #: Fewest conversations drawn for the check (a trace's own count when larger).
 REPRODUCTION_CONVERSATIONS = 2000
-#: Below this absolute difference (tokens, turns or seconds) a statistic counts as reproduced whatever its ratio.
+#: Below this absolute difference (tokens, turns or seconds) a statistic counts as reproduced whatever its ratio (not a
+#: rate: :data:`LOAD_STATISTICS`).
 REPRODUCTION_FLOOR = 2.0
 
 
@@ -364,6 +365,23 @@ def _stat_rows(st: Mapping[str, Any]) -> dict[str, float | None]:
     return rows
 
 
+#: The load rows of the reproduction check (per second: no absolute floor).
+LOAD_STATISTICS = ("new conversations per second", "requests per second")
+
+
+def _load_rows(trace: Trace) -> dict[str, float | None]:
+    """The load a trace offers, as the fit measures its arrival rate: new conversations per second ((sessions - 1) /
+    the span of the sessions' first requests) and requests per second over that span (the requests arriving in it)."""
+    df = trace.requests
+    starts = df.groupby("session_id", sort=False)["arrival_s"].min().to_numpy(dtype=float)
+    span = float(starts.max() - starts.min()) if starts.size else 0.0
+    if starts.size < 2 or span <= 0:
+        return {}
+    arr = df["arrival_s"].to_numpy(dtype=float)
+    inside = int(((arr >= starts.min()) & (arr <= starts.max())).sum())
+    return dict(zip(LOAD_STATISTICS, ((starts.size - 1) / span, inside / span), strict=True))
+
+
 def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn: ServiceTimeFn, max_model_len: int,
                        fit_report: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
     """The statistics ``kvplan workload show`` prints, of the trace and of the fitted workload's requests
@@ -386,13 +404,18 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
         drawn = dict(section)
     synth_trace = synthetic_trace(drawn, service_time_fn, max_model_len, seed)
     synth = _stat_rows(workload_stats(synth_trace))
+    if (fit_report or {}).get("arrival_rate_measured", True):  # the load the fitted arrival rate offers (a cohort
+        # measures no rate: its warning says so)
+        real.update(_load_rows(trace))
+        synth.update(_load_rows(synth_trace))
     rows: list[dict[str, Any]] = []
     for name, a in real.items():
         b = synth.get(name)
         if a is None or b is None:
             continue
         diff = abs(float(b) - float(a))
-        ok = diff <= REPRODUCTION_FLOOR or diff <= REPRODUCTION_TOLERANCE * abs(float(a))
+        floor = 0.0 if name in LOAD_STATISTICS else REPRODUCTION_FLOOR  # a rate is judged relatively only
+        ok = diff <= floor or diff <= REPRODUCTION_TOLERANCE * abs(float(a))
         rows.append({"statistic": name, "trace": float(a), "synthetic": float(b), "reproduced": bool(ok)})
     missed = [r for r in rows if not r["reproduced"]]
     reasons: list[str] = []
@@ -416,6 +439,11 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
                        f"({gap.get('service_time', 'the fit')}); the trace's includes its own serving delays"
                        + (f", and its {share:.1%} of gaps shorter than that service time are left out of the idle "
                           "gaps" if share else ""))
+    if names & set(LOAD_STATISTICS):
+        reasons.append("the load: new conversations arrive as one Poisson stream at the rate measured from the trace's "
+                       "session starts ((sessions - 1) / their span); a trace whose sessions start in bursts, or whose "
+                       "window cuts its sessions, offers another load over that span (requests per second also carries "
+                       "every difference in turns per session and gaps)")
     if any(n.startswith("requests per session") for n in names):
         reasons.append("turns per conversation is the longest chain per session (the simulator's conversation is a "
                        "chain): a session with branches (regenerated answers) has more requests than turns")
@@ -426,7 +454,8 @@ def reproduction_check(trace: Trace, section: Mapping[str, Any], service_time_fn
                        f"({truncated / drawn_n:.0%}) end early: their context would exceed the model's "
                        f"{max_model_len:,}-token limit (--scenario names the model whose limit applies)")
     return {
-        "definition": "the statistics `kvplan workload show` prints, of the trace and of the requests the fitted "
+        "definition": "the statistics `kvplan workload show` prints and the load (new conversations and requests per "
+        "second over the span of the sessions' starts; not for a cohort), of the trace and of the requests the fitted "
         "workload sends (drawn by the simulator's workload planner, seed "
         f"{seed}; a follow-up at its parent's arrival + unloaded service time + idle gap: no queueing)",
         "tolerance": {"relative": REPRODUCTION_TOLERANCE, "absolute": REPRODUCTION_FLOOR},

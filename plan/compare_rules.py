@@ -13,6 +13,7 @@ from typing import Any
 
 from kvplan.plan.advice_rules import mean_ci
 from kvplan.sim.scenario import Scenario
+from kvplan.units import human_s
 
 #: mean TTFT p90 differences within this share of the lowest p90 are ties even when significant
 PRACTICAL_TIE = 0.01
@@ -127,6 +128,18 @@ def best_policy(rows: list[dict[str, Any]], slo_ttft_p90_ms: float | None = None
         return int(dearer), float(r["pinned_kv_gib_mean"]), rows.index(r)
 
     best = min(ties, key=cost_key)
+    if not judged and best is not ref:
+        d, h = paired_difference(best, ref)
+        if d > PRACTICAL_TIE * float(ref["ttft_p90_s"]):
+            # a tie by the interval only: the pick's p90 is higher than the lowest by more than a practical tie, and
+            # the answer beside it (recommend's columns, compare's table) shows that; say why it is still the pick
+            reps = len(_by_rep(best) or [])
+            why = ((why + "; ") if why else "") + (
+                f"{best['policy']} ties with the lowest TTFT p90 ({ref['policy']}, {human_s(float(ref['ttft_p90_s']))})"
+                f" only by the width of the 95% interval over {reps} replication(s): its p90 is {human_s(d)} "
+                f"(±{human_s(h)}) higher, {d / float(ref['ttft_p90_s']):.0%} of it; ties go to the cheaper policy (then "
+                "the least pinned KV, then list order), and more replications (--replications) would tell whether the "
+                "difference is real")
     compared = []
     for r in rows:
         d, h = paired_difference(r, ref)

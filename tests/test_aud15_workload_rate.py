@@ -39,3 +39,24 @@ def test_the_fitted_rate_is_the_rate_sessions_start_at() -> None:
     assert fit["arrival"]["rate_per_s"] == pytest.approx(0.5, rel=0.06)
     assert 1500 / tr.duration_s < 0.42  # what sessions / the trace's span gives: the last sessions' follow-ups
     assert "session start" in fit["report"]["arrival"] and fit["report"]["arrival_rate_measured"]
+
+
+def test_the_reproduction_check_holds_the_load() -> None:
+    """The reproduction table holds the load the fitted arrival rate offers (new conversations and requests per
+    second over the span of the sessions' starts), relative only: the rate written before (sessions / the trace's
+    span, 23% low here) is flagged; a cohort (no measured rate) gets no load rows."""
+    from kvplan.calibration.workload_fit import reproduction_check, workload_section
+
+    tr, _ = _trace(0.5, 1500, 3)
+    fit = fit_workload(tr)
+    section = workload_section(fit)
+    rep = reproduction_check(tr, section, crude_service_time_s, 131072, fit["report"])
+    rows = {r["statistic"]: r for r in rep["statistics"]}
+    assert rows["new conversations per second"]["reproduced"] and rows["requests per second"]["reproduced"]
+    assert rows["new conversations per second"]["trace"] == pytest.approx(0.5, rel=0.06)
+    old = {**section, "arrival": {"kind": "poisson", "rate_per_s": 1500 / tr.duration_s}}
+    rep = reproduction_check(tr, old, crude_service_time_s, 131072, fit["report"])
+    assert {"new conversations per second", "requests per second"} <= set(rep["not_reproduced"])
+    assert any(r.startswith("the load:") for r in rep["reasons"])
+    rep = reproduction_check(tr, section, crude_service_time_s, 131072, {**fit["report"], "arrival_rate_measured": False})
+    assert not any("per second" in r["statistic"] for r in rep["statistics"])

@@ -75,6 +75,12 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
     return st.st_size
 
 
+def is_kernel_file(st: os.stat_result) -> bool:
+    """Whether the file of stat ``st`` lies on procfs or sysfs (:func:`_kernel_file`): never read when it says 0
+    bytes."""
+    return _kernel_file(st)
+
+
 def _kernel_file(st: os.stat_result) -> bool:
     """Whether the file of stat ``st`` lies on the kernel's procfs or sysfs (the device of /proc or /sys), where
     regular files report size 0; reading one is not safe (some block until the kernel has something to say)."""
@@ -415,4 +421,5 @@ __all__ = [
     "read_bytes",
     "read_text",
     "short_repr",
+    "is_kernel_file",
 ]

@@ -142,7 +142,7 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
     if st.st_size > MAX_CONFIG_BYTES:
         raise input_error("--model-config", f"{cfg} is larger than 1 MiB", "is this a model config.json?")
     try:
-        data, _ = json_loads(cfg.read_text(encoding="utf-8"), f"--model-config: {cfg}")
+        data, _ = json_loads(cfg.read_text(encoding="utf-8"), f"--model-config: {cfg}", unique_keys=True)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error("--model-config", f"{cfg} is not valid JSON ({exc.__class__.__name__})",
                           "fix or re-download config.json") from None

@@ -149,7 +149,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     # compressed, UTF-16/32, binary or not UTF-8: named as such (and the line), not as a JSON or codec error
     text = decode_text(raw, str(path))
     try:
-        data, non_finite = json_loads(text, str(path))
+        data, non_finite = json_loads(text, str(path), unique_keys=True)  # hand-edited: a key twice is an error
     except json.JSONDecodeError as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
     if not isinstance(data, dict):  # pydantic would say "field '': Input should be a valid dictionary"

@@ -106,7 +106,7 @@ class Empirical(_Frozen):
             raise ValueError("give exactly one of 'values' or 'path'")
         if self.values is not None:
             if not self.values:
-                raise ValueError("'values' is empty")
+                raise ValueError("'values' is empty; give at least one value (or a file of them with 'path:')")
             if len(self.values) > MAX_INLINE_EMPIRICAL_VALUES:
                 raise ValueError(
                     f"{len(self.values):,} inline values (more than {MAX_INLINE_EMPIRICAL_VALUES:,}); "

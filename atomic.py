@@ -164,6 +164,16 @@ def read_json_record(path: PathLike) -> Any:
         return None
 
 
+def foreign_record(path: PathLike) -> bool:
+    """True when something exists at ``path`` (the name of a kvplan ledger, manifest or journal) that kvplan did
+    not write: a node that is not a regular file, or a file that is not a JSON object with ``"writer": "kvplan"``
+    (every record kvplan writes has it). Such a file is the user's: never replaced."""
+    if not os.path.lexists(path):
+        return False
+    record = read_json_record(path)
+    return not (isinstance(record, dict) and record.get("writer") == "kvplan")
+
+
 def write_record(path: Path, record: Any) -> None:
     """Write a small JSON record atomically (unique temporary sibling + rename)."""
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
@@ -226,6 +236,9 @@ def kvplan_outputs(directory: PathLike) -> set[str]:
 
 
 def _set_ledger(directory: Path, name: str, entries: list[dict[str, Any]]) -> None:
+    if foreign_record(directory / LEDGER):  # appeared since check_output_file: kept (the output goes unrecorded)
+        raise input_error(str(directory / LEDGER), "was not written by kvplan, so kvplan did not replace it",
+                          "move it away (kvplan records the files it writes in a directory under that name)")
     files = _ledger(directory)
     files[name] = entries
     files = {k: v for k, v in files.items() if k == name or os.path.lexists(directory / k)}  # drop gone files
@@ -307,6 +320,10 @@ def check_output_file(
     if parent.exists() and not parent.is_dir():
         raise input_error(where, f"'{parent}' is not a directory", "give a path inside a directory")
     _check_can_create_in(parent, p.name, where)
+    if ledger and foreign_record(parent / LEDGER):  # the ledger would be written over it (with --overwrite too)
+        raise input_error(where, f"its directory holds '{LEDGER}', which was not written by kvplan (kvplan records "
+                          "the files it writes in a directory under that name)",
+                          "move that file away or write to another directory")
     try:
         st = os.lstat(p)
     except FileNotFoundError:

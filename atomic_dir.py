@@ -312,6 +312,11 @@ def check_result_dir(
             continue
         if not stat.S_ISREG(os.lstat(q).st_mode):
             raise input_error(f"{flag} {p}", f"its '{n}' is not a regular file", "move it away or choose another directory")
+        if n in (RESULT_MANIFEST, JOURNAL) and _atomic.foreign_record(q):  # the commit would replace or remove it
+            raise input_error(
+                f"{flag} {p}", f"holds '{n}', which kvplan did not write there (kvplan keeps its record of a result "
+                "under that name)", "move that file away or choose another directory",
+            )
         if n in names and n not in own:
             raise input_error(
                 f"{flag} {p}", f"holds '{n}', which kvplan did not write there (or which was changed since)",

@@ -75,6 +75,12 @@ def check_file(path: PathLike, max_bytes: int, field: str | None = None) -> int:
     return st.st_size
 
 
+def is_kernel_file(st: os.stat_result) -> bool:
+    """Whether the file of stat ``st`` lies on procfs or sysfs (:func:`_kernel_file`): never read when it says 0
+    bytes."""
+    return _kernel_file(st)
+
+
 def _kernel_file(st: os.stat_result) -> bool:
     """Whether the file of stat ``st`` lies on the kernel's procfs or sysfs (the device of /proc or /sys), where
     regular files report size 0; reading one is not safe (some block until the kernel has something to say)."""
@@ -228,16 +234,27 @@ def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def json_loads(text: str, where: str) -> tuple[Any, bool]:
+def json_loads(text: str, where: str, *, unique_keys: bool = False) -> tuple[Any, bool]:
     """:func:`json.loads` with bounded numbers and depth: ``(value, has_non_finite)``.
 
     Integers longer than :data:`MAX_JSON_INT_DIGITS` digits and every float are converted by ``float()``
     (never raising: out of range gives ``inf``); ``NaN``/``Infinity`` constants and overflowing numbers set
     the flag (the caller names the field with :func:`find_non_finite`). Nesting deeper than
     :data:`MAX_JSON_DEPTH` levels (or than the C scanner's recursion bound) is a one-line error naming
-    ``where``; :class:`json.JSONDecodeError` propagates.
+    ``where``; :class:`json.JSONDecodeError` propagates. ``unique_keys`` (hand-edited files: profiles, config.json):
+    a key given twice in one object is a one-line error naming it (JSON would silently keep the last, as a YAML
+    scenario refuses, :mod:`kvplan.safe_yaml`).
     """
     seen: list[str] = []
+
+    def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, val in pairs:
+            if key in out:
+                raise input_error(where, f"key '{key[:80]}' given twice in one JSON object",
+                                  "keep one (JSON would silently keep the last)")
+            out[key] = val
+        return out
 
     def _constant(name: str) -> float:
         seen.append(name)
@@ -255,7 +272,8 @@ def json_loads(text: str, where: str) -> tuple[Any, bool]:
         return _float(token)
 
     try:
-        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int,
+                           object_pairs_hook=_pairs if unique_keys else None)
     except RecursionError:  # the C scanner's bound, Python's recursion limit
         value = None
         too_deep = True
@@ -415,4 +433,5 @@ __all__ = [
     "read_bytes",
     "read_text",
     "short_repr",
+    "is_kernel_file",
 ]

@@ -24,6 +24,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
               conversations: int | None, trace: Path | None) -> Any:
     import math
 
+    from kvplan.app.flags import refuse_conversations_with_trace
     from kvplan.errors import input_error
     from kvplan.plan.capacity import MAX_CONVERSATIONS
     from kvplan.sim.presets import preset_scenario
@@ -43,6 +44,7 @@ def _scenario(scenario: Path | None, workload: str | None, model: str, hardware:
             need = math.ceil(rate * 2 * sc.policy.decoder_kv_blocks_ttl_s)
             if sc.workload.conversations < need:
                 sc = with_overrides(sc, {"workload.conversations": min(need, MAX_CONVERSATIONS)})
+    refuse_conversations_with_trace(conversations, trace is not None or sc.workload.trace is not None)
     if trace is not None:
         if not trace.exists():  # a file, or a directory of weka traces (as compare and simulate)
             raise input_error(f"--trace {trace}", "no such file")
@@ -70,6 +72,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity", help=CAPACITY_HELP)
     def capacity_cmd(
+        ctx: typer.Context,
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
         slo_ttft_p90_ms: float = typer.Option(..., "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms."),
         rate: float | None = typer.Option(None, "--rate", help="New conversations per second (default: the scenario's)."),
@@ -115,6 +118,10 @@ def register(app: typer.Typer) -> None:
             raise input_error("--aggregated-routing", f"unknown routing '{aggregated_routing}'",
                               f"use one of {', '.join(ROUTINGS[:3])}")
         grid = _ttl_grid(ttl_grid)
+        from kvplan.app.flags import refuse_preset_flags
+
+        if scenario is not None:
+            refuse_preset_flags(ctx, scenario)
         sc = _scenario(scenario, workload, model, hardware, rate, conversations, trace)
         if allow_unreliable:  # what the refusal of an 'unreliable' profile tells the user to pass
             sc = with_overrides(sc, {"simulation.allow_unreliable_profile": True})

@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare", help=COMPARE_HELP)
     def compare_cmd(
+        ctx: typer.Context,
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
         workload: str | None = typer.Option(None, "--workload", help="chat | coding-agent | tool-agent | p5en-benchmark."),
         model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
@@ -53,7 +54,12 @@ def register(app: typer.Typer) -> None:
             help="Use a profile of status 'unreliable' (a calibration that failed its self-check) anyway.",
         ),
     ) -> None:
-        from kvplan.app.flags import common_run_flags, positive_finite
+        from kvplan.app.flags import (
+            common_run_flags,
+            positive_finite,
+            refuse_conversations_with_trace,
+            refuse_preset_flags,
+        )
         from kvplan.atomic import check_output_file
         from kvplan.errors import input_error
         from kvplan.plan.compare import compare, compare_json, parse_policies
@@ -73,6 +79,7 @@ def register(app: typer.Typer) -> None:
             check_output_file(html, "--html", inputs=inputs, overwrite=overwrite)
         if (scenario is None) == (workload is None):
             raise input_error("compare", "give SCENARIO.yaml or --workload PRESET (one of them)")
+        refuse_preset_flags(ctx, scenario)
         if scenario is not None:
             if rate is not None:
                 raise input_error("--rate", "only with --workload", "set workload.arrival.rate_per_s in the scenario")
@@ -81,6 +88,7 @@ def register(app: typer.Typer) -> None:
                 sc = with_overrides(sc, {"workload.conversations": conversations})
         else:
             sc = preset_scenario(workload or "", model, hardware, rate_per_s=rate, conversations=conversations)
+        refuse_conversations_with_trace(conversations, trace is not None or sc.workload.trace is not None)
         if trace is not None:
             if not trace.exists():  # a file, or a directory of weka traces
                 raise input_error(f"--trace {trace}", "no such file")

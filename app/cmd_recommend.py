@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("recommend")
     def recommend_cmd(
+        ctx: typer.Context,
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the --workload preset)."),
         model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
         hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
         their assumptions, and the --kv-transfer-config JSON for the prefill and decode servers.
         """
         from kvplan.app.cmd_sweep import _progress_bar
-        from kvplan.app.flags import common_run_flags, positive_finite, seconds_list
+        from kvplan.app.flags import common_run_flags, positive_finite, refuse_preset_flags, seconds_list
         from kvplan.app.output import console
         from kvplan.errors import input_error
         from kvplan.plan.advice import DEFAULT_TTL_GRID_S, recommend
@@ -64,6 +65,7 @@ def register(app: typer.Typer) -> None:
         positive_finite("--decode-hbm-budget-gib", budget, upper=1e9)
         if scenario is not None and workload is not None:
             raise input_error("recommend", "give SCENARIO.yaml or --workload, not both")
+        refuse_preset_flags(ctx, scenario)
         if scenario is not None:
             sc = load_scenario(scenario)
             if conversations is not None:

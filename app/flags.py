@@ -87,6 +87,31 @@ def common_run_flags(replications: int | None, workers: int | None, conversation
     int_range("--conversations", conversations, 1, MAX_CONVERSATIONS)
 
 
+def flag_given(ctx: Any, name: str) -> bool:
+    """Whether the user gave parameter ``name`` (command line or environment), not its default."""
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def refuse_preset_flags(ctx: Any, scenario: Any) -> None:
+    """--model / --hardware pick the --workload preset's model and hardware: given with SCENARIO.yaml they were
+    silently ignored (the scenario names its own), so they are refused."""
+    if scenario is None:
+        return
+    for name in ("model", "hardware"):
+        if flag_given(ctx, name):
+            raise input_error(f"--{name}", "is only for a --workload preset (SCENARIO.yaml names its own model and "
+                              "hardware, which the run uses)", f"set '{name}:' in the scenario, or drop --{name}")
+
+
+def refuse_conversations_with_trace(conversations: int | None, trace_replayed: bool) -> None:
+    """--conversations with a trace replay (--trace, or the scenario's workload.trace) did nothing: refused."""
+    if conversations is not None and trace_replayed:
+        raise input_error("--conversations", "the run replays a trace, which brings its own conversations (the "
+                          "flag would change nothing)", "drop --conversations (cut the trace with workload.trace.window_s "
+                          "in a scenario)")
+
+
 def _takes_paths(param: Any) -> bool:
     """Whether a parameter of the Typer-built command tree holds a path (``Path``, ``Path | None``, ``list[Path]``)."""
     desc = getattr(param, "type_descriptor", None)  # typer >= 0.20 (its own click): the Python annotation

@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from scipy.optimize import lsq_linear
 
 from kvplan.errors import input_error
-from kvplan.inputfile import json_loads
+from kvplan.inputfile import is_kernel_file, json_loads
 from kvplan.models.arch import ModelArch
 from kvplan.models.bounds import physical_bounds
 from kvplan.models.costs import CostModel, DecodeCost, PrefillCost, causal_pairs
@@ -135,10 +135,14 @@ def check_model_config(path: str | Path) -> dict[str, Any]:
     if not d.is_dir() or not cfg.is_file():
         raise input_error("--model-config", f"'{d}' is not a directory with a config.json",
                           "give the directory of a Hugging Face model's config.json")
-    if cfg.stat().st_size > MAX_CONFIG_BYTES:
+    st = cfg.stat()
+    if st.st_size == 0 and is_kernel_file(st):  # a config.json linked to /proc/kmsg: the read would block forever
+        raise input_error("--model-config", f"{cfg} is a special file of the kernel (/proc, /sys), so it was not read",
+                          "give the directory of a Hugging Face model's config.json")
+    if st.st_size > MAX_CONFIG_BYTES:
         raise input_error("--model-config", f"{cfg} is larger than 1 MiB", "is this a model config.json?")
     try:
-        data, _ = json_loads(cfg.read_text(encoding="utf-8"), f"--model-config: {cfg}")
+        data, _ = json_loads(cfg.read_text(encoding="utf-8"), f"--model-config: {cfg}", unique_keys=True)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise input_error("--model-config", f"{cfg} is not valid JSON ({exc.__class__.__name__})",
                           "fix or re-download config.json") from None

@@ -42,6 +42,7 @@ turns with >= 1,024 tokens of context.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -114,7 +115,10 @@ def fit_gap_distribution(values: Sequence[float] | np.ndarray) -> dict[str, Any]
         "lognormal": {"median": math.exp(mu), "sigma": sigma, "mu": mu},
         "exponential": {"mean": float(x.mean())},
     }
-    with np.errstate(all="ignore"):
+    # scipy says so with a RuntimeWarning ('Precision loss occurred in moment calculation'), which np.errstate does
+    # not silence: it reached the user's stderr as two lines of library source path
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         # identical gaps (no spread) have no gamma/Weibull maximum-likelihood fit: those candidates are left out
         try:
             a, _, scale = sps.gamma.fit(x, floc=0)

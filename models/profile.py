@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvplan.atomic import atomic_write_bytes
 from kvplan.errors import input_error
-from kvplan.inputfile import decode_text, find_non_finite, json_loads
+from kvplan.inputfile import decode_text, find_non_finite, is_kernel_file, json_loads
 from kvplan.models.costs import CostModel
 
 MAX_PROFILE_BYTES = 8 * 1024**2
@@ -137,7 +137,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise input_error(
             "profile", f"no profile named or at '{name_or_path}'", f"use a path or one of {', '.join(shipped_profiles())}"
         )
-    if path.stat().st_size > MAX_PROFILE_BYTES:
+    st = path.stat()
+    if st.st_size == 0 and is_kernel_file(st):  # /proc/kmsg: the read would block forever
+        raise input_error(str(path), "is a special file of the kernel (/proc, /sys), not a profile, so it was not read",
+                          "pass a profile written by kvplan calibrate or kvplan profile derive")
+    if st.st_size > MAX_PROFILE_BYTES:
         raise input_error(str(path), "profile file larger than 8 MiB", "is this really a kvplan profile?")
     raw = path.read_bytes()
     if not raw.strip():  # 'not valid JSON (Expecting value: line 1 column 1)' said nothing of an empty file
@@ -145,7 +149,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     # compressed, UTF-16/32, binary or not UTF-8: named as such (and the line), not as a JSON or codec error
     text = decode_text(raw, str(path))
     try:
-        data, non_finite = json_loads(text, str(path))
+        data, non_finite = json_loads(text, str(path), unique_keys=True)  # hand-edited: a key twice is an error
     except json.JSONDecodeError as exc:
         raise input_error(str(path), f"not valid JSON ({exc})", "re-create it with kvplan calibrate") from None
     if not isinstance(data, dict):  # pydantic would say "field '': Input should be a valid dictionary"

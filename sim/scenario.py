@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvplan.errors import KvplanInputError, input_error
-from kvplan.inputfile import decode_text
+from kvplan.inputfile import decode_text, is_kernel_file
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
@@ -106,7 +106,7 @@ class Empirical(_Frozen):
             raise ValueError("give exactly one of 'values' or 'path'")
         if self.values is not None:
             if not self.values:
-                raise ValueError("'values' is empty")
+                raise ValueError("'values' is empty; give at least one value (or a file of them with 'path:')")
             if len(self.values) > MAX_INLINE_EMPIRICAL_VALUES:
                 raise ValueError(
                     f"{len(self.values):,} inline values (more than {MAX_INLINE_EMPIRICAL_VALUES:,}); "
@@ -654,7 +654,11 @@ def read_yaml_file(path: str | Path, what: str = "scenario",
             raise input_error(str(p), f"is not a regular file, so it was not read as a {what}",
                               "copy it to a regular YAML file first")
         raise input_error(str(p), f"no such {what} file")
-    if p.stat().st_size > MAX_SCENARIO_BYTES:
+    st = p.stat()
+    if st.st_size == 0 and is_kernel_file(st):  # /proc/kmsg blocked the read forever; /proc/self/status parsed
+        raise input_error(str(p), f"is a special file of the kernel (/proc, /sys), not a {what} file, so it was not "
+                          "read", "copy its content to a regular YAML file first")
+    if st.st_size > MAX_SCENARIO_BYTES:
         raise input_error(str(p), f"{what} larger than 4 MiB", "put large samples in an empirical 'path' file")
     data = p.read_bytes()
     # compressed, UTF-16/32, binary (a NUL byte) or not UTF-8 (naming the line): decoding with replacement characters

@@ -283,9 +283,13 @@ def test_a_forged_manifest_never_makes_a_user_file_deletable(tmp_path: Path, man
     (tmp_path / "outside.txt").write_text("mine too")
     (out / RESULT_MANIFEST).write_text(json.dumps(manifest))
     assert "notes.txt" not in own_files(out)
-    assert main(["simulate", "--out", str(out), "--overwrite"]) == 0
+    # a manifest that is not even kvplan's record (no "writer": "kvplan") is the user's file: refused, kept
+    foreign = not (isinstance(manifest, dict) and manifest.get("writer") == "kvplan")
+    assert main(["simulate", "--out", str(out), "--overwrite"]) == (2 if foreign else 0)
     assert (out / "notes.txt").read_text() == "mine"
     assert (tmp_path / "outside.txt").read_text() == "mine too"
+    if foreign:
+        assert json.loads((out / RESULT_MANIFEST).read_text()) == manifest
 
 
 def test_a_forged_manifest_naming_a_result_file_is_refused(tmp_path: Path) -> None:

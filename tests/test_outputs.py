@@ -113,7 +113,9 @@ def _user_file(n: Path) -> None:
 
 def _forged_ledger(n: Path) -> None:
     n.write_bytes(b"the user's own bytes\n")
-    (n.parent / LEDGER).write_text(json.dumps({"files": {n.name: [{"size": 21, "sha256": "0" * 64}]}}))
+    # forged down to the writer tag (a ledger without it is the user's file altogether: tests/test_in15_foreign_records)
+    (n.parent / LEDGER).write_text(json.dumps({"writer": "kvplan",
+                                               "files": {n.name: [{"size": 21, "sha256": "0" * 64}]}}))
 
 
 def _edited_kvplan_file(n: Path) -> None:

@@ -11,14 +11,16 @@ from typing import Any
 
 import typer
 
-COMPARE_HELP = """Simulate SCENARIO.yaml under each policy on the same GPU count, workload and seeds, and print one
-column per policy: health (ok, or SATURATED and the resources the runs' health sections name), TTFT
+COMPARE_HELP = """Simulate SCENARIO.yaml under each policy on the same GPU count, workload and seeds, and
+print one column per policy: health (ok, or SATURATED and the resources the runs' health sections name), TTFT
 p50/p90/p99 and mean (± 95% CI over replications), TPOT (times in ms, s, min or h), hit rate, pinned and held
 decode KV (mean, peak), errors, preemptions, prefill (engine) utilisation, the maximum load meeting
 --slo-ttft-p90-ms (when given) and the cost per million turns. Policies: off, ttl (vLLM defaults),
-ttl_recommended (kvplan recommend's values), lease, ttl_evictable, offload, aggregated[:routing] (the same
-GPUs as aggregated replicas). A policy the simulator does not model is refused. --json prints one object per
-policy; --html writes the plotly figures side by side."""
+ttl_recommended (kvplan recommend's values), lease, lease:no_end (clients do not know a conversation's end),
+ttl_evictable, offload, aggregated[:routing] (the same GPUs as aggregated replicas), and the fastest
+bidirectional policy whose pulls take >= 30% of its mean TTFT again with cross-layer blocks
+(<policy>+cross_layer; not when the scenario sets them). A policy the simulator does not model is refused.
+--json prints one object per policy; --html writes the plotly figures side by side."""
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +34,9 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),
         hardware: str = typer.Option("p5en", "--hardware", help="Hardware preset (with --workload)."),
         rate: float | None = typer.Option(None, "--rate", help="New conversations per second (with --workload)."),
-        policies: str | None = typer.Option(None, "--policies", help="Comma-separated list (default: every modelled one)."),
+        policies: str | None = typer.Option(
+            None, "--policies",
+            help="Comma-separated list (default: every modelled one but lease:no_end and aggregated:<routing>)."),
         replications: int = typer.Option(
             3, "--replications", help="Seeded replications per policy (seeds spawned from the scenario's seed)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),

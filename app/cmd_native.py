@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 
 BUILD_HELP = """Compile the simulator's hot modules with mypyc (pip install 'kvplan[native]'; needs a C compiler) for
-the sources as they are now. Later runs use the build only while every source file is unchanged; otherwise (or
-with KVPLAN_NATIVE=0) the same model runs in pure Python, several times slower (README, Performance, has the measured
-figures). Results are byte-identical either way."""
+the sources as they are now. Later runs use the build only while every source file it depends on (the package
+root, models, sim and traces; not plan, calibration or app) is unchanged; otherwise (or with KVPLAN_NATIVE=0) the
+same model runs in pure Python, several times slower (README, Performance, has the measured figures). Results are
+byte-identical either way."""
 
 
 def register(app: typer.Typer) -> None:

@@ -10,8 +10,8 @@ import typer
 VALIDATE_HELP = """Compare kvplan with public measurements shipped in the package (calibration/validation/*.yaml: each
 case with its source, setup and licence): the Dynamo Qwen3-32B prefill TTFT-vs-ISL curve and decode ITLs,
 the Dynamo 1P1D runs at concurrency 1/4/7/8, the llm-d "1P1D/2P1D" A100 Llama-3.1-8B runs (served as
-aggregated replicas: their gateway did no P/D) and their aggregated baselines and the published P5en
-points (the calibration target: fitted, in-sample). Curves
+aggregated replicas: their gateway did no P/D) and their aggregated baselines, Mooncake's vLLM 1P1D H800
+Qwen3-8B TTFT at ISL 128-32k, and the published P5en points (the calibration target: fitted, in-sample). Curves
 are predicted with the cost functions, serving runs by simulating the described setup, both through the
 profile resolution a simulation uses. Prints measured vs predicted with the relative error per point, a
 summary per case (MAPE, max) and, per case, what kvplan cannot express (no prediction, or only an

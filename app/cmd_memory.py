@@ -130,6 +130,11 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens ({plan.num_gpu_blocks:,} blocks of "
                    f"{plan.block_size_tokens})")
         typer.echo(f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x")
+        # vLLM logs memory per rank and tokens per engine; kvplan simulate prints the pool in GiB over all D GPUs
+        # (a newcomer read 49 GiB here against 392 GiB there as two different pools)
+        typer.echo(f"(memory figures are per GPU, as vLLM logs them; tokens per engine: its {tp} GPU(s) hold "
+                   f"{plan.available_kv_bytes * tp / gib:.2f} GiB of KV cache, the pool of one P or D instance in "
+                   "kvplan simulate, whose 'decode KV capacity' sums the D instances)")
         if not out["startup_free_memory_ok"]:
             typer.echo(f"warning: vLLM refuses to start: free memory at start-up (total less the ~0.5 GiB CUDA context, "
                        f"assumed) is below {plan.requested_bytes / gib:.2f} GiB requested (\"Free memory on device ... is "

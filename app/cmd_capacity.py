@@ -183,7 +183,7 @@ def answer_line(plan: Any) -> str:
     seeds = len((m.get("verification") or {}).get("seeds") or ())
     sure = (f"TTFT p90 {_human(m['ttft_p90_ms'])} = {m['ttft_p90_ms'] / plan.slo_ttft_p90_ms:.0%} of the SLO"
             + (f", the mean of {seeds} replication(s)" if seeds else "")
-            + ("; one node fewer misses it" if m.get("neighbour_checks") and not any(
+            + ("; one instance fewer misses it" if m.get("neighbour_checks") and not any(
                 c["meets_slo"] for c in m["neighbour_checks"]) else ""))
 
     def cost(o: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ def test_cheapest_answer_first_with_its_margin() -> None:
     plan = _plan(_answer("2P1D", 25034.0), _answer("1P1D", 16601.0, p90_ms=1910.0), _answer("2 aggregated", 30000.0))
     text = render_text(plan, "s.yaml")
     assert text[1] == ("answer: 1P1D with bidirectional off ($16,601 per million turns; TTFT p90 1.91 s = 96% of the "
-                       "SLO, the mean of 2 replication(s); one node fewer misses it); also meeting it: 2P1D with "
+                       "SLO, the mean of 2 replication(s); one instance fewer misses it); also meeting it: 2P1D with "
                        "bidirectional on ($25,034), 2 aggregated replica(s) ($30,000)")
 
 

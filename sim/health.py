@@ -431,13 +431,26 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
         r = res[name]
         bind = " (binding: requests waited longest here)" if name == health["binding_resource"] else ""
         if name == "decode_kv":
-            why = ("by retention: pinned KV of finished conversations holds "
-                   f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak"
-                   if r.get("by_retention") else f"running requests fill it (held peak {r['utilization']:.0%}, pinned peak "
-                   f"{r['pinned_peak_fraction']:.0%})")
-            fix = (f"lower policy.decoder_kv_blocks_ttl_s (vLLM's decoder_kv_blocks_ttl; `kvplan recommend` finds "
-                   f"one), or {_ADD_D}" if r.get("by_retention") else
-                   f"{_ADD_D.removesuffix(')')}{_OR_REPLICAS}, or lower the load")
+            # judged on the pinned peak (``utilization``): a saturated pool is pinned >= BUSY_FRACTION full at its peak,
+            # or has no room for a mean request beside its pins; "running requests fill it (held peak 100%, pinned
+            # peak 100%)" named the pinned peak as running requests' (a burst of pins, 46% on average)
+            ttl_fix = ("lower policy.decoder_kv_blocks_ttl_s (vLLM's decoder_kv_blocks_ttl; `kvplan recommend` finds "
+                       f"one), or {_ADD_D}")
+            if r.get("by_retention"):
+                why = ("by retention: pinned KV of finished conversations holds "
+                       f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak")
+                fix = ttl_fix
+            elif r["pinned_peak_fraction"] >= BUSY_FRACTION:
+                why = ("pinned KV of finished conversations holds "
+                       f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak")
+                fix = ttl_fix
+            else:
+                used = r.get("used_peak_fraction")
+                why = ("its requests do not fit beside the pins (peak held by running requests and pins "
+                       f"{used if used is not None else r['utilization']:.0%}, pinned peak "
+                       f"{r['pinned_peak_fraction']:.0%})")
+                fix = (f"a larger pool per D: deployment.decode_tensor_parallel_size or deployment.kv_cache_dtype: "
+                       f"fp8; or {_ADD_D.removesuffix(')')}{_OR_REPLICAS}")
             lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB{_no_room(r, 'request')}; "
                          "admission to D waited "
                          f"{fmt_s(r['wait_p90_s'])} at p90 ({fix})")

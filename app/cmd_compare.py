@@ -183,6 +183,14 @@ CAPPED_NOTE = ("prefill/engine util: the busiest engine's busy share of the stea
                "health lines print it (above 1 in the JSON: a step straddling the window's edges)")
 
 
+#: What each row counts, the words simulate's table uses (a newcomer read 'hit rate 0.0' beside 'reuse rate 99.7' for
+#: retention off, and 'held' beside 'pinned' KV, with nothing saying what either was).
+ROWS_NOTE = ("rows: hit rate = follow-ups whose previous context was still retained (D's pin or P's cache: a router "
+             "hit); reuse rate = follow-ups that reused any KV (a local prefix hit or a pull); pinned KV = finished "
+             "turns' KV that D retains for P's read-back (all D); held KV = prompt KV that P holds until D reads it "
+             "(all P); errors = failed turns and preemptions = D's recompute preemptions, per run")
+
+
 def capped(row: dict[str, Any]) -> bool:
     """Whether a :data:`CAPPED` figure of ``row`` is above 100% (printed as 100%)."""
     return any(isinstance(v, int | float) and v > 1.0 for v in (row.get(k) for k in CAPPED))
@@ -274,6 +282,7 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     if reps > 1 and identical_replications(rows):
         ci += f"; {IDENTICAL_NOTE}"
     out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
+    out.append(ROWS_NOTE)
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "
                    "> 1 s at p90 on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")

@@ -296,5 +296,15 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows[1:])] if len(rows) > 1 else []
     out.extend(f"every policy: {n}" for n in common)
     for r in rows:
-        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"] if n not in common))
+        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"] if n not in common)
+                   + (recommended_note(r["replications"]) if r["policy"].startswith("ttl_recommended") else ""))
     return out
+
+
+def recommended_note(replications: int) -> str:
+    """Which recommend the ttl_recommended column ran: the advisor at this command's replications, which can answer
+    otherwise than ``kvplan recommend`` at its default of 3 when the gain is within the noise (a newcomer got TTL 45 s
+    from recommend and 'retention off' in compare --replications 2's column, for the same scenario)."""
+    return (f"; recommend run at this command's {replications} replication(s), as `kvplan recommend --replications "
+            f"{replications}` runs it (at another count a gain within the noise can flip its answer; compare "
+            "--replications 3 runs it as plain `kvplan recommend` does)")

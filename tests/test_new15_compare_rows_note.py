@@ -18,3 +18,11 @@ def test_rows_are_defined_under_the_table() -> None:
     assert ROWS_NOTE in text and text.index(ROWS_NOTE) > labels.index("reuse rate %")
     for term in ("hit rate = ", "reuse rate = ", "pinned KV = ", "held KV = ", "errors = ", "preemptions = "):
         assert term in ROWS_NOTE
+
+
+def test_recommended_column_says_which_recommend_it_ran() -> None:
+    row = {**_row("ttl_recommended"), "description": "kvplan recommend's answer, which is retention off"}
+    line = next(ln for ln in render_text([_row("off"), row]) if ln.startswith("ttl_recommended: "))
+    assert "recommend run at this command's 2 replication(s), as `kvplan recommend --replications 2` runs it" in line
+    assert "compare --replications 3 runs it as plain `kvplan recommend` does" in line
+    assert not any("recommend run at" in ln for ln in render_text([_row("off")]))

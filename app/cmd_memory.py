@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.calibration.derive import check_tp
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
-        from kvplan.models.hardware import get_gpu, get_hardware
+        from kvplan.models.hardware import HARDWARE_PRESETS, get_gpu, get_hardware, gpu_named, unknown_hardware_error
         from kvplan.models.memory import (
             FLAG_KNOBS,
             plan_memory,
@@ -99,6 +99,11 @@ def register(app: typer.Typer) -> None:
             raise input_error("--gpu-memory-utilization", f"{gpu_memory_utilization} is outside (0, 1]")
         arch = with_kv_cache_dtype(get_model(model), kv_cache_dtype.lower())
         if hardware is not None:
+            if hardware not in HARDWARE_PRESETS and gpu_named(hardware) is not None:  # 'h100': memory takes a GPU too
+                raise input_error("--hardware", f"'{hardware}' is a GPU, and --hardware names an instance",
+                                  f"use --gpu {hardware}, or --hardware "
+                                  + str(unknown_hardware_error(hardware)).split("; use ")[-1].removesuffix(
+                                      ", or an inline spec"))
             node = get_hardware(hardware)
             check_tp(arch, tp, node.gpus_per_node)
             device = node.gpu

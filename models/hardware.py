@@ -271,7 +271,7 @@ LINK_PRESETS: dict[str, Link] = {n.link.name: n.link for n in _EFA_NODES} | {
 }
 
 
-def _gpu_named(name: str) -> GPU | None:
+def gpu_named(name: str) -> GPU | None:
     """The GPU preset ``name`` names (a preset key, an alias such as ``h100``, or a GPU's own name), else None."""
     key = name.strip().lower()
     key = GPU_ALIASES.get(key, key)
@@ -297,7 +297,7 @@ def _instance_label(node: Node) -> str:
 def unknown_hardware_error(name: str) -> KvplanInputError:
     """The error for a hardware name that is no preset: it names each preset's GPUs, and when ``name`` is a GPU
     (``h100``, ``H200``: what a newcomer types for "two H100 nodes") the instances built on it."""
-    gpu = _gpu_named(name)
+    gpu = gpu_named(name)
     if gpu is not None:
         nodes = [n for n in HARDWARE_PRESETS.values() if n.gpu.name == gpu.name]
         return input_error(

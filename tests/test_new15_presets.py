@@ -43,3 +43,13 @@ def test_llama_3_1_70b_really_is_the_llama_3_3_70b_architecture() -> None:
 def test_unknown_model_names_hf_ids() -> None:
     with pytest.raises(KvplanInputError, match=r"unknown model 'gpt-9'; use one of qwen3-32b \(Qwen/Qwen3-32B\)"):
         get_model("gpt-9")
+
+
+def test_memory_hardware_given_a_gpu_names_gpu_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvplan.app.cli import main
+
+    assert main(["memory", "--model", "llama-3.3-70b", "--hardware", "h100", "--tp", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --hardware: 'h100' is a GPU") and "use --gpu h100, or --hardware p5 (" in err
+    assert "inline spec" not in err
+    assert main(["memory", "--model", "llama-3.3-70b", "--gpu", "h100", "--tp", "8"]) == 0  # what it names works

@@ -177,6 +177,17 @@ def print_summary(
         c.print(f"{len(result.notes)} modelling assumptions behind the profile and costs: --verbose lists them")
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
+        asked = result.scenario.workload.conversations if result.scenario.workload.trace is None else None
+        if asked is not None and s.get("conversations") is not None and asked > s["conversations"]:
+            # summary.json's 'conversations' counts those simulated: 48 against the scenario's 60 read as a bug
+            from kvplan.models.arch import get_model
+
+            limit = result.scenario.deployment.max_model_len or get_model(result.scenario.model).max_model_len
+            c.print(f"note: of those, {asked - s['conversations']:,} have no turn at all (even the first prompt + "
+                    f"output is over {limit:,} tokens): {s['conversations']:,} of the {asked:,} conversations asked "
+                    "for (workload.conversations) were simulated (summary.json 'conversations'); a longer-context model "
+                    "(or deployment.max_model_len raised up to the model's) keeps them",
+                    markup=False)
     for key, n in sorted((s.get("trace") or {}).items()):
         if key.endswith("_zero_replayed_as_1") and n:
             c.print(f"note: {n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "

@@ -68,7 +68,7 @@ def _ttl_grid(text: str | None) -> tuple[float, ...]:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("capacity", help=CAPACITY_HELP)
+    @app.command("capacity", help=CAPACITY_HELP, short_help="Smallest deployment meeting a TTFT p90 SLO.")
     def capacity_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
         slo_ttft_p90_ms: float = typer.Option(..., "--slo-ttft-p90-ms", help="TTFT p90 SLO in ms."),

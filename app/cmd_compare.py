@@ -24,7 +24,7 @@ policy; --html writes the plotly figures side by side."""
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("compare", help=COMPARE_HELP)
+    @app.command("compare", help=COMPARE_HELP, short_help="Retention policies side by side, same GPUs and seeds.")
     def compare_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
         workload: str | None = typer.Option(None, "--workload", help="chat | coding-agent | tool-agent | p5en-benchmark."),

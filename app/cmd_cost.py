@@ -41,7 +41,7 @@ def _pool_tokens(arch: Any, gpu: Any, tp: int, chunk_tokens: int) -> int | None:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("cost", help=COST_HELP)
+    @app.command("cost", help=COST_HELP, short_help="Modelled prefill, KV pull and decode step times.")
     def cost_cmd(
         profile: str | None = typer.Option(None, "--profile", help="Profile name (e.g. p5en-qwen3-32b) or JSON path."),
         model: str | None = typer.Option(None, "--model", help="Model preset (default: the profile's, else qwen3-32b)."),

@@ -62,7 +62,7 @@ def _check_vllm_limits(arch: Any, tokens: int, seqs: int, max_model_len: int | N
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("memory", help=MEMORY_HELP)
+    @app.command("memory", help=MEMORY_HELP, short_help="vLLM's KV-cache memory accounting of one engine.")
     def memory_cmd(
         model: str = typer.Option(..., "--model", help="Model preset (e.g. qwen3-32b)."),
         hardware: str | None = typer.Option(None, "--hardware", help="Instance preset (e.g. p5, h800); or --gpu."),

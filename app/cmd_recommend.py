@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the advisor (scipy, the executor's multiprocessing) loads o
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("recommend")
+    @app.command("recommend", short_help="TTL, threshold, router TTL and --kv-transfer-config.")
     def recommend_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the --workload preset)."),
         model: str = typer.Option("qwen3-32b", "--model", help="Model preset (with --workload)."),

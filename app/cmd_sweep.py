@@ -169,7 +169,7 @@ def raise_conversations_text(grid: Any, rows: Any, points: Any) -> str:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("sweep", help=SWEEP_HELP)
+    @app.command("sweep", help=SWEEP_HELP, short_help="Every point of a grid of scenario fields x replications.")
     def sweep_cmd(
         grid: Path = typer.Argument(..., help="Grid YAML (base + axes)."),
         out: Path = typer.Option(..., "--out", help="Results file (.parquet)."),

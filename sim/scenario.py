@@ -279,16 +279,24 @@ class Policy(_Frozen):
 
     bidirectional: bool = Field(default=True, description="bidirectional_kv_xfer: D retains, P pulls back.")
     decoder_kv_blocks_ttl_s: float = Field(
-        default=480.0, ge=0, le=MAX_SIM_TIME_S, description="D retention TTL from finish (<= 1e7 s)."
+        default=480.0, ge=0, le=MAX_SIM_TIME_S,
+        description="vLLM's decoder_kv_blocks_ttl, s: how long D pins a finished turn's KV for P to read back, from the "
+        "turn's finish, never renewed (<= 1e7 s)."
     )
     kv_recompute_threshold_tokens: int = Field(
-        default=64, ge=0, le=MAX_THRESHOLD_TOKENS, description="Pull only if >= this many."
+        default=64, ge=0, le=MAX_THRESHOLD_TOKENS,
+        description="vLLM's kv_recompute_threshold, tokens: P pulls the KV it lacks only if at least this many tokens, "
+        "else recomputes them."
     )
     router_ttl_s: float = Field(
-        default=450.0, ge=0, le=MAX_SIM_TIME_S, description="Router entry lifetime (proxy: 450 s)."
+        default=450.0, ge=0, le=MAX_SIM_TIME_S,
+        description="The router's conversation-entry lifetime, s (the reference proxy hard-codes 450 s; keep it below "
+        "decoder_kv_blocks_ttl_s - expiry_safety_margin_s)."
     )
     kv_load_failure_policy: Literal["fail", "recompute"] = Field(
-        default="fail", description="Declined/failed read: fail the request or recompute locally."
+        default="fail",
+        description="vLLM's kv_load_failure_policy: a declined or failed read fails the request (fail, vLLM's default) "
+        "or recomputes it locally (recompute)."
     )
     expiry_safety_margin_s: float = Field(
         default=5.0, ge=0, le=3600, description="P declines if now+margin>=expiry (<= 1 h)."

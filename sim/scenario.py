@@ -18,7 +18,9 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.inputfile import decode_text
+from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
+from kvplan.models.hardware import HARDWARE_PRESETS
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
 from kvplan.sim.scenario_handoff import Handoff
@@ -583,8 +585,12 @@ class Simulation(_Frozen):
 class Scenario(_Frozen):
     """One what-if: model, hardware, profile, deployment, policy, workload, cost overrides, seed."""
 
-    model: str | dict[str, Any] = Field(default="qwen3-32b", description="Model preset name or inline spec.")
-    hardware: str | dict[str, Any] = Field(default="p5en", description="Hardware preset name or inline spec.")
+    model: str | dict[str, Any] = Field(default="qwen3-32b", description=f"Model preset ({', '.join(MODEL_PRESETS)}) "
+                                        "or an inline spec.")
+    hardware: str | dict[str, Any] = Field(
+        default="p5en", description="Hardware preset, an instance of GPUs and its network ("
+        + ", ".join(f"{n.name}: {n.gpus_per_node}x {n.gpu.name}" for k, n in HARDWARE_PRESETS.items()
+                    if not k.endswith("-tcp")) + "; each with a -tcp twin on the UCX/TCP fallback) or an inline spec.")
     profile: str | None = Field(default=None, description="Profile name or JSON path (default: <hw>-<model>).")
     deployment: Deployment = Field(default_factory=Deployment, description="Deployment.")
     policy: Policy = Field(default_factory=Policy, description="Bidirectional transfer policy.")

@@ -45,7 +45,7 @@ profile is fitted by simulating the published P5en benchmark instead (how the sh
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("calibrate", help=CALIBRATE_HELP)
+    @app.command("calibrate", help=CALIBRATE_HELP, short_help="Fit a cost profile from real vLLM/NIXL output.")
     def calibrate_cmd(
         bench: list[Path] | None = typer.Option(None, "--bench", help="vllm bench serve result JSON (repeatable)."),
         multiturn: list[Path] | None = typer.Option(None, "--multiturn", help="Multi-turn stats JSON (repeatable)."),

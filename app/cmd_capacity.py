@@ -70,7 +70,7 @@ def _ttl_grid(text: str | None) -> tuple[float, ...]:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("capacity", help=CAPACITY_HELP)
+    @app.command("capacity", help=CAPACITY_HELP, short_help="Smallest deployment meeting a TTFT p90 SLO.")
     def capacity_cmd(
         ctx: typer.Context,
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
@@ -168,6 +168,43 @@ def _overrides_text(ov: dict[str, Any]) -> str:
                     for k, v in ov.items())
 
 
+def answer_line(plan: Any) -> str:
+    """The deployment to choose, first: of the three answers meeting the SLO, the cheapest per million turns at the
+    planned load (without a price: the fewest nodes; ties in the printed order), with how close its TTFT p90 is to the
+    SLO and over how many replications. A newcomer got three answers and no word on which one to deploy."""
+    met = [(name, m) for name, m in (("bidirectional on", plan.with_bidirectional),
+                                     ("bidirectional off", plan.without_bidirectional), ("aggregated", plan.aggregated))
+           if m.get("meets_slo")]
+    if not met:
+        return ("answer: no deployment considered meets the SLO (each line below says how close it came): raise "
+                "--max-nodes, relax --slo-ttft-p90-ms or lower --rate")
+
+    def key(item: tuple[str, dict[str, Any]]) -> tuple[float, float]:
+        m = item[1]
+        usd = m.get("usd_per_million_turns_at_rate")
+        return (float(usd) if usd is not None else math.inf, float(m.get("billed_nodes") or math.inf))
+
+    name, m = min(met, key=key)
+    usd = m.get("usd_per_million_turns_at_rate")
+    by = f"${usd:,.0f} per million turns" if usd is not None else f"{m['billed_nodes']:g} node(s), no price known"
+    seeds = len((m.get("verification") or {}).get("seeds") or ())
+    sure = (f"TTFT p90 {_human(m['ttft_p90_ms'])} = {m['ttft_p90_ms'] / plan.slo_ttft_p90_ms:.0%} of the SLO"
+            + (f", the mean of {seeds} replication(s)" if seeds else "")
+            + ("; one instance fewer misses it" if m.get("neighbour_checks") and not any(
+                c["meets_slo"] for c in m["neighbour_checks"]) else ""))
+
+    def cost(o: dict[str, Any]) -> str:
+        u = o.get("usd_per_million_turns_at_rate")
+        return f" (${u:,.0f})" if u is not None else f" ({o['billed_nodes']:g} node(s))"
+
+    def label(n: str, o: dict[str, Any]) -> str:
+        return f"{o['xpyd']} replica(s)" if n == "aggregated" else f"{o['xpyd']} with {n}"
+
+    others = [f"{label(n, o)}{cost(o)}" for n, o in met if n != name]
+    return (f"answer: {label(name, m)} ({by}; {sure})"
+            + (f"; also meeting it: {', '.join(others)}" if others else ""))
+
+
 def render_text(plan: Any, what: str) -> list[str]:
     """The plan as lines (the CLI prints them)."""
     load = f"{plan.rate_per_s:g} conversations/s" if plan.rate_per_s is not None else "the trace's clock"
@@ -175,6 +212,7 @@ def render_text(plan: Any, what: str) -> list[str]:
              "no price known for this hardware (--usd-per-node-hour gives one)")
     out = [f"{what} at {load}, TTFT p90 SLO {_human(plan.slo_ttft_p90_ms)}, {price}"
            + (f", {plan.turns_per_conversation:.2f} turns/conversation" if plan.turns_per_conversation > 0 else "")]
+    out.append(answer_line(plan))
     for name, m in (("bidirectional on", plan.with_bidirectional), ("bidirectional off", plan.without_bidirectional),
                     ("aggregated", plan.aggregated)):
         if not m.get("meets_slo"):

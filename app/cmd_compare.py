@@ -26,7 +26,7 @@ bidirectional policy whose pulls take >= 30% of its mean TTFT again with cross-l
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("compare", help=COMPARE_HELP)
+    @app.command("compare", help=COMPARE_HELP, short_help="Retention policies side by side, same GPUs and seeds.")
     def compare_cmd(
         ctx: typer.Context,
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (a P/D deployment; or --workload)."),
@@ -195,6 +195,14 @@ CAPPED_NOTE = ("prefill/engine util: the busiest engine's busy share of the stea
                "health lines print it (above 1 in the JSON: a step straddling the window's edges)")
 
 
+#: What each row counts, the words simulate's table uses (a newcomer read 'hit rate 0.0' beside 'reuse rate 99.7' for
+#: retention off, and 'held' beside 'pinned' KV, with nothing saying what either was).
+ROWS_NOTE = ("rows: hit rate = follow-ups whose previous context was still retained (D's pin or P's cache: a router "
+             "hit); reuse rate = follow-ups that reused any KV (a local prefix hit or a pull); pinned KV = finished "
+             "turns' KV that D retains for P's read-back (all D); held KV = prompt KV that P holds until D reads it "
+             "(all P); errors = failed turns and preemptions = D's recompute preemptions, per run")
+
+
 def capped(row: dict[str, Any]) -> bool:
     """Whether a :data:`CAPPED` figure of ``row`` is above 100% (printed as 100%)."""
     return any(isinstance(v, int | float) and v > 1.0 for v in (row.get(k) for k in CAPPED))
@@ -286,6 +294,7 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     if reps > 1 and identical_replications(rows):
         ci += f"; {IDENTICAL_NOTE}"
     out.append(f"({ci}, {seeds}; '-' = not modelled or not applicable)")
+    out.append(ROWS_NOTE)
     if any(r.get("saturated") for r in rows):
         out.append("SATURATED: the health section of at least one replication (k/n: k of the n) found requests waiting "
                    "> 1 s at p90 on a resource >= 90% busy; that column's TTFT measures the queue, not the policy")
@@ -299,5 +308,15 @@ def render_text(rows: list[dict[str, Any]]) -> list[str]:
     common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows[1:])] if len(rows) > 1 else []
     out.extend(f"every policy: {n}" for n in common)
     for r in rows:
-        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"] if n not in common))
+        out.append(f"{r['policy']}: {r['description']}" + "".join(f"; {n}" for n in r["notes"] if n not in common)
+                   + (recommended_note(r["replications"]) if r["policy"].startswith("ttl_recommended") else ""))
     return out
+
+
+def recommended_note(replications: int) -> str:
+    """Which recommend the ttl_recommended column ran: the advisor at this command's replications, which can answer
+    otherwise than ``kvplan recommend`` at its default of 3 when the gain is within the noise (a newcomer got TTL 45 s
+    from recommend and 'retention off' in compare --replications 2's column, for the same scenario)."""
+    return (f"; recommend run at this command's {replications} replication(s), as `kvplan recommend --replications "
+            f"{replications}` runs it (at another count a gain within the noise can flip its answer; compare "
+            "--replications 3 runs it as plain `kvplan recommend` does)")

@@ -41,7 +41,7 @@ def _pool_tokens(arch: Any, gpu: Any, tp: int, chunk_tokens: int) -> int | None:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("cost", help=COST_HELP)
+    @app.command("cost", help=COST_HELP, short_help="Modelled prefill, KV pull and decode step times.")
     def cost_cmd(
         profile: str | None = typer.Option(None, "--profile", help="Profile name (e.g. p5en-qwen3-32b) or JSON path."),
         model: str | None = typer.Option(None, "--model", help="Model preset (default: the profile's, else qwen3-32b)."),
@@ -130,6 +130,10 @@ def register(app: typer.Typer) -> None:
             "kv_xfer_cross_layer_s": reads[True][1],
             "kv_line_rate_s": nbytes * c.transfer.per_byte_s,
             "decode_step_s": decode_step_time_s(c.decode, batch, batch * ctx),
+            # what pulling the tokens saves: recompute them with the next token vs that token alone after them (the
+            # break-even's recompute with a one-token tail, plan/breakeven.py)
+            "recompute_marginal_s": (prefill_time_s(c.prefill, tokens + 1, cached_tokens, chunk_tokens)
+                                     - prefill_time_s(c.prefill, 1, cached_tokens + tokens, chunk_tokens)),
             "model": arch.name,
             "hardware": node.name,
             "tensor_parallel_size": n_tp,
@@ -160,6 +164,12 @@ def register(app: typer.Typer) -> None:
                   f"{out['kv_transfer_plain_s'] * 1e3:.2f} ms; "
                   f"with cross-layer blocks (enable_cross_layers_blocks) {desc_cross:,} -> pull "
                   f"{out['kv_transfer_cross_layer_s'] * 1e3:.2f} ms; line rate alone {out['kv_line_rate_s'] * 1e3:.2f} ms")
+        rec_s, pull_s = out["recompute_marginal_s"], out["kv_transfer_s"]
+        faster = "pulling is faster" if pull_s <= rec_s else "recomputing is faster"
+        con.print(f"pull or recompute these {tokens} tokens (on {cached_tokens} cached; the next token is computed "
+                  f"either way): pull {pull_s * 1e3:.2f} ms on an idle link, recompute {rec_s * 1e3:.2f} ms: {faster} "
+                  "(kv_recompute_threshold is the size where this flips; `kvplan recommend` finds it for a workload, "
+                  "whose new tokens are computed anyway beside the recomputed ones, under P's queue and link sharing)")
         con.print(f"decode step (batch {batch}, context {ctx} each): {out['decode_step_s'] * 1e3:.2f} ms")
         con.print(f"KV pool per instance: {pool:,} tokens (vLLM's accounting at gpu_memory_utilization 0.9, "
                   f"max_num_batched_tokens {chunk_tokens}, max_num_seqs 1024; kvplan memory for the terms)"

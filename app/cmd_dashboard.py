@@ -149,7 +149,8 @@ def running_dashboard(
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("dashboard", help="Launch the what-if dashboard (Streamlit, headless) and print its URL.")
+    @app.command("dashboard", help="Launch the what-if dashboard (Streamlit, headless) and print its URL.",
+                 short_help="The what-if dashboard (Streamlit); prints its URL.")
     def dashboard_cmd(
         port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to serve on.")] = DEFAULT_PORT,
         address: Annotated[

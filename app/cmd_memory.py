@@ -62,7 +62,7 @@ def _check_vllm_limits(arch: Any, tokens: int, seqs: int, max_model_len: int | N
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("memory", help=MEMORY_HELP)
+    @app.command("memory", help=MEMORY_HELP, short_help="vLLM's KV-cache memory accounting of one engine.")
     def memory_cmd(
         model: str = typer.Option(..., "--model", help="Model preset (e.g. qwen3-32b)."),
         hardware: str | None = typer.Option(None, "--hardware", help="Instance preset (e.g. p5, h800); or --gpu."),
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.calibration.derive import check_tp
         from kvplan.errors import input_error
         from kvplan.models.arch import get_model
-        from kvplan.models.hardware import get_gpu, get_hardware
+        from kvplan.models.hardware import HARDWARE_PRESETS, get_gpu, get_hardware, gpu_named, unknown_hardware_error
         from kvplan.models.memory import (
             FLAG_KNOBS,
             plan_memory,
@@ -99,6 +99,11 @@ def register(app: typer.Typer) -> None:
             raise input_error("--gpu-memory-utilization", f"{gpu_memory_utilization} is outside (0, 1]")
         arch = with_kv_cache_dtype(get_model(model), kv_cache_dtype.lower())
         if hardware is not None:
+            if hardware not in HARDWARE_PRESETS and gpu_named(hardware) is not None:  # 'h100': memory takes a GPU too
+                raise input_error("--hardware", f"'{hardware}' is a GPU, and --hardware names an instance",
+                                  f"use --gpu {hardware}, or --hardware "
+                                  + str(unknown_hardware_error(hardware)).split("; use ")[-1].removesuffix(
+                                      ", or an inline spec"))
             node = get_hardware(hardware)
             check_tp(arch, tp, node.gpus_per_node)
             device = node.gpu
@@ -130,6 +135,11 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens ({plan.num_gpu_blocks:,} blocks of "
                    f"{plan.block_size_tokens})")
         typer.echo(f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x")
+        # vLLM logs memory per rank and tokens per engine; kvplan simulate prints the pool in GiB over all D GPUs
+        # (a newcomer read 49 GiB here against 392 GiB there as two different pools)
+        typer.echo(f"(memory figures are per GPU, as vLLM logs them; tokens per engine: its {tp} GPU(s) hold "
+                   f"{plan.available_kv_bytes * tp / gib:.2f} GiB of KV cache, the pool of one P or D instance in "
+                   "kvplan simulate, whose 'decode KV capacity' sums the D instances)")
         if not out["startup_free_memory_ok"]:
             typer.echo(f"warning: vLLM refuses to start: free memory at start-up (total less the ~0.5 GiB CUDA context, "
                        f"assumed) is below {plan.requested_bytes / gib:.2f} GiB requested (\"Free memory on device ... is "

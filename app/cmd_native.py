@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     """Add the ``native`` command group to the CLI."""
     group = typer.Typer(help="The compiled build of the simulator's hot path (same results, several times faster).",
                         no_args_is_help=True)
-    app.add_typer(group, name="native")
+    app.add_typer(group, name="native", short_help="Compile the hot path (build) or say which build runs.")
 
     @group.command("build", help=BUILD_HELP)
     def build_cmd() -> None:

@@ -18,7 +18,7 @@ prefix size. The published points are embedded in kvplan (calibration/published_
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("reproduce", help=REPRODUCE_HELP)
+    @app.command("reproduce", help=REPRODUCE_HELP, short_help="The published P5en points against the simulator.")
     def reproduce_cmd(
         model: str | None = typer.Option(None, "--model", help="qwen3-32b or glm-5-fp8 (default: both)."),
         profile: str | None = typer.Option(None, "--profile", help="Profile name or JSON path (default: shipped)."),

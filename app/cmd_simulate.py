@@ -37,7 +37,7 @@ Scenario fields (dotted path = default: meaning):
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("simulate", help=SIMULATE_HELP)
+    @app.command("simulate", help=SIMULATE_HELP, short_help="One run of a scenario: turns, summary.json, pinned KV.")
     def simulate_cmd(
         scenario: Path | None = typer.Argument(None, help="Scenario YAML (default: the embedded P5en benchmark)."),
         out: Path = typer.Option(..., "--out", help="Output directory."),

@@ -132,10 +132,44 @@ def grid_inputs(grid: Path) -> list[Path]:
     return out
 
 
+def steady_sweep_conversations(grid: Any, rows: Any, points: Any) -> tuple[int, int] | None:
+    """(conversations the base asks for, conversations at the same rates whose steady windows start after the
+    ramp-up in every run of ``points``), or None when no run measured its spans. The window of a run is the second
+    half of its arrivals (``t_b / 2`` to ``t_b``, :mod:`kvplan.plan.executor`), past the ramp-up when ``t_b / 2``
+    reaches TTL (retention on) + p90 conversation span: conversations x 2 (TTL + span) / ``t_b``."""
+    import math
+
+    need = 0.0
+    for p in {int(x) for x in points}:
+        sc = grid.scenario(p)
+        retained = sc.policy.bidirectional and sc.deployment.mode != "aggregated"
+        ttl = sc.policy.decoder_kv_blocks_ttl_s if retained else 0.0
+        runs = rows[(rows["point"] == p) & rows["error"].isna()]
+        for _, r in runs.iterrows():
+            t_b, span, n = (float(r.get(k, math.nan)) for k in ("arrival_span_s", "conversation_span_p90_s",
+                                                                "conversations"))
+            if all(math.isfinite(x) for x in (t_b, span, n)) and t_b > 0:
+                need = max(need, sc.workload.conversations * 2 * (ttl + span) / t_b)
+    if need <= 0:
+        return None
+    return grid.base.workload.conversations, int(math.ceil(need))
+
+
+def raise_conversations_text(grid: Any, rows: Any, points: Any) -> str:
+    """'raise workload.conversations to at least N (from M) ...', or without a number when no run measured its spans
+    (it said only 'raise workload.conversations')."""
+    got = steady_sweep_conversations(grid, rows, points)
+    if got is None or got[1] <= got[0]:
+        return "raise workload.conversations"
+    return (f"raise workload.conversations to at least {got[1]:,} (from {got[0]:,}; the base's: a point that sets its "
+            "own scales with it): the second half of the arrivals then starts after TTL + the p90 conversation span "
+            "measured here (a floor: a longer run's conversations can span longer)")
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("sweep", help=SWEEP_HELP)
+    @app.command("sweep", help=SWEEP_HELP, short_help="Every point of a grid of scenario fields x replications.")
     def sweep_cmd(
         grid: Path = typer.Argument(..., help="Grid YAML (base + axes)."),
         out: Path = typer.Option(..., "--out", help="Results file (.parquet)."),
@@ -226,7 +260,7 @@ def register(app: typer.Typer) -> None:
             c.print(f"analytic screen: {len(ramp)} of {len(scr)} points not compared on steady-state figures (listed "
                     "as not_steady): their simulated steady window starts in the ramp-up (before TTL + p90 "
                     "conversation span for pinned KV, one p90 span for P's load), so the run is too short to confirm "
-                    "or refute the screen; raise workload.conversations", markup=False)
+                    f"or refute the screen; {raise_conversations_text(g, df, ramp['point'])}", markup=False)
             if show_disagreements:
                 for _, r in ramp.iterrows():
                     c.print(f"  point {int(r['point'])}: {r['not_steady']}", markup=False)

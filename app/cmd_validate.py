@@ -83,7 +83,7 @@ def _print_case(c: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     """Add the command to the CLI."""
 
-    @app.command("validate", help=VALIDATE_HELP)
+    @app.command("validate", help=VALIDATE_HELP, short_help="Predictions against public measurements not fitted on.")
     def validate_cmd(
         case: list[str] = typer.Option([], "--case", help="Run only this case (repeatable; default: all)."),
         json_out: bool = typer.Option(False, "--json", help="Print JSON."),

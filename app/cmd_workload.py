@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     """Add the ``workload`` command group to the CLI."""
     wl = typer.Typer(help="Statistics of real traces and synthetic workloads fitted to them.", no_args_is_help=True)
-    app.add_typer(wl, name="workload")
+    app.add_typer(wl, name="workload", short_help="Statistics of a real trace (show) or a workload fitted to it.")
 
     @wl.command("show")
     def show(

@@ -129,17 +129,24 @@ def print_summary(
          "n/a (no follow-up turns)" if s.get("follow_up_turns") == 0 else f"{s['hit_rate']:.1%}"),
         ("reuse rate (follow-ups that reused KV: local hit or pull)",
          "n/a (no follow-up turns)" if s.get("follow_up_turns") == 0 else f"{s['reuse_rate']:.1%}"),
-        ("decisions", ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
-        ("pulled / recomputed / local-hit tokens",
+        # a first turn has nothing retained: 'miss 40' on 40 conversations read as 40 failures
+        ("decisions per turn (miss: nothing retained, as on every first turn)",
+         ", ".join(f"{k} {v}" for k, v in s["decisions"].items() if v)),
+        ("prompt tokens pulled / computed / local-hit",
          f"{s['pulled_tokens']:,} / {s['recomputed_tokens']:,} / {s['local_hit_tokens']:,}"),
-        ("D->P / P->D bytes", f"{s['d2p_bytes'] / 2**30:.2f} GiB / {s['p2d_bytes'] / 2**30:.2f} GiB"),
+        ("D->P bytes (retained KV read back) / P->D (prompt KV to D)",
+         f"{s['d2p_bytes'] / 2**30:.2f} GiB / {s['p2d_bytes'] / 2**30:.2f} GiB"),
         ("pinned decode KV mean / peak", f"{s['pinned_kv_gib_mean']:.2f} / {s['pinned_kv_gib_peak']:.2f} GiB"),
         ("decode KV capacity (all D nodes)", f"{s['decode_kv_capacity_gib']:.0f} GiB"),
-        ("prefill utilisation", f"{s['prefill_utilization']:.1%}"),
+        ("prefill utilisation (busy share, whole run)", f"{s['prefill_utilization']:.1%}"),
     ]
     if s.get("tpot_mean_s") is not None:
         tpot = " / ".join(fmt_s(s.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s"))
         rows.insert(2, ("TPOT mean / p50 / p90", tpot))
+    steady = s.get("prefill_utilization_steady_max")
+    if steady is not None and s.get("steady_window_start_s") is not None:  # what health judges P on (a closed loop
+        # has no steady window: the whole-run figure is its figure)
+        rows.append(("prefill utilisation, steady window (busiest P; health judges this)", f"{min(steady, 1.0):.1%}"))
     if "d_preemptions" in s:
         rows.append(("D preemptions (recomputed tokens)",
                      f"{s['d_preemptions']:,} ({s.get('d_preempted_recompute_tokens', 0):,})"))
@@ -170,6 +177,17 @@ def print_summary(
         c.print(f"{len(result.notes)} modelling assumptions behind the profile and costs: --verbose lists them")
     if s.get("truncated_conversations"):
         c.print(f"note: {s['truncated_conversations']} conversations ended early at the model's context limit")
+        asked = result.scenario.workload.conversations if result.scenario.workload.trace is None else None
+        if asked is not None and s.get("conversations") is not None and asked > s["conversations"]:
+            # summary.json's 'conversations' counts those simulated: 48 against the scenario's 60 read as a bug
+            from kvplan.models.arch import get_model
+
+            limit = result.scenario.deployment.max_model_len or get_model(result.scenario.model).max_model_len
+            c.print(f"note: of those, {asked - s['conversations']:,} have no turn at all (even the first prompt + "
+                    f"output is over {limit:,} tokens): {s['conversations']:,} of the {asked:,} conversations asked "
+                    "for (workload.conversations) were simulated (summary.json 'conversations'); a longer-context model "
+                    "(or deployment.max_model_len raised up to the model's) keeps them",
+                    markup=False)
     for key, n in sorted((s.get("trace") or {}).items()):
         if key.endswith("_zero_replayed_as_1") and n:
             c.print(f"note: {n:,} trace requests with {key.removesuffix('_zero_replayed_as_1')} 0 were replayed with 1 "

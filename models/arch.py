@@ -267,6 +267,38 @@ MODEL_PRESETS: dict[str, ModelArch] = {
 }
 
 
+#: Models with the architecture of a preset (identical config.json shapes: layers, heads, hidden, FFN, vocabulary and
+#: context), so that preset simulates them: meta-llama/Llama-3.1-70B-Instruct's config.json has Llama-3.3-70B's 80
+#: layers, hidden 8192, 64 q / 8 kv heads x 128, FFN 28672, vocabulary 128256 and max_position_embeddings 131072.
+#: (Llama-3-70B is not: its context is 8,192 tokens.)
+SAME_ARCHITECTURE: dict[str, str] = {"llama-3.1-70b": "llama-3.3-70b"}
+
+
+def _preset_for(name: str) -> tuple[str, bool] | None:
+    """The preset a name that is not one means, and whether it is another model of the same architecture
+    (:data:`SAME_ARCHITECTURE`) rather than another spelling of the preset's own (a Hugging Face id such as
+    ``Qwen/Qwen3-32B``, any case, with or without ``-Instruct``)."""
+    short = name.strip().lower().rsplit("/", 1)[-1].removesuffix("-instruct")
+    for m in MODEL_PRESETS.values():
+        if short in (m.name, m.hf_id.lower().rsplit("/", 1)[-1].removesuffix("-instruct")):
+            return m.name, False
+    short = short.removeprefix("meta-")
+    if short in SAME_ARCHITECTURE:
+        return SAME_ARCHITECTURE[short], True
+    return None
+
+
 def get_model(name_or_spec: str | dict[str, object] | ModelArch) -> ModelArch:
     """Resolve a preset name, or validate a user's inline architecture (the generic YAML form)."""
+    if isinstance(name_or_spec, str) and name_or_spec not in MODEL_PRESETS:
+        found = _preset_for(name_or_spec)
+        if found is not None:
+            preset, other = found
+            m = MODEL_PRESETS[preset]
+            what = (f"it has the architecture of the preset '{preset}' ({m.hf_id}: the same layers, heads, hidden "
+                    "size, FFN, vocabulary and context)" if other else f"it is the preset '{preset}' ({m.hf_id})")
+            raise input_error("model", f"unknown model '{name_or_spec}'", f"{what}: use {preset}")
+        raise input_error("model", f"unknown model '{name_or_spec}'",
+                          f"use one of {', '.join(f'{k} ({m.hf_id})' for k, m in MODEL_PRESETS.items())} or an inline "
+                          "spec")
     return resolve_preset(name_or_spec, MODEL_PRESETS, ModelArch, "model")

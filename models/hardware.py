@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvplan.errors import KvplanInputError, input_error
 from kvplan.models.presets import resolve_preset
 
 GB = 1e9
@@ -270,8 +271,47 @@ LINK_PRESETS: dict[str, Link] = {n.link.name: n.link for n in _EFA_NODES} | {
 }
 
 
+def gpu_named(name: str) -> GPU | None:
+    """The GPU preset ``name`` names (a preset key, an alias such as ``h100``, or a GPU's own name), else None."""
+    key = name.strip().lower()
+    key = GPU_ALIASES.get(key, key)
+    if key in GPU_PRESETS:
+        return GPU_PRESETS[key]
+    return next((g for g in GPU_PRESETS.values() if g.name.lower() == key), None)
+
+
+def _one_of(items: list[str]) -> str:
+    """``a``, ``a or b``, ``one of a, b or c``."""
+    if len(items) < 3:
+        return " or ".join(items)
+    return f"one of {', '.join(items[:-1])} or {items[-1]}"
+
+
+def _instance_label(node: Node) -> str:
+    """``p5 (8x H100-SXM-80GB, 3,200 Gb/s EFA)``: what a hardware preset is, for an error naming the choices."""
+    net = "UCX/TCP fallback" if node.link.name == TCP_FALLBACK.name else (
+        f"{node.nics * node.nic_gbps:,.0f} Gb/s {'EFA' if node.efa_generation else 'RDMA'}" if node.nics else "")
+    return f"{node.name} ({node.gpus_per_node}x {node.gpu.name}{', ' + net if net else ''})"
+
+
+def unknown_hardware_error(name: str) -> KvplanInputError:
+    """The error for a hardware name that is no preset: it names each preset's GPUs, and when ``name`` is a GPU
+    (``h100``, ``H200``: what a newcomer types for "two H100 nodes") the instances built on it."""
+    gpu = gpu_named(name)
+    if gpu is not None:
+        nodes = [n for n in HARDWARE_PRESETS.values() if n.gpu.name == gpu.name]
+        return input_error(
+            "hardware", f"'{name}' is a GPU ({gpu.name}), and hardware names an instance (its GPUs per node and the "
+            "network P and D transfer KV over)",
+            f"use {_one_of([_instance_label(n) for n in nodes])}, or an inline spec")
+    return input_error("hardware", f"unknown hardware '{name}'",
+                       f"use {_one_of([_instance_label(n) for n in HARDWARE_PRESETS.values()])} or an inline spec")
+
+
 def get_hardware(name_or_spec: str | dict[str, object] | Node) -> Node:
     """Resolve a hardware preset name (``p5en``, ``p5``, ``p5en-tcp``, ...) or validate an inline node."""
+    if isinstance(name_or_spec, str) and name_or_spec not in HARDWARE_PRESETS:
+        raise unknown_hardware_error(name_or_spec)
     return resolve_preset(name_or_spec, HARDWARE_PRESETS, Node, "hardware")
 
 

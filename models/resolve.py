@@ -340,6 +340,10 @@ def resolve_profile(arch: ModelArch, node: Node, tp: int, requested: str | None,
         status="calibrated" if calibrated else "composed",
         component_status=status,
         provenance={"compute": compute_status, "residuals_from": residual.name if residual is not None else None},
-        notes=notes + (list(residual.notes) if residual is not None else []),
+        # the residuals' calibration notes describe that calibration's run (its model, hardware and benchmark), not
+        # this deployment: said so, or --verbose read "Assumed: TP8 on each p5en" under a Llama-3.3-70B run on p5
+        notes=notes + ([f"of the calibration {residual.name} ({residual.model} on {residual.hardware} "
+                        f"TP{residual.tensor_parallel_size}), whose residuals this profile borrows: {n}"
+                        for n in residual.notes] if residual is not None else []),
     )
     return prof, list(prof.notes)

@@ -88,6 +88,7 @@ from kvplan.plan.advice_runs import (
     RouterFit,
     no_follow_ups,
     prune_ttls,
+    raise_conversations_fix,
     saturation,
     screen_ttls,
     settle_router_ttls,
@@ -698,7 +699,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                      f"P-decision allowance ({how})).")
     if transfer:
         rationale.append(transfer["text"])
-    warnings.extend(run_warnings(setup.rs, curve))
+    warnings.extend(run_warnings(setup.rs, curve, {t: f.rows for t, f in st.fits.items()}))
     routed = routing_note(sc, exp_rows)  # the health section's routing finding, on the recommended deployment's runs
     if routed is not None:
         warnings.append(routed)
@@ -718,7 +719,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
                             "load can saturate)" + ("" if said else f"; {COHORT_FIX}"))
         else:
             fix = ("replay a longer window" if sc.workload.trace is not None else
-                   "raise --conversations to at least (480 s + p90 conversation span) of arrivals")
+                   raise_conversations_fix(st.defaults, VLLM_TTL_S, sc.workload.conversations))
             warnings.append(f"the vLLM-defaults column (TTL {VLLM_TTL_S:g} s) ran too short for steady state (arrival "
                             "span < TTL + p90 conversation span): its pinned KV was still growing when arrivals ended, "
                             f"so its TTFT, pinned KV and saturation are not steady figures (a steady run can saturate); "

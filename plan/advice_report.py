@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from kvplan.errors import KvplanInputError
 from kvplan.plan.advice_rules import Rows, TtlCandidate
-from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation
+from kvplan.plan.advice_runs import ROUTER_ROUNDS, Saturation, raise_conversations_fix
 from kvplan.sim.engine import Resolved, profile_parts, resolve_roles
 from kvplan.sim.scenario import PoissonArrival, Scenario
 from kvplan.units import human_s
@@ -156,7 +157,7 @@ COHORT_FIX = ("for a steady load of such sessions, fit a workload to the trace (
               "w.yaml`) and recommend on it at a Poisson rate (`kvplan recommend w.yaml --rate R`)")
 
 
-def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
+def run_warnings(rs: Resolved, curve: list[TtlCandidate], rows_at: Mapping[float, Rows] | None = None) -> list[str]:
     """An extrapolated profile, runs too short for steady state (a replay whose sessions all start together: no
     steady state at any length, :data:`COHORT`), identical pinned KV at different TTLs, and router TTLs that did not
     settle."""
@@ -173,8 +174,9 @@ def run_warnings(rs: Resolved, curve: list[TtlCandidate]) -> list[str]:
         out.append(f"no steady state at TTL {', '.join(f'{t:g}' for t in short)} s: {COHORT}; their pinned KV, hit "
                    f"rates and saturation are this cohort's, at its concurrency, not a steady load's; {COHORT_FIX}")
     elif short:
+        longest = max(short)  # the TTL needing the most arrivals: its count makes every flagged TTL steady
         fix = ("the trace cannot be lengthened: replay a longer window" if rs.scenario.workload.trace is not None
-               else "raise --conversations")
+               else raise_conversations_fix((rows_at or {}).get(longest, []), longest, rs.scenario.workload.conversations))
         out.append(f"runs too short for steady state at TTL {', '.join(f'{t:g}' for t in short)} s (arrival span < "
                    f"TTL + p90 conversation span): their pinned KV and hit rates are not steady figures; {fix}")
     pinned = [(c.ttl_s, c.metrics["pinned_kv_gib_mean"]) for c in curve

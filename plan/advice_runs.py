@@ -287,6 +287,27 @@ def steady(rows: Rows, ttl_s: float) -> bool:
     return bool(ok) and all(ok)
 
 
+def conversations_for_steady(rows: Rows, ttl_s: float, conversations: int) -> int | None:
+    """Conversations at the same rate whose arrivals would span TTL + p90 conversation span in every replication
+    (:func:`steady`): ``conversations`` x the largest (TTL + span) / arrival span over the replications, rounded up;
+    None when no replication measured both spans. A floor: a longer run's conversations can span longer."""
+    spans, conv = col(rows, "arrival_span_s"), col(rows, "conversation_span_p90_s")
+    ratios = [(ttl_s + c) / a for a, c in zip(spans, conv, strict=True) if math.isfinite(a) and math.isfinite(c) and a > 0]
+    if not ratios or not math.isfinite(max(ratios)):
+        return None
+    return max(int(math.ceil(conversations * max(ratios))), conversations + 1)
+
+
+def raise_conversations_fix(rows: Rows, ttl_s: float, conversations: int, option: str = "--conversations") -> str:
+    """'raise --conversations to at least N' (:func:`conversations_for_steady`), or without a number when the runs
+    measured no spans: a newcomer told only 'raise --conversations' had to guess by how much."""
+    n = conversations_for_steady(rows, ttl_s, conversations)
+    if n is None:
+        return f"raise {option}"
+    return (f"raise {option} to at least {n:,} (from {conversations:,}: arrivals spanning TTL {ttl_s:g} s + the p90 "
+            "conversation span at the same rate)")
+
+
 # --- gaps ------------------------------------------------------------------------------------------------------
 
 

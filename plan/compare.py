@@ -69,7 +69,7 @@ from kvplan.plan.advice import (
     takes_advice_options,
 )
 from kvplan.plan.advice_rules import PREFILL_UTILIZATION_COLUMN, mean_ci
-from kvplan.plan.advice_runs import saturation, steady
+from kvplan.plan.advice_runs import raise_conversations_fix, saturation, steady
 from kvplan.plan.capacity import (
     aggregated_not_sized,
     aggregated_overrides,
@@ -635,7 +635,8 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
             row["notes"].insert(0, f"no steady state at TTL {ttl:g} s: {COHORT}; TTFT, pinned KV and saturation are "
                                    f"this cohort's, not a steady load's; {COHORT_FIX}")
         else:
-            fix = "replay a longer window" if sc.workload.trace is not None else "raise --conversations"
+            fix = ("replay a longer window" if sc.workload.trace is not None else
+                   raise_conversations_fix(reps, ttl, sc.workload.conversations))
             row["notes"].insert(0, f"run too short for steady state at TTL {ttl:g} s (arrival span < TTL + p90 "
                                    "conversation span): pinned KV was still growing when arrivals ended, so TTFT, "
                                    f"pinned KV and saturation are not steady figures; {fix}")

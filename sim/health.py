@@ -414,6 +414,12 @@ def _no_room(r: dict[str, Any], what: str) -> str:
     return f", and a mean {what} needs {r['request_fraction']:.0%} of one node's pool: no room for the next one"
 
 
+#: The settings a saturation line names as its fix (what an operator edits in the scenario).
+_ADD_D = "add D nodes (deployment.decode_nodes)"
+_ADD_P = "add P nodes (deployment.prefill_nodes)"
+_OR_REPLICAS = "; aggregated: deployment.replicas)"  # resources an aggregated run has too: its replicas are the fix
+
+
 def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> list[str]:
     """One line per finding: saturation (binding resource first), failures with their cause, warnings."""
     if not health:
@@ -425,20 +431,38 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
         r = res[name]
         bind = " (binding: requests waited longest here)" if name == health["binding_resource"] else ""
         if name == "decode_kv":
-            why = ("by retention: pinned KV of finished conversations holds "
-                   f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak"
-                   if r.get("by_retention") else f"running requests fill it (held peak {r['utilization']:.0%}, pinned peak "
-                   f"{r['pinned_peak_fraction']:.0%})")
+            # judged on the pinned peak (``utilization``): a saturated pool is pinned >= BUSY_FRACTION full at its peak,
+            # or has no room for a mean request beside its pins; "running requests fill it (held peak 100%, pinned
+            # peak 100%)" named the pinned peak as running requests' (a burst of pins, 46% on average)
+            ttl_fix = ("lower policy.decoder_kv_blocks_ttl_s (vLLM's decoder_kv_blocks_ttl; `kvplan recommend` finds "
+                       f"one), or {_ADD_D}")
+            if r.get("by_retention"):
+                why = ("by retention: pinned KV of finished conversations holds "
+                       f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak")
+                fix = ttl_fix
+            elif r["pinned_peak_fraction"] >= BUSY_FRACTION:
+                why = ("pinned KV of finished conversations holds "
+                       f"{r['pinned_mean_fraction']:.0%} of the pool on average, {r['pinned_peak_fraction']:.0%} at peak")
+                fix = ttl_fix
+            else:
+                used = r.get("used_peak_fraction")
+                why = ("its requests do not fit beside the pins (peak held by running requests and pins "
+                       f"{used if used is not None else r['utilization']:.0%}, pinned peak "
+                       f"{r['pinned_peak_fraction']:.0%})")
+                fix = (f"a larger pool per D: deployment.decode_tensor_parallel_size or deployment.kv_cache_dtype: "
+                       f"fp8; or {_ADD_D.removesuffix(')')}{_OR_REPLICAS}")
             lines.append(f"SATURATED decode HBM{bind}: {why} of {r['capacity_gib']:.0f} GiB{_no_room(r, 'request')}; "
                          "admission to D waited "
-                         f"{fmt_s(r['wait_p90_s'])} at p90 (lower decoder_kv_blocks_ttl_s, see `kvplan recommend`, "
-                         "or add D)")
+                         f"{fmt_s(r['wait_p90_s'])} at p90 ({fix})")
         elif name == "prefill_held_kv":
             why = (" (backpressure: D cannot admit them yet)" if r.get("backpressure_from_decode") else "")
             lines.append(f"SATURATED prefill KV pool{bind}: prompts held for D's reads fill {r['utilization']:.0%} of "
                          f"{r['capacity_gib']:.0f} GiB at peak{_no_room(r, 'prompt')}{why}; P's queue waited "
                          f"{fmt_s(r['wait_p90_s'])} at p90 "
-                         f"({r['lease_expiries']} leases lapsed)")
+                         f"({r['lease_expiries']} leases lapsed; "
+                         + (f"D's pool is full too: {_ADD_D}; P holds each prompt until D reads it"
+                            if r.get("backpressure_from_decode") or res["decode_kv"]["saturated"]
+                            else f"{_ADD_P}, or lower the load") + ")")
         elif name == "prefill_compute":
             over = r.get("engines_over_busy")
             u, um = min(r["utilization"], 1.0), min(r.get("utilization_mean", 0.0), 1.0)  # > 1: a step straddling
@@ -447,7 +471,8 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
                      f"{um:.0%})" if over is not None and r.get("engines", 1) > 1 else "engine")
             lines.append(f"SATURATED prefill compute{bind}: {which} busy {u:.0%} of the "
                          f"{r.get('utilization_window', 'run').split(' (')[0]}; P queue "
-                         f"{fmt_s(r['wait_p90_s'])} at p90 (add P nodes or lower the load)")
+                         f"{fmt_s(r['wait_p90_s'])} at p90 ({_ADD_P.removesuffix(')')}{_OR_REPLICAS}, or lower the "
+                         "load)")
         elif name in ("decode_engine_thread", "prefill_engine_thread"):
             role, queue = ("D", "admission to D") if name == "decode_engine_thread" else ("P", "P queue")
             fwd, fix = ("", "") if r["post_overlaps_forward"] else (
@@ -455,10 +480,12 @@ def health_lines(health: dict[str, Any], fmt_s: Callable[[Any], str] = si_s) -> 
             lines.append(f"SATURATED {role}'s engine thread{bind}: its arrivals demand {r['utilization']:.0%} of it "
                          f"over the {r.get('utilization_window', 'run').split(' (')[0]} ({r['busy_fraction']:.0%} busy: "
                          f"KV read posting {r['post_fraction']:.0%}{fwd}), so its steps stretch; {queue} waited "
-                         f"{fmt_s(r['wait_p90_s'])} at p90 (an RDMA transport if kv_transport is tcp{fix}, or add {role})")
+                         f"{fmt_s(r['wait_p90_s'])} at p90 (deployment.kv_transport: rdma if it is tcp{fix}, or "
+                         f"{_ADD_D if role == 'D' else _ADD_P})")
         else:
             lines.append(f"SATURATED P<->D link{bind}: {r['utilization']:.0%} busy on average; transfers took "
-                         f"{fmt_s(r['wait_p90_s'])} at p90")
+                         f"{fmt_s(r['wait_p90_s'])} at p90 (fewer bytes per token: deployment.kv_cache_dtype: fp8; or "
+                         "more P and D nodes, each with its own NICs)")
     if not health["saturated"]:
         pc = res["prefill_compute"]
         u, um = min(pc["utilization"], 1.0), min(pc["utilization_mean"], 1.0)  # > 1: a step straddling the edges

@@ -18,7 +18,9 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 
 from kvplan.errors import KvplanInputError, input_error
 from kvplan.inputfile import decode_text, is_kernel_file
+from kvplan.models.arch import MODEL_PRESETS
 from kvplan.models.costs import DecodeCost, OverheadCost, PrefillCost, TransferCost
+from kvplan.models.hardware import HARDWARE_PRESETS
 from kvplan.safe_yaml import load_yaml_text
 from kvplan.sim.scenario_base import _Frozen, number_string_hint
 from kvplan.sim.scenario_handoff import Handoff
@@ -279,16 +281,24 @@ class Policy(_Frozen):
 
     bidirectional: bool = Field(default=True, description="bidirectional_kv_xfer: D retains, P pulls back.")
     decoder_kv_blocks_ttl_s: float = Field(
-        default=480.0, ge=0, le=MAX_SIM_TIME_S, description="D retention TTL from finish (<= 1e7 s)."
+        default=480.0, ge=0, le=MAX_SIM_TIME_S,
+        description="vLLM's decoder_kv_blocks_ttl, s: how long D pins a finished turn's KV for P to read back, from the "
+        "turn's finish, never renewed (<= 1e7 s)."
     )
     kv_recompute_threshold_tokens: int = Field(
-        default=64, ge=0, le=MAX_THRESHOLD_TOKENS, description="Pull only if >= this many."
+        default=64, ge=0, le=MAX_THRESHOLD_TOKENS,
+        description="vLLM's kv_recompute_threshold, tokens: P pulls the KV it lacks only if at least this many tokens, "
+        "else recomputes them."
     )
     router_ttl_s: float = Field(
-        default=450.0, ge=0, le=MAX_SIM_TIME_S, description="Router entry lifetime (proxy: 450 s)."
+        default=450.0, ge=0, le=MAX_SIM_TIME_S,
+        description="The router's conversation-entry lifetime, s (the reference proxy hard-codes 450 s; keep it below "
+        "decoder_kv_blocks_ttl_s - expiry_safety_margin_s)."
     )
     kv_load_failure_policy: Literal["fail", "recompute"] = Field(
-        default="fail", description="Declined/failed read: fail the request or recompute locally."
+        default="fail",
+        description="vLLM's kv_load_failure_policy: a declined or failed read fails the request (fail, vLLM's default) "
+        "or recomputes it locally (recompute)."
     )
     expiry_safety_margin_s: float = Field(
         default=5.0, ge=0, le=3600, description="P declines if now+margin>=expiry (<= 1 h)."
@@ -575,8 +585,12 @@ class Simulation(_Frozen):
 class Scenario(_Frozen):
     """One what-if: model, hardware, profile, deployment, policy, workload, cost overrides, seed."""
 
-    model: str | dict[str, Any] = Field(default="qwen3-32b", description="Model preset name or inline spec.")
-    hardware: str | dict[str, Any] = Field(default="p5en", description="Hardware preset name or inline spec.")
+    model: str | dict[str, Any] = Field(default="qwen3-32b", description=f"Model preset ({', '.join(MODEL_PRESETS)}) "
+                                        "or an inline spec.")
+    hardware: str | dict[str, Any] = Field(
+        default="p5en", description="Hardware preset, an instance of GPUs and its network ("
+        + ", ".join(f"{n.name}: {n.gpus_per_node}x {n.gpu.name}" for k, n in HARDWARE_PRESETS.items()
+                    if not k.endswith("-tcp")) + "; each with a -tcp twin on the UCX/TCP fallback) or an inline spec.")
     profile: str | None = Field(default=None, description="Profile name or JSON path (default: <hw>-<model>).")
     deployment: Deployment = Field(default_factory=Deployment, description="Deployment.")
     policy: Policy = Field(default_factory=Policy, description="Bidirectional transfer policy.")

@@ -27,6 +27,7 @@ import numpy as np
 from kvplan.errors import input_error
 from kvplan.sim.conversation_plan import ConversationPlan
 from kvplan.sim.scenario import MAX_SIM_TIME_S, MAX_TOTAL_TURNS, TraceSource
+from kvplan.traces.select import overlong_message
 from kvplan.traces.weka import WEKA_BLOCK_TOKENS, WekaTrace, lcp_blocks, read_weka, reuse_tokens
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ def plan_from_weka(source: TraceSource, seed: int, max_model_len: int) -> Conver
         raise input_error(where, "no request left after sampling and the context limit",
                           "set overlong: truncate or use a model with a longer max_model_len")
     if b.skipped or b.truncated:  # said as traces.select says it for the other formats, not only counted
-        log.warning("select: %d request(s) over %d tokens were %s", b.skipped + b.truncated, max_model_len,
-                    "skipped" if source.overlong == "skip" else "truncated")
+        log.warning("%s", overlong_message(b.skipped + b.truncated, len(b.prompt) + b.skipped, max_model_len,
+                                           source.overlong))
     if len(b.prompt) > MAX_TOTAL_TURNS:
         raise input_error(where, f"{len(b.prompt):,} requests (more than {MAX_TOTAL_TURNS:,})", "replay fewer files")
     turns = np.asarray(b.turns, dtype=np.int64)

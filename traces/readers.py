@@ -158,12 +158,20 @@ def _read_ragpulse(text: str, label: str, on_clock_restart: str) -> tuple[pd.Dat
             offset[s:] = arrival[s - 1] + offset[s - 1] - arrival[s]
         arrival = arrival + offset
     if restarts:
+        # what was done and what it means for the replay (a newcomer read 'on_clock_restart='sort'' as a setting to
+        # change, and no scenario field or option sets it)
+        done = ("its segments were sorted together, each from its own time 0: they overlap, so the replay's arrival "
+                "rate is their sum (the published RAGPulse file: two weeks overlaid, twice the rate); the Python API's "
+                "load_trace(..., on_clock_restart='append') replays them one after the other"
+                if on_clock_restart == "sort" else
+                "each segment was appended after the previous segment's last arrival (a lower bound on the true gap)")
         log.warning(
-            "%s: the clock goes back by more than %.0f s at line(s) %s; on_clock_restart=%r",
+            "%s: the clock goes back by more than %.0f s at line(s) %s; on_clock_restart=%r: %s",
             label,
             CLOCK_RESTART_S,
             restarts,
             on_clock_restart,
+            done,
         )
     df = _link_sessions(sess, arrival, np.asarray(n_in), np.asarray(n_out))
     notes = {"clock_restarts": restarts, "backwards_steps": backwards, "on_clock_restart": on_clock_restart}

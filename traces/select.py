@@ -137,6 +137,19 @@ def _session_mask(sessions: np.ndarray, fraction: float, seed: int, keep: np.nda
     return picked
 
 
+def overlong_message(n: int, total: int, max_tokens: int, overlong: str) -> str:
+    """The warning of a replay that skipped or truncated ``n`` of ``total`` requests at the ``max_tokens`` context
+    limit. Its first clause is what earlier versions logged ("select: N request(s) over L tokens were skipped"; tests
+    and scripts match it); the rest says out of how many, what the limit is and which setting changes it (a newcomer
+    read "select:" as nothing of theirs)."""
+    verb = "skipped" if overlong == "skip" else "truncated"
+    fix = ("workload.trace.overlong: truncate replays them cut to it, a model with a longer context replays them whole"
+           if overlong == "skip" else "a model with a longer context replays them whole")
+    return (f"select: {n} request(s) over {max_tokens} tokens were {verb} (trace replay: {n:,} of its {total:,} "
+            f"requests have prompt + output beyond the context limit, deployment.max_model_len or else the model's; "
+            f"{fix})")
+
+
 def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_tokens: int, overlong: str,
                    report: dict[str, Any], warn: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Skip or truncate requests with ``input + output > max_tokens`` (counted in ``report``; logged if ``warn``)."""
@@ -152,8 +165,7 @@ def _context_limit(keep: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, max_to
         n_out = np.where(too_long, np.minimum(n_out, max_tokens - n_in), n_out)
         report["truncated_overlong"] = int(too_long.sum())
     if warn and too_long.any() and keep.any():  # all skipped: select() refuses the trace in one line instead
-        log.warning("select: %d request(s) over %d tokens were %s", int(too_long.sum()), max_tokens,
-                    "skipped" if overlong == "skip" else "truncated")
+        log.warning("%s", overlong_message(int(too_long.sum()), int(report["input_requests"]), max_tokens, overlong))
     return keep, n_in, n_out
 
 

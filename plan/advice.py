@@ -103,7 +103,9 @@ from kvplan.plan.advice_transfer import (
     PULL_SHARE_TRIAL,
     VLLM_FLAG,
     descriptor_cost,
+    mean_p2d_tokens,
     mean_pulled_tokens,
+    p2d_text,
     threshold_trial_text,
     trial_text,
 )
@@ -572,18 +574,54 @@ def _cross_layer_break_even(setup: _Setup) -> BreakEven:
                       setup.be.local_prefix_tokens, setup.be.tail_tokens)
 
 
+def _p2d_trial(setup: _Setup, runner: _Runner, rows0: Rows, variant: dict[str, Any],
+               m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None]:
+    """The cross-layer trial when the D leg's P->D reads (D reads the prompt P computed, ``nixl/pull_worker.py``) are
+    a large part of TTFT: ``variant`` (the recommended deployment's overrides) again with the flag, same seeds."""
+    base = m(rows0)
+    rows = runner.run({"xp": {**variant, "deployment.cross_layer_blocks": True}})["xp"]
+    mx = m(rows)
+    gain = paired(rows0, rows)
+    adopted = significant_gain(gain, base["ttft_mean_s"])
+    ok = [r for r in rows0 if r.get("error") is None]
+    dc = descriptor_cost(setup.rs, mean_p2d_tokens(ok[0]) if ok else 0, p2d=True)
+    keys = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s", "p2d_transfer_mean_s")
+    return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
+            "trigger": "p2d_share", "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
+            "without": {k: base[k] for k in keys}, "with": {k: mx[k] for k in keys},
+            "text": p2d_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
+
+
+def _p2d_heavy(mt: dict[str, float]) -> bool:
+    """The D leg's P->D reads, per turn, are at least :data:`PULL_SHARE_TRIAL` of the TTFT p50."""
+    return bool(mt.get("p2d_transfer_mean_s", 0.0) >= PULL_SHARE_TRIAL * mt["ttft_p50_s"])
+
+
 def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None, thr: _Threshold,
-                       m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None, Rows | None]:
+                       m: Callable[[Rows], dict[str, float]], off_rows: Rows | None = None,
+                       ) -> tuple[dict[str, Any], Rows | None, Rows | None]:
     """Stage 4: the recommendation again with cross-layer blocks when pulls are a large part of TTFT, or when the
     descriptors set the threshold (the flag's break-even at most :data:`BREAK_EVEN_SHARE_TRIAL` of it: that threshold
     recomputes the pulls the flag would make cheap, so the flag is also simulated at its own break-even and adopted
-    when the better of the two is significantly faster). Returns the trial's report and, when the flag is adopted, its
-    runs at the chosen threshold (those of the recommended deployment) and at the flag's break-even (or None)."""
-    if rec is None or thr.rows is None or setup.sc.deployment.cross_layer_blocks:
+    when the better of the two is significantly faster), or when the D leg's P->D reads are (the flag makes those
+    cheaper too: with retention recommended off, ``off_rows``' deployment is tried with it). Returns the trial's
+    report and, when the flag is adopted, its runs at the chosen threshold (those of the recommended deployment) and
+    at the flag's break-even (or None)."""
+    if setup.sc.deployment.cross_layer_blocks:
+        return {}, None, None
+    if rec is None:  # retention off: the plain P/D deployment's own reads
+        if off_rows is None or not _p2d_heavy(m(off_rows)):
+            return {}, None, None
+        report, rows = _p2d_trial(setup, runner, off_rows, {"policy.bidirectional": False}, m)
+        return {**report, "tried_on": "bidirectional off"}, rows, None
+    if thr.rows is None:
         return {}, None, None
     base = m(thr.rows)
     be_x: BreakEven | None = None
     if not base["kv_pull_mean_s"] >= PULL_SHARE_TRIAL * base["ttft_p50_s"]:
+        if _p2d_heavy(base):
+            report, rows = _p2d_trial(setup, runner, thr.rows, _on(rec.ttl_s, rec.router_ttl_s, thr.tokens), m)
+            return report, rows, None
         be_x = _cross_layer_break_even(setup)
         if not be_x.tokens <= BREAK_EVEN_SHARE_TRIAL * thr.tokens:
             return {}, None, None
@@ -665,7 +703,7 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     rec = choice.chosen
     at = rec if rec is not None else curve[0]  # retention off: the minimum TTL, if kept on
     thr = _threshold_stage(setup, runner, at, ttl_rows[at.ttl_s])
-    transfer, x_rows, xt_rows = _cross_layer_stage(setup, runner, rec, thr, m)
+    transfer, x_rows, xt_rows = _cross_layer_stage(setup, runner, rec, thr, m, st.off)
     if rec is not None and x_rows is not None:  # the threshold rule on the deployment recommended, flag included
         thr = _cross_layer_threshold(setup, runner, at, thr, x_rows, transfer, xt_rows)
         x_rows = thr.rows
@@ -673,7 +711,8 @@ def _decide(setup: _Setup, st: _Stages, runner: _Runner) -> Recommendation:
     # the expected figures are the runs of the recommended deployment itself: with cross-layer blocks when adopted
     exp_rows = x_rows if x_rows is not None else thr.rows if rec is not None and thr.rows is not None else st.off
     exp_m = m(exp_rows)
-    final = ({"policy.bidirectional": False} if rec is None else
+    final = ({"policy.bidirectional": False, **({"deployment.cross_layer_blocks": True} if transfer.get("adopted")
+                                                 else {})} if rec is None else
              {**_on(at.ttl_s, at.router_ttl_s, thr.tokens),
               **({"deployment.cross_layer_blocks": True} if transfer.get("adopted") else {})})
     slo = judge_recommended_slo(slo, exp_m["ttft_p90_s"], warnings)
@@ -855,7 +894,7 @@ def _recommendation(setup: _Setup, thr: _Threshold, bidir: bool, ttl: int, route
                              nixl_backend(setup.rs.node.link, dep.kv_transport))
 
     def shown(m: dict[str, float]) -> dict[str, float]:
-        return {k: v for k, v in m.items() if not k.startswith(("kv_pull", "d_queue"))}
+        return {k: v for k, v in m.items() if not k.startswith(("kv_pull", "d_queue", "p2d_transfer"))}
 
     return Recommendation(
         bidirectional=bidir, decoder_kv_blocks_ttl_s=ttl, kv_recompute_threshold_tokens=int(threshold),

@@ -61,7 +61,7 @@ METRIC_COLUMNS = (
     ("pinned_kv_gib_mean", "steady_pinned_kv_gib_mean"), ("pinned_kv_gib_peak", "pinned_kv_gib_peak"),
     ("prefill_utilization", "prefill_utilization"), ("prefill_utilization_steady", PREFILL_UTILIZATION_COLUMN),
     ("kv_pull_mean_s", "kv_pull_mean_s"),
-    ("d_queue_mean_s", "d_queue_mean_s"),
+    ("d_queue_mean_s", "d_queue_mean_s"), ("p2d_transfer_mean_s", "p2d_transfer_mean_s"),
 )
 
 

@@ -17,8 +17,10 @@ from typing import Any
 
 from kvplan.sim.engine import Resolved
 from kvplan.sim.pull import read_path
+from kvplan.sim.request import D2P, P2D
 
-#: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50.
+#: The cross-layer trial runs when the mean pull is at least this share of the TTFT p50 (or the D leg's P->D reads,
+#: per turn: the flag makes those reads cheaper too, with retention on or off).
 PULL_SHARE_TRIAL = 0.25
 #: ... or when the flag's break-even is at most this share of the chosen threshold: the descriptors set the threshold,
 #: which then recomputes the pulls the flag would make cheap, so the pulls left cannot show what the flag is worth
@@ -48,13 +50,35 @@ class DescriptorCost:
                 "pull_cross_layer_s": self.pull_cross_layer_s, "line_rate_s": self.line_rate_s}
 
 
-def descriptor_cost(rs: Resolved, tokens: int) -> DescriptorCost:
-    """What a ``tokens``-token D->P pull costs per reader rank as the simulator composes it (sim/pull.py: P's
-    costs, the heterogeneous-TP rank plan, the link), without and with cross-layer blocks."""
-    plain, cross = (read_path(rs.scenario, rs, cross_layer=x) for x in (False, True))
+def descriptor_cost(rs: Resolved, tokens: int, p2d: bool = False) -> DescriptorCost:
+    """What a ``tokens``-token D->P pull (``p2d``: the D leg's P->D read) costs per reader rank as the simulator
+    composes it (sim/pull.py: the reader's costs, the heterogeneous-TP rank plan, the link), without and with
+    cross-layer blocks."""
+    direction = P2D if p2d else D2P
+    plain, cross = (read_path(rs.scenario, rs, direction, cross_layer=x) for x in (False, True))
     d0, nbytes = plain.phases(tokens)[:2]
     return DescriptorCost(tokens, d0, cross.phases(tokens)[0], plain.time_s(tokens), cross.time_s(tokens),
                           nbytes * plain.per_byte_s)
+
+
+def p2d_text(dc: DescriptorCost, m_off: dict[str, float], m_on: dict[str, float], gain: tuple[float, float],
+             adopted: bool, fmt: Any) -> str:
+    """The rationale sentence of the cross-layer trial run because the D leg's P->D reads are a large part of TTFT
+    (``dc`` at their mean size)."""
+    verdict = (f"enable it ({VLLM_FLAG}: true in kv_connector_extra_config on P and D, where the attention backend "
+               "supports it)" if adopted else "no significant gain here")
+    return (f"Transfer: the D leg's P->D reads take {fmt(m_off['p2d_transfer_mean_s'])} per turn of a "
+            f"{fmt(m_off['ttft_p50_s'])} TTFT p50; a {dc.tokens:,}-token read posts {dc.descriptors:,} descriptors per "
+            f"rank (regions x blocks), {fmt(dc.pull_s)} on an idle link against {fmt(dc.line_rate_s)} at line rate; "
+            f"with cross_layer_blocks {dc.descriptors_cross_layer:,} descriptors, {fmt(dc.pull_cross_layer_s)}. "
+            f"Simulated with the same seeds: TTFT p50 {fmt(m_off['ttft_p50_s'])} -> {fmt(m_on['ttft_p50_s'])}, p90 "
+            f"{fmt(m_off['ttft_p90_s'])} -> {fmt(m_on['ttft_p90_s'])} (mean {fmt(gain[0])} lower): {verdict}.")
+
+
+def mean_p2d_tokens(row: dict[str, Any]) -> int:
+    """Mean tokens per P->D read of one run row (0 without reads)."""
+    reads = float(row.get("p2d_reads") or 0)
+    return int(round(float(row.get("p2d_tokens_total") or 0) / reads)) if reads else 0
 
 
 def mean_pulled_tokens(row: dict[str, Any]) -> int:

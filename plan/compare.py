@@ -303,8 +303,10 @@ def recommendation_overrides(rec: Any) -> tuple[dict[str, Any], str]:
     what = (f"TTL {r['decoder_kv_blocks_ttl_s']} s, threshold {r['kv_recompute_threshold_tokens']}, router TTL "
             f"{r['router_ttl_s']} s, {r['kv_load_failure_policy']}" if r["bidirectional"] else "retention off")
     transfer = r.get("transfer")
-    if r["bidirectional"] and isinstance(transfer, Mapping) and transfer.get("adopted") is True:
-        # the recommended deployment includes the cross-layer blocks the advisor's trial adopted (its config has them)
+    on_off = isinstance(transfer, Mapping) and transfer.get("tried_on") == "bidirectional off"
+    if isinstance(transfer, Mapping) and transfer.get("adopted") is True and r["bidirectional"] is not on_off:
+        # the recommended deployment includes the cross-layer blocks the advisor's trial adopted (its config has them):
+        # a trial of the deployment it recommends (retention on, or off when the D leg's P->D reads made the trial)
         ov["deployment.cross_layer_blocks"] = True
         what += ", cross-layer blocks"
     return ov, what
@@ -596,7 +598,8 @@ def _policy_row(r: PolicyRun, reps: list[dict[str, Any]], sc: Scenario, replicat
     if base == "ttl_recommended":
         # recommend may answer retention off: then the column is that deployment, not one with bidirectional on
         row["description"] = (RECOMMENDED_OFF if rec_what == "retention off" else
-                              row["description"] + f" ({rec_what})")
+                              f"{RECOMMENDED_OFF}, with cross-layer blocks (its trial adopted them)"
+                              if rec_what.startswith("retention off") else row["description"] + f" ({rec_what})")
     if r.name.endswith(CROSS_LAYER):
         row["description"] += ", with cross_layer_blocks (enable_cross_layers_blocks)"
     if base == "aggregated":  # the replicas' TP and where it comes from (capacity's aggregated column says the same)

@@ -160,6 +160,11 @@ def run_extras(result: Any) -> dict[str, float]:
     out["follow_up_d_missed_fraction"] = (float(d_missed(hit, follow_ok["prompt_tokens"]).mean())
                                           if len(follow_ok) else 0.0)
     out["follow_up_d_hit_token_fraction"] = float(hit.sum()) / prompt if prompt > 0 else 0.0
+    # the D leg's P->D reads (per turn that did not fail; 0 where D read nothing): recommend's cross-layer trial
+    out["p2d_transfer_mean_s"] = float(ok["p2d_transfer_s"].mean()) if len(ok) else 0.0
+    read = ok[ok["p2d_tokens"] > 0]
+    out["p2d_reads"] = float(len(read))
+    out["p2d_tokens_total"] = float(read["p2d_tokens"].sum())
     if "tpot_mean_s" not in s:
         out["tpot_mean_s"] = tpot_mean_s(ok)
     out["retention_steady"] = float(not sc.policy.bidirectional or sc.deployment.mode == "aggregated"

@@ -245,15 +245,17 @@ def test_recommend_with_policies_keeps_its_advice_when_aggregated_replicas_canno
 
     sc = {
         "model": "qwen3-32b", "hardware": "p5en",
-        "deployment": {"prefill_nodes": 2, "decode_nodes": 3, "prefill_tensor_parallel_size": 4,
-                       "decode_tensor_parallel_size": 2, "max_num_seqs": 128},
+        # tensor_parallel_size 4, P's: aggregated replicas take it (capacity's and compare's one TP rule, left15), and
+        # 14 GPUs are 3.5 of them (with tensor_parallel_size 8, neither role's TP, they are 'not sized' instead)
+        "deployment": {"prefill_nodes": 2, "decode_nodes": 3, "tensor_parallel_size": 4,
+                       "prefill_tensor_parallel_size": 4, "decode_tensor_parallel_size": 2, "max_num_seqs": 128},
         "workload": _three_turns(60, prefix=3000, output=200),
         "seed": 21,
     }
     rec = recommend_with_best_policy(sc, replications=1, ttl_grid=(30,), workers=1)
     assert rec.best_policy["policy"] != "aggregated"
     assert [n["policy"] for n in rec.best_policy["not_compared"]] == ["aggregated"]
-    assert "14 GPUs are not a whole number of TP8 replicas" in rec.best_policy["not_compared"][0]["why"]
+    assert "14 GPUs are not a whole number of TP4 replicas" in rec.best_policy["not_compared"][0]["why"]
     assert "aggregated" not in [c["policy"] for c in rec.best_policy["compared"]]
 
 

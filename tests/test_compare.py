@@ -522,6 +522,10 @@ def test_recommended_row_includes_an_adopted_cross_layer_flag() -> None:
         assert "deployment.cross_layer_blocks" not in ov
     ov, _ = recommendation_overrides({**rec, "bidirectional": False})
     assert "deployment.cross_layer_blocks" not in ov
+    # retention off whose own trial (the off deployment's P->D reads) adopted the flag: its row runs it
+    off = {**rec, "bidirectional": False, "transfer": {"adopted": True, "tried_on": "bidirectional off"}}
+    ov, what = recommendation_overrides(off)
+    assert ov["deployment.cross_layer_blocks"] is True and what == "retention off, cross-layer blocks"
 
 
 def test_cost_per_million_turns_carries_its_ci(capsys: pytest.CaptureFixture[str]) -> None:

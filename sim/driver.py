@@ -89,6 +89,10 @@ class Driver(DriverPort):
         self.handoff_per_token_s = cfg.handoff_per_token_s
         self.handoff_serialised = cfg.handoff_serialised
         self.handoff_free_at: list[float] = [0.0] * cfg.n_decode  # per D: stage free from
+        # arrivals due now that came while another was reaching P (simultaneous starts chain through reached_p): taken
+        # in order after it, not by a call inside it (see arrive_at)
+        self._due: deque[tuple[int, int, float]] = deque()
+        self._arriving = False
         # zero-copy views of the plan's arrays: indexing gives Python ints/floats at 0 extra bytes per turn (a list
         # of Python objects cost ~36 bytes per element and turn, ~100 bytes per turn for the three, issue 12)
         # per conversation, read several times per turn: a list (compiled, a native read; an index into a memoryview
@@ -117,13 +121,34 @@ class Driver(DriverPort):
         self.source.start()
 
     def arrive_at(self, c: int, i: int, t_arrival: float) -> None:
-        """Request ``i`` of conversation ``c`` arrives at ``t_arrival`` (now or later)."""
+        """Request ``i`` of conversation ``c`` arrives at ``t_arrival`` (now or later).
+
+        One due now while another request is reaching P (the sources chain the next start or trace request from
+        ``reached_p``, so simultaneous arrivals come one inside the other) waits its turn: it reaches P right after
+        the current one, in arrival order. Called inside, it reached P first (the last of N simultaneous arrivals
+        was submitted first) and N of them nested N calls deep: a trace of 400 sessions starting together ended
+        in a RecursionError, 20,000 in a segmentation fault of the compiled build."""
         env = self.env
         delay = t_arrival - env.now + self.p_leg
         if delay > 0:
-            call_later_far(env, delay, lambda _e: self._at_p(c, i, t_arrival))  # a turn gap away, mostly
+            call_later_far(env, delay, lambda _e: self._reach(c, i, t_arrival))  # a turn gap away, mostly
         else:
+            self._reach(c, i, t_arrival)
+
+    def _reach(self, c: int, i: int, t_arrival: float) -> None:
+        """The request reaches P now, or right after the one reaching P now (:meth:`arrive_at`)."""
+        if self._arriving:
+            self._due.append((c, i, t_arrival))
+            return
+        self._arriving = True
+        try:
             self._at_p(c, i, t_arrival)
+            due = self._due
+            while due:
+                nxt = due.popleft()
+                self._at_p(nxt[0], nxt[1], nxt[2])
+        finally:
+            self._arriving = False
 
     def _at_p(self, c: int, i: int, t_arrival: float) -> None:
         self.source.reached_p(c, i)

@@ -21,6 +21,18 @@ import kvplan.plan.sweep  # noqa: F401
 import kvplan.sim.api  # noqa: F401
 
 TIME_LIMIT_S = 10.0
+#: A scenario of 5 two-turn conversations that simulates in well under a second (the hostile-input tests' valid base).
+SMALL_SCENARIO = """model: qwen3-32b
+hardware: p5en
+workload:
+  conversations: 5
+  arrival: {kind: poisson, rate_per_s: 1.0}
+  turns: {dist: constant, value: 2}
+  prefix_tokens: {dist: constant, value: 1000}
+  user_tokens: {dist: constant, value: 100}
+  output_tokens: {dist: constant, value: 20}
+  turn_gap_s: {dist: exponential, mean: 5}
+"""
 MEM_LIMIT_BYTES = 1024**3
 
 

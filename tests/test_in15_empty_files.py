@@ -7,22 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostile import run_limited
+from hostile import SMALL_SCENARIO, run_limited
 
 from kvplan.app.dash_upload import load_uploaded_profile
 from kvplan.errors import KvplanInputError
 
-SCENARIO = """model: qwen3-32b
-hardware: p5en
-workload:
-  conversations: 5
-  arrival: {kind: poisson, rate_per_s: 1.0}
-  turns: {dist: constant, value: 2}
-  prefix_tokens: {dist: constant, value: 1000}
-  user_tokens: {dist: constant, value: 100}
-  output_tokens: {dist: constant, value: 20}
-  turn_gap_s: {dist: exponential, mean: 5}
-"""
+SCENARIO = SMALL_SCENARIO
 
 
 @pytest.mark.parametrize("argv", [

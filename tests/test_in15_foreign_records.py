@@ -9,20 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostile import run_limited
+from hostile import SMALL_SCENARIO, run_limited
 
 TRACE = Path(__file__).parent / "data" / "traces" / "sessions_small.csv"
-SCENARIO = """model: qwen3-32b
-hardware: p5en
-workload:
-  conversations: 5
-  arrival: {kind: poisson, rate_per_s: 1.0}
-  turns: {dist: constant, value: 2}
-  prefix_tokens: {dist: constant, value: 1000}
-  user_tokens: {dist: constant, value: 100}
-  output_tokens: {dist: constant, value: 20}
-  turn_gap_s: {dist: exponential, mean: 5}
-"""
+SCENARIO = SMALL_SCENARIO
 MINE = [b"my notes\n", b'{"files": {}}\n', b'{"writer": "me", "files": {}}\n', b"[1, 2]\n"]
 
 

@@ -439,10 +439,26 @@ def _axes(axes_raw: Any, where: str) -> list[tuple[str, tuple[Any, ...]]]:
             raise input_error(f"{where}: axis '{name}'", f"must be a list of values, got {type(vals).__name__}")
         if not vals:
             raise input_error(f"{where}: axis '{name}'", "is empty", "give at least one value or remove the axis")
+        seen: set[Any] = set()
+        for v in vals:  # a value listed twice ran the same point twice, unsaid (replications repeat a point)
+            key = _value_key(v)
+            if key in seen:
+                raise input_error(f"{where}: axis '{name}'", f"lists {v!r} twice",
+                                  "list each value once (replications: N repeats every point with new seeds)")
+            seen.add(key)
         axes.append((name, tuple(vals)))
     for name, _ in axes:
         _check_axis_path(name, where)
     return axes
+
+
+def _value_key(v: Any) -> Any:
+    """An axis value's identity as a point: 30 and 30.0 are one TTL, True is not 1, mappings by content."""
+    try:
+        hash(v)
+    except TypeError:
+        return ("json", json.dumps(v, sort_keys=True, default=str))
+    return (isinstance(v, bool), v)
 
 
 def _check_nested(paths: list[str], where: str) -> None:

@@ -87,3 +87,13 @@ def test_calibration_uploads_can_be_cleared() -> None:
     at.button(key="calib_clear").click().run()
     assert not at.exception and not at.dataframe  # nothing listed any more
     assert at.session_state["calib_upload_gen"] == 1
+
+
+def test_advice_page_bounds_the_slo_and_budget_as_the_cli() -> None:
+    """in15: the Advice page passed an SLO or HBM budget of 1e308 to recommend(), which the CLI refuses above 1e10 ms
+    and 1e9 GiB (``kvplan recommend``): the inputs carry the CLI's bounds."""
+    at = AppTest.from_file(str(DASHBOARD_SCRIPT), default_timeout=120)
+    at.run()
+    at.switch_page("pages/advice.py").run()
+    slo, budget = at.number_input(key="advice_slo"), at.number_input(key="advice_budget")
+    assert slo.max == 1e10 and budget.max == 1e9

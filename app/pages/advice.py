@@ -22,9 +22,11 @@ st.caption(sw.advice_caption(scenario) + " The advisor (`kvplan recommend --no-p
            "with bidirectional off, at vLLM's defaults and over the TTL grid the screen keeps, each TTL at its own router "
            "TTL, then the threshold candidates at the chosen TTL (seeded replications, common random numbers).")
 c1, c2, c3 = st.columns(3)
-slo = c1.number_input("SLO: TTFT p90 (ms), 0 = none", min_value=0.0, value=0.0, step=50.0, key="advice_slo")
-budget = c2.number_input("decode HBM budget for retention (GiB), 0 = none", min_value=0.0, value=0.0, step=10.0,
-                         key="advice_budget")
+# the CLI's bounds (kvplan recommend: --slo-ttft-p90-ms <= 1e10, --decode-hbm-budget-gib <= 1e9)
+slo = c1.number_input("SLO: TTFT p90 (ms), 0 = none", min_value=0.0, max_value=1e10, value=0.0, step=50.0,
+                      key="advice_slo")
+budget = c2.number_input("decode HBM budget for retention (GiB), 0 = none", min_value=0.0, max_value=1e9, value=0.0,
+                         step=10.0, key="advice_budget")
 reps = c3.number_input("replications", min_value=1, max_value=20, value=sw.DEFAULT_REPLICATIONS, key="advice_reps")
 args = (float(slo) or None, float(budget) or None, int(reps))
 key = sw.advice_key(scenario, *args)

@@ -38,9 +38,12 @@ def saturation_lines(defaults: tuple[dict[str, float], Saturation], off: tuple[d
     out = []
     if def_sat:
         fine = [c for c in curve if not c.saturated]
+        # the least change to the defaults, not the advice: the TTL recommended (or kept if retention is kept on)
+        # is chosen below among the TTLs that saturate nothing (new15: two TTLs read as a contradiction)
         fix = (f" The smallest change that removes it: TTL {max(fine, key=lambda c: c.ttl_s).ttl_s:g} s (router TTL "
-               f"{max(fine, key=lambda c: c.ttl_s).router_ttl_s} s), the longest TTL tried that saturates nothing."
-               if fine else "")
+               f"{max(fine, key=lambda c: c.ttl_s).router_ttl_s} s), the longest TTL tried that saturates nothing (the "
+               "least change to the defaults, not the advice: the recommended TTL, below, is chosen among the TTLs "
+               "that saturate nothing)." if fine else "")
         out.append(f"vLLM's defaults (TTL {VLLM_TTL_S:g} s, router TTL {PROXY_ROUTER_TTL_S:g} s, threshold "
                    f"{VLLM_THRESHOLD}) saturate {def_sat.text()} at this load (TTFT p50 {human_s(def_m['ttft_p50_s'])}, "
                    f"p90 {human_s(def_m['ttft_p90_s'])}, {def_m['errors']:.0f} failed turns): that is the defaults "

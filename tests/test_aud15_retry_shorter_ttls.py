@@ -34,4 +34,5 @@ def test_the_pruned_shorter_ttls_are_tried_when_every_kept_one_saturates() -> No
     assert curve[10.0]["saturated"] == "" and curve[240.0]["saturated"] and curve[480.0]["saturated"]
     why = " ".join(rec.rationale)
     assert "The smallest change that removes it: TTL 10 s" in why
+    assert "the least change to the defaults, not the advice" in why  # not a second recommendation (new15)
     assert "whatever the TTL" not in why

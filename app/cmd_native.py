@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
                         no_args_is_help=True)
     app.add_typer(group, name="native", short_help="Compile the hot path (build) or say which build runs.")
 
-    @group.command("build", help=BUILD_HELP)
+    @group.command("build", help=BUILD_HELP, short_help="Compile the hot modules with mypyc (same results, ~6x faster).")
     def build_cmd() -> None:
         from kvplan.sim import native
 

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Cost profiles: derive kernel-based priors.", no_args_is_help=True)
     app.add_typer(group, name="profile")
 
-    @group.command("derive", help=DERIVE_HELP)
+    @group.command("derive", help=DERIVE_HELP, short_help="Kernel-based priors from aiconfigurator-core (kvplan[aic]).")
     def derive_cmd(
         model: str = typer.Option(
             ..., "--model", help=f"Model preset ({models}), or with --model-config"

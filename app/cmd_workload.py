@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     wl = typer.Typer(help="Statistics of real traces and synthetic workloads fitted to them.", no_args_is_help=True)
     app.add_typer(wl, name="workload", short_help="Statistics of a real trace (show) or a workload fitted to it.")
 
-    @wl.command("show")
+    @wl.command("show", short_help="Gap, follow-up, context and token statistics of a trace (HTML figures too).")
     def show(
         trace: Path = typer.Argument(..., help=f"Trace file: {TRACE_FORMAT_TEXT}."),
         fmt: str | None = typer.Option(
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
             page = fig.to_html(include_plotlyjs=True, div_id="kvplan-workload")
             atomic_write_bytes(html, page.encode(), "--html", inputs=[trace], overwrite=overwrite)
 
-    @wl.command("fit")
+    @wl.command("fit", short_help="Fit a scenario workload section to a trace, checked by drawing from it.")
     def fit(
         trace: Path = typer.Argument(..., help="Trace file."),
         out: Path = typer.Option(..., "--out", help="Workload YAML to write (a scenario 'workload:' section)."),

@@ -20,3 +20,15 @@ def test_every_command_summary_is_whole() -> None:
         line = next(ln for ln in commands.splitlines() if ln.split() and ln.split()[0] == name)
         assert not line.rstrip().endswith("..."), line
         assert len(line.split(None, 1)) == 2, line
+
+
+def test_every_subcommand_summary_is_whole() -> None:
+    """The groups' own --help (workload, native, profile) cut their commands' summaries the same way."""
+    root = typer.main.get_command(app)
+    for group in ("workload", "native", "profile"):
+        res = CliRunner().invoke(app, [group, "--help"], terminal_width=200)
+        assert res.exit_code == 0, res.output
+        commands = res.output.split("Commands:")[1]
+        for name in root.commands[group].commands:  # type: ignore[attr-defined]
+            line = next(ln for ln in commands.splitlines() if ln.split() and ln.split()[0] == name)
+            assert not line.rstrip().endswith("..."), line

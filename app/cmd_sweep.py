@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +93,14 @@ def _progress_bar() -> tuple[Any, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    console = Console(stderr=True)
     bar = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
     )
     state: dict[str, Any] = {}
+    if not console.is_terminal:  # a log or a CI job: rich draws nothing until the end, so a plain line now and then
+        return contextlib.nullcontext(), _plain_progress(sys.stderr)
 
     def cb(done: int, total: int) -> None:
         if "task" not in state:
@@ -114,6 +119,32 @@ def _progress_bar() -> tuple[Any, Any]:
                 bar.stop()
 
     return shown(), cb
+
+
+#: With stderr not a terminal, a progress line at most this often (wall seconds), and at the last run.
+PLAIN_PROGRESS_EVERY_S = 30.0
+
+
+def _plain_progress(stream: Any, every_s: float = PLAIN_PROGRESS_EVERY_S,
+                    clock: Callable[[], float] = time.monotonic) -> Callable[[int, int], None]:
+    """A progress callback writing ``simulating: 12/50 runs, 3m05s elapsed`` to ``stream`` at most every ``every_s``
+    and at the last run (in15: a 694 s capacity run with stderr redirected said nothing until it ended)."""
+    t0 = clock()
+    state = {"last": t0}
+
+    def cb(done: int, total: int) -> None:
+        now = clock()
+        if done < total and now - state["last"] < every_s:
+            return
+        state["last"] = now
+        el = int(now - t0)
+        try:
+            stream.write(f"simulating: {done}/{total} runs, {el // 60}m{el % 60:02d}s elapsed\n")
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed or gone: progress is not worth failing a run over
+            pass
+
+    return cb
 
 
 def grid_inputs(grid: Path) -> list[Path]:

@@ -102,6 +102,7 @@ from kvplan.plan.advice_transfer import (
     BREAK_EVEN_SHARE_TRIAL,
     PULL_SHARE_TRIAL,
     VLLM_FLAG,
+    DescriptorCost,
     descriptor_cost,
     mean_p2d_tokens,
     mean_pulled_tokens,
@@ -574,22 +575,33 @@ def _cross_layer_break_even(setup: _Setup) -> BreakEven:
                       setup.be.local_prefix_tokens, setup.be.tail_tokens)
 
 
-def _p2d_trial(setup: _Setup, runner: _Runner, rows0: Rows, variant: dict[str, Any],
-               m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None]:
-    """The cross-layer trial when the D leg's P->D reads (D reads the prompt P computed, ``nixl/pull_worker.py``) are
-    a large part of TTFT: ``variant`` (the recommended deployment's overrides) again with the flag, same seeds."""
+#: The figures a cross-layer trial reports for its runs without and with the flag (``transfer.without``/``with``).
+_TRIAL_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")
+
+
+def _flag_trial(runner: _Runner, rows0: Rows, variant: dict[str, Any], m: Callable[[Rows], dict[str, float]],
+                trigger: str, dc: DescriptorCost, text: Callable[..., str]) -> tuple[dict[str, Any], Rows | None]:
+    """``variant`` (the deployment whose runs are ``rows0``) again with cross-layer blocks on the same seeds: the trial's
+    report (``text`` words it) and, when the flag is significantly faster, its runs."""
     base = m(rows0)
-    rows = runner.run({"xp": {**variant, "deployment.cross_layer_blocks": True}})["xp"]
+    rows = runner.run({"x": {**variant, "deployment.cross_layer_blocks": True}})["x"]
     mx = m(rows)
     gain = paired(rows0, rows)
     adopted = significant_gain(gain, base["ttft_mean_s"])
+    keys = _TRIAL_KEYS + (("p2d_transfer_mean_s",) if trigger == "p2d_share" else ())
+    return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
+            "trigger": trigger, "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
+            "without": {k: base[k] for k in keys}, "with": {k: mx[k] for k in keys},
+            "text": text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
+
+
+def _p2d_trial(setup: _Setup, runner: _Runner, rows0: Rows, variant: dict[str, Any],
+               m: Callable[[Rows], dict[str, float]]) -> tuple[dict[str, Any], Rows | None]:
+    """The cross-layer trial when the D leg's P->D reads (D reads the prompt P computed, ``nixl/pull_worker.py``) are
+    a large part of TTFT, priced at their mean size."""
     ok = [r for r in rows0 if r.get("error") is None]
     dc = descriptor_cost(setup.rs, mean_p2d_tokens(ok[0]) if ok else 0, p2d=True)
-    keys = ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s", "p2d_transfer_mean_s")
-    return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
-            "trigger": "p2d_share", "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
-            "without": {k: base[k] for k in keys}, "with": {k: mx[k] for k in keys},
-            "text": p2d_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None)
+    return _flag_trial(runner, rows0, variant, m, "p2d_share", dc, p2d_text)
 
 
 def _p2d_heavy(mt: dict[str, float]) -> bool:
@@ -637,21 +649,14 @@ def _cross_layer_stage(setup: _Setup, runner: _Runner, rec: TtlCandidate | None,
                 "trigger": "break_even", "trial_threshold_tokens": be_x.tokens,
                 "ttft_mean_gain_s": gain_xt[0], "ttft_mean_gain_ci95": gain_xt[1],
                 "ttft_mean_gain_at_threshold_s": gain_x[0], "ttft_mean_gain_at_threshold_ci95": gain_x[1],
-                "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
-                "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
+                "without": {k: base[k] for k in _TRIAL_KEYS}, "with": {k: mx[k] for k in _TRIAL_KEYS},
                 "text": threshold_trial_text(dc, be_x.tokens, base, mx, gain_xt, adopted, human_s)}, (
                     rows if adopted else None), (xt_rows if adopted else None)
-    rows = runner.run({"x": flag})["x"]
-    mx = m(rows)
-    gain = paired(thr.rows, rows)
-    adopted = significant_gain(gain, base["ttft_mean_s"])
     ok = [r for r in thr.rows if r.get("error") is None]
     dc = descriptor_cost(setup.rs, mean_pulled_tokens(ok[0]) if ok else 0)
-    return {"tried": True, "adopted": adopted, "vllm_flag": VLLM_FLAG, "descriptor_cost": dc.to_dict(),
-            "trigger": "pull_share", "ttft_mean_gain_s": gain[0], "ttft_mean_gain_ci95": gain[1],
-            "without": {k: base[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
-            "with": {k: mx[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s", "kv_pull_mean_s")},
-            "text": trial_text(dc, base, mx, gain, adopted, human_s)}, (rows if adopted else None), None
+    report, rows = _flag_trial(runner, thr.rows, _on(rec.ttl_s, rec.router_ttl_s, thr.tokens), m, "pull_share", dc,
+                               trial_text)
+    return report, rows, None
 
 
 def _cross_layer_threshold(setup: _Setup, runner: _Runner, at: TtlCandidate, thr: _Threshold, x_rows: Rows,
